@@ -1,0 +1,73 @@
+"""hxmlir: structured array types that keep their meaning through JAX's compiler.
+
+``import hxmlir as hx``. Hi types: quantized arrays (``hx.QArray``,
+``q8[m,n]``), rank-1 matrices (``hx.Rank1``, ``r1[m,n]``) and tuples
+(``hx.HiTup``, ``Tup{...}``), usable under ``jit``, ``grad``, ``vmap``, ``scan``,
+explicit sharding and ``shard_map``. They lower to ``stablehlo.composite`` ops
+named ``hx.*``.
+"""
+
+from hxmlir.qarray import (
+    QArray as QArray,
+)
+from hxmlir.qarray import (
+    QArrayP as QArrayP,
+)
+from hxmlir.qarray import (
+    QArraySpec as QArraySpec,
+)
+from hxmlir.qarray import (
+    QArrayTy as QArrayTy,
+)
+from hxmlir.qarray import (
+    dequantize as dequantize,
+)
+from hxmlir.qarray import (
+    matmul_q as matmul_q,
+)
+from hxmlir.qarray import (
+    quantize as quantize,
+)
+from hxmlir.rank1 import (
+    Rank1 as Rank1,
+)
+from hxmlir.rank1 import (
+    Rank1P as Rank1P,
+)
+from hxmlir.rank1 import (
+    Rank1Spec as Rank1Spec,
+)
+from hxmlir.rank1 import (
+    Rank1Ty as Rank1Ty,
+)
+from hxmlir.rank1 import (
+    factors as factors,
+)
+from hxmlir.rank1 import (
+    matmul_r1 as matmul_r1,
+)
+from hxmlir.rank1 import (
+    outer as outer,
+)
+from hxmlir.tuples import (
+    HiTup as HiTup,
+)
+from hxmlir.tuples import (
+    TupP as TupP,
+)
+from hxmlir.tuples import (
+    TupSpec as TupSpec,
+)
+from hxmlir.tuples import (
+    TupTy as TupTy,
+)
+from hxmlir.tuples import (
+    get_tuple_element as get_tuple_element,
+)
+from hxmlir.tuples import (
+    make_tup as make_tup,
+)
+
+from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
+
+__version__ = "0.1.0"

@@ -1,0 +1,313 @@
+"""Rank-1 matrices: ``r1[*b, m, n]``, an outer product kept as its two factors.
+
+A :class:`Rank1` holds ``col: f32[*b, m]`` and ``row: f32[*b, n]`` and stands
+for ``col[..., :, None] * row[..., None, :]`` without ever materialising it.
+Built with :func:`outer`, taken apart with :func:`factors`, consumed by
+:func:`matmul_r1`. Rank-1 matrices are not closed under addition, so tangents
+and cotangents are dense ``f32[*b, m, n]`` arrays; gradients chained through
+:func:`outer` land back on the factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.hijax import HiPspec, HiType, ShapedArray, Zero, register_hitype
+from jax.sharding import NamedSharding, PartitionSpec
+
+from hxmlir import shardings as shd
+from hxmlir._jax import MappingSpec
+from hxmlir.hiprim import HxPrimitive
+
+F32 = jnp.dtype("float32")
+
+
+@dataclass(frozen=True)
+class Rank1:
+  """A rank-1 matrix value: factors ``col: f32[*b, m]`` and ``row: f32[*b, n]``."""
+  col: Any
+  row: Any
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The dense shape ``(*b, m, n)``."""
+    return (*self.col.shape, self.row.shape[-1])
+
+
+@dataclass(frozen=True)
+class Rank1Spec(MappingSpec):
+  """``vmap`` mapping spec of a rank-1 matrix: mapped along its leading (batch) axis."""
+
+
+@dataclass(frozen=True)
+class Rank1P(HiPspec):
+  """``shard_map`` partition spec of a rank-1 matrix: ``spec`` partitions the dense
+  axes ``(*b, m, n)``; ``col`` takes the ``(*b, m)`` entries, ``row`` the ``(*b, n)`` ones."""
+  spec: PartitionSpec = PartitionSpec()
+
+  def _parts(self, ndim: int) -> tuple:
+    parts = tuple(self.spec) + (None,) * (ndim - len(self.spec))
+    return parts
+
+  def to_lo(self) -> tuple[PartitionSpec, PartitionSpec]:
+    # rank unknown here: specs are padded to the dense rank by the caller's type
+    parts = tuple(self.spec)
+    if len(parts) < 2:
+      parts = parts + (None,) * (2 - len(parts))
+    return (PartitionSpec(*parts[:-1]), PartitionSpec(*parts[:-2], parts[-1]))
+
+  def to_tangent_spec(self) -> PartitionSpec:
+    return self.spec
+
+  def to_ct_spec(self) -> PartitionSpec:
+    return self.spec
+
+
+@dataclass(frozen=True)
+class Rank1Ty(HiType):
+  """The type ``r1[*b, m, n]`` of a rank-1 matrix (``r1[6@i,5]`` when sharded).
+
+  ``shape`` is the dense shape represented and ``sharding`` its
+  ``NamedSharding``; ``col`` is sharded like the ``(*b, m)`` axes, ``row`` like
+  ``(*b, n)``. The tangent type is the dense ``f32`` array of the same shape.
+  """
+  shape: tuple[int, ...]
+  sharding: NamedSharding
+
+  def __post_init__(self):
+    if len(self.shape) < 2:
+      raise TypeError(f"a rank-1 matrix has at least two axes, got shape {self.shape}")
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def dtype(self):
+    return F32
+
+  def _parts(self) -> tuple:
+    return shd.partitions(self.sharding, len(self.shape))
+
+  def lo_ty(self) -> list[ShapedArray]:
+    """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one."""
+    p = self._parts()
+    return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1])),
+            ShapedArray((*self.shape[:-2], self.shape[-1]), F32,
+                        sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])))]
+
+  def lower_val(self, r: Rank1) -> list:
+    return [r.col, r.row]
+
+  def raise_val(self, col, row) -> Rank1:
+    return Rank1(col, row)
+
+  def to_tangent_aval(self) -> ShapedArray:
+    return ShapedArray(self.shape, F32, sharding=self.sharding)
+
+  def dec_rank(self, size, spec) -> Rank1Ty:
+    if not isinstance(spec, Rank1Spec):
+      raise TypeError(f"an {self} is mapped with hx.Rank1Spec(), got {spec!r}")
+    if len(self.shape) < 3 or self.shape[0] != size:
+      raise ValueError(f"cannot map {self} over a leading axis of size {size}")
+    return Rank1Ty(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]))
+
+  def inc_rank(self, size, spec) -> Rank1Ty:
+    if not isinstance(spec, Rank1Spec):
+      raise TypeError(f"an {self} is mapped with hx.Rank1Spec(), got {spec!r}")
+    return Rank1Ty((size, *self.shape), shd.with_partitions(self.sharding, (None, *self._parts())))
+
+  def leading_axis_spec(self) -> Rank1Spec:
+    return Rank1Spec()
+
+  def _dense(self) -> ShapedArray:
+    return ShapedArray(self.shape, F32, sharding=self.sharding)
+
+  def _check_pspec(self, spec) -> PartitionSpec:
+    if not isinstance(spec, Rank1P):
+      raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), got {spec!r}")
+    return spec.spec
+
+  def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
+    d = self._dense().shard(mesh, manual_axes, check_vma, self._check_pspec(spec))
+    return Rank1Ty(d.shape, d.sharding)
+
+  def unshard(self, mesh, check_vma, spec) -> Rank1Ty:
+    d = self._dense().unshard(mesh, check_vma, self._check_pspec(spec))
+    return Rank1Ty(d.shape, d.sharding)
+
+  def nospec(self, mesh, check_vma, all_names) -> Rank1P:
+    return Rank1P(self._dense().nospec(mesh, check_vma, all_names))
+
+  def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
+    return f"r1[{shd.dims_str(self.shape, self._parts())}]"
+
+  def __repr__(self) -> str:
+    return self.str_short()
+
+  def __str__(self) -> str:
+    return self.str_short()
+
+
+def _typeof_rank1(r: Rank1) -> Rank1Ty:
+  cs, rs = jax.typeof(r.col).sharding, jax.typeof(r.row).sharding
+  cp = shd.partitions(cs, r.col.ndim)
+  rp = shd.partitions(rs, r.row.ndim)
+  base = shd.pick_mesh_sharding(cs, rs)
+  return Rank1Ty(r.shape, shd.with_partitions(base, (*cp, rp[-1])))
+
+
+register_hitype(Rank1, _typeof_rank1)
+
+
+def _is_f32_vector_stack(aval) -> bool:
+  return isinstance(aval, ShapedArray) and aval.dtype == F32 and aval.ndim >= 1
+
+
+class Outer(HxPrimitive):
+  """``outer: f32[*b, m], f32[*b, n] -> r1[*b, m, n]``; see :func:`outer`."""
+
+  def __init__(self, col_aval, row_aval):
+    sig = f"{shd.short(col_aval)}, {shd.short(row_aval)}"
+    if not (_is_f32_vector_stack(col_aval) and _is_f32_vector_stack(row_aval)):
+      raise TypeError(f"hx.outer expects f32[*b, m] and f32[*b, n] factors, got {sig}")
+    if col_aval.shape[:-1] != row_aval.shape[:-1]:
+      raise TypeError(f"hx.outer factors have different batch dimensions: {sig}")
+    cp = shd.partitions(col_aval.sharding, col_aval.ndim)
+    rp = shd.partitions(row_aval.sharding, row_aval.ndim)
+    batch = tuple(a if a is not None else b for a, b in zip(cp[:-1], rp[:-1]))
+    base = shd.pick_mesh_sharding(col_aval.sharding, row_aval.sharding)
+    self.in_avals = (col_aval, row_aval)
+    self.out_aval = Rank1Ty((*col_aval.shape, row_aval.shape[-1]),
+                            shd.with_partitions(base, (*batch, cp[-1], rp[-1])))
+    self.params = {}
+    super().__init__()
+
+  def vjp_fwd(self, nzs_in, col, row):
+    return self(col, row), (col, row)
+
+  def vjp_bwd_retval(self, res, g):  # g: dense f32[*b, m, n]
+    col, row = res
+    return jnp.einsum("...mn,...n->...m", g, row), jnp.einsum("...m,...mn->...n", col, g)
+
+  def jvp(self, primals, tangents):
+    (col, row), (dc, dr) = primals, tangents
+    terms = []
+    if not isinstance(dc, Zero):
+      terms.append(dc[..., :, None] * row[..., None, :])
+    if not isinstance(dr, Zero):
+      terms.append(col[..., :, None] * dr[..., None, :])
+    out_t = sum(terms[1:], terms[0]) if terms else jnp.zeros(self.out_aval.shape, F32)
+    return self(col, row), out_t
+
+  def batch(self, axis_data, args, dims):
+    (col, row), (dc, dr) = args, dims
+    if dc is None and dr is None:
+      return outer(col, row), None
+    size = axis_data.size
+    col = jnp.moveaxis(col, dc, 0) if dc is not None else jnp.broadcast_to(col, (size, *col.shape))
+    row = jnp.moveaxis(row, dr, 0) if dr is not None else jnp.broadcast_to(row, (size, *row.shape))
+    return outer(col, row), Rank1Spec()
+
+
+class Factors(HxPrimitive):
+  """``factors: r1[*b, m, n] -> (f32[*b, m], f32[*b, n])``; see :func:`factors`."""
+
+  def __init__(self, r_aval):
+    if not isinstance(r_aval, Rank1Ty):
+      raise TypeError(f"hx.factors expects a rank-1 matrix r1[m, n], got {shd.short(r_aval)}")
+    self.in_avals = (r_aval,)
+    self.out_aval = tuple(r_aval.lo_ty())
+    self.params = {}
+    super().__init__()
+
+  def batch(self, axis_data, args, dims):
+    (r,), (d,) = args, dims
+    if d is None:
+      return factors(r), (None, None)
+    return factors(r), (0, 0)
+
+
+class MatmulR1(HxPrimitive):
+  """``matmul_r1: f32[*b, p, m] @ r1[*b, m, n] -> f32[*b, p, n]``; see :func:`matmul_r1`."""
+
+  def __init__(self, x_aval, r_aval):
+    sig = f"{shd.short(x_aval)} @ {shd.short(r_aval)}"
+    if not isinstance(r_aval, Rank1Ty):
+      raise TypeError(f"hx.matmul_r1 expects a rank-1 right operand r1[m, n]: {sig}")
+    if not isinstance(x_aval, ShapedArray) or x_aval.dtype != F32 or x_aval.ndim != r_aval.ndim:
+      raise TypeError(f"hx.matmul_r1 expects f32[*b, p, m] @ r1[*b, m, n] of equal rank: {sig}")
+    if x_aval.shape[:-2] != r_aval.shape[:-2] or x_aval.shape[-1] != r_aval.shape[-2]:
+      raise TypeError(f"hx.matmul_r1 operand shapes do not match: {sig}")
+    xp = shd.partitions(x_aval.sharding, x_aval.ndim)
+    rp = shd.partitions(r_aval.sharding, r_aval.ndim)
+    if xp[-1] is not None or rp[-2] is not None:
+      raise TypeError(f"hx.matmul_r1 requires unsharded contraction axes, got {sig}")
+    base = shd.pick_mesh_sharding(x_aval.sharding, r_aval.sharding)
+    batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-2]))
+    self.in_avals = (x_aval, r_aval)
+    self.out_aval = ShapedArray((*x_aval.shape[:-1], r_aval.shape[-1]), F32,
+                                sharding=shd.with_partitions(base, (*batch, xp[-2], rp[-1])))
+    self.params = {}
+    super().__init__()
+
+  def vjp_fwd(self, nzs_in, x, r):
+    col, row = factors(r)  # rules are traced code: primitives, not attributes
+    return self(x, r), (x, col, row)
+
+  def vjp_bwd_retval(self, res, g):  # g: f32[*b, p, n]
+    x, col, row = res
+    gx = jnp.einsum("...pn,...n->...p", g, row)[..., :, None] * col[..., None, :]
+    gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g)
+    return gx, gr
+
+  def jvp(self, primals, tangents):
+    (x, r), (dx, dr) = primals, tangents
+    terms = []
+    if not isinstance(dx, Zero):
+      terms.append(matmul_r1(dx, r))
+    if not isinstance(dr, Zero):
+      terms.append(jnp.matmul(x, dr))
+    out_t = sum(terms[1:], terms[0]) if terms else jnp.zeros(self.out_aval.shape, F32)
+    return self(x, r), out_t
+
+  def batch(self, axis_data, args, dims):
+    (x, r), (dx, dr) = args, dims
+    if dx is None and dr is None:
+      return matmul_r1(x, r), None
+    size = axis_data.size
+    if dr is None:
+      col, row = factors(r)
+      r = outer(jnp.broadcast_to(col, (size, *col.shape)),
+                jnp.broadcast_to(row, (size, *row.shape)))
+    x = jnp.moveaxis(x, dx, 0) if dx is not None else jnp.broadcast_to(x, (size, *x.shape))
+    return matmul_r1(x, r), 0
+
+
+def outer(col, row) -> Rank1:
+  """The rank-1 matrix ``col ⊗ row: r1[*b, m, n]`` of ``col: f32[*b, m]``, ``row: f32[*b, n]``.
+
+  Nothing is materialised: the result keeps the factors. Gradients through it
+  land on the factors. Raises ``TypeError`` on non-f32 or mismatched factors.
+  """
+  return Outer(jax.typeof(col), jax.typeof(row))(col, row)
+
+
+def factors(r) -> tuple[jax.Array, jax.Array]:
+  """The factors ``(col: f32[*b, m], row: f32[*b, n])`` of ``r: r1[*b, m, n]``.
+
+  Not differentiable (a dense tangent of ``r`` has no unique factorisation).
+  """
+  return Factors(jax.typeof(r))(r)
+
+
+def matmul_r1(x, r) -> jax.Array:
+  """``x @ r`` for ``x: f32[*b, p, m]``, ``r: r1[*b, m, n]`` -> ``f32[*b, p, n]``.
+
+  Computed as ``(x @ col) ⊗ row``: ``O(p(m + n))`` work, never materialising
+  ``col ⊗ row``. Raises ``TypeError`` naming both operand types on mismatch.
+  """
+  return MatmulR1(jax.typeof(x), jax.typeof(r))(x, r)

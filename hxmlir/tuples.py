@@ -1,0 +1,247 @@
+"""Tuples as one JAX value: ``Tup{f32[3],f32[]}``, elements of any JAX type.
+
+A :class:`HiTup` is built with :func:`make_tup` and read with
+:func:`get_tuple_element` (static index). Elements may be arrays or other hi
+values (quantized arrays, rank-1 matrices, tuples); every method of
+:class:`TupTy` delegates to the element types, so shardings, tangents and
+mapping specs come from them. Tuples exist only in the hi jaxpr: they lower to
+their elements and leave no composite in the IR.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.hijax import HiPspec, HiType, Zero, register_hitype
+from jax.sharding import PartitionSpec
+
+from hxmlir import shardings as shd
+from hxmlir._jax import MappingSpec, mapped_aval, unmapped_aval
+from hxmlir.hiprim import HxPrimitive
+
+
+@dataclass(frozen=True)
+class HiTup:
+  """A tuple value; ``elts`` are JAX values (arrays or hi values)."""
+  elts: tuple
+
+  def __len__(self) -> int:
+    return len(self.elts)
+
+
+@dataclass(frozen=True)
+class TupSpec(MappingSpec):
+  """``vmap`` mapping spec of a tuple: one entry per element.
+
+  Each entry is what that element would take in ``in_axes``/``out_axes``:
+  ``None`` (unmapped), an int axis for an array, or a hi spec
+  (``hx.QArraySpec()``, another ``TupSpec``) for a hi element.
+  """
+  val: tuple
+
+
+@dataclass(frozen=True)
+class TupP(HiPspec):
+  """``shard_map`` partition spec of a tuple: one spec per element
+  (``P(...)`` for arrays, ``hx.QArrayP``/``hx.TupP`` for hi elements)."""
+  specs: tuple
+
+  def to_lo(self) -> tuple[PartitionSpec, ...]:
+    return tuple(lo for s in self.specs
+                 for lo in (s.to_lo() if isinstance(s, HiPspec) else (s,)))
+
+  def to_tangent_spec(self) -> TupP:
+    return TupP(tuple(s.to_tangent_spec() if isinstance(s, HiPspec) else s for s in self.specs))
+
+  def to_ct_spec(self) -> TupP:
+    return TupP(tuple(s.to_ct_spec() if isinstance(s, HiPspec) else s for s in self.specs))
+
+
+def _lo_tys(ty) -> list:
+  return ty.lo_ty() if isinstance(ty, HiType) else [ty]
+
+
+def _is_hi(ty) -> bool:
+  return isinstance(ty, HiType)
+
+
+@dataclass(frozen=True)
+class TupTy(HiType):
+  """The type ``Tup{t0,t1,...}`` of a tuple whose element types are ``tys``.
+
+  The tangent type is the tuple of the elements' tangent types.
+  """
+  tys: tuple
+
+  def lo_ty(self) -> list:
+    return [lo for ty in self.tys for lo in _lo_tys(ty)]
+
+  def lower_val(self, tup: HiTup) -> list:
+    return [lo for ty, e in zip(self.tys, tup.elts)
+            for lo in (ty.lower_val(e) if _is_hi(ty) else [e])]
+
+  def raise_val(self, *los) -> HiTup:
+    it = iter(los)
+    elts = []
+    for ty in self.tys:
+      if _is_hi(ty):
+        elts.append(ty.raise_val(*itertools.islice(it, len(ty.lo_ty()))))
+      else:
+        elts.append(next(it))
+    return HiTup(tuple(elts))
+
+  # autodiff: a tuple of tangents is itself a (hi) vector space
+  def to_tangent_aval(self) -> TupTy:
+    return TupTy(tuple(ty.to_tangent_aval() for ty in self.tys))
+
+  def vspace_zero(self) -> HiTup:
+    return make_tup(*(_zeros(ty) for ty in self.tys))
+
+  def vspace_add(self, x, y) -> HiTup:
+    return make_tup(*(_add(ty, get_tuple_element(x, i), get_tuple_element(y, i))
+                      for i, ty in enumerate(self.tys)))
+
+  # vmap / scan
+  def _check_spec(self, spec) -> tuple:
+    if not isinstance(spec, TupSpec) or len(spec.val) != len(self.tys):
+      raise TypeError(f"a {self} is mapped with hx.TupSpec of {len(self.tys)} entries, "
+                      f"got {spec!r}")
+    return spec.val
+
+  def dec_rank(self, size, spec) -> TupTy:
+    return TupTy(tuple(ty if s is None else mapped_aval(size, s, ty)
+                       for ty, s in zip(self.tys, self._check_spec(spec))))
+
+  def inc_rank(self, size, spec) -> TupTy:
+    return TupTy(tuple(ty if s is None else unmapped_aval(size, s, ty)
+                       for ty, s in zip(self.tys, self._check_spec(spec))))
+
+  def leading_axis_spec(self) -> TupSpec:
+    return TupSpec(tuple(ty.leading_axis_spec() if _is_hi(ty) else 0 for ty in self.tys))
+
+  # shard_map
+  def _check_pspec(self, spec) -> tuple:
+    if not isinstance(spec, TupP) or len(spec.specs) != len(self.tys):
+      raise TypeError(f"a {self} crosses shard_map with hx.TupP of {len(self.tys)} specs, "
+                      f"got {spec!r}")
+    return spec.specs
+
+  def shard(self, mesh, manual_axes, check_vma, spec) -> TupTy:
+    return TupTy(tuple(ty.shard(mesh, manual_axes, check_vma, s)
+                       for ty, s in zip(self.tys, self._check_pspec(spec))))
+
+  def unshard(self, mesh, check_vma, spec) -> TupTy:
+    return TupTy(tuple(ty.unshard(mesh, check_vma, s)
+                       for ty, s in zip(self.tys, self._check_pspec(spec))))
+
+  def nospec(self, mesh, check_vma, all_names) -> TupP:
+    return TupP(tuple(ty.nospec(mesh, check_vma, all_names) for ty in self.tys))
+
+  def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
+    return "Tup{" + ",".join(shd.short(ty) for ty in self.tys) + "}"
+
+  def __repr__(self) -> str:
+    return self.str_short()
+
+  def __str__(self) -> str:
+    return self.str_short()
+
+
+register_hitype(HiTup, lambda t: TupTy(tuple(jax.typeof(e) for e in t.elts)))
+
+
+def _zeros(ty):
+  if _is_hi(ty):
+    return ty.vspace_zero()
+  sharding = ty.sharding if not ty.sharding.mesh.empty else None
+  return jnp.zeros(ty.shape, ty.dtype, out_sharding=sharding)
+
+
+def _add(ty, a, b):
+  return ty.vspace_add(a, b) if _is_hi(ty) else a + b
+
+
+def _instantiate(t, aval):
+  return _zeros(aval) if isinstance(t, Zero) else t
+
+
+class MakeTup(HxPrimitive):
+  """``make_tup: t0, t1, ... -> Tup{t0,t1,...}``; see :func:`make_tup`."""
+
+  def __init__(self, elt_avals):
+    self.in_avals = tuple(elt_avals)
+    self.out_aval = TupTy(tuple(elt_avals))
+    self.params = {}
+    super().__init__()
+
+  def vjp_fwd(self, nzs_in, *elts):
+    return self(*elts), None
+
+  def vjp_bwd_retval(self, _res, g):
+    return tuple(get_tuple_element(g, i) for i in range(len(self.in_avals)))
+
+  def jvp(self, primals, tangents):
+    ts = [_instantiate(t, a.to_tangent_aval()) for t, a in zip(tangents, self.in_avals)]
+    return self(*primals), make_tup(*ts)
+
+  def batch(self, axis_data, args, dims):
+    if all(d is None for d in dims):
+      return make_tup(*args), None
+    return make_tup(*args), TupSpec(tuple(dims))
+
+
+class GetTupElt(HxPrimitive):
+  """``get_tuple_element: Tup{..., t_idx, ...} -> t_idx``; see :func:`get_tuple_element`."""
+
+  def __init__(self, tup_aval, idx):
+    if not isinstance(tup_aval, TupTy):
+      raise TypeError(f"hx.get_tuple_element expects a tuple Tup{{...}}, got {shd.short(tup_aval)}")
+    if not isinstance(idx, int) or not -len(tup_aval.tys) <= idx < len(tup_aval.tys):
+      raise IndexError(f"hx.get_tuple_element index {idx!r} out of range for {tup_aval}")
+    idx = idx % len(tup_aval.tys)
+    self.in_avals = (tup_aval,)
+    self.out_aval = tup_aval.tys[idx]
+    self.params = dict(idx=idx)
+    super().__init__()
+
+  def vjp_fwd(self, nzs_in, tup):
+    return self(tup), None
+
+  def vjp_bwd_retval(self, _res, g):
+    tys = self.in_avals[0].tys
+    elts = [g if i == self.idx else _zeros(ty.to_ct_aval()) for i, ty in enumerate(tys)]
+    return (make_tup(*elts),)
+
+  def jvp(self, primals, tangents):
+    (tup,), (dt,) = primals, tangents
+    out = self(tup)
+    if isinstance(dt, Zero):
+      return out, _zeros(self.out_aval.to_tangent_aval())
+    return out, get_tuple_element(dt, self.idx)
+
+  def batch(self, axis_data, args, dims):
+    (tup,), (spec,) = args, dims
+    if spec is None:
+      return get_tuple_element(tup, self.idx), None
+    return get_tuple_element(tup, self.idx), spec.val[self.idx]
+
+
+def make_tup(*elts) -> HiTup:
+  """A tuple ``Tup{t0,t1,...}`` of JAX values (arrays, scalars, hi values).
+
+  Python scalars become weakly typed arrays, as everywhere in JAX.
+  """
+  elts = tuple(e if _is_hi(jax.typeof(e)) else jnp.asarray(e) for e in elts)
+  return MakeTup(tuple(jax.typeof(e) for e in elts))(*elts)
+
+
+def get_tuple_element(tup, idx: int):
+  """Element ``idx`` (a static Python int, negative counts from the end) of ``tup``.
+
+  Raises ``TypeError`` if ``tup`` is not a tuple and ``IndexError`` if ``idx`` is
+  out of range.
+  """
+  return GetTupElt(jax.typeof(tup), idx)(tup)

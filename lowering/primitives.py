@@ -1,0 +1,101 @@
+"""hxmlir's lo primitives: ordinary JAX primitives over arrays, one per ``hx.*`` op.
+
+Each hi primitive's ``to_lojax`` rule binds these. Each has an abstract eval
+that propagates shardings (explicit mode), a batching rule, eager dispatch
+through its own lowering, and an ``mlir.register_lowering`` rule (see
+``hxmlir.lowering.rules``). Operands are the hi types' lo components:
+
+=====================  ================================================  ===========================
+primitive              operands                                          results
+=====================  ================================================  ===========================
+``hx_quantize_p``      ``x: f32[*l, n]``                                 ``q: i8[*l, n], s: f32[*l]``
+``hx_dequantize_p``    ``q: i8[*l, n], s: f32[*l]``                      ``f32[*l, n]``
+``hx_matmul_q_p``      ``x: f32[*b, m, k], q: i8[*b, k, n], s: f32[*b, k]``  ``f32[*b, m, n]``
+``hx_outer_p``         ``col: f32[*b, m], row: f32[*b, n]``              ``col, row``
+``hx_matmul_r1_p``     ``x: f32[*b, p, m], col: f32[*b, m], row: f32[*b, n]``  ``f32[*b, p, n]``
+=====================  ================================================  ===========================
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import batching
+from jax.experimental.hijax import ShapedArray
+
+from hxmlir import shardings as shd
+from hxmlir._jax import apply_primitive
+
+F32 = jnp.dtype("float32")
+I8 = jnp.dtype("int8")
+
+
+def _new(name: str, multiple_results: bool) -> Primitive:
+  p = Primitive(name)
+  p.multiple_results = multiple_results
+  p.def_impl(partial(apply_primitive, p))
+  return p
+
+
+hx_quantize_p = _new("hx_quantize", True)
+hx_dequantize_p = _new("hx_dequantize", False)
+hx_matmul_q_p = _new("hx_matmul_q", False)
+hx_outer_p = _new("hx_outer", True)
+hx_matmul_r1_p = _new("hx_matmul_r1", False)
+
+
+def _parts(aval) -> tuple:
+  return shd.partitions(aval.sharding, aval.ndim)
+
+
+def _arr(shape, dtype, base, parts) -> ShapedArray:
+  return ShapedArray(tuple(shape), dtype, sharding=shd.with_partitions(base, parts))
+
+
+@hx_quantize_p.def_abstract_eval
+def _quantize_abstract_eval(x):
+  p = _parts(x)
+  return [_arr(x.shape, I8, x.sharding, p), _arr(x.shape[:-1], F32, x.sharding, p[:-1])]
+
+
+@hx_dequantize_p.def_abstract_eval
+def _dequantize_abstract_eval(q, s):
+  return _arr(q.shape, F32, q.sharding, _parts(q))
+
+
+@hx_matmul_q_p.def_abstract_eval
+def _matmul_q_abstract_eval(x, q, s):
+  xp, qp = _parts(x), _parts(q)
+  base = shd.pick_mesh_sharding(x.sharding, q.sharding)
+  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
+  return _arr((*x.shape[:-1], q.shape[-1]), F32, base, (*batch, xp[-2], qp[-1]))
+
+
+@hx_outer_p.def_abstract_eval
+def _outer_abstract_eval(col, row):
+  return [col, row]
+
+
+@hx_matmul_r1_p.def_abstract_eval
+def _matmul_r1_abstract_eval(x, col, row):
+  xp, rp = _parts(x), _parts(row)
+  base = shd.pick_mesh_sharding(x.sharding, row.sharding)
+  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-1]))
+  return _arr((*x.shape[:-1], row.shape[-1]), F32, base, (*batch, xp[-2], rp[-1]))
+
+
+# --- batching: every lo primitive takes leading batch dims natively ----------
+
+def _batch_leading(prim, args, dims, **params):
+  """Move each batched operand's batch dim to the front, broadcast the others."""
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+  moved = [jnp.broadcast_to(a, (size, *a.shape)) if d is batching.not_mapped
+           else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  out = prim.bind(*moved, **params)
+  return out, ([0] * len(out) if prim.multiple_results else 0)
+
+
+for _p in (hx_quantize_p, hx_dequantize_p, hx_matmul_q_p, hx_outer_p, hx_matmul_r1_p):
+  batching.primitive_batchers[_p] = partial(_batch_leading, _p)

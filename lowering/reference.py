@@ -1,0 +1,67 @@
+"""Reference semantics of hxmlir's lo primitives, as plain JAX on lo arrays.
+
+Each function here is the meaning of one ``hx.*`` op: the lowering traces it
+to build the composite's ``decomposition`` (plain StableHLO), and tests compare
+every other implementation against it. Shapes follow the lo primitives:
+``q: i8[*lead, n]``, ``s: f32[*lead]``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+QMAX = 127.0  # symmetric int8 range [-127, 127]; -128 is never produced
+
+
+def quantize(x):
+  """``f32[*lead, n] -> (i8[*lead, n], f32[*lead])``: per-row absmax quantization.
+
+  ``s = max|row| / 127``; ``q = clip(round_half_even(row / s), -127, 127)``.
+  All-zero rows: ``s = 0`` and ``q = 0``. Rows with NaN or +-inf: ``s = NaN``
+  and ``q = 0``, so they dequantize to NaN.
+  """
+  amax = jnp.max(jnp.abs(x), axis=-1)
+  finite = jnp.isfinite(amax)
+  scale = jnp.where(finite, amax / QMAX, jnp.nan)
+  divisor = jnp.where(finite & (amax > 0), scale, 1.0)
+  q = jnp.clip(jnp.round(x / divisor[..., None]), -QMAX, QMAX)
+  q = jnp.where(finite[..., None], q, 0.0).astype(jnp.int8)
+  return q, scale
+
+
+def dequantize(q, s):
+  """``(i8[*lead, n], f32[*lead]) -> f32[*lead, n]``: ``q * s[..., None]``."""
+  return q.astype(jnp.float32) * s[..., None]
+
+
+def matmul_q(x, q, s):
+  """``f32[*b, m, k] x (i8[*b, k, n], f32[*b, k]) -> f32[*b, m, n]``.
+
+  ``(x * s[..., None, :]) @ q``: the per-row scales of the weight lie along the
+  contraction axis, so they fold into the dense operand.
+  """
+  nb = x.ndim - 2
+  batch = tuple(range(nb))
+  xs = x * s[..., None, :]
+  return lax.dot_general(xs, q.astype(jnp.float32),
+                         (((nb + 1,), (nb,)), (batch, batch)),
+                         preferred_element_type=jnp.float32)
+
+
+def outer(col, row):
+  """``(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])``: forms a rank-1 value.
+
+  The identity on the factors: the composite marks where a rank-1 matrix is
+  built; nothing is materialised.
+  """
+  return col, row
+
+
+def matmul_r1(x, col, row):
+  """``f32[*b, p, m] x (f32[*b, m], f32[*b, n]) -> f32[*b, p, n]``: ``(x @ col) ⊗ row``."""
+  nb = x.ndim - 2
+  batch = tuple(range(nb))
+  xc = lax.dot_general(x, col, (((nb + 1,), (nb,)), (batch, batch)),
+                       preferred_element_type=jnp.float32)
+  return xc[..., :, None] * row[..., None, :]

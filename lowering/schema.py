@@ -1,0 +1,250 @@
+"""The composite schema: the one place that says what an ``hx.*`` op is.
+
+For every ``stablehlo.composite`` that hxmlir emits, this module records the
+op name, its current ``version`` (and the older versions still accepted), the
+keys and types of its ``composite_attributes``, and its type and sharding
+invariants. The lowering reads it to emit ops; ``hx-verify`` reads it to check
+them. Types are described backend-neutrally as :class:`TensorType` (shape and
+element type name as MLIR spells it: ``f32``, ``i8``) and shardings as
+:data:`DimSharding` tuples, so both JAX avals and MLIR types convert to them.
+
+Bump an op's ``version`` whenever its semantics or attributes change, keep the
+old version in ``accepted_versions`` while artifacts that use it may exist, and
+add a back-compat artifact for the new version (tests/py/backcompat).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+PREFIX = "hx."
+
+
+@dataclass(frozen=True)
+class TensorType:
+  """A ranked tensor type: ``shape`` (static ints) and ``dtype`` (``"f32"``, ``"i8"``)."""
+  shape: tuple[int, ...]
+  dtype: str
+
+  def __str__(self) -> str:
+    return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+# Sharding of one value: for each dimension, the tuple of mesh axis names it is
+# split over (empty = replicated along that dim). ``None`` for a whole value
+# means "no sharding known" and is never checked.
+DimSharding = tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class OpSchema:
+  """What one ``hx.*`` composite is.
+
+  ``check_types(operands, results)`` returns a list of problems (empty when the
+  types are right). ``result_shardings(operand_shardings)`` gives the sharding
+  each result must have, given its operands' (``None`` entries unknown);
+  ``check_shardings`` returns the problems with a full set of shardings.
+  """
+  name: str
+  version: int
+  num_operands: int
+  num_results: int
+  signature: str  # human-readable, for docs and diagnostics
+  attributes: dict[str, type] = field(default_factory=dict)
+  accepted_versions: tuple[int, ...] = ()
+  check_types: Callable[[Sequence[TensorType], Sequence[TensorType]], list[str]] = \
+      lambda ops, res: []
+  check_shardings: Callable[[Sequence[DimSharding | None], Sequence[DimSharding | None]],
+                            list[str]] = lambda ops, res: []
+
+  @property
+  def versions(self) -> tuple[int, ...]:
+    """Every version this code accepts (the current one last)."""
+    return (*self.accepted_versions, self.version)
+
+
+def _fmt(types: Sequence[TensorType]) -> str:
+  return ", ".join(map(str, types))
+
+
+def _rank_at_least(t: TensorType, r: int) -> bool:
+  return len(t.shape) >= r
+
+
+# --- type invariants ---------------------------------------------------------
+
+def _quantized_pair(q: TensorType, s: TensorType, what: str) -> list[str]:
+  errs = []
+  if q.dtype != "i8" or not _rank_at_least(q, 1):
+    errs.append(f"{what}: quantized values must be i8[..., n], got {q}")
+  if s.dtype != "f32":
+    errs.append(f"{what}: scale must be f32, got {s}")
+  if q.shape[:-1] != s.shape:
+    errs.append(f"{what}: scale shape must be the value shape without its last axis: "
+                f"values {q}, scale {s}")
+  return errs
+
+
+def _check_quantize(ops, res):
+  (x,), (q, s) = ops, res
+  errs = []
+  if x.dtype != "f32" or not _rank_at_least(x, 1):
+    errs.append(f"operand must be f32[..., n], got {x}")
+  errs += _quantized_pair(q, s, "result")
+  if q.shape != x.shape:
+    errs.append(f"result values {q} must have the operand's shape {x}")
+  return errs
+
+
+def _check_dequantize(ops, res):
+  (q, s), (y,) = ops, res
+  errs = _quantized_pair(q, s, "operand")
+  if y.dtype != "f32" or y.shape != q.shape:
+    errs.append(f"result must be f32 of the values' shape {q.shape}, got {y}")
+  return errs
+
+
+def _check_matmul_q(ops, res):
+  (x, q, s), (y,) = ops, res
+  errs = _quantized_pair(q, s, "weight")
+  if x.dtype != "f32" or not _rank_at_least(x, 2) or len(x.shape) != len(q.shape):
+    errs.append(f"expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}")
+    return errs
+  if x.shape[:-2] != q.shape[:-2] or x.shape[-1] != q.shape[-2]:
+    errs.append(f"operand shapes do not match f32[*b, m, k] x i8[*b, k, n]: {_fmt(ops)}")
+    return errs
+  want = (*x.shape[:-1], q.shape[-1])
+  if y.dtype != "f32" or y.shape != want:
+    errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
+  return errs
+
+
+def _check_outer(ops, res):
+  (c, r), (c2, r2) = ops, res
+  errs = []
+  if c.dtype != "f32" or r.dtype != "f32" or not c.shape or not r.shape:
+    errs.append(f"factors must be f32[*b, m] and f32[*b, n], got {_fmt(ops)}")
+  elif c.shape[:-1] != r.shape[:-1]:
+    errs.append(f"factors have different batch dimensions: {_fmt(ops)}")
+  if (c2, r2) != (c, r):
+    errs.append(f"results must be the factors' types {_fmt(ops)}, got {_fmt(res)}")
+  return errs
+
+
+def _check_matmul_r1(ops, res):
+  (x, c, r), (y,) = ops, res
+  errs = []
+  if any(t.dtype != "f32" for t in (x, c, r)) or len(x.shape) < 2:
+    errs.append(f"expects f32[*b, p, m], f32[*b, m], f32[*b, n], got {_fmt(ops)}")
+    return errs
+  if x.shape[:-2] != c.shape[:-1] or x.shape[-1] != c.shape[-1] or \
+     c.shape[:-1] != r.shape[:-1]:
+    errs.append(f"operand shapes do not match f32[*b, p, m] x r1[*b, m, n]: {_fmt(ops)}")
+    return errs
+  want = (*x.shape[:-1], r.shape[-1])
+  if y.dtype != "f32" or y.shape != want:
+    errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
+  return errs
+
+
+# --- sharding invariants -----------------------------------------------------
+
+def _axes(sh: DimSharding | None, dim: int):
+  return None if sh is None else sh[dim]
+
+
+def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) -> list[str]:
+  if q is None or s is None:
+    return []
+  errs = []
+  if q[-1]:
+    errs.append(f"{what}: the quantized (last) axis must be unsharded, got {fmt_sharding(q)}")
+  if tuple(q[:-1]) != tuple(s):
+    errs.append(f"{what}: scale sharding {fmt_sharding(s)} must be the values' sharding "
+                f"{fmt_sharding(q)} without its last axis")
+  return errs
+
+
+def _same(a: DimSharding | None, b: DimSharding | None) -> bool:
+  return a is None or b is None or tuple(a) == tuple(b)
+
+
+def _shard_quantize(ops, res):
+  (x,), (q, s) = ops, res
+  errs = _scale_like_values(q, s, "result")
+  if not _same(x, q):
+    errs.append(f"result values sharding {fmt_sharding(q)} must equal the operand's "
+                f"{fmt_sharding(x)}")
+  return errs
+
+
+def _shard_dequantize(ops, res):
+  (q, s), (y,) = ops, res
+  errs = _scale_like_values(q, s, "operand")
+  if not _same(q, y):
+    errs.append(f"result sharding {fmt_sharding(y)} must equal the values' {fmt_sharding(q)}")
+  return errs
+
+
+def _shard_matmul_q(ops, res):
+  (x, q, s), (y,) = ops, res
+  errs = _scale_like_values(q, s, "weight")
+  if (x is not None and x[-1]) or (q is not None and q[-2]):
+    errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
+                f"weight {fmt_sharding(q)}")
+  if y is not None and x is not None and tuple(y[-2]) != tuple(x[-2]):
+    errs.append(f"result rows must be sharded like x's rows: result {fmt_sharding(y)}, "
+                f"x {fmt_sharding(x)}")
+  if y is not None and q is not None and tuple(y[-1]) != tuple(q[-1]):
+    errs.append(f"result columns must be sharded like the weight's columns: result "
+                f"{fmt_sharding(y)}, weight {fmt_sharding(q)}")
+  return errs
+
+
+def _shard_matmul_r1(ops, res):
+  (x, c, r), (y,) = ops, res
+  errs = []
+  if (x is not None and x[-1]) or (c is not None and c[-1]):
+    errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
+                f"col {fmt_sharding(c)}")
+  if y is not None and x is not None and tuple(y[-2]) != tuple(x[-2]):
+    errs.append(f"result rows must be sharded like x's rows: result {fmt_sharding(y)}, "
+                f"x {fmt_sharding(x)}")
+  if y is not None and r is not None and tuple(y[-1]) != tuple(r[-1]):
+    errs.append(f"result columns must be sharded like row's: result {fmt_sharding(y)}, "
+                f"row {fmt_sharding(r)}")
+  return errs
+
+
+def fmt_sharding(sh: DimSharding | None) -> str:
+  """``[{"i"}, {}]`` in Shardy's notation, or ``<unknown>``."""
+  if sh is None:
+    return "<unknown>"
+  return "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in d) + "}" for d in sh) + "]"
+
+
+# --- the ops -----------------------------------------------------------------
+
+SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
+    OpSchema("hx.quantize", 1, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
+             attributes={"qmax": int},
+             check_types=_check_quantize, check_shardings=_shard_quantize),
+    OpSchema("hx.dequantize", 1, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
+             check_types=_check_dequantize, check_shardings=_shard_dequantize),
+    OpSchema("hx.matmul_q", 1, 3, 1,
+             "(f32[*b, m, k], i8[*b, k, n], f32[*b, k]) -> f32[*b, m, n]",
+             check_types=_check_matmul_q, check_shardings=_shard_matmul_q),
+    OpSchema("hx.outer", 1, 2, 2, "(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])",
+             check_types=_check_outer),
+    OpSchema("hx.matmul_r1", 1, 3, 1,
+             "(f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]",
+             check_types=_check_matmul_r1, check_shardings=_shard_matmul_r1),
+]}
+
+QMAX = 127  # value of hx.quantize's ``qmax`` attribute
+
+
+def lookup(name: str) -> OpSchema | None:
+  """The schema of composite ``name`` (``"hx.matmul_q"``), or ``None`` if unknown."""
+  return SCHEMAS.get(name)

@@ -1,0 +1,1 @@
+"""hxmlir.passes: Python passes over ``jaxlib.mlir`` modules, and their pipeline."""
