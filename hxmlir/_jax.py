@@ -17,3 +17,34 @@ unmapped_aval = core.unmapped_aval
 from jax._src import dispatch as _dispatch  # noqa: E402
 
 apply_primitive = _dispatch.apply_primitive
+
+
+# --- lowering: hx composites (lowering/composite.py) --------------------------
+from jax._src.interpreters import mlir as _composite_mlir  # noqa: E402
+
+
+def single_platform_module_context(module_ctx, platform: str):
+  """``module_ctx`` lowering for ``platform`` alone: no platform-index or dim-var arguments.
+
+  Fresh lowering caches, so functions cached for the multi-platform context
+  (which take the platform index) are never called from it.
+  """
+  return module_ctx.replace(
+      platforms=(platform,),
+      shape_poly_state=_composite_mlir.ShapePolyLoweringState((), (platform,)),
+      lowering_cache={}, cached_primitive_lowerings={})
+
+
+def sdy_sharding_attr(module_ctx, aval):
+  """The ``#sdy.sharding`` of ``aval`` in explicit sharding mode, or ``None``.
+
+  ``None`` when the aval has no mesh, or its mesh axes are all manual
+  (``shard_map``) or all auto: the cases where JAX itself emits no sharding.
+  """
+  sharding = getattr(aval, "sharding", None)
+  mesh = getattr(sharding, "mesh", None)
+  if mesh is None or mesh.empty or mesh.are_all_axes_manual or mesh.are_all_axes_auto:
+    return None
+  return sharding._to_sdy_sharding(aval.ndim, modify_wrt_axis_types=True).build(
+      module_ctx.sharding_attr_cache)
+

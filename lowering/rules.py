@@ -1,22 +1,57 @@
-"""``mlir.register_lowering`` rules of hxmlir's lo primitives."""
+"""``mlir.register_lowering`` rules of hxmlir's lo primitives.
+
+Each lo primitive lowers to one ``stablehlo.composite "hx.<op>"`` (name,
+version and attributes from :mod:`hxmlir.lowering.schema`) whose decomposition
+is its reference function (:mod:`hxmlir.lowering.reference`) lowered to
+StableHLO; see :func:`hxmlir.lowering.composite.lower_composite`.
+
+The rules are registered ``cacheable=False``: JAX then runs them in place,
+inside the module being built and under the equation's source location (the
+user's file and line), instead of in a detached cached function. Identical
+decompositions are still shared within a module by ``lower_composite``.
+
+A platform-specific implementation replaces a rule for one platform only::
+
+  mlir.register_lowering(hx_matmul_q_p, my_cpu_rule, platform="cpu",
+                         cacheable=False)
+
+where ``my_cpu_rule(ctx, x, q, s)`` returns
+``lower_composite(ctx, "hx.matmul_q", x, q, s, builder=my_builder)``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from hxmlir.lowering import reference, schema
+from hxmlir.lowering.composite import lower_composite
+from hxmlir.lowering.primitives import (
+  hx_dequantize_p,
+  hx_matmul_q_p,
+  hx_matmul_r1_p,
+  hx_outer_p,
+  hx_quantize_p,
+)
+from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from hxmlir.lowering import reference
-from hxmlir.lowering.primitives import (
-    hx_dequantize_p,
-    hx_matmul_q_p,
-    hx_matmul_r1_p,
-    hx_outer_p,
-    hx_quantize_p,
-)
+# lo primitive -> (composite name, reference function, composite_attributes)
+COMPOSITES: dict[Primitive, tuple[str, Callable, dict]] = {
+    hx_quantize_p: ("hx.quantize", reference.quantize, {"qmax": schema.QMAX}),
+    hx_dequantize_p: ("hx.dequantize", reference.dequantize, {}),
+    hx_matmul_q_p: ("hx.matmul_q", reference.matmul_q, {}),
+    hx_outer_p: ("hx.outer", reference.outer, {}),
+    hx_matmul_r1_p: ("hx.matmul_r1", reference.matmul_r1, {}),
+}
 
-mlir.register_lowering(hx_quantize_p, mlir.lower_fun(reference.quantize, multiple_results=True))
-mlir.register_lowering(hx_dequantize_p,
-                       mlir.lower_fun(reference.dequantize, multiple_results=False))
-mlir.register_lowering(hx_matmul_q_p, mlir.lower_fun(reference.matmul_q, multiple_results=False))
-mlir.register_lowering(hx_outer_p, mlir.lower_fun(reference.outer, multiple_results=True))
-mlir.register_lowering(hx_matmul_r1_p,
-                       mlir.lower_fun(reference.matmul_r1, multiple_results=False))
+
+def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
+  """The lowering rule ``rule(ctx, *operands)`` emitting composite ``name`` around ``ref``."""
+  def rule(ctx: mlir.LoweringRuleContext, *operands):
+    return lower_composite(ctx, name, *operands, reference=ref, attributes=attributes)
+  rule.__name__ = f"lower_{name.removeprefix(schema.PREFIX)}"
+  return rule
+
+
+for _prim, (_name, _ref, _attrs) in COMPOSITES.items():
+  mlir.register_lowering(_prim, composite_rule(_name, _ref, _attrs), cacheable=False)
