@@ -68,6 +68,7 @@ from hxmlir.tuples import (
     make_tup as make_tup,
 )
 
+# isort: split
 from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
 
 __version__ = "0.1.0"

@@ -19,6 +19,22 @@ from jax._src import dispatch as _dispatch  # noqa: E402
 apply_primitive = _dispatch.apply_primitive
 
 
+# --- hi types: manual-axis (shard_map check_vma) type component ---------------
+ManualAxisType = core.ManualAxisType
+empty_mat = core.empty_mat
+
+
+# --- install: the hook where a jaxpr becomes a StableHLO module ---------------
+from jax._src import config as _config  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+
+jax_mlir = _mlir
+"""``jax._src.interpreters.mlir``: ``pxla`` calls its ``lower_jaxpr_to_module``
+(by attribute) for ``jit``, ``.lower()`` and ``jax.export``; install wraps it."""
+ConfigState = _config.State
+"""JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""
+
+
 # --- lowering: hx composites (lowering/composite.py) --------------------------
 from jax._src.interpreters import mlir as _composite_mlir  # noqa: E402
 
@@ -48,3 +64,9 @@ def sdy_sharding_attr(module_ctx, aval):
   return sharding._to_sdy_sharding(aval.ndim, modify_wrt_axis_types=True).build(
       module_ctx.sharding_attr_cache)
 
+
+# --- passes: the MLIR context JAX lowers into (passes/, hxmlir/opt.py) ---------
+from jax._src.interpreters import mlir as _passes_mlir  # noqa: E402
+
+make_ir_context = _passes_mlir.make_ir_context
+"""A fresh ``ir.Context`` with every dialect JAX emits (stablehlo, chlo, mhlo, sdy, func)."""

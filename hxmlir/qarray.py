@@ -24,7 +24,7 @@ from jax.experimental.hijax import HiPspec, HiType, ShapedArray, register_hitype
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
-from hxmlir._jax import MappingSpec
+from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.hiprim import HxPrimitive
 
 F32 = jnp.dtype("float32")
@@ -94,19 +94,18 @@ class QArrayTy(HiType):
 
   ``shape`` is the dense shape; ``sharding`` is the ``NamedSharding`` of the
   int8 values. The scale's sharding is derived from it by dropping the last
-  axis, which must be unsharded. The tangent and cotangent type is the dense
-  ``f32`` array of the same shape and sharding (straight-through gradients).
+  axis. ``mat`` is the manual-axis type inside ``shard_map`` (which manual mesh
+  axes the value varies over, printed ``{V:i}``), shared by both components and
+  empty elsewhere. The tangent and cotangent type is the dense ``f32`` array of
+  the same shape, sharding and ``mat`` (straight-through gradients).
   """
   shape: tuple[int, ...]
   sharding: NamedSharding
+  mat: ManualAxisType = empty_mat
 
   def __post_init__(self):
     if len(self.shape) < 1:
       raise TypeError("a quantized array needs at least one axis, got q8[]")
-    if shd.partitions(self.sharding, len(self.shape))[-1] is not None:
-      raise TypeError(
-          f"the quantized (last) axis of q8[{self._dims()}] must be unsharded: "
-          "each row's scale covers the whole row")
 
   @property
   def ndim(self) -> int:
@@ -126,9 +125,11 @@ class QArrayTy(HiType):
   def lo_ty(self) -> list[ShapedArray]:
     """``[i8[*lead, n], f32[*lead]]`` with the value's and derived scale's shardings."""
     parts = self._parts()
-    return [ShapedArray(self.shape, I8, sharding=shd.with_partitions(self.sharding, parts)),
+    return [ShapedArray(self.shape, I8, sharding=shd.with_partitions(self.sharding, parts),
+                        manual_axis_type=self.mat),
             ShapedArray(self.shape[:-1], F32,
-                        sharding=shd.with_partitions(self.sharding, parts[:-1]))]
+                        sharding=shd.with_partitions(self.sharding, parts[:-1]),
+                        manual_axis_type=self.mat)]
 
   def lower_val(self, q: QArray) -> list:
     return [q.qvalue, q.scale]
@@ -138,7 +139,10 @@ class QArrayTy(HiType):
 
   # autodiff
   def to_tangent_aval(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding)
+    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
+
+  def to_ct_aval(self) -> ShapedArray:
+    return self.to_tangent_aval().to_ct_aval()
 
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
@@ -149,13 +153,14 @@ class QArrayTy(HiType):
                        f"but the mapped size is {size}")
     if len(self.shape) < 2:
       raise TypeError(f"cannot map over the only (quantized) axis of q8[{self._dims()}]")
-    return QArrayTy(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]))
+    return QArrayTy(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]),
+                    self.mat)
 
   def inc_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
       raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
     return QArrayTy((size, *self.shape),
-                    shd.with_partitions(self.sharding, (None, *self._parts())))
+                    shd.with_partitions(self.sharding, (None, *self._parts())), self.mat)
 
   def leading_axis_spec(self) -> QArraySpec:
     return QArraySpec()
@@ -173,19 +178,20 @@ class QArrayTy(HiType):
   def shard(self, mesh, manual_axes, check_vma, spec) -> QArrayTy:
     qspec = self._check_pspec(spec)
     qty = self.lo_ty()[0].shard(mesh, manual_axes, check_vma, qspec)
-    return QArrayTy(qty.shape, qty.sharding)
+    return QArrayTy(qty.shape, qty.sharding, qty.mat)
 
   def unshard(self, mesh, check_vma, spec) -> QArrayTy:
     qspec = self._check_pspec(spec)
     qty = self.lo_ty()[0].unshard(mesh, check_vma, qspec)
-    return QArrayTy(qty.shape, qty.sharding)
+    return QArrayTy(qty.shape, qty.sharding, qty.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> QArrayP:
     return QArrayP(self.lo_ty()[0].nospec(mesh, check_vma, all_names))
 
   # printing
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
-    return f"q8[{self._dims()}]"
+    # the int8 component prints dims, shardings and {V:...} exactly like JAX
+    return "q8" + self.lo_ty()[0].str_short(True, mesh_axis_types).removeprefix("i8")
 
   def __repr__(self) -> str:
     return self.str_short()
@@ -195,7 +201,8 @@ class QArrayTy(HiType):
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
-  return QArrayTy(tuple(q.qvalue.shape), jax.typeof(q.qvalue).sharding)
+  qty = jax.typeof(q.qvalue)
+  return QArrayTy(tuple(qty.shape), qty.sharding, qty.mat)
 
 
 register_hitype(QArray, _typeof_qarray)
@@ -215,7 +222,7 @@ class Quantize(HxPrimitive):
   def __init__(self, x_aval):
     _check_dense_f32("quantize", x_aval, 1)
     self.in_avals = (x_aval,)
-    self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding)
+    self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding, x_aval.mat)
     self.params = {}
     super().__init__()
 
@@ -245,7 +252,8 @@ class Dequantize(HxPrimitive):
       raise TypeError(f"hx.dequantize expects a quantized array q8[..., n], "
                       f"got {shd.short(q_aval)}")
     self.in_avals = (q_aval,)
-    self.out_aval = ShapedArray(q_aval.shape, F32, sharding=q_aval.sharding)
+    self.out_aval = ShapedArray(q_aval.shape, F32, sharding=q_aval.sharding,
+                                manual_axis_type=q_aval.mat)
     self.params = {}
     super().__init__()
 
@@ -294,7 +302,8 @@ def matmul_q_result_type(x_aval, q_aval) -> ShapedArray:
   batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
   base = shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding)
   out_sharding = shd.with_partitions(base, (*batch, xp[-2], qp[-1]))
-  return ShapedArray((*x_aval.shape[:-1], q_aval.shape[-1]), F32, sharding=out_sharding)
+  return ShapedArray((*x_aval.shape[:-1], q_aval.shape[-1]), F32, sharding=out_sharding,
+                     manual_axis_type=shd.join_mat(x_aval, q_aval))
 
 
 class MatmulQ(HxPrimitive):
@@ -317,7 +326,7 @@ class MatmulQ(HxPrimitive):
     # cotangents live where their primals live: pin the sharded contractions
     gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=x_aval.sharding)
     gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=q_aval.sharding)
-    return gx, gw
+    return shd.match_vma(gx, x_aval), shd.match_vma(gw, q_aval)
 
   def jvp(self, primals, tangents):
     (x, qw), (dx, dqw) = primals, tangents

@@ -19,7 +19,7 @@ from jax.experimental.hijax import HiPspec, HiType, ShapedArray, Zero, register_
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
-from hxmlir._jax import MappingSpec
+from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.hiprim import HxPrimitive
 
 F32 = jnp.dtype("float32")
@@ -72,10 +72,13 @@ class Rank1Ty(HiType):
 
   ``shape`` is the dense shape represented and ``sharding`` its
   ``NamedSharding``; ``col`` is sharded like the ``(*b, m)`` axes, ``row`` like
-  ``(*b, n)``. The tangent type is the dense ``f32`` array of the same shape.
+  ``(*b, n)``. ``mat`` is the manual-axis type inside ``shard_map`` (empty
+  elsewhere), shared by both factors. The tangent type is the dense ``f32``
+  array of the same shape, sharding and ``mat``.
   """
   shape: tuple[int, ...]
   sharding: NamedSharding
+  mat: ManualAxisType = empty_mat
 
   def __post_init__(self):
     if len(self.shape) < 2:
@@ -95,9 +98,11 @@ class Rank1Ty(HiType):
   def lo_ty(self) -> list[ShapedArray]:
     """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one."""
     p = self._parts()
-    return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1])),
+    return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1]),
+                        manual_axis_type=self.mat),
             ShapedArray((*self.shape[:-2], self.shape[-1]), F32,
-                        sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])))]
+                        sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])),
+                        manual_axis_type=self.mat)]
 
   def lower_val(self, r: Rank1) -> list:
     return [r.col, r.row]
@@ -106,25 +111,30 @@ class Rank1Ty(HiType):
     return Rank1(col, row)
 
   def to_tangent_aval(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding)
+    return self._dense()
+
+  def to_ct_aval(self) -> ShapedArray:
+    return self._dense().to_ct_aval()
 
   def dec_rank(self, size, spec) -> Rank1Ty:
     if not isinstance(spec, Rank1Spec):
       raise TypeError(f"an {self} is mapped with hx.Rank1Spec(), got {spec!r}")
     if len(self.shape) < 3 or self.shape[0] != size:
       raise ValueError(f"cannot map {self} over a leading axis of size {size}")
-    return Rank1Ty(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]))
+    return Rank1Ty(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]),
+                   self.mat)
 
   def inc_rank(self, size, spec) -> Rank1Ty:
     if not isinstance(spec, Rank1Spec):
       raise TypeError(f"an {self} is mapped with hx.Rank1Spec(), got {spec!r}")
-    return Rank1Ty((size, *self.shape), shd.with_partitions(self.sharding, (None, *self._parts())))
+    return Rank1Ty((size, *self.shape), shd.with_partitions(self.sharding, (None, *self._parts())),
+                   self.mat)
 
   def leading_axis_spec(self) -> Rank1Spec:
     return Rank1Spec()
 
   def _dense(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding)
+    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
 
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, Rank1P):
@@ -133,17 +143,18 @@ class Rank1Ty(HiType):
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
     d = self._dense().shard(mesh, manual_axes, check_vma, self._check_pspec(spec))
-    return Rank1Ty(d.shape, d.sharding)
+    return Rank1Ty(d.shape, d.sharding, d.mat)
 
   def unshard(self, mesh, check_vma, spec) -> Rank1Ty:
     d = self._dense().unshard(mesh, check_vma, self._check_pspec(spec))
-    return Rank1Ty(d.shape, d.sharding)
+    return Rank1Ty(d.shape, d.sharding, d.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> Rank1P:
     return Rank1P(self._dense().nospec(mesh, check_vma, all_names))
 
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
-    return f"r1[{shd.dims_str(self.shape, self._parts())}]"
+    # the dense type prints dims, shardings and {V:...} exactly like JAX
+    return "r1" + self._dense().str_short(True, mesh_axis_types).removeprefix("f32")
 
   def __repr__(self) -> str:
     return self.str_short()
@@ -157,7 +168,8 @@ def _typeof_rank1(r: Rank1) -> Rank1Ty:
   cp = shd.partitions(cs, r.col.ndim)
   rp = shd.partitions(rs, r.row.ndim)
   base = shd.pick_mesh_sharding(cs, rs)
-  return Rank1Ty(r.shape, shd.with_partitions(base, (*cp, rp[-1])))
+  return Rank1Ty(r.shape, shd.with_partitions(base, (*cp, rp[-1])),
+                 shd.join_mat(jax.typeof(r.col), jax.typeof(r.row)))
 
 
 register_hitype(Rank1, _typeof_rank1)
@@ -182,7 +194,8 @@ class Outer(HxPrimitive):
     base = shd.pick_mesh_sharding(col_aval.sharding, row_aval.sharding)
     self.in_avals = (col_aval, row_aval)
     self.out_aval = Rank1Ty((*col_aval.shape, row_aval.shape[-1]),
-                            shd.with_partitions(base, (*batch, cp[-1], rp[-1])))
+                            shd.with_partitions(base, (*batch, cp[-1], rp[-1])),
+                            shd.join_mat(col_aval, row_aval))
     self.params = {}
     super().__init__()
 
@@ -191,7 +204,9 @@ class Outer(HxPrimitive):
 
   def vjp_bwd_retval(self, res, g):  # g: dense f32[*b, m, n]
     col, row = res
-    return jnp.einsum("...mn,...n->...m", g, row), jnp.einsum("...m,...mn->...n", col, g)
+    c_aval, r_aval = self.in_avals
+    return (shd.match_vma(jnp.einsum("...mn,...n->...m", g, row), c_aval),
+            shd.match_vma(jnp.einsum("...m,...mn->...n", col, g), r_aval))
 
   def jvp(self, primals, tangents):
     (col, row), (dc, dr) = primals, tangents
@@ -250,7 +265,8 @@ class MatmulR1(HxPrimitive):
     batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-2]))
     self.in_avals = (x_aval, r_aval)
     self.out_aval = ShapedArray((*x_aval.shape[:-1], r_aval.shape[-1]), F32,
-                                sharding=shd.with_partitions(base, (*batch, xp[-2], rp[-1])))
+                                sharding=shd.with_partitions(base, (*batch, xp[-2], rp[-1])),
+                                manual_axis_type=shd.join_mat(x_aval, r_aval))
     self.params = {}
     super().__init__()
 
@@ -262,7 +278,8 @@ class MatmulR1(HxPrimitive):
     x, col, row = res
     gx = jnp.einsum("...pn,...n->...p", g, row)[..., :, None] * col[..., None, :]
     gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g)
-    return gx, gr
+    x_aval, r_aval = self.in_avals
+    return shd.match_vma(gx, x_aval), shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
     (x, r), (dx, dr) = primals, tangents

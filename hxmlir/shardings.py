@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hxmlir._jax import ManualAxisType, empty_mat
+
 
 def partitions(sharding: NamedSharding, ndim: int) -> tuple:
   """The spec of ``sharding`` as a tuple of exactly ``ndim`` entries (``None``-padded)."""
@@ -56,3 +58,31 @@ def short(aval) -> str:
   if isinstance(aval, jax.core.ShapedArray):
     return aval.str_short(short_dtypes=True)
   return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else repr(aval)
+
+
+def join_mat(*avals):
+  """The manual-axis type (``shard_map`` varying axes) of a result computed from ``avals``.
+
+  Inside ``shard_map`` with ``check_vma=True`` a value varies over the manual
+  mesh axes any of its operands varies over, as for JAX's own primitives;
+  outside ``shard_map`` every ``mat`` is empty and so is the result.
+  """
+  mats = [a.mat for a in avals if getattr(a, "mat", None) is not None]
+  varying = frozenset().union(*(m.varying for m in mats))
+  if not varying:
+    return empty_mat
+  return ManualAxisType(varying=varying)
+
+
+def match_vma(ct, aval):
+  """Cotangent ``ct`` summed over the manual mesh axes it varies over but ``aval`` does not.
+
+  Inside ``shard_map`` (``check_vma=True``) an operand invariant over an axis
+  meets varying ones by an implicit ``pvary``, whose transpose is ``psum``: a
+  backward rule applies this to each operand's cotangent so that it gets its
+  primal's type. Outside ``shard_map`` it returns ``ct`` unchanged.
+  """
+  extra = jax.typeof(ct).mat.varying - aval.mat.varying
+  if not extra:
+    return ct
+  return jax.lax.psum(ct, tuple(a for a in jax.typeof(ct).sharding.mesh.axis_names if a in extra))

@@ -79,6 +79,13 @@ class TupTy(HiType):
   def lo_ty(self) -> list:
     return [lo for ty in self.tys for lo in _lo_tys(ty)]
 
+  # type equality up to weak types, as for arrays (``core.typematch``)
+  def normalize(self) -> TupTy:
+    return TupTy(tuple(ty.normalize() for ty in self.tys))
+
+  def strip_weak_type(self) -> TupTy:
+    return self.normalize()
+
   def lower_val(self, tup: HiTup) -> list:
     return [lo for ty, e in zip(self.tys, tup.elts)
             for lo in (ty.lower_val(e) if _is_hi(ty) else [e])]

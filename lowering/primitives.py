@@ -50,19 +50,21 @@ def _parts(aval) -> tuple:
   return shd.partitions(aval.sharding, aval.ndim)
 
 
-def _arr(shape, dtype, base, parts) -> ShapedArray:
-  return ShapedArray(tuple(shape), dtype, sharding=shd.with_partitions(base, parts))
+def _arr(shape, dtype, base, parts, *operands) -> ShapedArray:
+  # inside shard_map, a result varies over the manual axes its operands vary over
+  return ShapedArray(tuple(shape), dtype, sharding=shd.with_partitions(base, parts),
+                     manual_axis_type=shd.join_mat(*operands))
 
 
 @hx_quantize_p.def_abstract_eval
 def _quantize_abstract_eval(x):
   p = _parts(x)
-  return [_arr(x.shape, I8, x.sharding, p), _arr(x.shape[:-1], F32, x.sharding, p[:-1])]
+  return [_arr(x.shape, I8, x.sharding, p, x), _arr(x.shape[:-1], F32, x.sharding, p[:-1], x)]
 
 
 @hx_dequantize_p.def_abstract_eval
 def _dequantize_abstract_eval(q, s):
-  return _arr(q.shape, F32, q.sharding, _parts(q))
+  return _arr(q.shape, F32, q.sharding, _parts(q), q, s)
 
 
 @hx_matmul_q_p.def_abstract_eval
@@ -70,7 +72,7 @@ def _matmul_q_abstract_eval(x, q, s):
   xp, qp = _parts(x), _parts(q)
   base = shd.pick_mesh_sharding(x.sharding, q.sharding)
   batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
-  return _arr((*x.shape[:-1], q.shape[-1]), F32, base, (*batch, xp[-2], qp[-1]))
+  return _arr((*x.shape[:-1], q.shape[-1]), F32, base, (*batch, xp[-2], qp[-1]), x, q, s)
 
 
 @hx_outer_p.def_abstract_eval
@@ -83,7 +85,7 @@ def _matmul_r1_abstract_eval(x, col, row):
   xp, rp = _parts(x), _parts(row)
   base = shd.pick_mesh_sharding(x.sharding, row.sharding)
   batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-1]))
-  return _arr((*x.shape[:-1], row.shape[-1]), F32, base, (*batch, xp[-2], rp[-1]))
+  return _arr((*x.shape[:-1], row.shape[-1]), F32, base, (*batch, xp[-2], rp[-1]), x, col, row)
 
 
 # --- batching: every lo primitive takes leading batch dims natively ----------
