@@ -70,3 +70,12 @@ from jax._src.interpreters import mlir as _passes_mlir  # noqa: E402
 
 make_ir_context = _passes_mlir.make_ir_context
 """A fresh ``ir.Context`` with every dialect JAX emits (stablehlo, chlo, mhlo, sdy, func)."""
+
+
+# --- export: portable artifacts and the custom-call allow-list (export.py, targets.py)
+from jax._src.export import _export as _export_internal  # noqa: E402
+
+module_to_portable_bytecode = _export_internal._module_to_bytecode
+"""Serializes an ``ir.Module`` as ``jax.export`` does (VHLO portable artifact, 4-week target)."""
+stable_custom_call_targets = _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE
+"""The (mutable) set of custom-call targets ``jax.export`` accepts; ``targets.activate`` adds to it."""
