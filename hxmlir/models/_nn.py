@@ -1,0 +1,111 @@
+"""Layers shared by hxmlir's example models: dense layers over f32 or ``q8`` weights.
+
+Every dense weight is stored ``[in, out]`` (``k, n``) so that ``x @ w`` is the
+layer; a quantized weight is a ``q8[k, n]`` (one scale per input row, see
+:func:`hxmlir.quantize`) and is applied with :func:`hxmlir.matmul_q`, or, in the
+*naive* baseline, by dequantizing it first and doing an f32 dot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hxmlir.qarray import QArray, QArrayTy, dequantize, matmul_q, quantize
+
+
+def is_quantized(w) -> bool:
+  """True if ``w`` (a value or a tracer) is a quantized array ``q8[...]``."""
+  return isinstance(jax.typeof(w), QArrayTy)
+
+
+def linear(x, w, b=None, *, naive: bool = False):
+  """``x: f32[*lead, k] @ w + b -> f32[*lead, n]`` for ``w: f32[k, n]`` or ``q8[k, n]``.
+
+  A quantized ``w`` goes through ``hx.matmul_q`` (the leading axes of ``x`` are
+  flattened into its rows, since ``matmul_q`` takes equal-rank operands), or,
+  with ``naive=True``, through ``x @ hx.dequantize(w)``: the dequantize-then-dot
+  baseline that materialises the f32 weight. ``b: f32[n]`` is optional.
+  """
+  lead, k = x.shape[:-1], x.shape[-1]
+  x2 = x.reshape(-1, k)
+  if not is_quantized(w):
+    y = x2 @ w
+  elif naive:
+    y = x2 @ dequantize(w)
+  else:
+    y = matmul_q(x2, w)
+  y = y.reshape(*lead, y.shape[-1])
+  return y if b is None else y + b
+
+
+def layer_norm(x, gamma, beta, eps: float):
+  """LayerNorm over the last axis (Ba et al. 2016): ``(x - mean) / sqrt(var + eps) * gamma + beta``."""
+  mean = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + eps) * gamma + beta
+
+
+def attention(q, k, v, heads: int, bias=None):
+  """Multi-head scaled dot-product attention (Vaswani et al. 2017).
+
+  ``q, k, v: f32[b, s, d]`` with ``d = heads * dh``; ``bias: f32[b, 1, 1, s]``
+  is added to the scores (``-inf``-like values mask keys out). Returns
+  ``f32[b, s, d]``, heads concatenated.
+  """
+  b, s, d = q.shape
+  dh = d // heads
+  split = lambda t: t.reshape(b, s, heads, dh).transpose(0, 2, 1, 3)
+  qh, kh, vh = split(q), split(k), split(v)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", qh, kh) / np.sqrt(dh).astype(np.float32)
+  if bias is not None:
+    scores = scores + bias
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum("bhqk,bhkd->bhqd", probs, vh)
+  return out.transpose(0, 2, 1, 3).reshape(b, s, d)
+
+
+def map_weights(tree: Any, fn: Callable[[Any], Any], keys: Iterable[str]) -> Any:
+  """Copy of a nested dict/list ``tree`` with ``fn`` applied to the leaves under ``keys``."""
+  keys = frozenset(keys)
+
+  def go(node, key=None):
+    if isinstance(node, dict):
+      return {k: go(v, k) for k, v in node.items()}
+    if isinstance(node, list | tuple):
+      return type(node)(go(v) for v in node)
+    return fn(node) if key in keys else node
+  return go(tree)
+
+
+def quantize_weights(tree: Any, keys: Iterable[str]) -> Any:
+  """``tree`` with every ``f32[k, n]`` leaf under one of ``keys`` quantized to ``q8[k, n]``.
+
+  Other leaves become device arrays. Runs as one jitted computation, so
+  quantizing many weights costs one compilation rather than one per weight.
+  """
+  keys = tuple(keys)
+  tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
+  return jax.jit(lambda t: map_weights(t, quantize, keys))(tree)
+
+
+def weight_bytes(tree: Any) -> dict[str, int]:
+  """Bytes of the dense weights in ``tree``.
+
+  Returns ``{"int8": .., "scales": .., "f32_equivalent": .., "other_f32": ..}``:
+  the int8 values and f32 scales of every quantized leaf, the bytes those
+  leaves would take as f32, and the bytes of every other array leaf.
+  """
+  out = {"int8": 0, "scales": 0, "f32_equivalent": 0, "other_f32": 0}
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, QArray):
+      out["int8"] += int(np.prod(leaf.qvalue.shape))
+      out["scales"] += 4 * int(np.prod(leaf.scale.shape))
+      out["f32_equivalent"] += 4 * int(np.prod(leaf.qvalue.shape))
+    else:
+      out["other_f32"] += int(np.asarray(leaf).nbytes)
+  return out
