@@ -72,3 +72,11 @@ from hxmlir.tuples import (
 from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
 
 __version__ = "0.1.0"
+
+# isort: split
+from hxmlir.install import VerificationError as VerificationError  # noqa: E402
+from hxmlir.install import install as install  # noqa: E402
+from hxmlir.install import installed as installed  # noqa: E402
+from hxmlir.install import is_installed as is_installed  # noqa: E402
+from hxmlir.install import stats as stats  # noqa: E402
+from hxmlir.install import uninstall as uninstall  # noqa: E402

@@ -1,0 +1,406 @@
+"""``hx.install()``: run hxmlir's pass pipeline on every module JAX lowers.
+
+After :func:`install`, each StableHLO module that JAX builds from a jaxpr --
+for ``jax.jit(f)(...)``, ``jax.jit(f).lower(...)`` (and so ``.as_text()`` and
+``.compile()``) and ``jax.export.export`` -- goes through the pipeline
+(default ``hx-verify,hx-fold-scales``) before JAX compiles or serializes it::
+
+  import hxmlir as hx
+  hx.install()                      # process-wide, like jax.config.update
+  jax.jit(f).lower(x, qw).as_text()  # folded, verified IR
+  hx.uninstall()
+
+  with hx.installed("hx-verify"):   # this thread only, like jax.enable_x64()
+    jax.jit(f)(x, qw)
+
+How it hooks in: JAX's ``pxla`` turns a jaxpr into a module by calling
+``jax._src.interpreters.mlir.lower_jaxpr_to_module``; while anything is
+installed that function is wrapped (reached through :mod:`hxmlir._jax`), and the
+wrapper runs the pipeline on the module it returns, in place. Lowering for
+``jax.export`` (``LoweringParameters.for_export``) also runs ``hx-check-export``
+when that pass is registered. Uninstalling restores the original function.
+
+The installed pipeline is the value of a JAX config state that is part of JAX's
+trace context and jit cache key (like ``jax_enable_x64``). So every JAX cache
+-- traced jaxprs, lowered modules, compiled executables -- keys on it: after
+:func:`install` or :func:`uninstall` the next ``jit`` call lowers afresh,
+while modules lowered earlier under the same setting are served from the caches
+as usual. Nothing needs clearing, and caches from before :func:`install` are
+valid again after :func:`uninstall`.
+
+Modules that contain no ``hx.*`` composite are left untouched (one walk over
+the module's ops finds out), so plain JAX code lowers to byte-identical text
+with and without install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxlib.mlir import ir
+
+from hxmlir import _jax
+
+DEFAULT_PIPELINE = "hx-verify,hx-fold-scales"
+"""The pipeline :func:`install` runs when none is given."""
+VERIFY_PASS = "hx-verify"
+CHECK_EXPORT_PASS = "hx-check-export"
+COMPOSITE_PREFIX = "hx."  # lowering/schema.py's PREFIX, kept literal: install reads IR only
+
+
+class VerificationError(ValueError):
+  """The pipeline rejected a module that JAX was lowering.
+
+  Raised from inside ``jax.jit`` / ``.lower()`` / ``jax.export.export`` while
+  hxmlir is installed, when a pass (usually ``hx-verify``) reports problems or
+  leaves invalid IR. ``str()`` lists every problem on its own line as
+  ``file:line:col: error: message`` (the location of the op, which JAX derives
+  from the user's Python source). The plugin stays installed and usable.
+
+  Attributes: ``module_name`` (``"jit_f"``), ``pass_name`` (the failing pass or
+  ``None``), ``pipeline`` (the pipeline string that ran), ``diagnostics`` (the
+  pass framework's diagnostics, each with ``severity``, ``location`` and
+  ``message``).
+  """
+
+  def __init__(self, message: str, *, module_name: str, pass_name: str | None,
+               pipeline: str, diagnostics: list):
+    super().__init__(message)
+    self.module_name = module_name
+    self.pass_name = pass_name
+    self.pipeline = pipeline
+    self.diagnostics = diagnostics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+  """What is installed: the pipeline for execution and for export (hashable)."""
+  pipeline: str
+  export_pipeline: str
+
+
+# JAX config state holding the current ``_Setting`` (``None``: not installed).
+# ``include_in_trace_context`` / ``include_in_jit_key`` put it into the keys of
+# JAX's tracing, lowering and C++ dispatch caches.
+_state = _jax.ConfigState(
+    "hxmlir_install", None,
+    "The hxmlir pass pipeline run on every lowered module (set by hxmlir.install).",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+_lock = threading.RLock()  # guards the hook, the counters below and _pipelines
+_ORIGINAL = _jax.jax_mlir.lower_jaxpr_to_module  # JAX's, as imported
+_inner: Callable | None = None  # what our wrapper calls; None while not wrapped
+_active_contexts = 0  # number of open ``installed()`` blocks, in all threads
+_targets_active = False
+_pipelines: dict[str, list[tuple[str, Any]]] = {}  # pipeline string -> parsed passes
+_stats: dict[str, dict[str, float]] = {}
+
+
+def _passes():
+  """The ``hxmlir.passes`` module (imported late: passes depend on lowering, not on us)."""
+  return importlib.import_module("hxmlir.passes")
+
+
+# --- pipeline strings ----------------------------------------------------------
+
+def _split(pipeline: str) -> list[str]:
+  """``"a,b{x=1,y=2},c"`` -> ``["a", "b{x=1,y=2}", "c"]`` (commas inside braces kept)."""
+  parts, depth, cur = [], 0, []
+  for ch in pipeline:
+    if ch == "," and depth == 0:
+      parts.append("".join(cur).strip())
+      cur = []
+      continue
+    depth += (ch == "{") - (ch == "}")
+    cur.append(ch)
+  parts.append("".join(cur).strip())
+  return [p for p in parts if p]
+
+
+def _name(spec: str) -> str:
+  return spec.split("{", 1)[0].strip()
+
+
+def _effective(pipeline: str | None, verify: bool) -> str:
+  if pipeline is None:
+    pipeline = DEFAULT_PIPELINE
+  if not isinstance(pipeline, str):
+    raise TypeError(f"hxmlir.install: pipeline must be a string like {DEFAULT_PIPELINE!r}, "
+                    f"got {type(pipeline).__name__}")
+  specs = _split(pipeline)
+  names = [_name(s) for s in specs]
+  if verify and VERIFY_PASS not in names:
+    specs.insert(0, VERIFY_PASS)
+  elif not verify:
+    specs = [s for s in specs if _name(s) != VERIFY_PASS]
+  return ",".join(specs)
+
+
+def _export_variant(pipeline: str) -> str:
+  specs = _split(pipeline)
+  registry = getattr(_passes(), "PASS_REGISTRY", {})
+  if CHECK_EXPORT_PASS in registry and CHECK_EXPORT_PASS not in map(_name, specs):
+    specs.append(CHECK_EXPORT_PASS)
+  return ",".join(specs)
+
+
+def _parsed(pipeline: str):
+  """The parsed :class:`hxmlir.passes.Pipeline` of ``pipeline`` (parsed once, then shared).
+
+  Raises the pass framework's ``PipelineError`` (a ``ValueError``) for unknown
+  passes or options.
+  """
+  with _lock:
+    got = _pipelines.get(pipeline)
+  if got is None:
+    got = _passes().parse_pipeline(pipeline)
+    with _lock:
+      _pipelines[pipeline] = got
+  return got
+
+
+def _make_setting(pipeline: str | None, verify: bool) -> _Setting:
+  pipe = _effective(pipeline, verify)
+  setting = _Setting(pipe, _export_variant(pipe))
+  _parsed(setting.pipeline)
+  _parsed(setting.export_pipeline)
+  return setting
+
+
+# --- the hook -------------------------------------------------------------------
+
+def _has_hx_ops(module: ir.Module) -> bool:
+  """Whether ``module`` holds a ``stablehlo.composite "hx.*"``.
+
+  One walk that stops at the first one (~1 us per op, against ~1 ms per op
+  for JAX to lower it). A module whose body holds only ``main`` has none: a
+  composite needs its decomposition function beside it.
+  """
+  if len(module.body.operations) < 2:
+    return False
+  found = False
+
+  def visit(op) -> ir.WalkResult:
+    nonlocal found
+    if op.name == "stablehlo.composite" and \
+       ir.StringAttr(op.attributes["name"]).value.startswith(COMPOSITE_PREFIX):
+      found = True
+      return ir.WalkResult.INTERRUPT
+    return ir.WalkResult.ADVANCE
+
+  with module.context:
+    module.operation.walk(visit)
+  return found
+
+
+def _count(key: str, inc: dict[str, float]) -> None:
+  entry = _stats.setdefault(key, {})
+  for k, v in inc.items():
+    entry[k] = entry.get(k, 0) + v
+
+
+def _run(module: ir.Module, module_name: str, pipeline: str) -> None:
+  """Runs ``pipeline`` on ``module`` in place; records stats; PassError -> VerificationError."""
+  ran: list[tuple[str, float]] = []
+  counters: dict[str, dict[str, int]] = {}
+  try:
+    try:
+      result = _parsed(pipeline).run(
+          module, after_pass=lambda name, _op, seconds: ran.append((name, seconds)))
+    except _passes().PassError as e:
+      diags = list(e.diagnostics)
+      lines = [f"  {d}".replace("\n", "\n  ") for d in diags] or [f"  {e.summary}"]
+      raise VerificationError(
+          f"hxmlir: {e.pass_name} rejected module {module_name}: {e.summary} "
+          f"(pipeline {pipeline!r}):\n" + "\n".join(lines),
+          module_name=module_name, pass_name=e.pass_name, pipeline=pipeline,
+          diagnostics=diags) from None
+    counters = result.stats
+  finally:
+    with _lock:
+      for name, seconds in ran:
+        mine = counters.get(name, {})
+        rewrites = 0 if name in _ANALYSES else sum(mine.values())
+        _count(name, {**mine, "modules": 1, "rewrites": rewrites, "seconds": seconds})
+
+
+_ANALYSES = (VERIFY_PASS, CHECK_EXPORT_PASS)  # they count what they looked at, not rewrites
+
+
+def _lower_jaxpr_to_module(*args, **kwargs):
+  """Wrapper of JAX's ``lower_jaxpr_to_module``: lowers, then runs the pipeline."""
+  inner = _inner
+  result = (inner if inner is not None else _ORIGINAL)(*args, **kwargs)
+  setting = _state.value
+  if setting is None:
+    return result
+  t0 = time.perf_counter()
+  params = kwargs.get("lowering_parameters")
+  for_export = bool(getattr(params, "for_export", False))
+  module_name = str(args[0] if args else kwargs.get("module_name", "module"))
+  module = result.module
+  has_hx = False
+  try:
+    has_hx = _has_hx_ops(module)
+    if has_hx:
+      _run(module, module_name, setting.export_pipeline if for_export else setting.pipeline)
+  finally:
+    with _lock:
+      _count("total", {"modules": 1, "skipped": int(not has_hx),
+                       "seconds": time.perf_counter() - t0})
+  return result
+
+
+def _wrap_locked() -> None:
+  global _inner
+  if _inner is not None:  # in place (possibly under a wrapper someone added later)
+    return
+  mod = _jax.jax_mlir
+  _inner = mod.lower_jaxpr_to_module
+  mod.lower_jaxpr_to_module = _lower_jaxpr_to_module
+
+
+def _unwrap_if_idle_locked() -> None:
+  global _inner
+  if _state.get_global() is not None or _active_contexts:
+    return
+  mod = _jax.jax_mlir
+  if _inner is not None and mod.lower_jaxpr_to_module is _lower_jaxpr_to_module:
+    mod.lower_jaxpr_to_module = _inner
+    _inner = None
+  # else: someone wrapped it after us; our wrapper stays in their chain as a
+  # pass-through (the setting is None) rather than dropping their wrapper.
+  _set_targets(False)
+
+
+def _set_targets(on: bool) -> None:
+  """Turns hxmlir.targets' jax.export allow-list on or off, if that module exists."""
+  global _targets_active
+  if on == _targets_active:
+    return
+  try:
+    targets = importlib.import_module("hxmlir.targets")
+  except ImportError:
+    return
+  fn = getattr(targets, "activate" if on else "deactivate", None)
+  if fn is not None:
+    fn()
+  _targets_active = on
+
+
+# --- public API -------------------------------------------------------------------
+
+def install(pipeline: str | None = None, *, verify: bool = True) -> None:
+  """Runs ``pipeline`` on every module JAX lowers from now on, in all threads.
+
+  Args:
+    pipeline: a pass pipeline string (``"hx-verify,hx-fold-scales{...},cse"``;
+      see :func:`hxmlir.passes.parse_pipeline`); default
+      ``"hx-verify,hx-fold-scales"``.
+    verify: if true, ``hx-verify`` runs first (added when the pipeline lacks
+      it); if false, ``hx-verify`` is removed from the pipeline.
+
+  Lowerings for ``jax.export`` additionally run ``hx-check-export`` last (when
+  that pass is registered), and hxmlir's registered kernel targets become
+  acceptable to ``jax.export`` (:mod:`hxmlir.targets`). Calling ``install``
+  again replaces the pipeline; with the same arguments it changes nothing.
+  Takes effect at the next lowering (JAX's caches key on the setting).
+
+  Raises:
+    ValueError: (the pass framework's ``PipelineError``) unknown pass or option;
+      nothing changes then.
+    TypeError: ``pipeline`` is not a string.
+  """
+  setting = _make_setting(pipeline, verify)
+  with _lock:
+    _wrap_locked()
+    _set_targets(True)
+    _state.set_global(setting)
+
+
+def uninstall() -> None:
+  """Stops running the pipeline; JAX lowers exactly as before :func:`install`.
+
+  A no-op when not installed. ``installed()`` blocks still open (in any
+  thread) keep their pipeline until they exit; the wrapper of JAX's lowering
+  function is removed when the last one closes.
+  """
+  with _lock:
+    _state.set_global(None)
+    _unwrap_if_idle_locked()
+
+
+def is_installed() -> bool:
+  """Whether a pipeline runs on modules lowered now, in this thread."""
+  return _state.value is not None
+
+
+def current_pipeline(*, for_export: bool = False) -> str | None:
+  """The pipeline string lowerings in this thread run now (``None``: not installed)."""
+  setting = _state.value
+  if setting is None:
+    return None
+  return setting.export_pipeline if for_export else setting.pipeline
+
+
+class installed:  # noqa: N801  (a context manager, named like JAX's)
+  """Context manager: install ``pipeline`` for the lowerings in this thread.
+
+  ``with hx.installed(): jax.jit(f)(x)`` -- like ``jax.enable_x64()``, it sets a
+  thread-local value over the process-wide one from :func:`install`, and on
+  exit restores what was there before (nested blocks nest). Also usable as a
+  decorator. Arguments as for :func:`install`; the pipeline is parsed when the
+  object is created, so a bad one raises before the block runs. To ask whether
+  hxmlir is installed, use :func:`is_installed`.
+  """
+
+  def __init__(self, pipeline: str | None = None, *, verify: bool = True):
+    self._setting = _make_setting(pipeline, verify)
+    self._prev: list[Any] = []
+
+  def __enter__(self) -> installed:
+    global _active_contexts
+    with _lock:
+      _wrap_locked()
+      _set_targets(True)
+      _active_contexts += 1
+    self._prev.append(_state.swap_local(self._setting))
+    return self
+
+  def __exit__(self, *exc) -> None:
+    global _active_contexts
+    _state.set_local(self._prev.pop())
+    with _lock:
+      _active_contexts -= 1
+      _unwrap_if_idle_locked()
+
+  def __call__(self, fn: Callable) -> Callable:
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+      with self:
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def stats(*, reset: bool = False) -> dict[str, dict[str, float]]:
+  """What the pipeline did since import (or the last ``reset``), per pass.
+
+  Returns ``{pass name: {"modules": n, "rewrites": n, "seconds": t, <the pass's
+  own counters>...}}`` (``modules``: modules the pass ran on; ``rewrites``: the
+  sum of a transforming pass's counters, 0 for hx-verify/hx-check-export) and a
+  ``"total"`` entry: ``modules`` lowered while installed, ``skipped`` (no
+  ``hx.*`` op, left untouched) and ``seconds`` spent in the hook. A copy.
+  """
+  with _lock:
+    out = {k: dict(v) for k, v in _stats.items()}
+    if reset:
+      _stats.clear()
+  return out
+
