@@ -1,1 +1,43 @@
-"""hxmlir.passes: Python passes over ``jaxlib.mlir`` modules, and their pipeline."""
+"""hxmlir.passes: Python passes over ``jaxlib.mlir`` modules, and their pipeline.
+
+The API other code relies on::
+
+  from hxmlir.passes import parse_pipeline, PassError, PipelineError, PASS_REGISTRY
+
+  pipe = parse_pipeline("hx-verify,hx-fold-scales,canonicalize,cse")
+  result = pipe.run(module)      # jaxlib.mlir.ir.Module (or its builtin.module op), in place
+  result.changed                 # bool: some pass modified the module
+  result.stats                   # {"hx-fold-scales": {"scales folded": 3}, ...}
+  result.diagnostics             # warnings/remarks the passes reported
+
+- :func:`parse_pipeline` raises :class:`PipelineError` (a ``ValueError``) for
+  an unknown pass or option, listing the valid ones. Names that are not ours
+  (``canonicalize``, ``cse``, ``inline``, ``symbol-dce``, ``func.func(...)``)
+  run in ``jaxlib.mlir.passmanager.PassManager``.
+- ``Pipeline.run`` raises :class:`PassError` after a pass reports problems
+  (``.diagnostics``: every problem, each with ``severity``, ``location``
+  ``"file:line:col"`` and ``message``; ``str()`` lists them all), and when
+  MLIR's verifier fails after a pass (the error names the pass).
+- :data:`PASS_REGISTRY` maps pass names to lazy getters of their classes;
+  register a new pass with one line in ``passes/registry.py``.
+- Passes run in the MLIR context JAX uses (:func:`irutil.make_context`); they
+  read and rewrite IR only and never trace JAX code.
+
+Passes: ``hx-verify`` (the IR contract of ``lowering/schema.py``),
+``hx-fold-scales`` (dequantize -> dot_general: scales into the smaller side,
+``hx.matmul_q`` where it fits), ``hx-decompose`` (inline ``hx.*`` composites).
+"""
+
+from hxmlir.passes.base import Diagnostic as Diagnostic
+from hxmlir.passes.base import Diagnostics as Diagnostics
+from hxmlir.passes.base import HxPass as HxPass
+from hxmlir.passes.base import PassError as PassError
+from hxmlir.passes.base import PassResult as PassResult
+from hxmlir.passes.base import PipelineError as PipelineError
+from hxmlir.passes.base import Severity as Severity
+from hxmlir.passes.pipeline import NATIVE_PASSES as NATIVE_PASSES
+from hxmlir.passes.pipeline import NativePass as NativePass
+from hxmlir.passes.pipeline import Pipeline as Pipeline
+from hxmlir.passes.pipeline import PipelineResult as PipelineResult
+from hxmlir.passes.pipeline import parse_pipeline as parse_pipeline
+from hxmlir.passes.registry import PASS_REGISTRY as PASS_REGISTRY

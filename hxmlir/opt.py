@@ -1,0 +1,370 @@
+"""``hxmlir-opt``: run hxmlir and MLIR passes on MLIR files (the tool lit drives).
+
+In the spirit of ``mlir-opt`` and ``xdsl-opt``::
+
+  hxmlir-opt [input|-] [-o out] [-p PIPELINE] [--split-input-file]
+             [--verify-diagnostics] [--mlir-print-debuginfo] [--emit-bytecode]
+             [--print-ir-after-all] [--timing] [--allow-unregistered-dialect]
+             [--list-passes] [--version]
+
+Input is MLIR text or bytecode (file or stdin); output is text (or bytecode
+with ``--emit-bytecode``) on stdout or ``-o``. Errors — malformed input,
+unknown passes or options, bad flags, failing passes — are printed on stderr
+as ``file:line:col: error: message`` and the exit status is 1; never a Python
+traceback. ``--verify-diagnostics`` checks the diagnostics against MLIR's
+``// expected-error @+1 {{...}}`` (``expected-warning``, ``expected-remark``,
+``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``)
+annotations instead of printing them.
+
+:class:`HxmlirOpt` runs in-process (``HxmlirOpt(["-p", "hx-verify", path]).run()``
+returns the exit status), so pytest drives it without subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO
+
+from hxmlir.passes import PASS_REGISTRY, PassError, PipelineError, irutil, parse_pipeline
+from hxmlir.passes.base import Diagnostic, Severity
+from hxmlir.passes.pipeline import NATIVE_PASSES
+
+SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
+_EXPECTED = re.compile(
+    r"expected-(error|warning|remark|note)\s*(?:@\s*([+-]\d+|above|below|unknown))?\s*"
+    r"\{\{(.*?)\}\}")
+
+
+class _Usage(Exception):
+  pass
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # argparse would print usage and exit 2
+    raise _Usage(message)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="hxmlir-opt", description="Run hxmlir and MLIR passes on MLIR files.",
+              add_help=True)
+  p.add_argument("input", nargs="?", default="-", help="input file (MLIR text or bytecode); "
+                 "'-' or none for stdin")
+  p.add_argument("-o", dest="output", default="-", help="output file ('-' for stdout)")
+  p.add_argument("-p", "--pass-pipeline", "--passes", dest="pipeline", default="",
+                 help="comma-separated passes, e.g. 'hx-verify,hx-fold-scales,canonicalize'")
+  p.add_argument("--split-input-file", action="store_true",
+                 help="process each '// -----'-separated chunk separately")
+  p.add_argument("--verify-diagnostics", action="store_true",
+                 help="check diagnostics against expected-* annotations in the input")
+  p.add_argument("--mlir-print-debuginfo", action="store_true",
+                 help="print locations in the output")
+  p.add_argument("--emit-bytecode", action="store_true", help="write MLIR bytecode")
+  p.add_argument("--print-ir-after-all", action="store_true",
+                 help="print the IR on stderr after each pass")
+  p.add_argument("--timing", action="store_true", help="print pass timings on stderr")
+  p.add_argument("--allow-unregistered-dialect", action="store_true",
+                 help="accept ops of dialects that are not registered")
+  p.add_argument("--list-passes", action="store_true", help="list the available passes")
+  p.add_argument("--version", action="store_true", help="print versions and exit")
+  return p
+
+
+@dataclass
+class _Expected:
+  severity: str
+  line: int | None  # None: @unknown
+  text: str
+  where: str  # "file:line:col" of the annotation
+  seen: bool = False
+
+
+class HxmlirOpt:
+  """The ``hxmlir-opt`` driver; ``run()`` returns the exit status (0 ok, 1 error).
+
+  ``args``: command-line arguments without the program name (default
+  ``sys.argv[1:]``). ``stdin``/``stdout``/``stderr``: binary or text streams
+  (default the process's); stdout receives bytes when writing bytecode.
+  """
+
+  def __init__(self, args: list[str] | None = None, *, stdin: IO | None = None,
+               stdout: IO | None = None, stderr: IO | None = None):
+    self.argv = list(sys.argv[1:] if args is None else args)
+    self.stdin = stdin if stdin is not None else sys.stdin
+    self.stdout = stdout if stdout is not None else sys.stdout
+    self.stderr = stderr if stderr is not None else sys.stderr
+    self.timings: list[tuple[str, float]] = []
+
+  def _err(self, text: str) -> None:
+    self.stderr.write(text if text.endswith("\n") else text + "\n")
+
+  def run(self) -> int:
+    """Parses the arguments, processes the input, returns the exit status."""
+    try:
+      return self._run()
+    except _Usage as e:
+      self._err(f"hxmlir-opt: error: {e}\n(run 'hxmlir-opt --help' for usage)")
+      return 1
+    except SystemExit as e:  # --help
+      return int(e.code or 0)
+    except Exception as e:  # an internal error: one line, no traceback
+      if os.environ.get("HXMLIR_OPT_TRACEBACK"):
+        raise
+      self._err(f"hxmlir-opt: internal error: {type(e).__name__}: {e}")
+      return 1
+
+  def _run(self) -> int:
+    args = _build_parser().parse_args(self.argv)
+    if args.version:
+      return self._version()
+    if args.list_passes:
+      return self._list_passes()
+    try:
+      pipeline = parse_pipeline(args.pipeline)
+    except PipelineError as e:
+      first, *rest = str(e).splitlines()
+      col = _pipeline_column(args.pipeline, first)
+      self._err(f"<pass-pipeline>:1:{col}: error: {first}\n" + "\n".join(rest))
+      return 1
+    source_name, data = self._read(args.input)
+    if data is None:
+      return 1
+    if isinstance(data, bytes):  # bytecode
+      if args.split_input_file or args.verify_diagnostics:
+        self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
+                  "need MLIR text input, got bytecode")
+        return 1
+      chunks = [(data, 0)]
+    else:
+      chunks = _split(data) if args.split_input_file else [(data, 0)]
+    if args.emit_bytecode and len(chunks) > 1:
+      self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
+                "do not combine it with --split-input-file")
+      return 1
+    ctx = irutil.make_context(args.allow_unregistered_dialect)
+    outputs: list[str | bytes] = []
+    status = 0
+    for text, offset in chunks:
+      out, ok = self._process(ctx, args, pipeline, source_name, text, offset)
+      status |= 0 if ok else 1
+      if out is not None:
+        outputs.append(out)
+    self._write(args, outputs)
+    if args.timing:
+      self._report_timing()
+    return status
+
+  # --- input / output --------------------------------------------------------
+
+  def _read(self, path: str):
+    if path == "-":
+      stream = self.stdin
+      raw = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+      name = "<stdin>"
+    else:
+      try:
+        with open(path, "rb") as f:
+          raw = f.read()
+      except OSError as e:
+        self._err(f"hxmlir-opt: error: could not open input file '{path}': {e.strerror}")
+        return path, None
+      name = path
+    if isinstance(raw, str):
+      return name, raw
+    if irutil.is_bytecode(raw):
+      return name, raw
+    try:
+      return name, raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      self._err(f"{name}:0:0: error: input is neither UTF-8 MLIR text nor MLIR bytecode "
+                f"({e.reason} at byte {e.start})")
+      return name, None
+
+  def _write(self, args, outputs: list) -> None:
+    if args.emit_bytecode:
+      data = outputs[0] if outputs else b""
+      if args.output == "-":
+        out = self.stdout.buffer if hasattr(self.stdout, "buffer") else self.stdout
+        out.write(data)
+      else:
+        with open(args.output, "wb") as f:
+          f.write(data)
+      return
+    text = "// -----\n".join(outputs)
+    if args.output == "-":
+      self.stdout.write(text)
+      self.stdout.flush()
+    else:
+      with open(args.output, "w") as f:
+        f.write(text)
+
+  # --- one chunk --------------------------------------------------------------
+
+  def _process(self, ctx, args, pipeline, source_name, text, offset):
+    """Parses, runs and prints one chunk; returns (output or None, ok)."""
+    diags: list[Diagnostic] = []
+    out = None
+    start = time.perf_counter()
+    src = text if isinstance(text, bytes) else "\n" * offset + text
+    try:
+      module = irutil.parse_module(src, ctx, source_name)
+    except irutil.ir.MLIRError as e:
+      diags += [Diagnostic.from_mlir(d) for d in e.error_diagnostics]
+      module = None
+    self.timings.append(("(parse)", time.perf_counter() - start))
+    if module is not None:
+      def after(name, op, seconds):
+        self.timings.append((name, seconds))
+        if args.print_ir_after_all:
+          self._err(f"// -----// IR Dump After {name} //----- //\n"
+                    f"{op.get_asm(enable_debug_info=args.mlir_print_debuginfo)}")
+      try:
+        result = pipeline.run(module, after_pass=after)
+        diags += result.diagnostics
+        start = time.perf_counter()
+        if args.emit_bytecode:
+          buf = io.BytesIO()
+          module.write_bytecode(buf)
+          out = buf.getvalue()
+        else:
+          out = module.get_asm(enable_debug_info=args.mlir_print_debuginfo)
+        self.timings.append(("(output)", time.perf_counter() - start))
+      except PassError as e:
+        diags += e.diagnostics
+        if not args.verify_diagnostics:
+          self._err(f"{e.pass_name}: {e.summary}")
+    if args.verify_diagnostics:
+      return out, self._verify(source_name, text, offset, diags)
+    for d in diags:
+      self._err(str(d))
+    return out, not any(d.severity is Severity.ERROR for d in diags)
+
+  def _verify(self, source_name: str, text: str, offset: int, diags: list[Diagnostic]) -> bool:
+    expected = _expectations(source_name, text, offset)
+    flat = []
+    for d in diags:
+      flat.append(d)
+      flat += d.notes
+    ok = True
+    for d in flat:
+      line = _line_of(d.location, source_name)
+      match = next((e for e in expected if not e.seen and e.severity == d.severity.value
+                    and e.line == line and e.text in d.message), None)
+      if match is None:
+        ok = False
+        self._err(f"{d.location}: error: unexpected {d.severity.value}: {d.message}")
+      else:
+        match.seen = True
+    for e in expected:
+      if not e.seen:
+        ok = False
+        self._err(f'{e.where}: error: expected {e.severity} "{e.text}" was not produced')
+    return ok
+
+  # --- informational ---------------------------------------------------------
+
+  def _version(self) -> int:
+    import jax
+    import jaxlib
+
+    import hxmlir
+    self.stdout.write(f"hxmlir-opt (hxmlir {hxmlir.__version__}), jax {jax.__version__}, "
+                      f"jaxlib {jaxlib.__version__}\n")
+    return 0
+
+  def _list_passes(self) -> int:
+    lines = ["hxmlir passes:"]
+    for name, getter in sorted(PASS_REGISTRY.items()):
+      cls = getter()
+      lines.append(f"  {name:<18} {cls.summary}")
+      for key, f in cls.options().items():
+        typ = f.type if isinstance(f.type, str) else f.type.__name__
+        lines.append(f"      {key}={typ} (default {f.default})")
+    lines.append("MLIR passes (jaxlib, run by the MLIR pass manager; any registered pass works):")
+    lines += [f"  {n}" for n in NATIVE_PASSES]
+    self.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+  def _report_timing(self) -> None:
+    total = sum(t for _, t in self.timings) or 1e-12
+    merged: dict[str, float] = {}
+    for name, t in self.timings:
+      merged[name] = merged.get(name, 0.0) + t
+    bar = "===" + "-" * 73 + "==="
+    lines = [bar, "  ... Execution time report ...".center(79), bar,
+             f"  Total Execution Time: {total:.4f} seconds", "",
+             "  ----Wall Time----  ----Name----"]
+    for name, t in merged.items():
+      lines.append(f"  {t:8.4f} ({100 * t / total:5.1f}%)  {name}")
+    lines.append(f"  {total:8.4f} (100.0%)  Total")
+    self._err("\n".join(lines))
+
+
+def _split(text: str) -> list[tuple[str, int]]:
+  """Chunks separated by ``// -----`` lines, each with the number of lines before it."""
+  chunks, start, line = [], 0, 0
+  for m in SPLIT_MARKER.finditer(text):
+    chunks.append((text[start:m.start()], line))
+    line += text.count("\n", start, m.end()) + 1
+    start = m.end() + 1
+  chunks.append((text[start:], line))
+  return chunks
+
+
+def _expectations(source_name: str, text: str, offset: int) -> list[_Expected]:
+  out = []
+  lines = text.split("\n")
+  annotated = {i for i, ln in enumerate(lines) if _EXPECTED.search(ln)}
+  for i, ln in enumerate(lines):
+    for m in _EXPECTED.finditer(ln):
+      sev, at, msg = m.groups()
+      if at is None:
+        target = i
+      elif at == "unknown":
+        target = None
+      elif at == "above":
+        target = i - 1
+        while target in annotated:
+          target -= 1
+      elif at == "below":
+        target = i + 1
+        while target in annotated:
+          target += 1
+      else:
+        target = i + int(at)
+      line_no = None if target is None else target + 1 + offset
+      out.append(_Expected(sev, line_no, msg,
+                           f"{source_name}:{i + 1 + offset}:{m.start() + 1}"))
+  return out
+
+
+def _line_of(location: str, source_name: str) -> int | None:
+  if not location.startswith(source_name + ":"):
+    return None
+  try:
+    return int(location[len(source_name) + 1:].split(":")[0])
+  except ValueError:
+    return None
+
+
+def _pipeline_column(pipeline: str, message: str) -> int:
+  m = re.search(r"'([^']+)'", message)
+  if m:
+    pos = pipeline.find(m.group(1))
+    if pos >= 0:
+      return pos + 1
+  return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Console entry point of ``hxmlir-opt``; exits with the driver's status."""
+  sys.exit(HxmlirOpt(argv).run())
+
+
+if __name__ == "__main__":
+  main()

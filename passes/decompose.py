@@ -1,0 +1,124 @@
+"""``hx-decompose``: inlines every ``hx.*`` composite's decomposition.
+
+Each ``stablehlo.composite "hx.*"`` op is replaced by a copy of its
+decomposition's body (operands substituted for the arguments, uses of its
+results redirected to the returned values), the way
+``stablehlo-legalize-composite-to-call`` followed by ``inline`` would, but
+touching ``hx.*`` composites only. When the composite carries
+``sdy.sharding``, each replacement value goes through an
+``sdy.sharding_constraint`` with that sharding, so the placement survives.
+Composites nested in decompositions are inlined too. Decomposition functions
+that no longer have any use are erased. Other composites, functions and calls
+are left as they are. The result is plain StableHLO any consumer accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+_MAX_ROUNDS = 64  # nesting depth bound: a decomposition that uses itself is an error
+
+
+@dataclass(frozen=True)
+class DecomposePass(HxPass):
+  """Replaces every ``hx.*`` composite by its inlined decomposition. No options."""
+  name: ClassVar[str] = "hx-decompose"
+  summary: ClassVar[str] = "inline every hx.* composite's decomposition (plain StableHLO)"
+
+  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+    inlined, used_decomps = 0, set()
+    for _ in range(_MAX_ROUNDS):
+      ops = [op for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+      if not ops:
+        break
+      funcs = irutil.func_ops(module)
+      progress = False
+      for op in ops:
+        sym = irutil.symbol_ref(irutil.attr_or_none(op, "decomposition") or ir.UnitAttr.get())
+        fn = funcs.get(sym) if sym else None
+        if fn is None or not fn.regions[0].blocks:
+          diags.error(op, f"'{irutil.composite_name(op)}' cannot be inlined: decomposition "
+                      f"@{sym} is not a func.func with a body in this module")
+          continue
+        _inline(op, fn)
+        used_decomps.add(sym)
+        inlined += 1
+        progress = True
+      if not progress:
+        break
+    else:
+      diags.error(module, "hx composites are still present after inlining "
+                  f"{_MAX_ROUNDS} levels: a decomposition uses itself")
+    removed = _erase_unused(module, used_decomps)
+    stats = {"composites inlined": inlined, "functions removed": removed}
+    return PassResult(changed=inlined > 0, stats=stats)
+
+
+def _inline(op: ir.Operation, fn: ir.Operation) -> None:
+  block = fn.regions[0].blocks[0]
+  mapping: dict[ir.Value, ir.Value] = dict(zip(block.arguments, op.operands))
+  ip = ir.InsertionPoint(op)
+  returned: list[ir.Value] = []
+  for inner in block.operations:
+    inner = inner.operation
+    if inner.name == "func.return":
+      returned = [mapping.get(v, v) for v in inner.operands]
+      break
+    clone = inner.clone(ip=ip)
+    _remap(clone, mapping)
+    for old, new in zip(inner.results, clone.results):
+      mapping[old] = new
+  sharding = irutil.attr_or_none(op, "sdy.sharding")
+  if isinstance(sharding, sdy.TensorShardingPerValueAttr):
+    with ip, op.location:
+      returned = [sdy.ShardingConstraintOp(v, s).result
+                  for v, s in zip(returned, sharding.shardings)]
+  for old, new in zip(op.results, returned):
+    old.replace_all_uses_with(new)
+  op.erase()
+
+
+def _remap(op: ir.Operation, mapping: dict) -> None:
+  """Replaces operands of ``op`` and of ops nested in it that ``mapping`` renames."""
+  for i, v in enumerate(op.operands):
+    if v in mapping:
+      op.operands[i] = mapping[v]
+  for nested in irutil.walk(op):
+    for i, v in enumerate(nested.operands):
+      if v in mapping:
+        nested.operands[i] = mapping[v]
+
+
+def symbol_uses(module: ir.Operation) -> set[str]:
+  """Names of every symbol referenced by an attribute of an op in ``module``."""
+  used = set()
+  pattern = re.compile(r'@("(?:[^"\\]|\\.)*"|[\w.$-]+)')
+  for op in irutil.walk(module):
+    for key in op.attributes:
+      if key in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
+        continue
+      for m in pattern.finditer(str(op.attributes[key])):
+        used.add(m.group(1).strip('"'))
+  return used
+
+
+def _erase_unused(module: ir.Operation, candidates: set[str]) -> int:
+  """Erases the private functions among ``candidates`` that nothing references any more."""
+  used = symbol_uses(module)
+  funcs = irutil.func_ops(module)
+  removed = 0
+  for sym in sorted(candidates):
+    fn = funcs.get(sym)
+    vis = irutil.attr_or_none(fn, "sym_visibility") if fn is not None else None
+    if fn is not None and sym not in used and vis is not None and \
+       ir.StringAttr(vis).value == "private":
+      fn.erase()
+      removed += 1
+  return removed

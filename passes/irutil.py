@@ -1,0 +1,222 @@
+"""Small helpers over ``jaxlib.mlir.ir`` shared by the passes and ``hxmlir-opt``.
+
+Locations as ``file:line:col`` strings, the MLIR context JAX uses, parsing with
+a source name, tensor types as the schema's :class:`TensorType`, Shardy
+shardings as the schema's :data:`DimSharding`, and op walking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hxmlir.lowering.schema import DimSharding, TensorType
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+from hxmlir import _jax
+
+
+def make_context(allow_unregistered: bool = False) -> ir.Context:
+  """A new MLIR context with every dialect JAX emits (StableHLO, CHLO, MHLO, sdy, func)."""
+  ctx = _jax.make_ir_context()
+  ctx.allow_unregistered_dialects = allow_unregistered
+  return ctx
+
+
+# --- locations ---------------------------------------------------------------
+
+def _file_loc(loc: ir.Location) -> ir.FileLineColLoc | None:
+  """The first ``FileLineColLoc`` in ``loc`` (callee before caller, fused in order)."""
+  if isinstance(loc, ir.FileLineColLoc):
+    return loc
+  if isinstance(loc, ir.NameLoc):
+    return _file_loc(loc.child_loc)
+  if isinstance(loc, ir.CallSiteLoc):
+    return _file_loc(loc.callee) or _file_loc(loc.caller)
+  if isinstance(loc, ir.FusedLoc):
+    for sub in loc.locations:
+      found = _file_loc(sub)
+      if found is not None:
+        return found
+  return None
+
+
+def location_str(loc: ir.Location) -> str:
+  """``"file:line:col"`` for ``loc``: the first file position it holds, else ``<unknown>``.
+
+  IR lowered by JAX carries the user's Python file and line inside name and
+  call-site locations; IR parsed from a file carries the file's line and column.
+  """
+  found = _file_loc(loc)
+  if found is None:
+    return "<unknown>"
+  return f"{found.filename}:{found.start_line}:{found.start_col}"
+
+
+# --- parsing -----------------------------------------------------------------
+
+def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin>"
+                 ) -> ir.Operation:
+  """Parses MLIR text or bytecode into a ``builtin.module`` op.
+
+  Text is parsed with ``source_name`` so op locations read
+  ``source_name:line:col``. Like ``mlir-opt``, top-level ops that are not one
+  ``builtin.module`` are wrapped into one (the wrapper is written on line 1, so
+  line numbers are kept). Raises ``ir.MLIRError`` with the parser's diagnostics.
+  """
+  with ctx:
+    if isinstance(source, bytes):
+      return ir.Module.parse(source).operation
+    try:
+      op = ir.Operation.parse(source, source_name=source_name)
+    except ir.MLIRError as e:
+      if "single top-level operation" not in str(e) and not _several_ops(e):
+        raise
+      op = ir.Operation.parse("module {" + source + "\n}", source_name=source_name)
+      return op.operation
+    if op.operation.name == "builtin.module":
+      return op.operation
+    with ir.Location.unknown():
+      module = ir.Module.create()
+    module.body.append(op.operation)
+    # keep the module alive through its operation
+    return module.operation
+
+
+def _several_ops(e: ir.MLIRError) -> bool:
+  return any("top-level" in d.message or "single" in d.message for d in e.error_diagnostics)
+
+
+def is_bytecode(data: bytes) -> bool:
+  """Whether ``data`` is MLIR bytecode (starts with the ``ML\\xefR`` magic)."""
+  return data[:4] == b"ML\xefR"
+
+
+# --- types and walking -------------------------------------------------------
+
+def tensor_type(t: ir.Type) -> TensorType | None:
+  """The schema's ``TensorType`` of a statically shaped ranked tensor, else ``None``."""
+  if not isinstance(t, ir.RankedTensorType) or not t.has_static_shape:
+    return None
+  return TensorType(tuple(t.shape), str(t.element_type))
+
+
+def walk(op: ir.Operation) -> Iterator[ir.Operation]:
+  """Every op nested in ``op`` (pre-order, ``op`` excluded), as ``ir.Operation``."""
+  for region in op.regions:
+    for block in region.blocks:
+      for child in block.operations:
+        child = child.operation
+        yield child
+        yield from walk(child)
+
+
+def func_ops(module: ir.Operation) -> dict[str, ir.Operation]:
+  """The module's top-level ``func.func`` ops keyed by symbol name."""
+  out = {}
+  for op in module.regions[0].blocks[0].operations:
+    op = op.operation
+    if op.name == "func.func":
+      out[ir.StringAttr(op.attributes["sym_name"]).value] = op
+  return out
+
+
+def symbol_ref(attr: ir.Attribute) -> str | None:
+  """The name of a flat symbol reference attribute, else ``None``."""
+  if isinstance(attr, ir.FlatSymbolRefAttr):
+    return attr.value
+  return None
+
+
+def attr_or_none(op: ir.Operation, key: str) -> ir.Attribute | None:
+  return op.attributes[key] if key in op.attributes else None
+
+
+def is_hx_composite(op: ir.Operation) -> bool:
+  """Whether ``op`` is ``stablehlo.composite`` with a name in the ``hx.`` namespace."""
+  if op.name != "stablehlo.composite" or "name" not in op.attributes:
+    return False
+  return ir.StringAttr(op.attributes["name"]).value.startswith("hx.")
+
+
+def composite_name(op: ir.Operation) -> str:
+  return ir.StringAttr(op.attributes["name"]).value
+
+
+def has_hx_ops(module: ir.Operation) -> bool:
+  """Whether any ``stablehlo.composite "hx.*"`` op is nested in ``module``."""
+  return any(is_hx_composite(op) for op in walk(module))
+
+
+# --- shardings ---------------------------------------------------------------
+
+def dim_sharding(attr: ir.Attribute | None, rank: int | None = None) -> DimSharding | None:
+  """A ``#sdy.sharding`` as the schema's ``DimSharding``, or ``None`` when unknown.
+
+  Each dimension becomes the tuple of its axis names (sub-axes spelled
+  ``"x:(1)2"``). Open dimensions (``{?}``, ``{"x", ?}``) may be sharded further
+  by propagation, so a sharding with any open dimension counts as unknown, as
+  does a rank that differs from ``rank``.
+  """
+  if attr is None or not isinstance(attr, sdy.TensorShardingAttr):
+    return None
+  dims = []
+  for d in attr.dimension_shardings:
+    d = sdy.DimensionShardingAttr(d)
+    if not d.is_closed:
+      return None
+    names = []
+    for a in d.axes:
+      a = sdy.AxisRefAttr(a)
+      sub = a.sub_axis_info
+      if sub is not None:
+        sub = sdy.SubAxisInfoAttr(sub)
+        names.append(f"{a.name}:({sub.pre_size}){sub.size}")
+      else:
+        names.append(a.name)
+    dims.append(tuple(names))
+  if rank is not None and len(dims) != rank:
+    return None
+  return tuple(dims)
+
+
+def result_sharding_attr(op: ir.Operation, index: int) -> ir.Attribute | None:
+  """Result ``index``'s ``TensorShardingAttr`` from ``op``'s ``sdy.sharding`` (or ``None``)."""
+  if op.name == "sdy.sharding_constraint":
+    return op.attributes["sharding"]
+  attr = attr_or_none(op, "sdy.sharding")
+  if attr is None or not isinstance(attr, sdy.TensorShardingPerValueAttr):
+    return None
+  shardings = attr.shardings
+  return shardings[index] if index < len(shardings) else None
+
+
+def value_sharding_attr(value: ir.Value) -> ir.Attribute | None:
+  """The sharding fixed for ``value``: by its defining op or its function argument attribute.
+
+  An ``sdy.sharding_constraint`` result has the constraint's sharding; another
+  op result the entry of its op's ``sdy.sharding``; a function argument its
+  ``sdy.sharding`` argument attribute. ``None`` when nothing fixes it.
+  """
+  if isinstance(value, ir.OpResult):
+    return result_sharding_attr(value.owner.operation, value.result_number)
+  if isinstance(value, ir.BlockArgument):
+    owner = value.owner.owner
+    if owner is None or owner.operation.name != "func.func":
+      return None
+    fn = owner.operation
+    if "arg_attrs" not in fn.attributes:
+      return None
+    arg_attrs = ir.ArrayAttr(fn.attributes["arg_attrs"])
+    if value.arg_number >= len(arg_attrs):
+      return None
+    d = ir.DictAttr(arg_attrs[value.arg_number])
+    return d["sdy.sharding"] if "sdy.sharding" in d else None
+  return None
+
+
+def value_sharding(value: ir.Value) -> DimSharding | None:
+  """:func:`value_sharding_attr` as the schema's ``DimSharding`` (``None`` when unknown)."""
+  t = value.type
+  rank = t.rank if isinstance(t, ir.RankedTensorType) else None
+  return dim_sharding(value_sharding_attr(value), rank)

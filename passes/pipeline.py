@@ -1,0 +1,244 @@
+"""Pass pipelines: parse ``hx-verify,hx-fold-scales{opt=v},canonicalize,cse`` and run it.
+
+Grammar (xDSL's ``arg_spec``, MLIR's textual pipelines)::
+
+  pipeline := element (',' element)*
+  element  := name ['{' option (' ' option)* '}']   |   name '(' native-pipeline ')'
+  option   := key ['=' value]       (dashes in keys map to underscores)
+
+Names in :data:`~hxmlir.passes.registry.PASS_REGISTRY` are our passes; every
+other element is handed verbatim to ``jaxlib.mlir.passmanager.PassManager``
+(nested as ``builtin.module(<element>)``), so one pipeline mixes both. A
+``builtin.module(...)`` wrapper around the whole pipeline is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostic, Diagnostics, HxPass, PassError, PipelineError
+from hxmlir.passes.registry import PASS_REGISTRY
+from jaxlib.mlir import ir, passmanager
+
+NATIVE_PASSES: tuple[str, ...] = (
+    "canonicalize", "control-flow-sink", "cse", "inline", "loop-invariant-code-motion",
+    "mem2reg", "remove-dead-values", "sccp", "sdy-add-data-flow-edges",
+    "sdy-aggressive-propagate", "sdy-basic-propagate", "sdy-close-shardings",
+    "sdy-export-pipeline", "sdy-import-pipeline", "sdy-propagation-pipeline",
+    "sdy-remove-sharding-groups", "sroa", "strip-debuginfo", "symbol-dce",
+    "symbol-privatize", "topological-sort",
+)
+"""Module-level MLIR passes that jaxlib registers (a test checks each one parses).
+
+Not exhaustive: any pass ``PassManager.parse`` accepts works, including nested
+ones like ``func.func(sdy-drop-sharding-rules)``."""
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+  """Splits ``text`` at ``sep`` outside ``{}``/``()``/quotes; raises on unbalanced brackets."""
+  parts, depth, cur, quote = [], 0, [], False
+  for ch in text:
+    if ch == '"':
+      quote = not quote
+    elif not quote and ch in "{(":
+      depth += 1
+    elif not quote and ch in "})":
+      depth -= 1
+      if depth < 0:
+        raise PipelineError(f"unbalanced {ch!r} in pass pipeline {text!r}")
+    if ch == sep and depth == 0 and not quote:
+      parts.append("".join(cur))
+      cur = []
+    else:
+      cur.append(ch)
+  if depth != 0 or quote:
+    raise PipelineError(f"unbalanced brackets or quotes in pass pipeline {text!r}")
+  parts.append("".join(cur))
+  return parts
+
+
+def _convert(pass_name: str, key: str, f: dataclasses.Field, raw: str | None):
+  typ = f.type if isinstance(f.type, type) else {"bool": bool, "int": int, "float": float,
+                                                 "str": str}.get(str(f.type), str)
+  if raw is None:
+    if typ is bool:
+      return True
+    raise PipelineError(f"{pass_name}: option {key!r} needs a value ({key}=<{typ.__name__}>)")
+  raw = raw.strip('"')
+  if typ is bool:
+    if raw.lower() in ("true", "1"):
+      return True
+    if raw.lower() in ("false", "0"):
+      return False
+    raise PipelineError(f"{pass_name}: option {key!r} must be true or false, got {raw!r}")
+  try:
+    return typ(raw)
+  except ValueError:
+    raise PipelineError(f"{pass_name}: option {key!r} must be {typ.__name__}, "
+                        f"got {raw!r}") from None
+
+
+def _make_pass(name: str, opts_text: str) -> HxPass:
+  cls = PASS_REGISTRY[name]()
+  fields = cls.options()
+  kwargs = {}
+  for item in opts_text.split():
+    key, _, raw = item.partition("=")
+    f = fields.get(key) or fields.get(key.replace("_", "-"))
+    if f is None:
+      valid = ", ".join(fields) or "none"
+      raise PipelineError(f"{name}: unknown option {key!r}; valid options: {valid}")
+    kwargs[f.name] = _convert(name, key, f, raw if "=" in item else None)
+  return cls(**kwargs)
+
+
+@functools.cache
+def _check_context() -> ir.Context:
+  return irutil.make_context()
+
+
+def _native_error(name: str, why: str) -> PipelineError:
+  ours = sorted(PASS_REGISTRY)
+  close = difflib.get_close_matches(name, [*ours, *NATIVE_PASSES], n=1)
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return PipelineError(
+      f"unknown pass {name!r}{hint}: {why}\n"
+      f"  hxmlir passes: {', '.join(ours)}\n"
+      f"  MLIR passes (jaxlib): {', '.join(NATIVE_PASSES)}")
+
+
+@dataclass(frozen=True)
+class NativePass:
+  """An element handed to MLIR's pass manager, e.g. ``canonicalize`` or ``func.func(cse)``."""
+  text: str
+
+  @property
+  def name(self) -> str:
+    return self.text
+
+  def pipeline_str(self) -> str:
+    return self.text
+
+
+@dataclass
+class PipelineResult:
+  """The outcome of :meth:`Pipeline.run`.
+
+  ``changed``: some pass modified the module. ``stats``: pass name -> counters
+  (``{"hx-fold-scales": {"scales folded": 3}}``). ``diagnostics``: warnings and
+  remarks the passes reported (errors raise :class:`PassError` instead).
+  """
+  changed: bool = False
+  stats: dict[str, dict[str, int]] = field(default_factory=dict)
+  diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+AfterPass = Callable[[str, ir.Operation, float], None]
+"""``after_pass(pass_name, module, seconds)``: called after each pass succeeds."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+  """A parsed pipeline: our passes (:class:`HxPass`) and native ones (:class:`NativePass`)."""
+  passes: tuple[HxPass | NativePass, ...]
+
+  def __str__(self) -> str:
+    return ",".join(p.pipeline_str() for p in self.passes)
+
+  def run(self, module, *, after_pass: AfterPass | None = None) -> PipelineResult:
+    """Runs every pass on ``module`` (``ir.Module`` or ``builtin.module`` op), in place.
+
+    The module is verified with MLIR's verifier after each pass. Raises
+    :class:`PassError` when a pass reports errors (all of them, at once), when
+    MLIR's verifier fails after a pass (naming that pass), or when a native
+    pass fails.
+    """
+    op = module.operation
+    result = PipelineResult()
+    for p in self.passes:
+      start = time.perf_counter()
+      if isinstance(p, NativePass):
+        changed, stats = _run_native(p, op), {}
+      else:
+        diags = Diagnostics()
+        with op.context, ir.Location.unknown():
+          outcome = p.apply(op, diags)
+        result.diagnostics += [d for d in diags.items if d not in diags.errors]
+        if diags.errors:
+          n = len(diags.errors)
+          raise PassError(p.name, f"{n} problem{'s' if n != 1 else ''} found", diags.items)
+        changed, stats = outcome.changed, outcome.stats
+        _verify_after(p.name, op)
+      elapsed = time.perf_counter() - start
+      result.changed |= changed
+      mine = result.stats.setdefault(p.name, {})
+      for k, v in stats.items():
+        mine[k] = mine.get(k, 0) + v
+      if after_pass is not None:
+        after_pass(p.name, op, elapsed)
+    return result
+
+
+def _verify_after(name: str, op: ir.Operation) -> None:
+  try:
+    op.verify()
+  except ir.MLIRError as e:
+    raise PassError(name, "the IR is invalid after this pass (MLIR verifier failed); "
+                    "this is a bug in the pass",
+                    [Diagnostic.from_mlir(d) for d in e.error_diagnostics]) from None
+
+
+def _run_native(p: NativePass, op: ir.Operation) -> bool:
+  before = op.get_asm(enable_debug_info=True)
+  try:
+    pm = passmanager.PassManager.parse(f"builtin.module({p.text})", context=op.context)
+  except ValueError as e:
+    raise _native_error(p.text, str(e).splitlines()[0]) from None
+  pm.enable_verifier(True)
+  try:
+    pm.run(op)
+  except ir.MLIRError as e:
+    raise PassError(p.name, "MLIR pass failed",
+                    [Diagnostic.from_mlir(d) for d in e.error_diagnostics]) from None
+  return op.get_asm(enable_debug_info=True) != before
+
+
+def parse_pipeline(text: str) -> Pipeline:
+  """Parses a pipeline string; raises :class:`PipelineError` on unknown passes or options.
+
+  Our passes take ``{key=value ...}`` options; anything else must be a pass
+  (or nested pipeline) that jaxlib's MLIR registers.
+  """
+  text = text.strip()
+  if text.startswith("builtin.module(") and text.endswith(")"):
+    text = text[len("builtin.module("):-1]
+  if not text:
+    return Pipeline(())
+  passes: list[HxPass | NativePass] = []
+  for element in _split_top(text, ","):
+    element = element.strip()
+    if not element:
+      raise PipelineError(f"empty pass name in pipeline {text!r}")
+    name, brace, rest = element.partition("{")
+    name = name.strip()
+    if name in PASS_REGISTRY:
+      if brace and not rest.endswith("}"):
+        raise PipelineError(f"{name}: options must be written {{key=value ...}}, got {element!r}")
+      passes.append(_make_pass(name, rest[:-1] if brace else ""))
+      continue
+    head = element.split("(")[0].split("{")[0].strip()
+    try:
+      passmanager.PassManager.parse(f"builtin.module({element})", context=_check_context())
+    except ValueError as e:
+      msg = str(e).splitlines()
+      why = next((m for m in msg if "error:" in m), msg[0] if msg else "")
+      why = why.split("error:", 1)[-1].strip()
+      raise _native_error(head, why) from None
+    passes.append(NativePass(element))
+  return Pipeline(tuple(passes))

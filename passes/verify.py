@@ -1,0 +1,194 @@
+"""``hx-verify``: checks every ``hx.*`` composite against the IR contract.
+
+The contract (DESIGN.md, "The IR contract") is read from
+:mod:`hxmlir.lowering.schema`; for each ``stablehlo.composite "hx.*"`` op:
+
+- the name is a known op and its ``version`` one this code accepts;
+- ``composite_attributes`` has exactly the schema's keys, with values of the
+  schema's types (``int`` is an ``i64`` integer attribute);
+- operand and result counts, and every type invariant of the schema
+  (``i8[..., n]`` values with ``f32[...]`` scales, matmul shapes, ...);
+- ``decomposition`` names a private ``func.func`` of the module whose
+  signature equals the composite's exactly, and whose body is plain StableHLO
+  (``stablehlo.*``, ``func.return``, ``func.call`` of plain functions, and
+  ``sdy.sharding_constraint``);
+- ``sdy.sharding``, when present, has one sharding per result of the
+  result's rank, and the operand and result shardings satisfy the schema's
+  sharding invariants. Operand shardings are read from the defining
+  ``sdy.sharding_constraint`` (or ``sdy.sharding`` of the defining op, or the
+  function argument's ``sdy.sharding``); unknown shardings are not checked.
+
+Every problem is reported at the composite's location; the pass then fails
+once. The module is never modified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hxmlir.lowering import schema
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint")
+
+
+def _attr_matches(attr: ir.Attribute, want: type) -> str | None:
+  """``None`` when ``attr`` fits the Python type ``want``, else what it should be."""
+  if want is bool:
+    return None if isinstance(attr, ir.BoolAttr) else "a bool attribute"
+  if want is int:
+    ok = isinstance(attr, ir.IntegerAttr) and not isinstance(attr, ir.BoolAttr) and \
+        str(attr.type) == "i64"
+    return None if ok else "an i64 integer attribute"
+  if want is float:
+    return None if isinstance(attr, ir.FloatAttr) else "a float attribute"
+  if want is str:
+    return None if isinstance(attr, ir.StringAttr) else "a string attribute"
+  return None
+
+
+@dataclass(frozen=True)
+class VerifyPass(HxPass):
+  """Checks every ``hx.*`` composite against lowering/schema.py; reports all problems.
+
+  No options. Never modifies the module.
+  """
+  name: ClassVar[str] = "hx-verify"
+  summary: ClassVar[str] = "check every hx.* composite against the IR contract (lowering/schema.py)"
+
+  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+    funcs = irutil.func_ops(module)
+    plain_cache: dict[str, str | None] = {}
+    checked = 0
+    for op in irutil.walk(module):
+      if irutil.is_hx_composite(op):
+        checked += 1
+        for problem in _check_composite(op, funcs, plain_cache):
+          diags.error(op, f"'{irutil.composite_name(op)}' {problem}")
+    return PassResult(changed=False, stats={"composites checked": checked})
+
+
+def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
+  name = irutil.composite_name(op)
+  spec = schema.lookup(name)
+  if spec is None:
+    return [f"is not a known hx composite; known: {', '.join(sorted(schema.SCHEMAS))}"]
+  errs = []
+  version_attr = irutil.attr_or_none(op, "version")
+  version = ir.IntegerAttr(version_attr).value if version_attr is not None else 0
+  if version not in spec.versions:
+    errs.append(f"version {version} is not accepted; this code accepts "
+                f"{', '.join(map(str, spec.versions))}")
+  errs += _check_attributes(op, spec)
+  operands, results = list(op.operands), list(op.results)
+  if len(operands) != spec.num_operands or len(results) != spec.num_results:
+    errs.append(f"{spec.signature} takes {spec.num_operands} operand(s) and "
+                f"{spec.num_results} result(s), got {len(operands)} and {len(results)}")
+    return errs
+  in_t = [irutil.tensor_type(v.type) for v in operands]
+  out_t = [irutil.tensor_type(v.type) for v in results]
+  bad = [f"{what} #{i} has type {v.type}" for what, vals, ts in
+         (("operand", operands, in_t), ("result", results, out_t))
+         for i, (v, t) in enumerate(zip(vals, ts)) if t is None]
+  if bad:
+    errs.append(f"needs statically shaped ranked tensors: {'; '.join(bad)}")
+  else:
+    errs += spec.check_types(in_t, out_t)
+  errs += _check_decomposition(op, funcs, plain_cache)
+  if not bad:
+    errs += _check_shardings(op, spec)
+  return errs
+
+
+def _check_attributes(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
+  attrs = irutil.attr_or_none(op, "composite_attributes")
+  have = {} if attrs is None else {a.name: a.attr for a in ir.DictAttr(attrs)}
+  errs = []
+  missing = sorted(set(spec.attributes) - set(have))
+  extra = sorted(set(have) - set(spec.attributes))
+  if missing or extra:
+    errs.append(f"composite_attributes must have keys {sorted(spec.attributes)}, got "
+                f"{sorted(have)}")
+  for key, want in spec.attributes.items():
+    if key in have:
+      should = _attr_matches(have[key], want)
+      if should is not None:
+        errs.append(f"attribute '{key}' must be {should}, got {have[key]}")
+  return errs
+
+
+def _check_decomposition(op: ir.Operation, funcs, plain_cache) -> list[str]:
+  attr = irutil.attr_or_none(op, "decomposition")
+  sym = irutil.symbol_ref(attr) if attr is not None else None
+  if sym is None:
+    return ["has no decomposition function"]
+  fn = funcs.get(sym)
+  if fn is None:
+    return [f"decomposition @{sym} is not a func.func of this module"]
+  errs = []
+  vis = irutil.attr_or_none(fn, "sym_visibility")
+  if vis is None or ir.StringAttr(vis).value != "private":
+    errs.append(f"decomposition @{sym} must be private")
+  ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+  got_in, got_out = list(ftype.inputs), list(ftype.results)
+  want_in = [v.type for v in op.operands]
+  want_out = [v.type for v in op.results]
+  if got_in != want_in or got_out != want_out:
+    errs.append(
+        f"decomposition @{sym} has signature ({', '.join(map(str, got_in))}) -> "
+        f"({', '.join(map(str, got_out))}), but the composite has "
+        f"({', '.join(map(str, want_in))}) -> ({', '.join(map(str, want_out))})")
+  foreign = _non_plain_op(sym, funcs, plain_cache, set())
+  if foreign is not None:
+    errs.append(f"decomposition @{sym} is not plain StableHLO: it contains '{foreign}'")
+  return errs
+
+
+def _non_plain_op(sym: str, funcs, cache, visiting: set) -> str | None:
+  """The first op in function ``sym`` (or its callees) that is not plain StableHLO."""
+  if sym in cache:
+    return cache[sym]
+  if sym in visiting or sym not in funcs:
+    return None
+  visiting.add(sym)
+  found = None
+  for op in irutil.walk(funcs[sym]):
+    if op.name.startswith("stablehlo.") or op.name in _PLAIN_OTHER:
+      if op.name == "func.call":
+        found = _non_plain_op(irutil.symbol_ref(op.attributes["callee"]), funcs, cache,
+                              visiting)
+        if found is not None:
+          break
+      continue
+    found = op.name
+    break
+  cache[sym] = found
+  return found
+
+
+def _check_shardings(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
+  results = list(op.results)
+  attr = irutil.attr_or_none(op, "sdy.sharding")
+  res_sh: list = [None] * len(results)
+  errs = []
+  if attr is not None:
+    if not isinstance(attr, sdy.TensorShardingPerValueAttr):
+      return [f"sdy.sharding must be #sdy.sharding_per_value<[...]>, got {attr}"]
+    shardings = attr.shardings
+    if len(shardings) != len(results):
+      return [f"sdy.sharding has {len(shardings)} sharding(s) for {len(results)} result(s)"]
+    for i, (s, v) in enumerate(zip(shardings, results)):
+      rank = ir.RankedTensorType(v.type).rank
+      n = len(sdy.TensorShardingAttr(s).dimension_shardings)
+      if n != rank:
+        errs.append(f"result #{i} sharding {s} has {n} dimension(s) for a rank-{rank} result")
+      else:
+        res_sh[i] = irutil.dim_sharding(s, rank)
+  if errs:
+    return errs
+  op_sh = [irutil.value_sharding(v) for v in op.operands]
+  return spec.check_shardings(op_sh, res_sh)
