@@ -158,8 +158,6 @@ def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) 
   if q is None or s is None:
     return []
   errs = []
-  if q[-1]:
-    errs.append(f"{what}: the quantized (last) axis must be unsharded, got {fmt_sharding(q)}")
   if tuple(q[:-1]) != tuple(s):
     errs.append(f"{what}: scale sharding {fmt_sharding(s)} must be the values' sharding "
                 f"{fmt_sharding(q)} without its last axis")
