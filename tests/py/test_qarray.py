@@ -1,0 +1,270 @@
+"""Quantized arrays ``q8[..., n]``: the type, the primitives' values, and bad input.
+
+Numbers are checked against numpy computations written here, independently of
+``hxmlir.lowering.reference``; special rows (all zero, NaN, inf, exact halves)
+are pinned to exact values.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hxmlir as hx
+
+
+def np_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Per-row absmax int8 quantization in numpy (rows with finite, nonzero max only)."""
+  scale = np.abs(x).max(axis=-1) / np.float32(127)
+  q = np.clip(np.rint(x / scale[..., None]), -127, 127).astype(np.int8)
+  return q, scale.astype(np.float32)
+
+
+@pytest.fixture
+def x():
+  return jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
+
+
+@pytest.fixture
+def w():
+  return jnp.arange(12., dtype=jnp.float32).reshape(3, 4) / 12.
+
+
+# --- the type ------------------------------------------------------------------
+
+def test_typeof_value(x):
+  qx = hx.quantize(x)
+  ty = jax.typeof(qx)
+  assert isinstance(qx, hx.QArray)
+  assert isinstance(ty, hx.QArrayTy)
+  assert ty.shape == (2, 3)
+  assert str(ty) == repr(ty) == "q8[2,3]"
+  assert qx.qvalue.dtype == jnp.int8 and qx.qvalue.shape == (2, 3)
+  assert qx.scale.dtype == jnp.float32 and qx.scale.shape == (2,)
+
+
+def test_typeof_rebuilt_from_components(x):
+  qx = hx.quantize(x)
+  again = hx.QArray(qx.qvalue, qx.scale)
+  assert jax.typeof(again) == jax.typeof(qx)
+  np.testing.assert_array_equal(hx.dequantize(again), hx.dequantize(qx))
+
+
+def test_lo_types(x):
+  lo = jax.typeof(hx.quantize(x)).lo_ty()
+  assert [(a.shape, a.dtype) for a in lo] == [((2, 3), jnp.int8), ((2,), jnp.float32)]
+
+
+def test_tangent_type_is_dense_f32(x):
+  ty = jax.typeof(hx.quantize(x))
+  t = ty.to_tangent_aval()
+  assert (t.shape, t.dtype) == ((2, 3), jnp.float32)
+  assert ty.to_ct_aval() == t
+
+
+def test_jaxpr_has_single_typed_values(x, w):
+  jaxpr = jax.jit(lambda x: hx.dequantize(hx.quantize(x))).trace(x).jaxpr
+  text = str(jaxpr)
+  assert ":q8[2,3] = call_hi_primitive[_prim=Quantize" in text
+  assert ":f32[2,3] = call_hi_primitive[_prim=Dequantize" in text
+  assert "i8[" not in text  # the components never appear
+  assert len(jaxpr.eqns) == 2
+
+  jaxpr = jax.jit(hx.matmul_q).trace(x, hx.quantize(w)).jaxpr
+  assert [v.aval.str_short(short_dtypes=True) for v in jaxpr.jaxpr.invars] == [
+      "f32[2,3]", "q8[3,4]"]
+  assert jaxpr.jaxpr.outvars[0].aval.str_short(short_dtypes=True) == "f32[2,4]"
+  assert "b:q8[3,4]. let\n    c:f32[2,4] = call_hi_primitive[_prim=MatmulQ" in str(jaxpr)
+  assert len(jaxpr.eqns) == 1
+
+
+# --- values --------------------------------------------------------------------
+
+def test_quantize_matches_numpy():
+  rng = np.random.default_rng(0)
+  xn = rng.standard_normal((5, 7)).astype(np.float32)
+  qx = hx.quantize(jnp.asarray(xn))
+  q_ref, s_ref = np_quantize(xn)
+  np.testing.assert_array_equal(np.asarray(qx.qvalue), q_ref)
+  np.testing.assert_allclose(np.asarray(qx.scale), s_ref, rtol=1e-6)
+  # every row uses the full range: its absmax lands on +-127
+  assert (np.abs(np.asarray(qx.qvalue)).max(axis=-1) == 127).all()
+  # dequantization error is at most half a step per element
+  err = np.abs(np.asarray(hx.dequantize(qx)) - xn)
+  assert (err <= s_ref[:, None] / 2 * (1 + 1e-5)).all()
+
+
+def test_dequantize_values(x):
+  qx = hx.quantize(x)
+  expected = np.asarray(qx.qvalue).astype(np.float32) * np.asarray(qx.scale)[:, None]
+  np.testing.assert_array_equal(np.asarray(hx.dequantize(qx)), expected)
+
+
+def test_quantize_higher_rank_rows():
+  xs = jnp.arange(24., dtype=jnp.float32).reshape(2, 3, 4) - 11.
+  qx = hx.quantize(xs)
+  assert str(jax.typeof(qx)) == "q8[2,3,4]"
+  assert qx.scale.shape == (2, 3)
+  q_ref, s_ref = np_quantize(np.asarray(xs))
+  np.testing.assert_array_equal(np.asarray(qx.qvalue), q_ref)
+  np.testing.assert_allclose(np.asarray(qx.scale), s_ref, rtol=1e-6)
+
+
+def test_matmul_q_equals_dense_reference(x, w):
+  qw = hx.quantize(w)
+  dense = np.asarray(x) @ np.asarray(hx.dequantize(qw))
+  np.testing.assert_allclose(np.asarray(hx.matmul_q(x, qw)), dense, rtol=1e-6, atol=1e-6)
+
+
+def test_matmul_q_batched_operands():
+  rng = np.random.default_rng(1)
+  xb = jnp.asarray(rng.standard_normal((3, 2, 5)), jnp.float32)
+  wb = jnp.asarray(rng.standard_normal((3, 5, 4)), jnp.float32)
+  qw = hx.quantize(wb)
+  out = hx.matmul_q(xb, qw)
+  assert out.shape == (3, 2, 4)
+  dense = np.einsum("bmk,bkn->bmn", np.asarray(xb), np.asarray(hx.dequantize(qw)))
+  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+
+
+# --- jit -----------------------------------------------------------------------
+
+def test_jit_hi_intermediate(x):
+  out = jax.jit(lambda x: hx.dequantize(hx.quantize(x)))(x)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(hx.dequantize(hx.quantize(x))))
+
+
+def test_jit_hi_result_and_argument(x, w):
+  qx = jax.jit(hx.quantize)(x)
+  assert str(jax.typeof(qx)) == "q8[2,3]"
+  eager = hx.quantize(x)
+  np.testing.assert_array_equal(np.asarray(qx.qvalue), np.asarray(eager.qvalue))
+  np.testing.assert_array_equal(np.asarray(qx.scale), np.asarray(eager.scale))
+  np.testing.assert_array_equal(np.asarray(jax.jit(hx.dequantize)(qx)),
+                                np.asarray(hx.dequantize(eager)))
+  qw = hx.quantize(w)
+  np.testing.assert_allclose(np.asarray(jax.jit(hx.matmul_q)(x, qw)),
+                             np.asarray(hx.matmul_q(x, qw)), rtol=1e-6)
+
+
+def test_jit_hi_result_passthrough(x):
+  qx = hx.quantize(x)
+  same = jax.jit(lambda q: q)(qx)
+  assert jax.typeof(same) == jax.typeof(qx)
+  np.testing.assert_array_equal(np.asarray(same.qvalue), np.asarray(qx.qvalue))
+
+
+# --- special rows ----------------------------------------------------------------
+
+def test_all_zero_row_gives_zeros_and_finite_scale():
+  x = jnp.array([[0., 0., 0.], [1., -2., 4.]], jnp.float32)
+  qx = hx.quantize(x)
+  np.testing.assert_array_equal(np.asarray(qx.qvalue[0]), [0, 0, 0])
+  assert np.isfinite(np.asarray(qx.scale)).all()
+  assert float(qx.scale[0]) == 0.0
+  out = np.asarray(hx.dequantize(qx))
+  np.testing.assert_array_equal(out[0], [0., 0., 0.])
+  np.testing.assert_array_equal(np.asarray(qx.qvalue[1]), [32, -64, 127])
+  # also under jit (the same lowering as everywhere else)
+  np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: hx.dequantize(hx.quantize(x)))(x)),
+                                out)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_row_dequantizes_to_nan(bad):
+  x = jnp.array([[1., bad, 2.], [1., -2., 4.]], jnp.float32)
+  qx = hx.quantize(x)
+  out = np.asarray(hx.dequantize(qx))
+  assert np.isnan(out[0]).all()  # the whole row, never finite garbage
+  np.testing.assert_array_equal(out[1], np.asarray([32, -64, 127], np.float32) * (4. / 127.))
+  np.testing.assert_array_equal(np.asarray(qx.qvalue[1]), [32, -64, 127])
+  # matmul_q with such a weight is NaN wherever the dense product is (0 * NaN included)
+  lhs = jnp.array([[1., 0.], [0., 1.]], jnp.float32)
+  y = np.asarray(hx.matmul_q(lhs, qx))
+  assert np.isnan(y).all()
+  # while the finite rows alone give finite results
+  y = np.asarray(hx.matmul_q(lhs[:, 1:], hx.QArray(qx.qvalue[1:], qx.scale[1:])))
+  np.testing.assert_allclose(y, [[0., 0., 0.], out[1]], rtol=1e-6)
+
+
+def test_values_clip_to_127_never_minus_128():
+  x = jnp.array([[-254., 127., 1.], [-1., 0.5, 0.25]], jnp.float32)
+  qx = hx.quantize(x)
+  # scale 2: -254/2 = -127 exactly; 127/2 = 63.5 -> 64 (half to even); 1/2 = 0.5 -> 0
+  np.testing.assert_array_equal(np.asarray(qx.qvalue), [[-127, 64, 0], [-127, 64, 32]])
+  np.testing.assert_array_equal(np.asarray(qx.scale), np.float32([254. / 127., 1. / 127.]))
+  assert int(jnp.min(qx.qvalue)) == -127
+
+
+def test_clip_range_on_random_data():
+  rng = np.random.default_rng(2)
+  xn = (rng.standard_normal((64, 33)) * 1e3).astype(np.float32)
+  q = np.asarray(hx.quantize(jnp.asarray(xn)).qvalue)
+  assert q.min() >= -127 and q.max() <= 127
+  assert (np.abs(q).max(axis=-1) == 127).all()
+
+
+def test_round_half_to_even():
+  # max |row| = 127 makes the scale exactly 1, so x / scale hits k + 0.5 exactly
+  row = [127., 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5]
+  qx = hx.quantize(jnp.array([row], jnp.float32))
+  assert float(qx.scale[0]) == 1.0
+  np.testing.assert_array_equal(np.asarray(qx.qvalue[0]), [127, 0, 2, 2, 0, -2, -2, 126])
+  # with scale 2 (max 254): 3 / 2 = 1.5 -> 2, 5 / 2 = 2.5 -> 2, 7 / 2 = 3.5 -> 4
+  qx = hx.quantize(jnp.array([[254., 3., 5., 7., -3.]], jnp.float32))
+  np.testing.assert_array_equal(np.asarray(qx.qvalue[0]), [127, 2, 2, 4, -2])
+
+
+# --- bad input: TypeError at trace time, naming the operand types ----------------
+
+@pytest.mark.parametrize("arg, msg", [
+    (jnp.ones((2, 3), jnp.int32), "got i32[2,3]"),
+    (jnp.ones((2, 3), jnp.bfloat16), "got bf16[2,3]"),
+    (jnp.float32(1.), "got f32[]"),
+])
+def test_quantize_rejects_bad_operand(arg, msg):
+  with pytest.raises(TypeError, match=r"hx\.quantize expects a dense f32\[\.\.\., n\] array, "
+                     + msg.replace("[", r"\[").replace("]", r"\]")):
+    jax.jit(hx.quantize).trace(arg)
+
+
+def test_dequantize_rejects_dense(x):
+  with pytest.raises(TypeError, match=r"hx\.dequantize expects a quantized array q8\[\.\.\., n\], "
+                     r"got f32\[2,3\]"):
+    jax.jit(hx.dequantize).trace(x)
+
+
+@pytest.mark.parametrize("xshape, wshape, sig, what", [
+    ((2, 5), (3, 4), "f32[2,5] @ q8[3,4]", "contracting dimensions differ"),
+    ((5,), (5, 4), "f32[5] @ q8[5,4]", "equal rank >= 2"),
+    ((2, 2, 3), (3, 4), "f32[2,2,3] @ q8[3,4]", "equal rank >= 2"),
+    ((2, 2, 3), (3, 3, 4), "f32[2,2,3] @ q8[3,3,4]", "batch dimensions differ"),
+])
+def test_matmul_q_rejects_bad_shapes(xshape, wshape, sig, what):
+  x = jnp.ones(xshape, jnp.float32)
+  qw = hx.quantize(jnp.ones(wshape, jnp.float32))
+  with pytest.raises(TypeError) as e:
+    jax.jit(hx.matmul_q).trace(x, qw)
+  assert sig in str(e.value) and what in str(e.value)
+
+
+def test_matmul_q_rejects_bad_dtypes(w):
+  qw = hx.quantize(w)
+  with pytest.raises(TypeError, match=r"dense f32 left operand: i32\[2,3\] @ q8\[3,4\]"):
+    jax.jit(hx.matmul_q).trace(jnp.ones((2, 3), jnp.int32), qw)
+  with pytest.raises(TypeError, match=r"quantized right operand q8\[k, n\]: f32\[2,3\] @ f32\[3,4\]"):
+    jax.jit(hx.matmul_q).trace(jnp.ones((2, 3), jnp.float32), w)
+
+
+def test_errors_fire_at_trace_time_not_in_xla(w):
+  traced = []
+
+  def f(x, qw):
+    traced.append(True)
+    return hx.matmul_q(x, qw)
+
+  with pytest.raises(TypeError):
+    jax.jit(f).trace(jnp.ones((2, 5), jnp.float32), hx.quantize(w))
+  assert traced == [True]  # raised while tracing, before any lowering or compilation

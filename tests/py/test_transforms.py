@@ -1,0 +1,302 @@
+"""Quantized arrays under JAX's transformations: ``grad``/``jvp``/``vjp``, ``vmap``, ``scan``.
+
+References are dense computations on ``dequantize``d values (straight-through:
+quantization differentiates as the identity) or Python loops over the mapped
+axis. Rank-1 matrices and tuples have their own files.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hxmlir as hx
+
+
+@pytest.fixture
+def x():
+  return jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
+
+
+@pytest.fixture
+def w():
+  return jnp.arange(12., dtype=jnp.float32).reshape(3, 4) / 12. - 0.3
+
+
+@pytest.fixture
+def xs():
+  return jnp.arange(24., dtype=jnp.float32).reshape(4, 2, 3) - 7.
+
+
+def roundtrip(x):
+  return hx.dequantize(hx.quantize(x))
+
+
+def assert_same_q(a, b, scale_rtol=0.):
+  """Same type, same int8 values, same scales (to ``scale_rtol``; 0 means bitwise)."""
+  assert jax.typeof(a) == jax.typeof(b)
+  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
+  if scale_rtol:
+    np.testing.assert_allclose(np.asarray(a.scale), np.asarray(b.scale), rtol=scale_rtol)
+  else:
+    np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+
+
+# --- reverse mode ------------------------------------------------------------------
+
+def test_grad_straight_through_quantize_dequantize(x):
+  np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: jnp.sum(roundtrip(x)))(x)),
+                                np.ones((2, 3), np.float32))
+  # d/dx sum(rt(x)^2) = 2 rt(x): the identity's derivative at the quantized point
+  g = jax.grad(lambda x: jnp.sum(roundtrip(x) ** 2))(x)
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(roundtrip(x)), rtol=1e-6)
+
+
+def test_grad_wrt_quantized_array_is_dense_f32(x):
+  qx = hx.quantize(x)
+  g = jax.grad(lambda q: jnp.sum(hx.dequantize(q) ** 2))(qx)
+  assert not isinstance(g, hx.QArray)
+  assert jax.typeof(g).str_short(short_dtypes=True) == "f32[2,3]"
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(hx.dequantize(qx)), rtol=1e-6)
+
+
+def test_grad_matmul_q_both_operands_equal_dense_reference(x, w):
+  qw = hx.quantize(w)
+
+  def loss(x, qw):
+    return jnp.sum(jnp.sin(hx.matmul_q(x, qw)) ** 2)
+
+  def dense_loss(x, wd):
+    return jnp.sum(jnp.sin(x @ wd) ** 2)
+
+  gx, gw = jax.grad(loss, argnums=(0, 1))(x, qw)
+  rx, rw = jax.grad(dense_loss, argnums=(0, 1))(x, hx.dequantize(qw))
+  assert jax.typeof(gw).str_short(short_dtypes=True) == "f32[3,4]"
+  np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-6)
+  # and under jit, with the quantization itself inside the differentiated function
+  gx2, gw2 = jax.jit(jax.grad(lambda x, w: loss(x, hx.quantize(w)), argnums=(0, 1)))(x, w)
+  np.testing.assert_allclose(np.asarray(gx2), np.asarray(rx), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(gw2), np.asarray(rw), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_matmul_q_batched_operands():
+  rng = np.random.default_rng(3)
+  xb = jnp.asarray(rng.standard_normal((2, 3, 5)), jnp.float32)
+  qw = hx.quantize(jnp.asarray(rng.standard_normal((2, 5, 4)), jnp.float32))
+  gx, gw = jax.grad(lambda x, q: jnp.sum(hx.matmul_q(x, q) ** 2), argnums=(0, 1))(xb, qw)
+  rx, rw = jax.grad(lambda x, w: jnp.sum((x @ w) ** 2), argnums=(0, 1))(xb, hx.dequantize(qw))
+  np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-5)
+
+
+def test_vjp_cotangent_of_quantized_input_is_dense(x, w):
+  qw = hx.quantize(w)
+  y, pullback = jax.vjp(hx.matmul_q, x, qw)
+  ct = jnp.ones_like(y)
+  gx, gw = pullback(ct)
+  np.testing.assert_allclose(np.asarray(gw), np.asarray(x).T @ np.ones((2, 4), np.float32),
+                             rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(gx),
+                             np.ones((2, 4), np.float32) @ np.asarray(hx.dequantize(qw)).T,
+                             rtol=1e-6)
+
+
+# --- forward mode -------------------------------------------------------------------
+
+def test_jvp_tangent_of_q8_is_dense_f32(x):
+  t = jnp.full_like(x, 0.25)
+  qx, dq = jax.jvp(hx.quantize, (x,), (t,))
+  assert isinstance(qx, hx.QArray)
+  assert jax.typeof(dq).str_short(short_dtypes=True) == "f32[2,3]"
+  np.testing.assert_array_equal(np.asarray(dq), np.asarray(t))  # straight through
+  y, dy = jax.jvp(hx.dequantize, (qx,), (t,))
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(hx.dequantize(qx)))
+  np.testing.assert_array_equal(np.asarray(dy), np.asarray(t))
+
+
+def test_jvp_matmul_q_equals_dense_reference(x, w):
+  qw = hx.quantize(w)
+  wd = hx.dequantize(qw)
+  tx = jnp.arange(6., dtype=jnp.float32).reshape(2, 3) / 6.
+  tw = jnp.ones((3, 4), jnp.float32) / 3.
+  y, dy = jax.jvp(hx.matmul_q, (x, qw), (tx, tw))
+  ry, rdy = jax.jvp(jnp.matmul, (x, wd), (tx, tw))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(ry), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(dy), np.asarray(rdy), rtol=1e-6, atol=1e-6)
+  # one operand's tangent only (the other a symbolic zero)
+  _, dy_x = jax.jvp(lambda x: hx.matmul_q(x, qw), (x,), (tx,))
+  np.testing.assert_allclose(np.asarray(dy_x), np.asarray(tx @ wd), rtol=1e-6, atol=1e-6)
+  _, dy_w = jax.jvp(lambda q: hx.matmul_q(x, q), (qw,), (tw,))
+  np.testing.assert_allclose(np.asarray(dy_w), np.asarray(x @ tw), rtol=1e-6, atol=1e-6)
+
+
+def test_jit_of_jvp(x):
+  t = jnp.ones_like(x)
+  y, dy = jax.jit(lambda x, t: jax.jvp(lambda x: roundtrip(x) ** 2, (x,), (t,)))(x, t)
+  np.testing.assert_allclose(np.asarray(dy), 2 * np.asarray(roundtrip(x)), rtol=1e-6)
+
+
+# --- vmap ----------------------------------------------------------------------------
+
+def test_vmap_to_quantized_output(xs):
+  qxs = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(xs)
+  assert str(jax.typeof(qxs)) == "q8[4,2,3]"
+  assert qxs.qvalue.shape == (4, 2, 3) and qxs.scale.shape == (4, 2)
+  assert_same_q(qxs, hx.quantize(xs))  # per-row scales: a batch is one bigger q8
+
+
+def test_vmap_mapped_axis_not_leading(xs):
+  qxs = jax.vmap(hx.quantize, in_axes=1, out_axes=hx.QArraySpec())(xs)
+  assert str(jax.typeof(qxs)) == "q8[2,4,3]"
+  assert_same_q(qxs, hx.quantize(jnp.moveaxis(xs, 1, 0)))
+
+
+def test_vmap_over_quantized_input_needs_spec_and_axis_size(xs):
+  qxs = hx.quantize(xs)
+  out = jax.vmap(hx.dequantize, in_axes=hx.QArraySpec(), axis_size=4)(qxs)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(hx.dequantize(qxs)))
+  # a plain int is an array axis, not a spec for a q8
+  with pytest.raises(TypeError, match=r"q8\[4,2,3\] is mapped with hx\.QArraySpec\(\), got 0"):
+    jax.vmap(hx.dequantize, in_axes=0, axis_size=4)(qxs)
+  with pytest.raises(ValueError, match=r"has size 4, but the mapped size is 3"):
+    jax.vmap(hx.dequantize, in_axes=hx.QArraySpec(), axis_size=3)(qxs)
+
+
+def test_vmap_quantized_in_and_out(xs):
+  qxs = hx.quantize(xs)
+  out = jax.vmap(lambda q: hx.quantize(2 * hx.dequantize(q)), in_axes=hx.QArraySpec(),
+                 out_axes=hx.QArraySpec(), axis_size=4)(qxs)
+  assert_same_q(out, hx.quantize(2 * hx.dequantize(qxs)))
+
+
+def test_vmap_of_jit(xs):
+  qxs = hx.quantize(xs)
+  out = jax.vmap(jax.jit(hx.dequantize), in_axes=hx.QArraySpec(), axis_size=4)(qxs)
+  assert jax.typeof(out).str_short(short_dtypes=True) == "f32[4,2,3]"
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(hx.dequantize(qxs)))
+  qys = jax.vmap(jax.jit(hx.quantize), out_axes=hx.QArraySpec())(xs)
+  assert_same_q(qys, qxs)
+
+
+def test_jit_of_vmap(xs):
+  f = jax.jit(jax.vmap(roundtrip))
+  np.testing.assert_array_equal(np.asarray(f(xs)), np.asarray(roundtrip(xs)))
+
+
+def test_vmap_of_grad(xs):
+  g = jax.vmap(jax.grad(lambda x: jnp.sum(roundtrip(x) ** 2)))(xs)
+  assert g.shape == (4, 2, 3)
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(roundtrip(xs)), rtol=1e-6)
+
+
+def test_vmap_of_grad_wrt_quantized(xs):
+  qxs = hx.quantize(xs)
+  g = jax.vmap(jax.grad(lambda q: jnp.sum(hx.dequantize(q) ** 2)), in_axes=hx.QArraySpec(),
+               axis_size=4)(qxs)
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(hx.dequantize(qxs)), rtol=1e-6)
+
+
+def test_grad_of_vmap(xs):
+  g = jax.grad(lambda xs: jnp.sum(jax.vmap(roundtrip)(xs) ** 2))(xs)
+  np.testing.assert_allclose(np.asarray(g), 2 * np.asarray(roundtrip(xs)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("in_axes", [(0, None), (None, "spec"), (0, "spec"), (1, "spec")])
+def test_vmap_matmul_q(in_axes):
+  rng = np.random.default_rng(4)
+  b = 3
+  xb = jnp.asarray(rng.standard_normal((b, 2, 5)), jnp.float32)
+  wb = jnp.asarray(rng.standard_normal((b, 5, 4)), jnp.float32)
+  qwb = hx.quantize(wb)
+  ax, aw = in_axes
+  x_arg = xb if ax == 0 else (jnp.moveaxis(xb, 0, 1) if ax == 1 else xb[0])
+  w_arg = qwb if aw == "spec" else hx.quantize(wb[0])
+  spec_w = hx.QArraySpec() if aw == "spec" else None
+  out = jax.vmap(hx.matmul_q, in_axes=(ax, spec_w), axis_size=b)(x_arg, w_arg)
+  wd = np.asarray(hx.dequantize(w_arg))
+  xd = np.asarray(xb if ax is not None else jnp.broadcast_to(xb[0], xb.shape))
+  wd = wd if aw == "spec" else np.broadcast_to(wd, (b, *wd.shape))
+  np.testing.assert_allclose(np.asarray(out), np.einsum("bmk,bkn->bmn", xd, wd),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_nested_vmap(xs):
+  xss = jnp.stack([xs, -xs])
+  qss = jax.vmap(jax.vmap(hx.quantize, out_axes=hx.QArraySpec()),
+                 out_axes=hx.QArraySpec())(xss)
+  assert str(jax.typeof(qss)) == "q8[2,4,2,3]"
+  assert_same_q(qss, hx.quantize(xss))
+
+
+# --- scan -----------------------------------------------------------------------------
+
+def test_scan_over_stacked_quantized(xs):
+  qxs = hx.quantize(xs)
+
+  def body(total, q):
+    return total + jnp.sum(hx.dequantize(q)), jnp.max(hx.dequantize(q))
+
+  total, maxes = jax.lax.scan(body, jnp.float32(0.), qxs, length=4)
+  deq = np.asarray(hx.dequantize(qxs))
+  np.testing.assert_allclose(float(total), deq.sum(), rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(maxes), deq.max(axis=(1, 2)))
+
+
+def test_scan_hi_carry_and_stacked_hi_outputs(xs):
+  def body(qtotal, x):
+    return hx.quantize(hx.dequantize(qtotal) + x), hx.quantize(2 * x)
+
+  qzero = hx.quantize(jnp.zeros((2, 3), jnp.float32))
+  qtotal, qys = jax.lax.scan(body, qzero, xs)
+  assert str(jax.typeof(qtotal)) == "q8[2,3]"
+  assert str(jax.typeof(qys)) == "q8[4,2,3]"
+  # the same loop, unrolled in Python (eagerly, op by op); XLA may compile the
+  # scale's division by 127 differently in a loop body, hence 1-ulp slack there
+  q = qzero
+  for i in range(4):
+    q, y = body(q, xs[i])
+    np.testing.assert_array_equal(np.asarray(qys.qvalue[i]), np.asarray(y.qvalue))
+    np.testing.assert_allclose(np.asarray(qys.scale[i]), np.asarray(y.scale), rtol=1e-6)
+  assert_same_q(qtotal, q, scale_rtol=1e-6)
+  # jitted, the same again
+  jt, jys = jax.jit(lambda q, xs: jax.lax.scan(body, q, xs))(qzero, xs)
+  assert_same_q(jt, qtotal, scale_rtol=1e-6)
+  assert_same_q(jys, qys, scale_rtol=1e-6)
+
+
+def test_scan_with_only_hi_xs_needs_length(xs):
+  qxs = hx.quantize(xs)
+  with pytest.raises((ValueError, TypeError)):
+    jax.lax.scan(lambda c, q: (c, None), jnp.float32(0.), qxs)
+
+
+def test_grad_through_scan_with_hi_carry(xs):
+  def f(xs):
+    def body(qtotal, x):
+      return hx.quantize(hx.dequantize(qtotal) + x), hx.quantize(2 * x)
+    qt, qys = jax.lax.scan(body, hx.quantize(jnp.zeros((2, 3), jnp.float32)), xs)
+    return jnp.sum(hx.dequantize(qt)) + jnp.sum(hx.dequantize(qys))
+
+  # straight through: d/dxs [sum(sum_t x_t) + sum(2 xs)] = 1 + 2
+  np.testing.assert_allclose(np.asarray(jax.grad(f)(xs)), np.full((4, 2, 3), 3., np.float32))
+
+
+def test_scan_matmul_q_over_stacked_weights(xs):
+  qws = hx.quantize(jnp.swapaxes(xs, 1, 2))  # q8[4,3,2]
+  h0 = jnp.ones((1, 3), jnp.float32)
+
+  def body(h, qw):
+    y = hx.matmul_q(h, qw)  # f32[1,2]
+    return jnp.tile(y, (1, 2))[:, :3], y[0]
+
+  h, ys = jax.lax.scan(body, h0, qws, length=4)
+  hr = np.asarray(h0)
+  wd = np.asarray(hx.dequantize(qws))
+  for i in range(4):
+    y = hr @ wd[i]
+    np.testing.assert_allclose(np.asarray(ys[i]), y[0], rtol=1e-5)
+    hr = np.tile(y, (1, 2))[:, :3]
+  np.testing.assert_allclose(np.asarray(h), hr, rtol=1e-5)
