@@ -24,3 +24,12 @@ def print_ir(name, fn, *args, **lower_kw):
   types = " ".join(jax.typeof(a).str_short(short_dtypes=True) for a in args)
   print(f"\nTEST: {name} {types}")
   print(jax.jit(fn).lower(*args, **lower_kw).as_text(debug_info=False))
+
+
+def print_exported(name, exported):
+  """Prints ``TEST: <name> <platforms>`` and a ``jax.export.Exported``'s module (no locations)."""
+  from jax.interpreters import mlir
+  print(f"\nTEST: {name} {','.join(exported.platforms)}")
+  with mlir.make_ir_context():
+    module = mlir.ir.Module.parse(exported.mlir_module())
+    print(module.operation.get_asm(enable_debug_info=False))

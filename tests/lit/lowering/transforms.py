@@ -1,0 +1,68 @@
+# RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
+# The composites survive grad, vmap and scan, and tuples leave none.
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
+import jax
+import jax.numpy as jnp
+from lowering_util import print_ir
+
+import hxmlir as hx
+
+x, w = jnp.ones((2, 3), "float32"), jnp.ones((3, 4), "float32")
+
+
+def loss(x, w):
+  return hx.matmul_q(x, hx.quantize(w)).sum()
+
+
+print_ir("value_and_grad", jax.value_and_grad(loss, argnums=(0, 1)), x, w)
+# The forward pass keeps quantize and matmul_q; the backward pass dequantizes the weight
+# (MatmulQ's VJP: gx = g @ dequantize(qw)^T).
+# CHECK-LABEL: TEST: value_and_grad f32[2,3] f32[3,4]
+# CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<2x3xf32>, %[[W:[a-z0-9]+]]: tensor<3x4xf32>)
+# CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[W]] {composite_attributes = {qmax = 127 : i64}, decomposition = @hx.quantize.impl, version = 1 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {decomposition = @hx.matmul_q.impl, version = 1 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK: stablehlo.composite "hx.dequantize" %[[Q]]#0, %[[Q]]#1 {decomposition = @hx.dequantize.impl, version = 1 : i32} : (tensor<3x4xi8>, tensor<3xf32>) -> tensor<3x4xf32>
+# CHECK: func.func private @hx.quantize.impl(
+# CHECK: func.func private @hx.matmul_q.impl(
+# CHECK: func.func private @hx.dequantize.impl(
+
+print_ir("vmap", jax.vmap(lambda x, w: hx.matmul_q(x, hx.quantize(w))),
+         jnp.ones((5, 2, 3), "float32"), jnp.ones((5, 3, 4), "float32"))
+# vmap adds a leading batch dimension to every operand and result of the composites.
+# CHECK-LABEL: TEST: vmap f32[5,2,3] f32[5,3,4]
+# CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %{{.*}} : (tensor<5x3x4xf32>) -> (tensor<5x3x4xi8>, tensor<5x3xf32>)
+# CHECK-NEXT: stablehlo.composite "hx.matmul_q" %{{.*}}, %[[Q]]#0, %[[Q]]#1 {{.*}} : (tensor<5x2x3xf32>, tensor<5x3x4xi8>, tensor<5x3xf32>) -> tensor<5x2x4xf32>
+# CHECK: func.func private @hx.quantize.impl(%{{.*}}: tensor<5x3x4xf32>) -> (tensor<5x3x4xi8>, tensor<5x3xf32>)
+# CHECK: stablehlo.maximum across dimensions = [2]
+# CHECK: func.func private @hx.matmul_q.impl(%{{.*}}: tensor<5x2x3xf32>, %{{.*}}: tensor<5x3x4xi8>, %{{.*}}: tensor<5x3xf32>) -> tensor<5x2x4xf32>
+# CHECK: stablehlo.dot_general {{.*}} batching_dims = [0] x [0], contracting_dims = [2] x [1]
+
+
+def body(c, w):
+  return c + hx.matmul_q(x, hx.quantize(w)).sum(), None
+
+
+print_ir("scan", lambda ws: jax.lax.scan(body, 0.0, ws)[0], jnp.ones((5, 3, 4), "float32"))
+# The loop body (a called function) holds the composites, once per iteration.
+# CHECK-LABEL: TEST: scan f32[5,3,4]
+# CHECK: stablehlo.while
+# CHECK: func.call @[[BODY:closed_call[_0-9]*]](
+# CHECK: func.func private @[[BODY]](
+# CHECK: stablehlo.composite "hx.quantize" {{.*}} : (tensor<3x4xf32>) -> (tensor<3x4xi8>, tensor<3xf32>)
+# CHECK-NEXT: stablehlo.composite "hx.matmul_q" {{.*}} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK: func.func private @hx.quantize.impl(
+# CHECK: func.func private @hx.matmul_q.impl(
+
+print_ir("tuple", lambda a, b: hx.get_tuple_element(hx.make_tup(a, hx.quantize(b)), 1), x, w)
+# make_tup / get_tuple_element exist only in the hi jaxpr: only hx.quantize is left.
+# CHECK-LABEL: TEST: tuple f32[2,3] f32[3,4]
+# CHECK: func.func public @main(
+# CHECK-NOT: hx.tup
+# CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize"
+# CHECK-NOT: stablehlo.composite
+# CHECK: return %[[Q]]#0, %[[Q]]#1 : tensor<3x4xi8>, tensor<3xf32>
+# CHECK-NOT: stablehlo.composite
+# CHECK: func.func private @hx.quantize.impl(
