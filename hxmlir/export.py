@@ -24,13 +24,20 @@ tangents, as with the live functions).
 Serialization: the bytes are exactly a ``jax.export`` serialization (a
 flatbuffer holding a StableHLO portable artifact); ``jax.export.deserialize``
 reads them and the result is called with the lo components. hxmlir's
-additions live as attributes of the StableHLO module, which JAX carries through
-untouched: ``hx.signature`` (JSON: artifact format, hxmlir version, function
-name, hi argument/result trees and type descriptors from
-:mod:`hxmlir.typedesc`), ``hx.digest`` (SHA-256 over the module's generic text
-and the ``Exported`` fields that decide its calling convention, so any
-corruption is detected rather than run) and, with ``serialize(vjp_order=1)``,
-``hx.vjp`` (the serialized VJP artifact, base64). Serialization needs the
+additions ride in two standard places that JAX carries through untouched:
+
+- attributes of the StableHLO module: ``hx.signature`` (JSON: artifact format,
+  hxmlir version, function name, hi argument/result trees and type descriptors
+  from :mod:`hxmlir.typedesc`) and, with ``serialize(vjp_order=1)``, ``hx.vjp``
+  (the serialized VJP artifact, base64);
+- one entry of the artifact's ``disabled_safety_checks`` list,
+  ``DisabledSafetyCheck.custom_call("hxmlir.digest.sha256:<hex>")``: a SHA-256
+  over the module bytes and every other ``Exported`` field. It names a
+  custom-call target that never exists, so it disables nothing; it must live
+  outside the module because it is checked *before* the module bytes reach
+  MLIR's bytecode reader, which can crash on corrupted input.
+
+Serialization needs the
 ``flatbuffers`` package, which JAX does not install but hxmlir depends on.
 
 :func:`deserialize` raises :class:`ArtifactError` naming what is wrong for
@@ -61,7 +68,7 @@ from hxmlir.hiprim import HxPrimitive, register_to_lojax
 ARTIFACT_FORMAT = 1
 """Version of the artifact layout (the ``hx.*`` module attributes); readers accept <= this."""
 SIGNATURE_ATTR = "hx.signature"
-DIGEST_ATTR = "hx.digest"
+DIGEST_PREFIX = "hxmlir.digest.sha256:"
 VJP_ATTR = "hx.vjp"
 
 
@@ -340,34 +347,50 @@ class Exported:
     attrs = {SIGNATURE_ATTR: json.dumps(self.signature_json(), sort_keys=True)}
     if vjp_order > 0:
       attrs[VJP_ATTR] = base64.b64encode(bytes(self.vjp().serialize(vjp_order - 1))).decode()
-    return _seal(self.lo, attrs).serialize()
+    return _seal(self.lo, attrs)
 
 
-def _digest(module: ir.Module, lo: jax_export.Exported) -> str:
-  text = module.operation.get_asm(print_generic_op_form=True, enable_debug_info=False)
+def _digest(lo: jax_export.Exported) -> str:
+  """SHA-256 over the module bytes and every ``Exported`` field (hxmlir's digest entry aside)."""
   fields = json.dumps([
-      [[list(map(int, a.shape)), str(a.dtype)] for a in lo.in_avals],
-      [[list(map(int, a.shape)), str(a.dtype)] for a in lo.out_avals],
-      list(lo.platforms), lo.nr_devices, lo.calling_convention_version,
-      list(lo.module_kept_var_idx), bool(lo.uses_global_constants), str(lo.in_tree),
-      str(lo.out_tree), len(lo.ordered_effects), len(lo.unordered_effects)])
-  return hashlib.sha256(text.encode() + b"\0" + fields.encode()).hexdigest()
+      lo.fun_name, [str(a) for a in lo.in_avals], [str(a) for a in lo.out_avals],
+      str(lo.in_tree), str(lo.out_tree), list(lo.platforms), lo.nr_devices,
+      lo.calling_convention_version, list(lo.module_kept_var_idx),
+      bool(lo.uses_global_constants), [str(e) for e in lo.ordered_effects],
+      [str(e) for e in lo.unordered_effects], [str(s) for s in lo.in_shardings_hlo],
+      [str(s) for s in lo.out_shardings_hlo],
+      [str(s) for s in getattr(lo, "_in_named_shardings", ())],
+      [str(s) for s in getattr(lo, "_out_named_shardings", ())],
+      [str(c) for c in _plain_checks(lo)]])
+  return hashlib.sha256(bytes(lo.mlir_module_serialized) + b"\0" + fields.encode()).hexdigest()
 
 
-def _seal(lo: jax_export.Exported, attrs: dict[str, str]) -> jax_export.Exported:
-  """``lo`` with string ``attrs`` and the digest set on its module (replacing old ones)."""
+def _plain_checks(lo) -> list:
+  return [c for c in lo.disabled_safety_checks
+          if not (c.is_custom_call() or "").startswith(DIGEST_PREFIX)]
+
+
+def _digests(lo) -> list[str]:
+  return [c.is_custom_call()[len(DIGEST_PREFIX):] for c in lo.disabled_safety_checks
+          if (c.is_custom_call() or "").startswith(DIGEST_PREFIX)]
+
+
+def _seal(lo: jax_export.Exported, attrs: dict[str, str]) -> bytearray:
+  """Serializes ``lo`` with string ``attrs`` on its module and hxmlir's digest entry."""
   with _jax.make_ir_context():
     module = lo.mlir_module(serialized=False)
-    for k in (SIGNATURE_ATTR, VJP_ATTR, DIGEST_ATTR):
+    for k in (SIGNATURE_ATTR, VJP_ATTR):
       if k in module.operation.attributes:
         del module.operation.attributes[k]
     for k, v in attrs.items():
       module.operation.attributes[k] = ir.StringAttr.get(v)
-    staged = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module))
-    # digest the module as readers will see it: after one serialization round trip
-    module = staged.mlir_module(serialized=False)
-    module.operation.attributes[DIGEST_ATTR] = ir.StringAttr.get(_digest(module, staged))
-    return dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module))
+    lo = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module),
+                             disabled_safety_checks=tuple(_plain_checks(lo)))
+  # digest the fields as readers will see them: after one serialization round trip
+  digest = _digest(jax_export.deserialize(lo.serialize()))
+  seal = jax_export.DisabledSafetyCheck.custom_call(DIGEST_PREFIX + digest)
+  return dataclasses.replace(
+      lo, disabled_safety_checks=(*lo.disabled_safety_checks, seal)).serialize()
 
 
 # --- the call primitive ----------------------------------------------------------
@@ -516,29 +539,33 @@ def deserialize(blob: bytes | bytearray) -> Exported:
     raise ArtifactError(f"artifact is truncated: {len(blob)} bytes")
   try:
     lo = jax_export.deserialize(bytearray(blob))
+    digests = _digests(lo)
+  except Exception as e:  # the flatbuffer reader: any failure is a bad artifact
+    raise ArtifactError(f"not a readable jax.export artifact (truncated or corrupted): "
+                        f"{type(e).__name__}: {_first_line(e)}") from None
+  if not digests:
+    raise ArtifactError(f"artifact of {lo.fun_name!r} was not written by hxmlir.export (it "
+                        "carries no hxmlir digest); read it with jax.export.deserialize")
+  lo = dataclasses.replace(lo, disabled_safety_checks=tuple(_plain_checks(lo)))
+  # checked before MLIR reads the module: its bytecode reader is not safe on corrupted input
+  if len(digests) != 1 or _digest(lo) != digests[0]:
+    raise ArtifactError(f"artifact of {lo.fun_name!r} is corrupted: its module or calling "
+                        "convention does not match the digest it was sealed with")
+  try:
     with _jax.make_ir_context():
       module = lo.mlir_module(serialized=False)
       attrs = module.operation.attributes
       if SIGNATURE_ATTR not in attrs:
         raise ArtifactError(
             f"artifact of {lo.fun_name!r} has no hxmlir signature ({SIGNATURE_ATTR} module "
-            "attribute): it was not written by hxmlir.export; read it with "
-            "jax.export.deserialize")
+            "attribute); read it with jax.export.deserialize")
       sig_text = ir.StringAttr(attrs[SIGNATURE_ATTR]).value
-      digest = ir.StringAttr(attrs[DIGEST_ATTR]).value if DIGEST_ATTR in attrs else None
       vjp_b64 = ir.StringAttr(attrs[VJP_ATTR]).value if VJP_ATTR in attrs else None
-      if digest is None:
-        raise ArtifactError(f"artifact of {lo.fun_name!r} has no {DIGEST_ATTR}: corrupted")
-      del attrs[DIGEST_ATTR]
-      if _digest(module, lo) != digest:
-        raise ArtifactError(f"artifact of {lo.fun_name!r} is corrupted: the module or its "
-                            f"calling convention does not match the {DIGEST_ATTR} it was "
-                            "sealed with")
       composites = _composite_versions(module)
   except ArtifactError:
     raise
-  except Exception as e:  # flatbuffers / MLIR bytecode readers: any failure is a bad artifact
-    raise ArtifactError(f"not a readable jax.export artifact (truncated or corrupted): "
+  except Exception as e:
+    raise ArtifactError(f"artifact of {lo.fun_name!r}: its StableHLO module cannot be read: "
                         f"{type(e).__name__}: {_first_line(e)}") from None
   return _from_parts(lo, sig_text, vjp_b64, composites)
 
