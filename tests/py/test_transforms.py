@@ -269,7 +269,7 @@ def test_scan_hi_carry_and_stacked_hi_outputs(xs):
 
 def test_scan_with_only_hi_xs_needs_length(xs):
   qxs = hx.quantize(xs)
-  with pytest.raises((ValueError, TypeError)):
+  with pytest.raises(ValueError, match="must provide `length`"):
     jax.lax.scan(lambda c, q: (c, None), jnp.float32(0.), qxs)
 
 

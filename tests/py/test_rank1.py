@@ -1,0 +1,219 @@
+"""Rank-1 matrices ``r1[*b, m, n]``: type, values, autodiff, vmap, scan and bad input.
+
+References materialise the dense matrix ``col ⊗ row`` with numpy or
+``jnp.outer``, which the hi primitives never do.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hxmlir as hx
+
+
+@pytest.fixture
+def col():
+  return jnp.arange(6., dtype=jnp.float32) / 6. - 0.2
+
+
+@pytest.fixture
+def row():
+  return jnp.arange(5., dtype=jnp.float32) / 5. + 0.1
+
+
+@pytest.fixture
+def acts():
+  return jnp.asarray(np.random.default_rng(5).standard_normal((3, 6)), jnp.float32)
+
+
+def test_typeof_and_factors(col, row):
+  r = hx.outer(col, row)
+  assert isinstance(r, hx.Rank1)
+  ty = jax.typeof(r)
+  assert isinstance(ty, hx.Rank1Ty) and ty.shape == (6, 5)
+  assert str(ty) == repr(ty) == "r1[6,5]"
+  c, w = hx.factors(r)
+  np.testing.assert_array_equal(np.asarray(c), np.asarray(col))
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(row))
+  assert ty.to_tangent_aval().str_short(short_dtypes=True) == "f32[6,5]"
+  assert [a.str_short(short_dtypes=True) for a in ty.lo_ty()] == ["f32[6]", "f32[5]"]
+
+
+def test_jaxpr_single_value(acts, col, row):
+  jaxpr = jax.jit(hx.matmul_r1).trace(acts, hx.outer(col, row)).jaxpr
+  assert [v.aval.str_short(short_dtypes=True) for v in jaxpr.jaxpr.invars] == [
+      "f32[3,6]", "r1[6,5]"]
+  assert len(jaxpr.eqns) == 1
+  text = str(jax.jit(lambda c, r: hx.factors(hx.outer(c, r))).trace(col, row).jaxpr)
+  assert ":r1[6,5] = call_hi_primitive[_prim=Outer" in text
+
+
+def test_matmul_r1_equals_dense(acts, col, row):
+  r = hx.outer(col, row)
+  dense = np.asarray(acts) @ np.outer(np.asarray(col), np.asarray(row))
+  np.testing.assert_allclose(np.asarray(hx.matmul_r1(acts, r)), dense, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.jit(hx.matmul_r1)(acts, r)), dense,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_jit_rank1_argument_and_result(col, row):
+  r = jax.jit(hx.outer)(col, row)
+  assert str(jax.typeof(r)) == "r1[6,5]"
+  c, w = jax.jit(hx.factors)(r)
+  np.testing.assert_array_equal(np.asarray(c), np.asarray(col))
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(row))
+
+
+def test_batched_rank1():
+  rng = np.random.default_rng(6)
+  cols = jnp.asarray(rng.standard_normal((2, 4)), jnp.float32)
+  rows = jnp.asarray(rng.standard_normal((2, 3)), jnp.float32)
+  xs = jnp.asarray(rng.standard_normal((2, 5, 4)), jnp.float32)
+  r = hx.outer(cols, rows)
+  assert str(jax.typeof(r)) == "r1[2,4,3]"
+  dense = np.einsum("bpm,bm,bn->bpn", np.asarray(xs), np.asarray(cols), np.asarray(rows))
+  np.testing.assert_allclose(np.asarray(hx.matmul_r1(xs, r)), dense, rtol=1e-5, atol=1e-5)
+
+
+# --- autodiff -----------------------------------------------------------------------
+
+def test_grad_wrt_rank1_is_dense_and_matches_reference(acts, col, row):
+  r = hx.outer(col, row)
+  g = jax.grad(lambda x, r: jnp.sum(hx.matmul_r1(x, r) ** 2), argnums=1)(acts, r)
+  assert jax.typeof(g).str_short(short_dtypes=True) == "f32[6,5]"
+  gd = jax.grad(lambda x, w: jnp.sum((x @ w) ** 2), argnums=1)(acts, jnp.outer(col, row))
+  np.testing.assert_allclose(np.asarray(g), np.asarray(gd), rtol=1e-5, atol=1e-5)
+
+
+def test_grad_wrt_dense_operand(acts, col, row):
+  r = hx.outer(col, row)
+  g = jax.grad(lambda x: jnp.sum(jnp.cos(hx.matmul_r1(x, r))))(acts)
+  gd = jax.grad(lambda x: jnp.sum(jnp.cos(x @ jnp.outer(col, row))))(acts)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(gd), rtol=1e-5, atol=1e-6)
+
+
+def test_grads_through_outer_land_on_factors(acts, col, row):
+  def loss(c, w):
+    return jnp.sum(hx.matmul_r1(acts, hx.outer(c, w)) ** 2)
+
+  def dense(c, w):
+    return jnp.sum((acts @ jnp.outer(c, w)) ** 2)
+
+  gc, gw = jax.grad(loss, argnums=(0, 1))(col, row)
+  assert jax.typeof(gc).str_short(short_dtypes=True) == "f32[6]"
+  assert jax.typeof(gw).str_short(short_dtypes=True) == "f32[5]"
+  rc, rw = jax.grad(dense, argnums=(0, 1))(col, row)
+  np.testing.assert_allclose(np.asarray(gc), np.asarray(rc), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-5)
+  gj = jax.jit(jax.grad(loss, argnums=(0, 1)))(col, row)
+  np.testing.assert_allclose(np.asarray(gj[0]), np.asarray(rc), rtol=1e-5, atol=1e-5)
+
+
+def test_jvp_outer_and_matmul_r1(acts, col, row):
+  dc = jnp.ones_like(col)
+  dw = jnp.full_like(row, 0.5)
+  y, dy = jax.jvp(lambda c, w: hx.matmul_r1(acts, hx.outer(c, w)), (col, row), (dc, dw))
+  ry, rdy = jax.jvp(lambda c, w: acts @ jnp.outer(c, w), (col, row), (dc, dw))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(ry), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(dy), np.asarray(rdy), rtol=1e-5, atol=1e-6)
+  # tangent of r1 itself is dense
+  r, dr = jax.jvp(hx.outer, (col, row), (dc, jnp.zeros_like(row)))
+  assert jax.typeof(dr).str_short(short_dtypes=True) == "f32[6,5]"
+  np.testing.assert_allclose(np.asarray(dr), np.outer(np.asarray(dc), np.asarray(row)), rtol=1e-6)
+  # a dense tangent for an r1 input
+  t = jnp.ones((6, 5), jnp.float32)
+  _, dy = jax.jvp(lambda r: hx.matmul_r1(acts, r), (r,), (t,))
+  np.testing.assert_allclose(np.asarray(dy), np.asarray(acts @ t), rtol=1e-5, atol=1e-6)
+
+
+# --- vmap and scan --------------------------------------------------------------------
+
+def test_vmap_outer_and_matmul_r1(acts):
+  rng = np.random.default_rng(7)
+  cols = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  rows = jnp.asarray(rng.standard_normal((4, 5)), jnp.float32)
+  rs = jax.vmap(hx.outer, out_axes=hx.Rank1Spec())(cols, rows)
+  assert str(jax.typeof(rs)) == "r1[4,6,5]"
+  out = jax.vmap(hx.matmul_r1, in_axes=(None, hx.Rank1Spec()), axis_size=4)(acts, rs)
+  dense = np.einsum("pm,bm,bn->bpn", np.asarray(acts), np.asarray(cols), np.asarray(rows))
+  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  # only one factor mapped, the other broadcast
+  rs1 = jax.vmap(hx.outer, in_axes=(0, None), out_axes=hx.Rank1Spec())(cols, rows[0])
+  c, w = hx.factors(rs1)
+  np.testing.assert_array_equal(np.asarray(w), np.broadcast_to(np.asarray(rows[0]), (4, 5)))
+  # only the activations mapped
+  xs = jnp.stack([acts, 2 * acts])
+  r = hx.outer(cols[0], rows[0])
+  out = jax.vmap(hx.matmul_r1, in_axes=(0, None))(xs, r)
+  dense = np.asarray(xs) @ np.outer(np.asarray(cols[0]), np.asarray(rows[0]))
+  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  with pytest.raises(TypeError, match=r"r1\[4,6,5\] is mapped with hx\.Rank1Spec\(\), got 0"):
+    jax.vmap(hx.factors, in_axes=0, axis_size=4)(rs)
+
+
+def test_vmap_of_grad_through_outer(acts):
+  rng = np.random.default_rng(8)
+  cols = jnp.asarray(rng.standard_normal((3, 6)), jnp.float32)
+  rows = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+
+  def loss(c, w):
+    return jnp.sum(hx.matmul_r1(acts, hx.outer(c, w)) ** 2)
+
+  g = jax.vmap(jax.grad(loss, argnums=(0, 1)))(cols, rows)
+  rg = jax.vmap(jax.grad(lambda c, w: jnp.sum((acts @ jnp.outer(c, w)) ** 2),
+                         argnums=(0, 1)))(cols, rows)
+  for a, b in zip(g, rg):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_scan_over_stacked_rank1_and_rank1_carry(acts):
+  rng = np.random.default_rng(9)
+  cols = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  rows = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+  rs = hx.outer(cols, rows)  # r1[4,6,6]
+
+  def body(r, r_in):
+    c_prev, _ = hx.factors(r)
+    c, w = hx.factors(r_in)
+    y = hx.matmul_r1(acts, r_in)
+    return hx.outer(c_prev + c, w), y
+
+  r0 = hx.outer(jnp.zeros(6, jnp.float32), jnp.zeros(6, jnp.float32))
+  r_last, ys = jax.lax.scan(body, r0, rs, length=4)
+  assert str(jax.typeof(r_last)) == "r1[6,6]"
+  assert ys.shape == (4, 3, 6)
+  c_last, w_last = hx.factors(r_last)
+  np.testing.assert_allclose(np.asarray(c_last), np.asarray(cols).sum(0), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(w_last), np.asarray(rows[-1]))
+  dense = np.einsum("pm,bm,bn->bpn", np.asarray(acts), np.asarray(cols), np.asarray(rows))
+  np.testing.assert_allclose(np.asarray(ys), dense, rtol=1e-5, atol=1e-5)
+
+
+# --- bad input --------------------------------------------------------------------------
+
+def test_outer_rejects_bad_factors(col, row):
+  with pytest.raises(TypeError, match=r"hx\.outer expects f32\[\*b, m\] and f32\[\*b, n\] "
+                     r"factors, got i32\[6\], f32\[5\]"):
+    jax.jit(hx.outer).trace(jnp.ones(6, jnp.int32), row)
+  with pytest.raises(TypeError, match=r"got f32\[\], f32\[5\]"):
+    jax.jit(hx.outer).trace(jnp.float32(1.), row)
+  with pytest.raises(TypeError, match=r"different batch dimensions: f32\[2,6\], f32\[3,5\]"):
+    jax.jit(hx.outer).trace(jnp.ones((2, 6), jnp.float32), jnp.ones((3, 5), jnp.float32))
+
+
+def test_matmul_r1_rejects_bad_operands(col, row):
+  r = hx.outer(col, row)
+  with pytest.raises(TypeError, match=r"operand shapes do not match: f32\[3,5\] @ r1\[6,5\]"):
+    jax.jit(hx.matmul_r1).trace(jnp.ones((3, 5), jnp.float32), r)
+  with pytest.raises(TypeError, match=r"of equal rank: f32\[6\] @ r1\[6,5\]"):
+    jax.jit(hx.matmul_r1).trace(jnp.ones((6,), jnp.float32), r)
+  with pytest.raises(TypeError, match=r"of equal rank: i32\[3,6\] @ r1\[6,5\]"):
+    jax.jit(hx.matmul_r1).trace(jnp.ones((3, 6), jnp.int32), r)
+  with pytest.raises(TypeError, match=r"rank-1 right operand r1\[m, n\]: f32\[3,6\] @ f32\[6,5\]"):
+    jax.jit(hx.matmul_r1).trace(jnp.ones((3, 6), jnp.float32), jnp.ones((6, 5), jnp.float32))
+  with pytest.raises(TypeError, match=r"hx\.factors expects a rank-1 matrix r1\[m, n\], "
+                     r"got f32\[6,5\]"):
+    jax.jit(hx.factors).trace(jnp.ones((6, 5), jnp.float32))
