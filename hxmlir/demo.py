@@ -1,0 +1,640 @@
+"""``hxmlir demo``: the whole plugin at work on one model, step by step.
+
+:func:`run_demo` takes a model -- the built-in transformer stack
+(:mod:`hxmlir.models.builtin`, no download) or the real all-MiniLM-L6-v2
+(:mod:`hxmlir.models.minilm`) -- and:
+
+1. ``load``: builds the f32 model and its input;
+2. ``quantize``: quantizes every dense weight to ``q8`` (int8 + one f32 scale
+   per row) with ``hx.quantize``;
+3. ``install``: ``hx.install()`` puts hxmlir's pass pipeline into JAX's lowering;
+4. ``jit``: lowers and compiles the int8 model under ``jax.jit``;
+5. ``ir``: shows what the pipeline did: ``hx.*`` composites of each kind in the
+   IR before and after the passes, scale folds applied (on the naive
+   dequantize-then-dot model, whose ``x @ dequantize(w)`` the pipeline folds)
+   and the ``hx-verify`` result;
+6. ``accuracy``: runs the int8 and f32 models and compares them (max and
+   relative error; for MiniLM the per-sentence cosine);
+7. ``timing``: times one step of the f32 model, the int8 model and the naive
+   dequantize-then-dot model (compiled without the plugin) side by side;
+8. ``weights``: weight bytes, int8 + scales against f32;
+9. ``export``: exports the int8 model for ``cpu``, ``cuda`` and ``tpu`` with
+   ``hxmlir.export``, writes the artifact to a file, runs it in a fresh process
+   (``python -m hxmlir.cli run``) and checks its outputs are identical to the
+   exported function's outputs in this process.
+
+Every step yields one :class:`Step` (status ``ok``, ``info``, ``failed`` or
+``skipped``) with a readable line and its data; :class:`Report` collects them
+and is printed as text or JSON. The demo passes only when no step failed or was
+skipped. A failing step is one line; set ``HXMLIR_DEBUG=1`` for its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TextIO
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hxmlir.models import _nn
+
+EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
+ARTIFACT_NAME = "model.hxa"
+_COMPOSITE_RE = re.compile(r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"')
+
+
+# --- report ------------------------------------------------------------------
+
+@dataclass
+class Step:
+  """One demo step: ``status`` is ``ok`` / ``failed`` (a check) or ``info`` / ``skipped``."""
+  name: str
+  status: str
+  line: str
+  data: dict[str, Any] = field(default_factory=dict)
+
+  def text(self) -> str:
+    mark = {"ok": "ok  ", "info": "    ", "failed": "FAIL", "skipped": "skip"}[self.status]
+    return f"[{mark}] {self.name:<9} {self.line}"
+
+
+@dataclass
+class Report:
+  """All steps of one demo run; ``ok`` when none failed or was skipped."""
+  model: str
+  steps: list[Step] = field(default_factory=list)
+
+  @property
+  def ok(self) -> bool:
+    return all(s.status in ("ok", "info") for s in self.steps)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"model": self.model, "ok": self.ok,
+            "steps": [{"name": s.name, "status": s.status, "line": s.line, **s.data}
+                      for s in self.steps]}
+
+  def summary(self) -> str:
+    c = Counter(s.status for s in self.steps)
+    checks = c["ok"] + c["failed"] + c["skipped"]
+    verdict = "PASSED" if self.ok else "FAILED"
+    extra = "".join(f", {c[k]} {k}" for k in ("failed", "skipped") if c[k])
+    return f"demo {verdict}: {c['ok']}/{checks} checks passed{extra}"
+
+
+class _StepFailed(Exception):
+  """Raised inside a step to end it as ``failed`` with a message (no traceback)."""
+
+
+class _StepSkipped(Exception):
+  """Raised inside a step to end it as ``skipped`` with the reason."""
+
+
+# --- models ------------------------------------------------------------------
+
+@dataclass
+class DemoModel:
+  """What the demo needs from a model.
+
+  ``apply(params, *inputs, naive=False)`` is the model; ``params`` holds f32
+  arrays, ``qparams`` the same tree with ``q8`` dense weights (set by the
+  quantize step); ``compare(y, ref)`` returns ``(data, line, ok)`` for the int8
+  output ``y`` against the f32 output ``ref``.
+  """
+  name: str
+  description: str
+  params: Any
+  inputs: tuple
+  apply: Callable[..., Any]
+  quantize: Callable[[Any], Any]
+  compare: Callable[[np.ndarray, np.ndarray], tuple[dict, str, bool]]
+  qparams: Any = None
+
+
+def _rel_err(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+  d = np.asarray(y, np.float64) - np.asarray(ref, np.float64)
+  return float(np.abs(d).max()), float(np.linalg.norm(d) / np.linalg.norm(ref))
+
+
+BUILTIN_MAX_REL_ERR = 0.05
+MINILM_MIN_COSINE = 0.99
+
+
+def _builtin_model() -> DemoModel:
+  from hxmlir.models import builtin
+  cfg = builtin.Config()
+  params = builtin.as_jax(builtin.init_params(cfg))
+  x = jnp.asarray(builtin.example_input(cfg))
+  n_dense = cfg.layers * len(builtin.DENSE_WEIGHTS)
+
+  def compare(y, ref):
+    mx, rel = _rel_err(y, ref)
+    ok = rel <= BUILTIN_MAX_REL_ERR
+    line = (f"int8 vs f32: max abs error {mx:.3g}, relative error {rel:.3g} "
+            f"({'<=' if ok else '>'} {BUILTIN_MAX_REL_ERR})")
+    return {"max_abs_error": mx, "relative_error": rel, "max_relative_error": BUILTIN_MAX_REL_ERR}, line, ok
+
+  return DemoModel(
+      name="builtin",
+      description=(f"built-in transformer: {cfg.layers} pre-LN blocks, d_model {cfg.d_model}, "
+                   f"{cfg.heads} heads, d_ff {cfg.d_ff}, {n_dense} dense weights; "
+                   f"input f32[{cfg.batch},{cfg.seq},{cfg.d_model}]"),
+      params=params, inputs=(x,),
+      apply=partial(_apply_builtin, cfg.heads),
+      quantize=builtin.quantize_params, compare=compare)
+
+
+def _apply_builtin(heads, params, x, *, naive=False):
+  from hxmlir.models import builtin
+  return builtin.forward(params, x, heads=heads, naive=naive)
+
+
+MINILM_SENTENCES = (
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The girl is carrying a baby.",
+    "A woman is holding an infant in her arms.",
+    "A man is riding a horse.",
+    "A cowboy rides his horse across the plain.",
+    "The stock market fell sharply on Tuesday.",
+    "Quantum computers use qubits instead of classical bits.",
+)
+
+
+def build_model(name: str, progress: Callable[[str], None] | None = None) -> DemoModel:
+  """The :class:`DemoModel` called ``name`` (``"builtin"`` or ``"minilm"``), not yet quantized.
+
+  Raises ``ValueError`` for an unknown name and
+  :class:`hxmlir.models.minilm.ModelNotInstalledError` when MiniLM's files are missing.
+  """
+  if name == "builtin":
+    return _builtin_model()
+  if name == "minilm":
+    return _minilm_model(progress or (lambda m: None))
+  raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+
+
+def _minilm_model(progress: Callable[[str], None]) -> DemoModel:
+  from hxmlir.models import minilm
+  progress("reading model.safetensors")
+  cfg, params = minilm.load_params()
+  tok = minilm.Tokenizer()
+  ids, mask = tok(list(MINILM_SENTENCES))
+  params = jax.tree.map(jnp.asarray, params)
+
+  def compare(y, ref):
+    mx, rel = _rel_err(y, ref)
+    cos = np.sum(y * ref, -1) / (np.linalg.norm(y, axis=-1) * np.linalg.norm(ref, axis=-1))
+    ok = bool(cos.min() >= MINILM_MIN_COSINE)
+    line = (f"int8 vs f32 embeddings: cosine min {cos.min():.5f} ({'>=' if ok else '<'} "
+            f"{MINILM_MIN_COSINE}), max abs error {mx:.3g}, relative error {rel:.3g}")
+    return {"max_abs_error": mx, "relative_error": rel, "cosine_min": float(cos.min()),
+            "cosines": [float(c) for c in cos], "min_cosine_required": MINILM_MIN_COSINE}, line, ok
+
+  n_tok = int(mask.sum())
+  return DemoModel(
+      name="minilm",
+      description=(f"all-MiniLM-L6-v2: BERT {cfg.layers} layers, hidden {cfg.hidden}, "
+                   f"{cfg.heads} heads, {6 * cfg.layers} dense weights; "
+                   f"{len(MINILM_SENTENCES)} sentences, {n_tok} tokens, "
+                   f"ids i32[{ids.shape[0]},{ids.shape[1]}]"),
+      params=params, inputs=(jnp.asarray(ids), jnp.asarray(mask)),
+      apply=partial(_apply_minilm, cfg),
+      quantize=minilm.quantize_params, compare=compare)
+
+
+def _apply_minilm(cfg, params, ids, mask, *, naive=False):
+  from hxmlir.models import minilm
+  return minilm.encode(params, ids, mask, cfg=cfg, naive=naive)
+
+
+MODELS = ("builtin", "minilm")
+
+
+# --- IR helpers --------------------------------------------------------------
+
+def count_composites(ir_text: str) -> dict[str, int]:
+  """``{"hx.matmul_q": 24, ...}``: the ``hx.*`` composite ops in a module's text."""
+  return dict(sorted(Counter(_COMPOSITE_RE.findall(ir_text)).items()))
+
+
+def _fmt_counts(counts: dict[str, int]) -> str:
+  return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "no hx.* composites"
+
+
+def _verify_text(ir_text: str) -> tuple[bool, list[str]]:
+  """Runs ``hx-verify`` on a module's text: ``(passed, problems)``."""
+  from hxmlir.passes import PassError, parse_pipeline
+  from hxmlir.passes.irutil import make_context, parse_module
+  ctx = make_context(allow_unregistered=True)
+  with ctx:
+    module = parse_module(ir_text, ctx, "<demo>")
+    try:
+      parse_pipeline("hx-verify").run(module)
+    except PassError as e:
+      return False, [str(d) for d in e.diagnostics] or [str(e)]
+  return True, []
+
+
+# --- hi values <-> npz (the artifact runner's input and output files) -------
+
+def flatten_values(values: Sequence[Any]) -> dict[str, np.ndarray]:
+  """``{"a0": ..., "a1.qvalue": ..., "a1.scale": ...}`` for a list of arrays and ``q8`` values."""
+  from hxmlir.qarray import QArray
+  out = {}
+  for i, v in enumerate(values):
+    if isinstance(v, QArray):
+      out[f"a{i}.qvalue"], out[f"a{i}.scale"] = np.asarray(v.qvalue), np.asarray(v.scale)
+    else:
+      out[f"a{i}"] = np.asarray(v)
+  return out
+
+
+def unflatten_values(arrays: dict[str, np.ndarray]) -> list[Any]:
+  """Inverse of :func:`flatten_values`; raises ``ValueError`` on a missing or unknown key."""
+  from hxmlir.qarray import QArray
+  idx = {}
+  for key in arrays:
+    m = re.fullmatch(r"a(\d+)(?:\.(qvalue|scale))?", key)
+    if not m:
+      raise ValueError(f"unexpected array name {key!r}: expected a<i>, a<i>.qvalue, a<i>.scale")
+    idx.setdefault(int(m.group(1)), set()).add(m.group(2))
+  if sorted(idx) != list(range(len(idx))):
+    raise ValueError(f"argument numbers must be 0..{len(idx) - 1}, got {sorted(idx)}")
+  out = []
+  for i in range(len(idx)):
+    if idx[i] == {None}:
+      out.append(jnp.asarray(arrays[f"a{i}"]))
+    elif idx[i] == {"qvalue", "scale"}:
+      out.append(QArray(jnp.asarray(arrays[f"a{i}.qvalue"]), jnp.asarray(arrays[f"a{i}.scale"])))
+    else:
+      raise ValueError(f"argument {i} needs a{i}, or both a{i}.qvalue and a{i}.scale")
+  return out
+
+
+# --- the demo ----------------------------------------------------------------
+
+def _time(fn: Callable[[], Any], repeats: int) -> float:
+  """Median seconds of ``fn()`` (blocking on its result) over ``repeats`` runs after one warm-up."""
+  jax.block_until_ready(fn())
+  ts = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    ts.append(time.perf_counter() - t0)
+  return float(np.median(ts))
+
+
+def _load_optional(module: str, attr: str, why: str):
+  """``module.attr``, or raise :class:`_StepSkipped` saying that ``why`` is not available yet."""
+  try:
+    return getattr(importlib.import_module(module), attr)
+  except (ImportError, AttributeError) as e:
+    raise _StepSkipped(f"{why} ({module}.{attr} not available: {e})") from None
+
+
+class _Demo:
+  def __init__(self, model: str, out: Path | None, repeats: int, platforms: Sequence[str],
+               pipeline: str | None, emit: Callable[[Step], None], progress: Callable[[str], None]):
+    self.model_name, self.out, self.repeats = model, out, repeats
+    self.platforms = tuple(platforms)
+    self.pipeline = pipeline
+    self.emit, self.progress = emit, progress
+    self.report = Report(model)
+    self.m: DemoModel | None = None
+    self.state: dict[str, Any] = {}
+
+  def step(self, name: str, fn: Callable[[], tuple[str, str, dict]], needs: Sequence[str] = ()):
+    missing = [n for n in needs if n not in self.state]
+    if missing:
+      s = Step(name, "skipped", f"skipped: needs the result of step {', '.join(missing)}")
+    else:
+      t0 = time.perf_counter()
+      try:
+        status, line, data = fn()
+      except _StepSkipped as e:
+        status, line, data = "skipped", f"skipped: {e}", {}
+      except _StepFailed as e:
+        status, line, data = "failed", str(e), {}
+      except Exception as e:  # report, don't crash: the other steps still run
+        if os.environ.get("HXMLIR_DEBUG"):
+          traceback.print_exc()
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        status, line, data = "failed", f"{type(e).__name__}: {msg}", {}
+      data = {**data, "seconds": round(time.perf_counter() - t0, 3)}
+      s = Step(name, status, line, data)
+    self.report.steps.append(s)
+    self.emit(s)
+
+  def _write(self, name: str, content: str | bytes) -> str | None:
+    if self.out is None:
+      return None
+    p = self.out / name
+    p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
+    return str(p)
+
+  # steps -------------------------------------------------------------------
+
+  def load(self):
+    from hxmlir.models import minilm
+    try:
+      self.m = build_model(self.model_name, self.progress)
+    except minilm.ModelNotInstalledError as e:
+      raise _StepFailed(str(e).replace("\n", " ")) from None
+    self.state["load"] = True
+    return "info", self.m.description, {"description": self.m.description}
+
+  def quantize(self):
+    m = self.m
+    m.qparams = m.quantize(m.params)
+    jax.block_until_ready(jax.tree.leaves(m.qparams))
+    n = sum(1 for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w))
+    qmax = max(int(np.abs(np.asarray(w.qvalue)).max())
+               for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w))
+    if n == 0 or qmax > 127:
+      raise _StepFailed(f"expected q8 dense weights in [-127, 127], got {n} weights, max |q| {qmax}")
+    # the IR JAX emits without the plugin: hx.* composites, no passes run yet
+    self.progress("lowering without the plugin")
+    self.state["before"] = {
+        "int8": jax.jit(m.apply).lower(m.qparams, *m.inputs).as_text(),
+        "naive": jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs).as_text(),
+    }
+    # the naive dequantize-then-dot baseline, compiled as plain JAX would
+    self.state["naive_plain"] = jax.jit(partial(m.apply, naive=True)).lower(
+        m.qparams, *m.inputs).compile()
+    self.state["quantize"] = True
+    return "ok", f"{n} dense weights -> q8 (int8 values + one f32 scale per row)", {"weights": n}
+
+  def install(self):
+    install = _load_optional("hxmlir.install", "install", "hx.install() is not built yet")
+    stats = _load_optional("hxmlir.install", "stats", "hx.stats() is not built yet")
+    current = _load_optional("hxmlir.install", "current_pipeline", "hx.install() is not built yet")
+    install(self.pipeline)
+    stats(reset=True)
+    self.state["install"] = True
+    pipe, pipe_x = current(), current(for_export=True)
+    return "ok", f"hx.install(): pipeline {pipe!r} (for export: {pipe_x!r})", {
+        "pipeline": pipe, "export_pipeline": pipe_x}
+
+  def jit(self):
+    m = self.m
+    self.progress("lowering and compiling the int8 model")
+    t0 = time.perf_counter()
+    lowered = jax.jit(m.apply).lower(m.qparams, *m.inputs)
+    after = lowered.as_text()
+    self.state["int8"] = lowered.compile()
+    t_int8 = time.perf_counter() - t0
+    self.progress("lowering the naive model under the pipeline")
+    lowered_naive = jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs)
+    self.state["after"] = {"int8": after, "naive": lowered_naive.as_text()}
+    self.state["naive_folded"] = lowered_naive.compile()
+    self.progress("compiling the f32 model")
+    self.state["f32"] = jax.jit(m.apply).lower(m.params, *m.inputs).compile()
+    self.state["jit"] = True
+    return "ok", f"int8 model lowered through the pipeline and compiled in {t_int8:.1f} s", {
+        "int8_lower_compile_seconds": round(t_int8, 3)}
+
+  def ir(self):
+    from hxmlir.install import stats
+    before, after = self.state["before"], self.state["after"]
+    for k in ("int8", "naive"):
+      self._write(f"{k}_before_passes.mlir", before[k])
+      self._write(f"{k}_after_passes.mlir", after[k])
+    cb, ca = count_composites(before["int8"]), count_composites(after["int8"])
+    nb, na = count_composites(before["naive"]), count_composites(after["naive"])
+    st = stats()
+    fold = st.get("hx-fold-scales", {})
+    folds = int(fold.get("rewrites", 0))
+    ver = st.get("hx-verify", {})
+    ok_int8, probs_int8 = _verify_text(after["int8"])
+    ok_naive, probs_naive = _verify_text(after["naive"])
+    n_dense = sum(1 for w in jax.tree.leaves(self.m.qparams) if _nn.is_quantized(w))
+    data = {"composites_before": cb, "composites_after": ca,
+            "naive_composites_before": nb, "naive_composites_after": na,
+            "folds_applied": folds, "fold_stats": fold,
+            "verify": {"passed": ok_int8 and ok_naive,
+                       "modules_verified_while_installed": int(ver.get("modules", 0)),
+                       "problems": probs_int8 + probs_naive},
+            "pipeline_stats": st}
+    line = (f"int8 model: {_fmt_counts(cb)} -> {_fmt_counts(ca)}; naive model: "
+            f"{_fmt_counts(nb)} -> {_fmt_counts(na)} ({folds} scale folds); hx-verify "
+            + ("passed" if ok_int8 and ok_naive else
+               f"FAILED ({len(probs_int8) + len(probs_naive)} problems)"))
+    problems = []
+    if ca.get("hx.matmul_q", 0) != n_dense:
+      problems.append(f"expected {n_dense} hx.matmul_q after the passes, got "
+                      f"{ca.get('hx.matmul_q', 0)}")
+    if not (ok_int8 and ok_naive):
+      problems.append("hx-verify failed: " + "; ".join((probs_int8 + probs_naive)[:3]))
+    if problems:
+      raise _StepFailed(line + " -- " + "; ".join(problems))
+    return "ok", line, data
+
+  def accuracy(self):
+    m = self.m
+    ref = np.asarray(self.state["f32"](m.params, *m.inputs))
+    y = np.asarray(self.state["int8"](m.qparams, *m.inputs))
+    self.state["int8_out"] = y
+    data, line, ok = m.compare(y, ref)
+    yn = np.asarray(self.state["naive_folded"](m.qparams, *m.inputs))
+    mx, rel = _rel_err(yn, y)
+    data["naive_folded_vs_int8_relative_error"] = rel
+    if not np.isfinite(y).all():
+      ok, line = False, line + "; int8 output has non-finite values"
+    if rel > 1e-4:
+      ok, line = False, line + f"; folded naive model differs from int8 model (rel {rel:.3g})"
+    self.state["accuracy"] = True
+    return ("ok" if ok else "failed"), line, data
+
+  def timing(self):
+    m, st, r = self.m, self.state, self.repeats
+    runs = [("f32", lambda: st["f32"](m.params, *m.inputs)),
+            ("int8 hx.matmul_q", lambda: st["int8"](m.qparams, *m.inputs)),
+            ("naive dequantize+dot", lambda: st["naive_plain"](m.qparams, *m.inputs)),
+            ("naive, folded by the pipeline", lambda: st["naive_folded"](m.qparams, *m.inputs))]
+    ms = {}
+    for i, (name, fn) in enumerate(runs):
+      self.progress(f"timing {name} ({i + 1}/{len(runs)}, median of {r})")
+      ms[name] = _time(fn, r) * 1e3
+    base = ms["f32"]
+    line = "per step: " + ", ".join(f"{k} {v:.2f} ms ({v / base:.2f}x)" for k, v in ms.items())
+    return "info", line, {"milliseconds": {k: round(v, 4) for k, v in ms.items()},
+                          "repeats": r, "relative_to_f32": {k: round(v / base, 4)
+                                                            for k, v in ms.items()}}
+
+  def weights(self):
+    b = _nn.weight_bytes(self.m.qparams)
+    q = b["int8"] + b["scales"]
+    mib = lambda n: f"{n / 2**20:.2f} MiB"
+    line = (f"dense weights: {mib(b['int8'])} int8 + {b['scales'] / 2**10:.1f} KiB scales = "
+            f"{mib(q)} vs {mib(b['f32_equivalent'])} f32 ({b['f32_equivalent'] / q:.2f}x smaller); "
+            f"other f32 parameters {mib(b['other_f32'])}")
+    return "info", line, {"bytes": b, "ratio": b["f32_equivalent"] / q}
+
+  def export(self):
+    m = self.m
+    export = _load_optional("hxmlir.export", "export", "hxmlir.export is not built yet")
+    leaves, treedef = jax.tree.flatten((m.qparams, m.inputs))
+
+    def flat(*args):
+      qparams, inputs = jax.tree.unflatten(treedef, args)
+      return m.apply(qparams, *inputs)
+
+    self.progress(f"exporting for {', '.join(self.platforms)}")
+    exp = export(jax.jit(flat), platforms=self.platforms)(*leaves)
+    blob = exp.serialize()
+    expected = np.asarray(exp.call(*leaves))
+    tmp = None
+    out = self.out
+    if out is None:
+      tmp = tempfile.TemporaryDirectory(prefix="hxmlir-demo-")
+      out = Path(tmp.name)
+    try:
+      art = out / ARTIFACT_NAME
+      art.write_bytes(blob)
+      np.savez(out / "inputs.npz", **flatten_values(leaves))
+      self.progress("running the artifact in a fresh process")
+      cmd = [sys.executable, "-m", "hxmlir.cli", "run", str(art), "--inputs",
+             str(out / "inputs.npz"), "--output", str(out / "outputs.npz")]
+      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise _StepFailed(f"fresh process failed (exit {proc.returncode}): {tail}")
+      with np.load(out / "outputs.npz") as z:
+        got = z["a0"]
+      np.savez(out / "expected.npz", a0=expected)
+    finally:
+      if tmp is not None:
+        tmp.cleanup()
+    same = got.shape == expected.shape and np.array_equal(got, expected)
+    vs_jit = _rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
+    data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
+            "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
+            "identical": bool(same), "relative_error_vs_jit": vs_jit}
+    where = f" -> {data['artifact']}" if self.out else ""
+    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where}; "
+            f"fresh process output {'identical' if same else 'DIFFERS'} "
+            f"({got.dtype}{list(got.shape)})")
+    return ("ok" if same else "failed"), line, data
+
+  def run(self) -> Report:
+    if self.out is not None:
+      self.out.mkdir(parents=True, exist_ok=True)
+    installed_before = _is_installed()
+    try:
+      self.step("load", self.load)
+      self.step("quantize", self.quantize, needs=["load"])
+      self.step("install", self.install)
+      self.step("jit", self.jit, needs=["quantize", "install"])
+      self.step("ir", self.ir, needs=["jit"])
+      self.step("accuracy", self.accuracy, needs=["jit"])
+      self.step("timing", self.timing, needs=["jit"])
+      self.step("weights", self.weights, needs=["quantize"])
+      self.step("export", self.export, needs=["quantize", "install"])
+    finally:
+      if not installed_before and _is_installed():
+        from hxmlir.install import uninstall
+        uninstall()
+    if self.out is not None:
+      self._write("report.json", json.dumps(self.report.to_json(), indent=1) + "\n")
+    return self.report
+
+
+def _is_installed() -> bool:
+  try:
+    from hxmlir.install import is_installed
+  except ImportError:
+    return False
+  return is_installed()
+
+
+def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, repeats: int = 10,
+             platforms: Sequence[str] = EXPORT_PLATFORMS, pipeline: str | None = None,
+             emit: Callable[[Step], None] | None = None,
+             progress: Callable[[str], None] | None = None) -> Report:
+  """Runs the demo on ``model`` (``"builtin"`` or ``"minilm"``) and returns its :class:`Report`.
+
+  ``out``: a directory that keeps the artifact (``model.hxa``), its inputs and
+  outputs (``.npz``), the IR before and after the passes (``*_before_passes.mlir``,
+  ``*_after_passes.mlir``) and ``report.json``. ``repeats``: timed runs per
+  model (median). ``pipeline``: the pass pipeline to install (default:
+  ``hx.install()``'s). ``emit(step)`` is called as each step finishes,
+  ``progress(message)`` during long steps. Raises ``ValueError`` for an
+  unknown model; every other problem becomes a failed step. hxmlir is
+  uninstalled again at the end unless it was installed before.
+  """
+  if model not in MODELS:
+    raise ValueError(f"unknown model {model!r}: choose one of {', '.join(MODELS)}")
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
+  return _Demo(model, Path(out) if out is not None else None, repeats, platforms, pipeline,
+               emit or (lambda s: None), progress or (lambda m: None)).run()
+
+
+class ProgressLine:
+  """Progress messages on a terminal: one line rewritten in place; silent otherwise."""
+
+  def __init__(self, stream: TextIO):
+    self.stream = stream
+    self.tty = stream.isatty()
+    self.width = 0
+
+  def __call__(self, msg: str) -> None:
+    if self.tty:
+      text = f"  ... {msg}"
+      self.stream.write("\r" + text.ljust(self.width))
+      self.stream.flush()
+      self.width = len(text)
+
+  def clear(self) -> None:
+    if self.tty and self.width:
+      self.stream.write("\r" + " " * self.width + "\r")
+      self.stream.flush()
+      self.width = 0
+
+
+def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
+              platforms: Sequence[str], pipeline: str | None = None, stdout: TextIO = sys.stdout,
+              stderr: TextIO = sys.stderr) -> int:
+  """The ``hxmlir demo`` command: prints each step's line (or, with ``as_json``, the
+  report as JSON) and returns the exit status, 0 only when every check passed."""
+  prog = ProgressLine(stderr)
+
+  def emit(step: Step) -> None:
+    prog.clear()
+    if not as_json:
+      print(step.text(), file=stdout, flush=True)
+
+  if not as_json:
+    print(f"hxmlir demo --model {model}", file=stdout, flush=True)
+  report = run_demo(model, out=out, repeats=repeats, platforms=platforms, pipeline=pipeline,
+                    emit=emit,
+                    progress=prog)
+  prog.clear()
+  if as_json:
+    json.dump(report.to_json(), stdout, indent=1)
+    stdout.write("\n")
+  else:
+    print(report.summary(), file=stdout)
+    if out is not None:
+      print(f"files kept in {out}", file=stdout)
+  return 0 if report.ok else 1
+
+
+__all__ = ["Report", "Step", "DemoModel", "build_model", "run_demo", "main_demo", "count_composites",
+           "flatten_values", "unflatten_values", "MODELS", "EXPORT_PLATFORMS"]
