@@ -27,9 +27,15 @@ def _decompose() -> type[HxPass]:
   return DecomposePass
 
 
+def _check_export() -> type[HxPass]:
+  from hxmlir.passes.check_export import CheckExportPass
+  return CheckExportPass
+
+
 PASS_REGISTRY: dict[str, Callable[[], type[HxPass]]] = {
     "hx-verify": _verify,
     "hx-fold-scales": _fold_scales,
     "hx-decompose": _decompose,
+    "hx-check-export": _check_export,
 }
 """Pass name -> zero-argument function returning the pass class."""
