@@ -45,7 +45,11 @@ class Rank1Spec(MappingSpec):
 @dataclass(frozen=True)
 class Rank1P(HiPspec):
   """``shard_map`` partition spec of a rank-1 matrix: ``spec`` partitions the dense
-  axes ``(*b, m, n)``; ``col`` takes the ``(*b, m)`` entries, ``row`` the ``(*b, n)`` ones."""
+  axes ``(*b, m, n)``; ``col`` takes the ``(*b, m)`` entries, ``row`` the ``(*b, n)`` ones.
+
+  For a batched ``r1[*b, m, n]`` the spec must name all its axes (``None`` for
+  unpartitioned ones); for ``r1[m, n]`` a shorter spec is padded with ``None``.
+  """
   spec: PartitionSpec = PartitionSpec()
 
   def _parts(self, ndim: int) -> tuple:
@@ -139,6 +143,10 @@ class Rank1Ty(HiType):
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, Rank1P):
       raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), got {spec!r}")
+    if len(spec.spec) > self.ndim or (self.ndim > 2 and len(spec.spec) != self.ndim):
+      # Rank1P.to_lo cannot see the rank: a batched r1 needs one entry per axis
+      raise TypeError(f"hx.Rank1P({spec.spec}) for {self} needs exactly {self.ndim} entries, "
+                      "one per dense axis")
     return spec.spec
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
@@ -205,8 +213,10 @@ class Outer(HxPrimitive):
   def vjp_bwd_retval(self, res, g):  # g: dense f32[*b, m, n]
     col, row = res
     c_aval, r_aval = self.in_avals
-    return (shd.match_vma(jnp.einsum("...mn,...n->...m", g, row), c_aval),
-            shd.match_vma(jnp.einsum("...m,...mn->...n", col, g), r_aval))
+    # cotangents live where their primals live: pin the (maybe sharded) contractions
+    gc = jnp.einsum("...mn,...n->...m", g, row, out_sharding=c_aval.sharding)
+    gr = jnp.einsum("...m,...mn->...n", col, g, out_sharding=r_aval.sharding)
+    return shd.match_vma(gc, c_aval), shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
     (col, row), (dc, dr) = primals, tangents
@@ -276,9 +286,13 @@ class MatmulR1(HxPrimitive):
 
   def vjp_bwd_retval(self, res, g):  # g: f32[*b, p, n]
     x, col, row = res
-    gx = jnp.einsum("...pn,...n->...p", g, row)[..., :, None] * col[..., None, :]
-    gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g)
     x_aval, r_aval = self.in_avals
+    gp = jnp.einsum("...pn,...n->...p", g, row,
+                    out_sharding=shd.with_partitions(x_aval.sharding,
+                                                     shd.partitions(x_aval.sharding,
+                                                                    x_aval.ndim)[:-1]))
+    gx = gp[..., :, None] * col[..., None, :]
+    gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=r_aval.sharding)
     return shd.match_vma(gx, x_aval), shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
@@ -287,7 +301,7 @@ class MatmulR1(HxPrimitive):
     if not isinstance(dx, Zero):
       terms.append(matmul_r1(dx, r))
     if not isinstance(dr, Zero):
-      terms.append(jnp.matmul(x, dr))
+      terms.append(jnp.matmul(x, dr, out_sharding=self.out_aval.sharding))
     out_t = sum(terms[1:], terms[0]) if terms else jnp.zeros(self.out_aval.shape, F32)
     return self(x, r), out_t
 

@@ -1,0 +1,350 @@
+"""Hi types in JAX's explicit sharding mode and across ``shard_map``, on 8 CPU devices.
+
+``conftest.py`` sets ``XLA_FLAGS=--xla_force_host_platform_device_count=8``
+before JAX is imported. The mesh is ``i: 4`` by ``j: 2`` with explicit axis
+types. Every typing rule's result sharding is checked against the type
+printed (``q8[8@i,3]``) and against the runtime sharding of the value;
+numbers are checked against the same computation without a mesh.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
+import hxmlir as hx
+
+get = hx.get_tuple_element
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+  return jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+
+
+@pytest.fixture
+def on_mesh(mesh):
+  with jax.set_mesh(mesh):
+    yield mesh
+
+
+ROWS = np.arange(24., dtype=np.float32).reshape(8, 3) - 7.
+W = (np.arange(12., dtype=np.float32).reshape(3, 4) - 5.) / 12.
+
+
+def short(v) -> str:
+  return jax.typeof(v).str_short(short_dtypes=True)
+
+
+def spec(a, ndim=None) -> tuple:
+  """The runtime partition spec of array ``a``, padded with ``None`` to its rank."""
+  parts = tuple(a.sharding.spec)
+  return parts + (None,) * ((ndim or a.ndim) - len(parts))
+
+
+def assert_same_q(a, b):
+  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
+  np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+
+
+# --- explicit mode: typing rules propagate shardings ------------------------------------
+
+def test_quantize_dequantize_row_sharded(on_mesh):
+  ref = hx.quantize(jnp.asarray(ROWS))
+  rows = jax.device_put(ROWS, P("i"))
+  qrows = hx.quantize(rows)
+  assert str(jax.typeof(qrows)) == "q8[8@i,3]"
+  assert spec(qrows.qvalue) == ("i", None) and spec(qrows.scale) == ("i",)
+  assert [a.str_short(short_dtypes=True) for a in jax.typeof(qrows).lo_ty()] == [
+      "i8[8@i,3]", "f32[8@i]"]
+  out = hx.dequantize(qrows)
+  assert short(out) == "f32[8@i,3]" and spec(out) == ("i", None)
+  assert_same_q(qrows, ref)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(hx.dequantize(ref)))
+  assert jax.typeof(qrows).to_tangent_aval().str_short(short_dtypes=True) == "f32[8@i,3]"
+
+
+def test_jaxpr_shows_sharded_hi_types(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  text = str(jax.jit(lambda x: hx.dequantize(hx.quantize(x))).trace(rows).jaxpr)
+  assert ":q8[8@i,3] = call_hi_primitive[_prim=Quantize" in text
+  assert ":f32[8@i,3] = call_hi_primitive[_prim=Dequantize" in text
+
+
+def test_quantized_axis_sharded(on_mesh):
+  ref = hx.quantize(jnp.asarray(W))
+  qw = hx.quantize(jax.device_put(W, P(None, "j")))
+  assert str(jax.typeof(qw)) == "q8[3,4@j]"
+  assert spec(qw.scale) == (None,)  # one scale per row: reduced over the sharded axis
+  assert_same_q(qw, ref)
+  assert short(hx.dequantize(qw)) == "f32[3,4@j]"
+  qjit = jax.jit(hx.quantize)(jax.device_put(W, P(None, "j")))
+  assert str(jax.typeof(qjit)) == "q8[3,4@j]"
+  assert_same_q(qjit, ref)
+
+
+def test_quantize_2d_sharded_stack(on_mesh):
+  xs = np.arange(2 * 8 * 4, dtype=np.float32).reshape(2, 8, 4) - 20.
+  ref = hx.quantize(jnp.asarray(xs))
+  q = hx.quantize(jax.device_put(xs, P("j", "i")))
+  assert str(jax.typeof(q)) == "q8[2@j,8@i,4]"
+  assert spec(q.scale) == ("j", "i")
+  assert_same_q(q, ref)
+
+
+@pytest.mark.parametrize("xspec, wspec, out_type", [
+    (P("i"), P(), "f32[8@i,4]"),
+    (P(), P(None, "j"), "f32[8,4@j]"),
+    (P("i"), P(None, "j"), "f32[8@i,4@j]"),
+])
+def test_matmul_q_result_sharding(on_mesh, xspec, wspec, out_type):
+  dense = ROWS @ np.asarray(hx.dequantize(hx.quantize(jnp.asarray(W))))
+  x = jax.device_put(ROWS, xspec)
+  qw = hx.quantize(jax.device_put(W, wspec))
+  y = hx.matmul_q(x, qw)
+  assert short(y) == out_type
+  yj = jax.jit(hx.matmul_q)(x, qw)
+  assert short(yj) == out_type
+  assert spec(yj) == tuple(jax.typeof(yj).sharding.spec) + (None,) * (2 - len(jax.typeof(
+      yj).sharding.spec))
+  np.testing.assert_allclose(np.asarray(y), dense, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(yj), dense, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_q_batch_axis_sharding(on_mesh):
+  xb = np.arange(4 * 2 * 3, dtype=np.float32).reshape(4, 2, 3)
+  wb = np.arange(4 * 3 * 2, dtype=np.float32).reshape(4, 3, 2) - 10.
+  y = hx.matmul_q(jax.device_put(xb, P("i")), hx.quantize(jax.device_put(wb, P(None, None, "j"))))
+  assert short(y) == "f32[4@i,2,2@j]"
+  qref = hx.quantize(jnp.asarray(wb))
+  np.testing.assert_allclose(np.asarray(y), xb @ np.asarray(hx.dequantize(qref)), rtol=1e-5)
+
+
+def test_matmul_q_sharded_contraction_is_a_type_error(on_mesh):
+  xk = jax.device_put(np.ones((2, 8), np.float32), P(None, "i"))
+  qk = hx.quantize(jax.device_put(np.ones((8, 3), np.float32), P("i")))
+  with pytest.raises(TypeError, match=r"hx\.matmul_q requires unsharded contraction axes, "
+                     r"got f32\[2,8@i\] @ q8\[8@i,3\]"):
+    jax.jit(hx.matmul_q).trace(xk, qk)
+  # either side alone is enough
+  q_rep = hx.quantize(jnp.ones((8, 3), jnp.float32))
+  with pytest.raises(TypeError, match=r"got f32\[2,8@i\] @ q8\[8,3\]"):
+    hx.matmul_q(xk, q_rep)
+  with pytest.raises(TypeError, match=r"got f32\[2,8\] @ q8\[8@i,3\]"):
+    hx.matmul_q(jnp.ones((2, 8), jnp.float32), qk)
+
+
+def test_grads_land_where_primals_live(on_mesh):
+  wd = np.asarray(hx.dequantize(hx.quantize(jnp.asarray(W))))
+
+  def loss(x, qw):
+    return jnp.sum(hx.matmul_q(x, qw) ** 2)
+
+  rx = 2 * (ROWS @ wd) @ wd.T
+  rw = 2 * ROWS.T @ (ROWS @ wd)
+  for xspec, wspec, gx_type, gw_type in [
+      (P("i"), P(), "f32[8@i,3]", "f32[3,4]"),
+      (P("i"), P(None, "j"), "f32[8@i,3]", "f32[3,4@j]"),
+      (P(), P(None, "j"), "f32[8,3]", "f32[3,4@j]"),
+  ]:
+    x = jax.device_put(ROWS, xspec)
+    qw = hx.quantize(jax.device_put(W, wspec))
+    gx, gw = jax.grad(loss, argnums=(0, 1))(x, qw)
+    assert (short(gx), short(gw)) == (gx_type, gw_type)
+    np.testing.assert_allclose(np.asarray(gx), rx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(gw), rw, rtol=1e-4, atol=1e-4)
+    gxj, gwj = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, qw)
+    assert (short(gxj), short(gwj)) == (gx_type, gw_type)
+    assert spec(gxj) == spec(x) and spec(gwj) == spec(qw.qvalue)
+
+
+def test_straight_through_grad_keeps_sharding(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  g = jax.grad(lambda x: jnp.sum(hx.dequantize(hx.quantize(x)) ** 2))(rows)
+  assert short(g) == "f32[8@i,3]"
+  ref = 2 * np.asarray(hx.dequantize(hx.quantize(jnp.asarray(ROWS))))
+  np.testing.assert_allclose(np.asarray(g), ref, rtol=1e-6)
+
+
+def test_vmap_and_scan_keep_sharding(on_mesh):
+  xs = np.arange(4 * 8 * 3, dtype=np.float32).reshape(4, 8, 3) - 30.
+  xs_sh = jax.device_put(xs, P(None, "i"))
+  qxs = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(xs_sh)
+  assert str(jax.typeof(qxs)) == "q8[4,8@i,3]"
+  assert_same_q(qxs, hx.quantize(jnp.asarray(xs)))
+  out = jax.vmap(hx.dequantize, in_axes=hx.QArraySpec(), axis_size=4)(qxs)
+  assert short(out) == "f32[4,8@i,3]"
+  total, ys = jax.lax.scan(lambda c, q: (c + hx.dequantize(q), hx.quantize(2 * hx.dequantize(q))),
+                           jnp.zeros((8, 3), jnp.float32, out_sharding=P("i")), qxs, length=4)
+  assert short(total) == "f32[8@i,3]" and str(jax.typeof(ys)) == "q8[4,8@i,3]"
+  np.testing.assert_allclose(np.asarray(total), np.asarray(hx.dequantize(qxs)).sum(0), rtol=1e-6)
+
+
+def test_rank1_shardings(on_mesh):
+  col = np.arange(8., dtype=np.float32) / 8.
+  row = np.arange(6., dtype=np.float32) / 6. - 0.5
+  acts = np.arange(4 * 8, dtype=np.float32).reshape(4, 8) / 10.
+  r = hx.outer(jax.device_put(col, P("i")), jax.device_put(row, P("j")))
+  assert str(jax.typeof(r)) == "r1[8@i,6@j]"
+  c, w = hx.factors(r)
+  assert (short(c), short(w)) == ("f32[8@i]", "f32[6@j]")
+  r2 = hx.outer(jnp.asarray(col[:4]), jax.device_put(row, P("j")))
+  y = hx.matmul_r1(jax.device_put(acts[:, :4], P("i")), r2)
+  assert short(y) == "f32[4@i,6@j]"
+  np.testing.assert_allclose(np.asarray(y), acts[:, :4] @ np.outer(col[:4], row), rtol=1e-5,
+                             atol=1e-6)
+  with pytest.raises(TypeError, match=r"unsharded contraction axes, got f32\[4,8\] @ r1\[8@i,6@j\]"):
+    hx.matmul_r1(jnp.asarray(acts), r)
+
+  # gradients through outer land on the factors, sharded like them
+  def loss(c, w):
+    return jnp.sum(hx.matmul_r1(jnp.asarray(acts), hx.outer(c, w)) ** 2)
+
+  gc, gw = jax.grad(loss, argnums=(0, 1))(jnp.asarray(col), jax.device_put(row, P("j")))
+  assert (short(gc), short(gw)) == ("f32[8]", "f32[6@j]")
+  rc, rw = jax.grad(lambda c, w: jnp.sum((acts @ jnp.outer(c, w)) ** 2), argnums=(0, 1))(col, row)
+  np.testing.assert_allclose(np.asarray(gc), np.asarray(rc), rtol=1e-4)
+  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-4)
+
+
+def test_tuple_shardings(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  t = hx.make_tup(rows, jnp.float32(1.), hx.quantize(rows))
+  assert short(t) == "Tup{f32[8@i,3],f32[],q8[8@i,3]}"
+  assert short(get(t, 0)) == "f32[8@i,3]"
+  assert str(jax.typeof(get(t, 2))) == "q8[8@i,3]"
+  tj = jax.jit(lambda t: hx.make_tup(get(t, 2), get(t, 0)))(t)
+  assert short(tj) == "Tup{q8[8@i,3],f32[8@i,3]}"
+  g = jax.grad(lambda t: jnp.sum(get(t, 0) * hx.dequantize(get(t, 2))) * get(t, 1))(t)
+  assert short(g) == "Tup{f32[8@i,3],f32[],f32[8@i,3]}"
+  deq = np.asarray(hx.dequantize(hx.quantize(jnp.asarray(ROWS))))
+  np.testing.assert_allclose(np.asarray(get(g, 0)), deq, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(get(g, 2)), ROWS, rtol=1e-6)
+
+
+# --- shard_map ---------------------------------------------------------------------------
+# JAX 0.10.2 runs an un-jitted shard_map eagerly (``_shard_map_impl``), and that
+# path reads ``.partitions`` off every spec: hi specs need shard_map under jit.
+
+def test_shard_map_out_and_in_quantize_by_shard_equals_global(on_mesh):
+  @jax.jit
+  @jax.shard_map(in_specs=P("i"), out_specs=hx.QArrayP(P("i")))
+  def quantize_shards(x):
+    assert jax.typeof(x).shape == (2, 3)
+    q = hx.quantize(x)
+    assert str(jax.typeof(q)) == "q8[2,3]{V:i}"  # a per-device shard, varying over i
+    return q
+
+  @jax.jit
+  @jax.shard_map(in_specs=hx.QArrayP(P("i")), out_specs=P("i"))
+  def dequantize_shards(q):
+    assert jax.typeof(q).shape == (2, 3)
+    return hx.dequantize(q)
+
+  rows = jax.device_put(ROWS, P("i"))
+  qrows = quantize_shards(rows)
+  assert str(jax.typeof(qrows)) == "q8[8@i,3]"
+  assert spec(qrows.qvalue) == ("i", None) and spec(qrows.scale) == ("i",)
+  qglobal = hx.quantize(rows)
+  assert_same_q(qrows, qglobal)  # exactly: scales are per row
+  assert_same_q(qrows, hx.quantize(jnp.asarray(ROWS)))
+  np.testing.assert_array_equal(np.asarray(dequantize_shards(qrows)),
+                                np.asarray(hx.dequantize(qglobal)))
+
+
+def test_shard_map_matmul_q_replicated_weight(on_mesh):
+  qw = hx.quantize(jnp.asarray(W))
+
+  @jax.jit
+  @jax.shard_map(in_specs=(P("i"), hx.QArrayP(P())), out_specs=P("i"))
+  def f(x, qw):
+    return hx.matmul_q(x, qw)
+
+  rows = jax.device_put(ROWS, P("i"))
+  np.testing.assert_allclose(np.asarray(f(rows, qw)), ROWS @ np.asarray(hx.dequantize(qw)),
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_shard_map_tuples(on_mesh):
+  @jax.jit
+  @jax.shard_map(in_specs=hx.TupP((P("i"), hx.QArrayP(P("i")))),
+                 out_specs=hx.TupP((hx.QArrayP(P("i")), P("i"))))
+  def swap_shards(t):
+    assert jax.typeof(t).str_short() == "Tup{f32[2,3]{V:i},q8[2,3]{V:i}}"
+    return hx.make_tup(get(t, 1), 2 * get(t, 0))
+
+  rows = jax.device_put(ROWS, P("i"))
+  t = hx.make_tup(rows, hx.quantize(rows))
+  out = swap_shards(t)
+  assert short(out) == "Tup{q8[8@i,3],f32[8@i,3]}"
+  assert_same_q(get(out, 0), hx.quantize(jnp.asarray(ROWS)))
+  np.testing.assert_array_equal(np.asarray(get(out, 1)), 2 * ROWS)
+  with pytest.raises(TypeError, match=r"crosses shard_map with hx\.TupP of 2 specs"):
+    jax.jit(jax.shard_map(lambda t: t, in_specs=hx.TupP((P("i"),)), out_specs=P()))(t)
+
+
+def test_shard_map_bad_specs(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  qrows = hx.quantize(rows)
+  with pytest.raises(TypeError, match=r"q8\[8@i,3\] crosses shard_map with hx\.QArrayP"):
+    jax.jit(jax.shard_map(hx.dequantize, in_specs=P("i"), out_specs=P("i")))(qrows)
+  with pytest.raises(TypeError, match=r"partitions the quantized \(last\) axis of q8\[8@i,3\]"):
+    jax.jit(jax.shard_map(hx.dequantize, in_specs=hx.QArrayP(P("i", "j")),
+                          out_specs=P("i")))(qrows)
+
+
+def test_shard_map_rank1(on_mesh):
+  col = jax.device_put(np.arange(8., dtype=np.float32), P("i"))
+  row = jnp.arange(6., dtype=jnp.float32)
+
+  @jax.jit
+  @jax.shard_map(in_specs=(P("i"), P()), out_specs=hx.Rank1P(P("i")))
+  def build(c, w):
+    return hx.outer(c, w)
+
+  r = build(col, row)
+  assert str(jax.typeof(r)) == "r1[8@i,6]"
+  c, w = hx.factors(r)
+  np.testing.assert_array_equal(np.asarray(c), np.arange(8.))
+  np.testing.assert_array_equal(np.asarray(w), np.arange(6.))
+
+
+def test_grad_through_shard_map(on_mesh):
+  @jax.shard_map(in_specs=P("i"), out_specs=hx.QArrayP(P("i")))
+  def quantize_shards(x):
+    return hx.quantize(x)
+
+  @jax.shard_map(in_specs=hx.QArrayP(P("i")), out_specs=P("i"))
+  def dequantize_shards(q):
+    return hx.dequantize(q)
+
+  rows = jax.device_put(ROWS, P("i"))
+  g = jax.jit(jax.grad(lambda x: jnp.sum(dequantize_shards(quantize_shards(x)) ** 2)))(rows)
+  assert short(g) == "f32[8@i,3]"
+  np.testing.assert_allclose(np.asarray(g),
+                             2 * np.asarray(hx.dequantize(hx.quantize(jnp.asarray(ROWS)))),
+                             rtol=1e-6)
+  # a cotangent for a quantized shard_map argument, and a replicated weight's
+  # gradient summed over the shards (the transpose of its implicit pvary)
+  qw = hx.quantize(jnp.asarray(W))
+
+  @jax.shard_map(in_specs=(P("i"), hx.QArrayP(P())), out_specs=P("i"))
+  def mm(x, qw):
+    return hx.matmul_q(x, qw)
+
+  gx, gw = jax.jit(jax.grad(lambda x, qw: jnp.sum(mm(x, qw) ** 2), argnums=(0, 1)))(rows, qw)
+  assert (short(gx), short(gw)) == ("f32[8@i,3]", "f32[3,4]")
+  wd = np.asarray(hx.dequantize(qw))
+  np.testing.assert_allclose(np.asarray(gx), 2 * (ROWS @ wd) @ wd.T, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(gw), 2 * ROWS.T @ (ROWS @ wd), rtol=1e-4, atol=1e-4)
+  gq = jax.jit(jax.grad(lambda q: jnp.sum(dequantize_shards(q) ** 2)))(hx.quantize(rows))
+  assert short(gq) == "f32[8@i,3]"
+  np.testing.assert_allclose(np.asarray(gq),
+                             2 * np.asarray(hx.dequantize(hx.quantize(jnp.asarray(ROWS)))),
+                             rtol=1e-6)
