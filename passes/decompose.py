@@ -75,8 +75,8 @@ def _inline(op: ir.Operation, fn: ir.Operation) -> None:
     _remap(clone, mapping)
     for old, new in zip(inner.results, clone.results):
       mapping[old] = new
-  sharding = irutil.attr_or_none(op, "sdy.sharding")
-  if isinstance(sharding, sdy.TensorShardingPerValueAttr):
+  sharding = irutil.as_per_value(irutil.attr_or_none(op, "sdy.sharding"))
+  if sharding is not None:
     with ip, op.location:
       returned = [sdy.ShardingConstraintOp(v, s).result
                   for v, s in zip(returned, sharding.shardings)]

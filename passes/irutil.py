@@ -25,16 +25,25 @@ def make_context(allow_unregistered: bool = False) -> ir.Context:
 
 # --- locations ---------------------------------------------------------------
 
+def _cast(loc: ir.Location, cls):
+  if isinstance(loc, cls):
+    return loc
+  try:
+    return cls(loc)
+  except (ValueError, TypeError):
+    return None
+
+
 def _file_loc(loc: ir.Location) -> ir.FileLineColLoc | None:
   """The first ``FileLineColLoc`` in ``loc`` (callee before caller, fused in order)."""
-  if isinstance(loc, ir.FileLineColLoc):
-    return loc
-  if isinstance(loc, ir.NameLoc):
-    return _file_loc(loc.child_loc)
-  if isinstance(loc, ir.CallSiteLoc):
-    return _file_loc(loc.callee) or _file_loc(loc.caller)
-  if isinstance(loc, ir.FusedLoc):
-    for sub in loc.locations:
+  if (f := _cast(loc, ir.FileLineColLoc)) is not None:
+    return f
+  if (n := _cast(loc, ir.NameLoc)) is not None:
+    return _file_loc(n.child_loc)
+  if (c := _cast(loc, ir.CallSiteLoc)) is not None:
+    return _file_loc(c.callee) or _file_loc(c.caller)
+  if (fused := _cast(loc, ir.FusedLoc)) is not None:
+    for sub in fused.locations:
       found = _file_loc(sub)
       if found is not None:
         return found
@@ -150,6 +159,20 @@ def has_hx_ops(module: ir.Operation) -> bool:
 
 # --- shardings ---------------------------------------------------------------
 
+def as_tensor_sharding(attr: ir.Attribute | None) -> sdy.TensorShardingAttr | None:
+  """``attr`` as ``#sdy.sharding<...>`` (``TensorShardingAttr``), or ``None`` if it is not one."""
+  if attr is None or not sdy.TensorShardingAttr.isinstance(attr):
+    return None
+  return sdy.TensorShardingAttr(attr)
+
+
+def as_per_value(attr: ir.Attribute | None) -> sdy.TensorShardingPerValueAttr | None:
+  """``attr`` as ``#sdy.sharding_per_value<[...]>``, or ``None`` if it is not one."""
+  if attr is None or not sdy.TensorShardingPerValueAttr.isinstance(attr):
+    return None
+  return sdy.TensorShardingPerValueAttr(attr)
+
+
 def dim_sharding(attr: ir.Attribute | None, rank: int | None = None) -> DimSharding | None:
   """A ``#sdy.sharding`` as the schema's ``DimSharding``, or ``None`` when unknown.
 
@@ -158,7 +181,8 @@ def dim_sharding(attr: ir.Attribute | None, rank: int | None = None) -> DimShard
   by propagation, so a sharding with any open dimension counts as unknown, as
   does a rank that differs from ``rank``.
   """
-  if attr is None or not isinstance(attr, sdy.TensorShardingAttr):
+  attr = as_tensor_sharding(attr)
+  if attr is None:
     return None
   dims = []
   for d in attr.dimension_shardings:
@@ -184,8 +208,8 @@ def result_sharding_attr(op: ir.Operation, index: int) -> ir.Attribute | None:
   """Result ``index``'s ``TensorShardingAttr`` from ``op``'s ``sdy.sharding`` (or ``None``)."""
   if op.name == "sdy.sharding_constraint":
     return op.attributes["sharding"]
-  attr = attr_or_none(op, "sdy.sharding")
-  if attr is None or not isinstance(attr, sdy.TensorShardingPerValueAttr):
+  attr = as_per_value(attr_or_none(op, "sdy.sharding"))
+  if attr is None:
     return None
   shardings = attr.shardings
   return shardings[index] if index < len(shardings) else None

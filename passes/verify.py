@@ -31,7 +31,6 @@ from hxmlir.lowering import schema
 from hxmlir.passes import irutil
 from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import sdy
 
 _PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint")
 
@@ -172,18 +171,19 @@ def _non_plain_op(sym: str, funcs, cache, visiting: set) -> str | None:
 
 def _check_shardings(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
   results = list(op.results)
-  attr = irutil.attr_or_none(op, "sdy.sharding")
+  raw = irutil.attr_or_none(op, "sdy.sharding")
+  attr = irutil.as_per_value(raw)
   res_sh: list = [None] * len(results)
   errs = []
-  if attr is not None:
-    if not isinstance(attr, sdy.TensorShardingPerValueAttr):
-      return [f"sdy.sharding must be #sdy.sharding_per_value<[...]>, got {attr}"]
+  if raw is not None:
+    if attr is None:
+      return [f"sdy.sharding must be #sdy.sharding_per_value<[...]>, got {raw}"]
     shardings = attr.shardings
     if len(shardings) != len(results):
       return [f"sdy.sharding has {len(shardings)} sharding(s) for {len(results)} result(s)"]
     for i, (s, v) in enumerate(zip(shardings, results)):
       rank = ir.RankedTensorType(v.type).rank
-      n = len(sdy.TensorShardingAttr(s).dimension_shardings)
+      n = len(irutil.as_tensor_sharding(s).dimension_shardings)
       if n != rank:
         errs.append(f"result #{i} sharding {s} has {n} dimension(s) for a rank-{rank} result")
       else:

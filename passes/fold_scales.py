@@ -1,0 +1,398 @@
+"""``hx-fold-scales``: fold dequantization scales out of ``stablehlo.dot_general``.
+
+Pattern: one operand ``D`` of a ``dot_general`` is a dequantized value,
+``D = Q * S`` elementwise, where ``Q = convert(q: i8)`` and ``S`` is a
+broadcast of a scale tensor ``t`` — either an ``hx.dequantize`` composite
+(``S[..., j] = s[...]``: the scale varies along every axis but the last) or its
+open-coded form, ``multiply(convert(q), broadcast_in_dim(...))`` through any
+chain of ``broadcast_in_dim``, unit-dim ``reshape`` and
+``sdy.sharding_constraint`` ops (what JAX emits for ``q * s[..., None]``).
+Either operand may be ``D``; ``sdy.sharding_constraint`` ops between ``D`` and
+the dot are kept (re-created on the new operand).
+
+Let ``A`` be the axes of ``D`` along which ``S`` varies. With ``X`` the other
+operand and ``R = dot_general(D, X)``:
+
+- ``A`` has a contracting axis and no free axis: ``sum_c Q[c] S[c] X[c] =
+  sum_c Q[c] (S[c] X[c])``, so ``S`` is broadcast onto ``X`` (contracting axes
+  pair with ``X``'s contracting axes, batch axes with ``X``'s batch axes) and
+  ``R = dot_general(Q, X * S)``;
+- ``A`` has a free axis and no contracting axis: ``S`` is constant along the
+  sum, so ``R = dot_general(Q, X) * S`` with ``S`` broadcast onto the result
+  (batch axes first, then the lhs free axes, then the rhs free axes);
+- ``A`` has batch axes only (or is empty): either works; the smaller of ``X``
+  and ``R`` gets the multiply;
+- ``A`` mixes contracting and free axes: ``S`` does not factor; the dot is left
+  alone, as is every pattern not matching the above exactly (other element
+  types, dynamic shapes, non-unit reshapes).
+
+New ops carry ``sdy.sharding`` of the value they are shaped like (``X``'s, the
+dot result's, ``q``'s). Where the rewrite is exactly ``hx.matmul_q``'s
+contract (``f32[*b, m, k] x dequantize(i8[*b, k, n], f32[*b, k])`` with
+leading batch dims, default precision, types and known shardings accepted by
+``lowering/schema.py``), the dot becomes that composite instead, built with
+``hxmlir.lowering.composite``. Ops of the dequantization left without uses
+are erased. Decomposition functions are never rewritten.
+
+The rewrite reassociates one multiplication per term, so results differ from
+the original by float rounding only (a few ulps of each product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import ClassVar
+
+from hxmlir.lowering import schema
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+_ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
+             "stablehlo.reshape", "stablehlo.transpose", "sdy.sharding_constraint")
+
+
+@dataclass
+class _Dequant:
+  """A matched ``D = Q * S``.
+
+  ``q``: the ``i8`` values; ``qf``: an existing ``f32`` value equal to
+  ``convert(q)`` (open-coded form) or ``None``; ``t``/``amap``: ``S[i] =
+  t[i[amap[0]], i[amap[1]], ...]`` (``None`` entries are unit dims of ``t``);
+  ``s``: the ``f32[*l]`` scale when the match is exactly ``dequantize(q, s)``;
+  ``constraints``: ``sdy.sharding_constraint`` ops from the dot operand back
+  to ``D``; ``root``: the op defining ``D``.
+  """
+  q: ir.Value
+  qf: ir.Value | None
+  t: ir.Value
+  amap: list[int | None]
+  s: ir.Value | None
+  constraints: list[ir.Operation]
+  root: ir.Operation
+
+
+def _owner(v: ir.Value) -> ir.Operation | None:
+  return v.owner.operation if isinstance(v, ir.OpResult) else None
+
+
+def _skip_constraints(v: ir.Value) -> tuple[ir.Value, list[ir.Operation]]:
+  chain = []
+  while (op := _owner(v)) is not None and op.name == "sdy.sharding_constraint":
+    chain.append(op)
+    v = op.operands[0]
+  return v, chain
+
+
+def _static(t: ir.Type) -> ir.RankedTensorType | None:
+  return t if isinstance(t, ir.RankedTensorType) and t.has_static_shape else None
+
+
+def _trace_convert(v: ir.Value, want: ir.Type) -> ir.Value | None:
+  """The ``i8`` value that ``v`` converts (through sharding constraints), else ``None``."""
+  v, _ = _skip_constraints(v)
+  op = _owner(v)
+  if op is None or op.name != "stablehlo.convert" or v.type != want:
+    return None
+  src = op.operands[0]
+  st = _static(src.type)
+  if st is None or str(st.element_type) != "i8":
+    return None
+  return src
+
+
+def _trace_scale(v: ir.Value) -> tuple[ir.Value, list[int | None]]:
+  """Follows broadcasts, unit reshapes and constraints back from ``v`` (see :class:`_Dequant`)."""
+  rank = ir.RankedTensorType(v.type).rank
+  amap: list[int | None] = list(range(rank))
+  while True:
+    op = _owner(v)
+    if op is None:
+      return v, amap
+    if op.name == "sdy.sharding_constraint":
+      v = op.operands[0]
+      continue
+    src = op.operands[0] if len(op.operands) == 1 else None
+    st = _static(src.type) if src is not None else None
+    rt = _static(v.type)
+    if st is None or rt is None:
+      return v, amap
+    if op.name == "stablehlo.broadcast_in_dim":
+      dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+      amap = [None if st.shape[j] == 1 and rt.shape[d] != 1 else amap[d]
+              for j, d in enumerate(dims)]
+    elif op.name == "stablehlo.reshape":
+      src_nu = [j for j, n in enumerate(st.shape) if n != 1]
+      res_nu = [j for j, n in enumerate(rt.shape) if n != 1]
+      if [st.shape[j] for j in src_nu] != [rt.shape[j] for j in res_nu]:
+        return v, amap
+      new: list[int | None] = [None] * st.rank
+      for j, r in zip(src_nu, res_nu):
+        new[j] = amap[r]
+      amap = new
+    else:
+      return v, amap
+    v = src
+
+
+def _match(operand: ir.Value) -> _Dequant | None:
+  d, constraints = _skip_constraints(operand)
+  dt = _static(d.type)
+  op = _owner(d)
+  if op is None or dt is None or str(dt.element_type) != "f32":
+    return None
+  if irutil.is_hx_composite(op) and irutil.composite_name(op) == "hx.dequantize":
+    spec = schema.lookup("hx.dequantize")
+    version = irutil.attr_or_none(op, "version")
+    if version is None or ir.IntegerAttr(version).value not in spec.versions:
+      return None
+    q, s = op.operands
+    qt, st = irutil.tensor_type(q.type), irutil.tensor_type(s.type)
+    if qt is None or st is None or spec.check_types([qt, st], [irutil.tensor_type(dt)]):
+      return None
+    return _Dequant(q, None, s, list(range(dt.rank - 1)), s, constraints, op)
+  if op.name != "stablehlo.multiply":
+    return None
+  for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
+    q = _trace_convert(a, dt)
+    if q is None:
+      continue
+    t, amap = _trace_scale(b)
+    if _static(t.type) is None or str(ir.RankedTensorType(t.type).element_type) != "f32":
+      continue
+    if all(x is None for x in amap) and t == b:
+      continue  # b is not a broadcast of anything: a product of two dense tensors
+    s = None
+    tt = ir.RankedTensorType(t.type)
+    if amap == list(range(dt.rank - 1)) and list(tt.shape) == list(dt.shape)[:-1]:
+      s = t
+    return _Dequant(q, a, t, amap, s, constraints, op)
+  return None
+
+
+def _per_value(attr: ir.Attribute | None) -> ir.Attribute | None:
+  return None if attr is None else sdy.TensorShardingPerValueAttr.get([attr])
+
+
+def _create(name: str, result: ir.Type, operands, attrs=None, sharding=None) -> ir.Value:
+  attrs = dict(attrs or {})
+  if sharding is not None:
+    attrs["sdy.sharding"] = _per_value(sharding)
+  op = ir.Operation.create(name, results=[result], operands=list(operands), attributes=attrs)
+  return op.result
+
+
+def _broadcast(t: ir.Value, amap: list[int | None], axis_map: dict[int, int],
+               target: ir.RankedTensorType, sharding) -> ir.Value:
+  """``t`` broadcast onto ``target``'s shape: dim ``j`` of ``t`` -> ``axis_map[amap[j]]``."""
+  tt = ir.RankedTensorType(t.type)
+  keep = [j for j, a in enumerate(amap) if a is not None and a in axis_map]
+  if len(keep) != tt.rank:
+    shape = [tt.shape[j] for j in keep]
+    t = _create("stablehlo.reshape", ir.RankedTensorType.get(shape, tt.element_type), [t])
+  dims = [axis_map[amap[j]] for j in keep]
+  order = sorted(range(len(dims)), key=lambda i: dims[i])
+  if order != list(range(len(dims))):
+    cur = ir.RankedTensorType(t.type)
+    shape = [cur.shape[i] for i in order]
+    t = _create("stablehlo.transpose", ir.RankedTensorType.get(shape, cur.element_type), [t],
+                {"permutation": ir.DenseI64ArrayAttr.get(order)})
+    dims = [dims[i] for i in order]
+  return _create("stablehlo.broadcast_in_dim",
+                 ir.RankedTensorType.get(list(target.shape), target.element_type), [t],
+                 {"broadcast_dimensions": ir.DenseI64ArrayAttr.get(dims)}, sharding)
+
+
+def _result_sharding(dot: ir.Operation) -> ir.Attribute | None:
+  got = irutil.result_sharding_attr(dot, 0)
+  if got is not None:
+    return got
+  for use in dot.result.uses:
+    if use.owner.operation.name == "sdy.sharding_constraint":
+      return use.owner.operation.attributes["sharding"]
+  return None
+
+
+def _erase_dead(op: ir.Operation | None) -> None:
+  """Erases ``op`` and, recursively, its operands' definers, while they are unused and pure."""
+  if op is None:
+    return
+  pure = op.name in _ERASABLE or (irutil.is_hx_composite(op) and
+                                  irutil.composite_name(op) == "hx.dequantize")
+  if not pure or any(True for r in op.results for _ in r.uses):
+    return
+  defs = [_owner(v) for v in op.operands]
+  op.erase()
+  for d in defs:
+    _erase_dead(d)
+
+
+@dataclass(frozen=True)
+class FoldScalesPass(HxPass):
+  """Folds dequantization scales out of ``dot_general`` (see the module docstring).
+
+  Options:
+    form_matmul_q (``form-matmul-q``, bool, default true): rewrite matches of
+      ``hx.matmul_q``'s contract into that composite (otherwise only fold).
+  """
+  name: ClassVar[str] = "hx-fold-scales"
+  summary: ClassVar[str] = ("fold dequantize scales out of dot_general into the smaller side; "
+                            "form hx.matmul_q where it fits")
+  form_matmul_q: bool = True
+
+  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+    decomps = {irutil.symbol_ref(op.attributes["decomposition"])
+               for op in irutil.walk(module)
+               if op.name == "stablehlo.composite" and "decomposition" in op.attributes}
+    dots = []
+    for sym, fn in irutil.func_ops(module).items():
+      if sym not in decomps:
+        dots += [op for op in irutil.walk(fn) if op.name == "stablehlo.dot_general"]
+    stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
+    cache: dict = {}  # decomposition functions built, by signature
+    for dot in dots:
+      for side in (1, 0):
+        m = _match(dot.operands[side])
+        if m is None:
+          continue
+        how = self._fold(module, dot, side, m, cache)
+        if how is not None:
+          stats["scales folded"] += 1
+          stats[how] += 1
+          break
+    changed = stats["scales folded"] > 0
+    return PassResult(changed=changed, stats=stats if changed else {})
+
+  def _fold(self, module, dot: ir.Operation, side: int, m: _Dequant, cache: dict
+            ) -> str | None:
+    dd = hlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+    batch = [list(dd.lhs_batching_dimensions), list(dd.rhs_batching_dimensions)]
+    contract = [list(dd.lhs_contracting_dimensions), list(dd.rhs_contracting_dimensions)]
+    other = 1 - side
+    x = dot.operands[other]
+    xt, rt = _static(x.type), _static(dot.result.type)
+    dt = ir.RankedTensorType(dot.operands[side].type)
+    if xt is None or rt is None or xt.element_type != dt.element_type or \
+       str(rt.element_type) != "f32":
+      return None
+    tt = ir.RankedTensorType(m.t.type)
+    scaled = {a for j, a in enumerate(m.amap) if a is not None and tt.shape[j] != 1}
+    free = [a for a in range(dt.rank) if a not in batch[side] and a not in contract[side]]
+    if scaled & set(contract[side]) and scaled & set(free):
+      return None
+    to_x = dict(zip(batch[side], batch[other])) | dict(zip(contract[side], contract[other]))
+    lhs_free = [a for a in range(ir.RankedTensorType(dot.operands[0].type).rank)
+                if a not in batch[0] and a not in contract[0]]
+    offset = len(batch[side]) + (0 if side == 0 else len(lhs_free))
+    to_r = {a: i for i, a in enumerate(batch[side])} | \
+           {a: offset + i for i, a in enumerate(free)}
+    if scaled & set(contract[side]):
+      into = "operand"
+    elif scaled & set(free):
+      into = "result"
+    else:
+      into = "operand" if prod(xt.shape) <= prod(rt.shape) else "result"
+
+    old = dot.operands[side]
+    ip = ir.InsertionPoint(dot)
+    with ip, dot.location:
+      if self.form_matmul_q and into == "operand" and \
+         self._try_matmul_q(module, dot, side, m, dd, cache):
+        _erase_dead(_owner(old))
+        return "matmul_q formed"
+      qf = m.qf
+      if qf is None:
+        qf = _create("stablehlo.convert", dt, [m.q], sharding=irutil.value_sharding_attr(m.q))
+      for c in reversed(m.constraints):
+        qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
+      if into == "operand":
+        sh = irutil.value_sharding_attr(x)
+        b = _broadcast(m.t, m.amap, to_x, xt, sh)
+        dot.operands[other] = _create("stablehlo.multiply", xt, [x, b], sharding=sh)
+        dot.operands[side] = qf
+      else:
+        dot.operands[side] = qf
+    if into == "result":
+      sh = _result_sharding(dot)
+      with ir.InsertionPoint(dot), dot.location:
+        b = _broadcast(m.t, m.amap, to_r, rt, sh)
+      mul_op = ir.Operation.create("stablehlo.multiply", results=[rt],
+                                   operands=[dot.result, b], loc=dot.location,
+                                   attributes={"sdy.sharding": _per_value(sh)} if sh else {})
+      mul_op.move_after(dot)
+      dot.result.replace_all_uses_except(mul_op.result, mul_op)
+    _erase_dead(_owner(old))
+    return f"into {into}"
+
+  def _try_matmul_q(self, module, dot, side, m: _Dequant, dd, cache: dict) -> bool:
+    """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
+    if side != 1 or m.s is None or "algorithm" in dot.attributes:
+      return False
+    if "precision_config" in dot.attributes and any(
+        "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
+      return False
+    x = dot.operands[0]
+    xt = irutil.tensor_type(x.type)
+    qt, st = irutil.tensor_type(m.q.type), irutil.tensor_type(m.s.type)
+    yt = irutil.tensor_type(dot.result.type)
+    if None in (xt, qt, st, yt):
+      return False
+    r = len(xt.shape)
+    nb = r - 2
+    if r < 2 or list(dd.lhs_batching_dimensions) != list(range(nb)) or \
+       list(dd.rhs_batching_dimensions) != list(range(nb)) or \
+       list(dd.lhs_contracting_dimensions) != [r - 1] or \
+       list(dd.rhs_contracting_dimensions) != [r - 2]:
+      return False
+    spec = schema.lookup("hx.matmul_q")
+    if spec.check_types([xt, qt, st], [yt]):
+      return False
+    q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
+    s_sh = None
+    if q_sh is not None:
+      q_dims = irutil.dim_sharding(q_sh, r)
+      if q_dims is None:
+        return False
+      ts = irutil.as_tensor_sharding(q_sh)
+      s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
+    y_sh = _result_sharding(dot)
+    known = [irutil.value_sharding(x), irutil.dim_sharding(q_sh, r),
+             irutil.dim_sharding(s_sh, r - 1)]
+    if spec.check_shardings(known, [irutil.dim_sharding(y_sh, r)]):
+      return False
+    from hxmlir.lowering import composite  # late: only needed when forming composites
+
+    key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type))
+    fn = cache.get(key)
+    if fn is None:
+      fn = composite.build_decomposition(
+          "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type], _matmul_q_body,
+          module=module)
+      cache[key] = fn
+    (y,) = composite.emit_composite(
+        "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
+        operand_shardings=[None, q_sh, s_sh],
+        result_shardings=[y_sh] if y_sh is not None else None)
+    dot.result.replace_all_uses_with(y)
+    dot.erase()
+    return True
+
+
+def _matmul_q_body(args):
+  """``hx.matmul_q``'s reference semantics (lowering/reference.py) in StableHLO."""
+  x, q, s = args
+  xt = ir.RankedTensorType(x.type)
+  qt = ir.RankedTensorType(q.type)
+  nb = xt.rank - 2
+  sb = _create("stablehlo.broadcast_in_dim", xt, [s],
+               {"broadcast_dimensions": ir.DenseI64ArrayAttr.get([*range(nb), nb + 1])})
+  xs = _create("stablehlo.multiply", xt, [x, sb])
+  qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), xt.element_type), [q])
+  dims = hlo.DotDimensionNumbers.get(
+      lhs_batching_dimensions=list(range(nb)), rhs_batching_dimensions=list(range(nb)),
+      lhs_contracting_dimensions=[nb + 1], rhs_contracting_dimensions=[nb])
+  out = ir.RankedTensorType.get([*xt.shape[:-1], qt.shape[-1]], xt.element_type)
+  return [_create("stablehlo.dot_general", out, [xs, qf], {"dot_dimension_numbers": dims})]

@@ -1,0 +1,413 @@
+// RUN: hxmlir-opt %s -p hx-verify --split-input-file --verify-diagnostics | filecheck %s
+// hx-verify checks every hx.* composite against lowering/schema.py. Valid IR passes
+// through unchanged (CHECK lines); each invalid case carries the expected diagnostics. Cases the StableHLO verifier already rejects at parse time (an
+// unknown decomposition, a signature mismatch) are annotated with its message.
+
+// CHECK-LABEL: func.func @dequantize_ok
+// CHECK: stablehlo.composite "hx.dequantize" %arg0, %arg1 {decomposition = @deq, version = 1 : i32}
+func.func @dequantize_ok(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.convert %q : (tensor<4x8xi8>) -> tensor<4x8xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<4x8xf32>
+  return %2 : tensor<4x8xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @quantize_ok
+// CHECK: stablehlo.composite "hx.quantize" %arg0 {composite_attributes = {qmax = 127 : i64}
+func.func @quantize_ok(%x: tensor<2x3x8xf32>) -> (tensor<2x3x8xi8>, tensor<2x3xf32>) {
+  %0:2 = stablehlo.composite "hx.quantize" %x {composite_attributes = {qmax = 127 : i64}, decomposition = @quant, version = 1 : i32} : (tensor<2x3x8xf32>) -> (tensor<2x3x8xi8>, tensor<2x3xf32>)
+  return %0#0, %0#1 : tensor<2x3x8xi8>, tensor<2x3xf32>
+}
+func.func private @quant(%x: tensor<2x3x8xf32>) -> (tensor<2x3x8xi8>, tensor<2x3xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<2x3x8xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<2x3xf32>
+  return %0, %1 : tensor<2x3x8xi8>, tensor<2x3xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @matmul_q_batched_ok
+// CHECK: stablehlo.composite "hx.matmul_q"
+func.func @matmul_q_batched_ok(%x: tensor<3x2x6xf32>, %q: tensor<3x6x5xi8>, %s: tensor<3x6xf32>) -> tensor<3x2x5xf32> {
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<3x2x6xf32>, tensor<3x6x5xi8>, tensor<3x6xf32>) -> tensor<3x2x5xf32>
+  return %0 : tensor<3x2x5xf32>
+}
+func.func private @mm(%x: tensor<3x2x6xf32>, %q: tensor<3x6x5xi8>, %s: tensor<3x6xf32>) -> tensor<3x2x5xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<3x2x5xf32>
+  return %0 : tensor<3x2x5xf32>
+}
+
+// -----
+
+// CHECK-LABEL: func.func @outer_and_matmul_r1_ok
+// CHECK: stablehlo.composite "hx.outer"
+// CHECK: stablehlo.composite "hx.matmul_r1"
+func.func @outer_and_matmul_r1_ok(%x: tensor<2x4xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  %0:2 = stablehlo.composite "hx.outer" %c, %r {decomposition = @outer, version = 1 : i32} : (tensor<4xf32>, tensor<5xf32>) -> (tensor<4xf32>, tensor<5xf32>)
+  %1 = stablehlo.composite "hx.matmul_r1" %x, %0#0, %0#1 {decomposition = @mr1, version = 1 : i32} : (tensor<2x4xf32>, tensor<4xf32>, tensor<5xf32>) -> tensor<2x5xf32>
+  return %1 : tensor<2x5xf32>
+}
+func.func private @outer(%c: tensor<4xf32>, %r: tensor<5xf32>) -> (tensor<4xf32>, tensor<5xf32>) {
+  return %c, %r : tensor<4xf32>, tensor<5xf32>
+}
+func.func private @mr1(%x: tensor<2x4xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
+
+// -----
+
+// Composites outside the hx namespace are not ours: never checked.
+// CHECK-LABEL: func.func @foreign_composite_ignored
+// CHECK: stablehlo.composite "my.op"
+func.func @foreign_composite_ignored(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.composite "my.op" %x {decomposition = @id, version = 9 : i32} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func private @id(%x: tensor<4xf32>) -> tensor<4xf32> {
+  return %x : tensor<4xf32>
+}
+
+// -----
+
+// A sharded matmul_q as the lowering emits it: constraints before the composite,
+// sdy.sharding on it; rows like x, columns like the weight, contraction unsharded.
+// CHECK-LABEL: func.func @matmul_q_sharded_ok
+// CHECK: stablehlo.composite "hx.matmul_q" {{.*}}sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>]>
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_q_sharded_ok(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %xc = sdy.sharding_constraint %x <@mesh, [{"i"}, {}]> : tensor<4x6xf32>
+  %qc = sdy.sharding_constraint %q <@mesh, [{}, {}]> : tensor<6x8xi8>
+  %sc = sdy.sharding_constraint %s <@mesh, [{}]> : tensor<6xf32>
+  %0 = stablehlo.composite "hx.matmul_q" %xc, %qc, %sc {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// An open dimension ({?}) is not fixed: such shardings are not checked.
+// CHECK-LABEL: func.func @open_sharding_unchecked
+sdy.mesh @mesh = <["i"=2]>
+func.func @open_sharding_unchecked(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %qc = sdy.sharding_constraint %q <@mesh, [{"i"}, {?}]> : tensor<4x8xi8>
+  %0 = stablehlo.composite "hx.dequantize" %qc, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @unknown_name(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{'hx.frobnicate' is not a known hx composite; known: hx.dequantize, hx.matmul_q, hx.matmul_r1, hx.outer, hx.quantize}}
+  %0 = stablehlo.composite "hx.frobnicate" %x {decomposition = @id, version = 1 : i32} : (tensor<4xf32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+func.func private @id(%x: tensor<4xf32>) -> tensor<4xf32> {
+  return %x : tensor<4xf32>
+}
+
+// -----
+
+func.func @unknown_version(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' version 7 is not accepted; this code accepts 1}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 7 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// No version attribute means version 0, which no hx op has.
+func.func @missing_version(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @below {{'hx.dequantize' version 0 is not accepted}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @quantize_missing_qmax(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  // expected-error @+1 {{'hx.quantize' composite_attributes must have keys ['qmax'], got []}}
+  %0:2 = stablehlo.composite "hx.quantize" %x {decomposition = @quant, version = 1 : i32} : (tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>)
+  return %0#0, %0#1 : tensor<4x8xi8>, tensor<4xf32>
+}
+func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<4x8xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<4xf32>
+  return %0, %1 : tensor<4x8xi8>, tensor<4xf32>
+}
+
+// -----
+
+func.func @quantize_qmax_wrong_type(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  // expected-error @+1 {{'hx.quantize' attribute 'qmax' must be an i64 integer attribute, got 1.270000e+02 : f32}}
+  %0:2 = stablehlo.composite "hx.quantize" %x {composite_attributes = {qmax = 127.0 : f32}, decomposition = @quant, version = 1 : i32} : (tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>)
+  return %0#0, %0#1 : tensor<4x8xi8>, tensor<4xf32>
+}
+func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<4x8xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<4xf32>
+  return %0, %1 : tensor<4x8xi8>, tensor<4xf32>
+}
+
+// -----
+
+func.func @dequantize_extra_attribute(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' composite_attributes must have keys [], got ['axis']}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {composite_attributes = {axis = 1 : i64}, decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @scale_shape(%q: tensor<4x8xi8>, %s: tensor<8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' operand: scale shape must be the value shape without its last axis: values i8[4,8], scale f32[8]}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<8xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @scale_dtype(%q: tensor<4x8xi8>, %s: tensor<4xf16>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' operand: scale must be f32, got f16[4]}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf16>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf16>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @values_dtype(%q: tensor<4x8xi32>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' operand: quantized values must be i8[..., n], got i32[4,8]}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi32>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi32>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @matmul_q_contraction_mismatch(%x: tensor<2x5xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<2x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' operand shapes do not match f32[*b, m, k] x i8[*b, k, n]: f32[2,5], i8[6,8], f32[6]}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<2x5xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+func.func private @mm(%x: tensor<2x5xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<2x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+func.func @matmul_q_result_shape(%x: tensor<2x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<8x2xf32> {
+  // expected-error @+1 {{'hx.matmul_q' result must be f32[2,8], got f32[8,2]}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<2x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<8x2xf32>
+  return %0 : tensor<8x2xf32>
+}
+func.func private @mm(%x: tensor<2x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<8x2xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<8x2xf32>
+  return %0 : tensor<8x2xf32>
+}
+
+// -----
+
+func.func @operand_count(%q: tensor<4x8xi8>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' (i8[*l, n], f32[*l]) -> f32[*l, n] takes 2 operand(s) and 1 result(s), got 1 and 1}}
+  %0 = stablehlo.composite "hx.dequantize" %q {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @dynamic_shape(%q: tensor<?x8xi8>, %s: tensor<?xf32>) -> tensor<?x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' needs statically shaped ranked tensors: operand #0 has type tensor<?x8xi8>; operand #1 has type tensor<?xf32>; result #0 has type tensor<?x8xf32>}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<?x8xi8>, tensor<?xf32>) -> tensor<?x8xf32>
+  return %0 : tensor<?x8xf32>
+}
+func.func private @deq(%q: tensor<?x8xi8>, %s: tensor<?xf32>) -> tensor<?x8xf32> {
+  %0 = stablehlo.convert %q : (tensor<?x8xi8>) -> tensor<?x8xf32>
+  return %0 : tensor<?x8xf32>
+}
+
+// -----
+
+// The StableHLO verifier itself rejects a decomposition whose signature differs.
+func.func @signature_mismatch(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{operand at index 1 has type 'tensor<4xf32>', but decomposition has type 'tensor<4xf16>'}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf16>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @missing_decomposition(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'nope' does not reference a valid function}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @nope, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @public_decomposition(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' decomposition @deq must be private}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// A decomposition must be plain StableHLO, also in the functions it calls.
+func.func @decomposition_not_plain(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' decomposition @deq is not plain StableHLO: it contains 'chlo.erf'}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.convert %q : (tensor<4x8xi8>) -> tensor<4x8xf32>
+  %1 = func.call @helper(%0) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}
+func.func private @helper(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %0 = chlo.erf %x : tensor<4x8xf32> -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Scale sharding must be the values' sharding without the last axis.
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @scale_sharding(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %qc = sdy.sharding_constraint %q <@mesh, [{"i"}, {}]> : tensor<4x8xi8>
+  %sc = sdy.sharding_constraint %s <@mesh, [{"j"}]> : tensor<4xf32>
+  // expected-error @+1 {{'hx.dequantize' operand: scale sharding [{"j"}] must be the values' sharding [{"i"}, {}] without its last axis}}
+  %0 = stablehlo.composite "hx.dequantize" %qc, %sc {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// Shardings of block arguments are read from the function's sdy.sharding argument
+// attributes. The quantized (last) axis may be sharded (weights shard by columns).
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @block_argument_shardings(%q: tensor<4x8xi8> {sdy.sharding = #sdy.sharding<@mesh, [{"i"}, {"j"}]>}, %s: tensor<4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>}) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.dequantize' operand: scale sharding [{}] must be the values' sharding [{"i"}, {"j"}] without its last axis}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_q_contraction_sharded(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %xc = sdy.sharding_constraint %x <@mesh, [{}, {"i"}]> : tensor<4x6xf32>
+  // expected-error @+1 {{'hx.matmul_q' contraction axes must be unsharded, got x [{}, {"i"}] and weight <unknown>}}
+  %0 = stablehlo.composite "hx.matmul_q" %xc, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_q_result_rows(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %xc = sdy.sharding_constraint %x <@mesh, [{"i"}, {}]> : tensor<4x6xf32>
+  // expected-error @+1 {{'hx.matmul_q' result rows must be sharded like x's rows: result [{"j"}, {}], x [{"i"}, {}]}}
+  %0 = stablehlo.composite "hx.matmul_q" %xc, %q, %s {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"j"}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @result_sharding_count(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  // The sdy verifier rejects a wrong count at parse time.
+  // expected-error @+2 {{'stablehlo.composite' op result shardings don't match number of values: 1 shardings vs 2 values}}
+  // expected-note @+1 {{see current operation}}
+  %0:2 = stablehlo.composite "hx.quantize" %x {composite_attributes = {qmax = 127 : i64}, decomposition = @quant, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>]>, version = 1 : i32} : (tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>)
+  return %0#0, %0#1 : tensor<4x8xi8>, tensor<4xf32>
+}
+func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<4x8xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<4xf32>
+  return %0, %1 : tensor<4x8xi8>, tensor<4xf32>
+}
+
+// -----
+
+// Every problem is reported, each at its op; the pass fails once at the end.
+func.func @all_problems_reported(%q: tensor<4x8xi8>, %s: tensor<8xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  // expected-error @+2 {{'hx.dequantize' version 2 is not accepted}}
+  // expected-error @+1 {{'hx.dequantize' operand: scale shape must be the value shape without its last axis}}
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 2 : i32} : (tensor<4x8xi8>, tensor<8xf32>) -> tensor<4x8xf32>
+  // expected-error @+1 {{'hx.nothing' is not a known hx composite}}
+  %1 = stablehlo.composite "hx.nothing" %x {decomposition = @id, version = 1 : i32} : (tensor<4x8xf32>) -> tensor<4x8xf32>
+  %2 = stablehlo.add %0, %1 : tensor<4x8xf32>
+  return %2 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<8xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @id(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  return %x : tensor<4x8xf32>
+}
