@@ -609,10 +609,13 @@ class ProgressLine:
 
 
 def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
-              platforms: Sequence[str], pipeline: str | None = None, stdout: TextIO = sys.stdout,
-              stderr: TextIO = sys.stderr) -> int:
+              platforms: Sequence[str], pipeline: str | None = None, stdout: TextIO | None = None,
+              stderr: TextIO | None = None) -> int:
   """The ``hxmlir demo`` command: prints each step's line (or, with ``as_json``, the
-  report as JSON) and returns the exit status, 0 only when every check passed."""
+  report as JSON) and returns the exit status, 0 only when every check passed.
+  ``stdout``/``stderr`` default to ``sys.stdout``/``sys.stderr`` at call time."""
+  stdout = stdout if stdout is not None else sys.stdout
+  stderr = stderr if stderr is not None else sys.stderr
   prog = ProgressLine(stderr)
 
   def emit(step: Step) -> None:

