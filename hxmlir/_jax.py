@@ -33,6 +33,14 @@ jax_mlir = _mlir
 (by attribute) for ``jit``, ``.lower()`` and ``jax.export``; install wraps it."""
 ConfigState = _config.State
 """JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""
+from jax._src import source_info_util as _source_info_util  # noqa: E402
+from jax._src import traceback_util as _traceback_util  # noqa: E402
+
+
+def exclude_from_tracebacks(path: str) -> None:
+  """Keeps frames of file ``path`` out of IR locations and of filtered tracebacks (as JAX's own)."""
+  _source_info_util.register_exclusion(path)
+  _traceback_util.register_exclusion(path)
 
 
 # --- lowering: hx composites (lowering/composite.py) --------------------------

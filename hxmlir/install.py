@@ -92,6 +92,11 @@ _state = _jax.ConfigState(
     "The hxmlir pass pipeline run on every lowered module (set by hxmlir.install).",
     include_in_jit_key=True, include_in_trace_context=True)
 
+# The wrapper's frame sits between the user's code and JAX's lowering; like JAX's
+# own frames it must not show in op locations (plain modules stay byte-identical)
+# or in tracebacks.
+_jax.exclude_from_tracebacks(__file__)
+
 _lock = threading.RLock()  # guards the hook, the counters below and _pipelines
 _ORIGINAL = _jax.jax_mlir.lower_jaxpr_to_module  # JAX's, as imported
 _inner: Callable | None = None  # what our wrapper calls; None while not wrapped

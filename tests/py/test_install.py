@@ -1,0 +1,379 @@
+"""hx.install(): the pass pipeline inside jax.jit, .lower(), .compile() and jax.export.
+
+A test-only pass, ``test-negate-results`` (registered for these tests in
+``PASS_REGISTRY``), negates every result of ``main``: its effect is visible
+both in the IR and in the numbers, so each test can tell exactly which
+lowerings went through the pipeline.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import plain_corpus
+import pytest
+from hxmlir.passes import PASS_REGISTRY, PipelineError
+from hxmlir.passes.base import HxPass, PassResult
+from jax import lax
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func as func_dialect
+from jaxlib.mlir.dialects import stablehlo
+
+import hxmlir as hx
+from hxmlir import _jax
+
+inst = sys.modules["hxmlir.install"]  # the module; ``hx.install`` is the function
+
+
+@dataclass(frozen=True)
+class NegateResults(HxPass):
+  """Test pass: negates each floating-point result of ``main``."""
+  name: ClassVar[str] = "test-negate-results"
+
+  def apply(self, module, diags):
+    n = 0
+    for op in module.regions[0].blocks[0].operations:
+      if isinstance(op, func_dialect.FuncOp) and op.sym_name.value == "main":
+        ret = op.regions[0].blocks[0].operations[-1]
+        with ir.InsertionPoint(ret), ret.location:
+          for i, v in enumerate(ret.operands):
+            if isinstance(ir.RankedTensorType(v.type).element_type, ir.FloatType):
+              ret.operands[i] = stablehlo.negate(v)
+              n += 1
+    return PassResult(changed=n > 0, stats={"results negated": n})
+
+
+NEGATE = NegateResults.name
+
+
+@pytest.fixture(autouse=True)
+def clean():
+  """Each test starts and ends uninstalled, with the test pass registered and fresh stats."""
+  PASS_REGISTRY[NEGATE] = lambda: NegateResults
+  hx.uninstall()
+  hx.stats(reset=True)
+  yield
+  hx.uninstall()
+  PASS_REGISTRY.pop(NEGATE, None)
+  inst._pipelines.clear()
+
+
+def _x():
+  return jnp.asarray(np.random.default_rng(0).standard_normal((4, 8)), jnp.float32)
+
+
+def _w():
+  return jnp.asarray(np.random.default_rng(1).standard_normal((8, 3)), jnp.float32)
+
+
+def qmlp(x, w):
+  """Plain-array signature, hx ops inside: f32[4,8], f32[8,3] -> f32[4,3]."""
+  return jnp.tanh(hx.matmul_q(x, hx.quantize(w)))
+
+
+def _ref(x, w):
+  return np.asarray(qmlp(x, w))  # eager: no lowering through jit's module path
+
+
+# --- the hook sees every path -------------------------------------------------
+
+def test_jit_lower_compile_and_export_see_the_processed_module():
+  x, w = _x(), _w()
+  ref = _ref(x, w)
+  f = jax.jit(qmlp)
+  np.testing.assert_array_equal(f(x, w), ref)
+  hx.install(NEGATE)
+  np.testing.assert_array_equal(f(x, w), -ref)  # the same jit object: no stale executable
+  lowered = f.lower(x, w)
+  assert "stablehlo.negate" in lowered.as_text()
+  np.testing.assert_array_equal(lowered.compile()(x, w), -ref)
+  exp = jax.export.export(f)(x, w)
+  assert "stablehlo.negate" in exp.mlir_module()
+  hx.uninstall()
+  np.testing.assert_array_equal(f(x, w), ref)
+  assert "stablehlo.negate" not in f.lower(x, w).as_text()
+  # The artifact keeps the processed module. (Called while installed, the module
+  # that embeds it would go through the pipeline again, like any other.)
+  np.testing.assert_array_equal(exp.call(x, w), -ref)
+
+
+def test_stats_count_modules_rewrites_and_time():
+  x, w = _x(), _w()
+  hx.install(NEGATE)
+  jax.jit(lambda x, w: qmlp(x, w)).lower(x, w)  # new functions: JAX's caches miss
+  jax.jit(lambda x: x + 1.0).lower(x)  # plain: skipped
+  s = hx.stats()
+  assert s[NEGATE]["modules"] == 1 and s[NEGATE]["rewrites"] == 1
+  assert s[NEGATE]["results negated"] == 1 and s[NEGATE]["seconds"] > 0
+  assert s["hx-verify"]["modules"] == 1 and s["hx-verify"]["rewrites"] == 0
+  assert s["total"]["modules"] == 2 and s["total"]["skipped"] == 1
+  assert hx.stats(reset=True) == s and hx.stats() == {}
+
+
+def test_export_lowering_runs_the_export_pipeline(monkeypatch):
+  """Lowering for jax.export is told apart: its pipeline gets hx-check-export (here a stand-in)."""
+  monkeypatch.setattr(inst, "CHECK_EXPORT_PASS", NEGATE)
+  x, w = _x(), _w()
+  ref = _ref(x, w)
+  hx.install("hx-verify")
+  assert inst.current_pipeline() == "hx-verify"
+  assert inst.current_pipeline(for_export=True) == f"hx-verify,{NEGATE}"
+  np.testing.assert_array_equal(jax.jit(qmlp)(x, w), ref)
+  assert "stablehlo.negate" not in jax.jit(qmlp).lower(x, w).as_text()
+  exp = jax.export.export(jax.jit(qmlp))(x, w)
+  np.testing.assert_array_equal(exp.call(x, w), -ref)
+
+
+def test_export_pipeline_ends_with_check_export_when_registered():
+  hx.install()
+  pipe = inst.current_pipeline(for_export=True)
+  if "hx-check-export" in PASS_REGISTRY:
+    assert pipe == "hx-verify,hx-fold-scales,hx-check-export"
+  else:
+    assert pipe == "hx-verify,hx-fold-scales"
+  assert inst.current_pipeline() == "hx-verify,hx-fold-scales"
+
+
+# --- install / uninstall semantics ----------------------------------------------
+
+def test_install_is_idempotent_and_uninstall_restores_jax():
+  original = _jax.jax_mlir.lower_jaxpr_to_module
+  hx.uninstall()  # without install: no-op
+  assert not hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is original
+  hx.install(NEGATE)
+  hx.install(NEGATE)
+  assert hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is not original
+  x, w = _x(), _w()
+  np.testing.assert_array_equal(jax.jit(qmlp)(x, w), -_ref(x, w))  # negated once, not twice
+  hx.uninstall()
+  assert not hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is original
+  hx.uninstall()
+  assert _jax.jax_mlir.lower_jaxpr_to_module is original
+
+
+def test_reinstall_replaces_the_pipeline():
+  x, w = _x(), _w()
+  hx.install(NEGATE)
+  hx.install("hx-verify")
+  np.testing.assert_array_equal(jax.jit(qmlp)(x, w), _ref(x, w))
+  assert inst.current_pipeline() == "hx-verify"
+
+
+def test_verify_flag():
+  hx.install(NEGATE)
+  assert inst.current_pipeline() == f"hx-verify,{NEGATE}"
+  hx.install(NEGATE, verify=False)
+  assert inst.current_pipeline() == NEGATE
+  hx.install(verify=False)
+  assert inst.current_pipeline() == "hx-fold-scales"
+  hx.install(f"{NEGATE},hx-verify")  # already there: kept where the user put it
+  assert inst.current_pipeline() == f"{NEGATE},hx-verify"
+
+
+def test_bad_pipeline_raises_and_changes_nothing():
+  hx.install("hx-verify")
+  with pytest.raises(PipelineError, match="hx-fold-scales"):  # the message lists valid passes
+    hx.install("hx-verify,hx-fold-scalez")
+  assert inst.current_pipeline() == "hx-verify"
+  with pytest.raises(TypeError, match="pipeline must be a string"):
+    hx.install(["hx-verify"])
+
+
+def test_installed_context_manager_nests_and_restores():
+  x, w = _x(), _w()
+  ref = _ref(x, w)
+  f = jax.jit(qmlp)
+  with hx.installed(NEGATE):
+    assert hx.is_installed()
+    np.testing.assert_array_equal(f(x, w), -ref)
+    with hx.installed("hx-verify"):
+      np.testing.assert_array_equal(f(x, w), ref)
+    np.testing.assert_array_equal(f(x, w), -ref)
+  assert not hx.is_installed()
+  np.testing.assert_array_equal(f(x, w), ref)
+  hx.install("hx-verify")
+  with hx.installed(NEGATE):  # a block overrides the process-wide setting
+    np.testing.assert_array_equal(f(x, w), -ref)
+  assert inst.current_pipeline() == "hx-verify"
+
+  @hx.installed(NEGATE)
+  def run():
+    return f(x, w)
+
+  np.testing.assert_array_equal(run(), -ref)
+
+
+def test_bad_pipeline_in_context_manager_raises_before_the_block():
+  with pytest.raises(PipelineError):
+    with hx.installed("nonsense-pass"):
+      raise AssertionError("block must not run")
+  assert not hx.is_installed()
+
+
+def test_wrapper_added_after_ours_survives_uninstall():
+  seen = []
+  hx.install(NEGATE)
+  ours = _jax.jax_mlir.lower_jaxpr_to_module
+
+  def theirs(*args, **kwargs):
+    seen.append(args[0])
+    return ours(*args, **kwargs)
+
+  _jax.jax_mlir.lower_jaxpr_to_module = theirs
+  try:
+    hx.uninstall()
+    assert _jax.jax_mlir.lower_jaxpr_to_module is theirs
+    x, w = _x(), _w()
+    np.testing.assert_array_equal(jax.jit(lambda x, w: qmlp(x, w))(x, w), _ref(x, w))
+    assert seen  # lowered through their wrapper and ours, which passed it through
+    hx.install(NEGATE)  # back in the chain once, not twice
+    np.testing.assert_array_equal(jax.jit(qmlp)(x, w), -_ref(x, w))
+    hx.uninstall()
+  finally:
+    _jax.jax_mlir.lower_jaxpr_to_module = inst._inner or inst._ORIGINAL
+    inst._inner = None
+
+
+# --- threads ---------------------------------------------------------------------
+
+def test_two_threads_jit_at_once_each_with_its_own_setting():
+  x, w = _x(), _w()
+  ref = _ref(x, w)
+  f = jax.jit(qmlp)
+  start = threading.Barrier(2)
+  out: dict[str, list] = {"on": [], "off": []}
+  errors = []
+
+  def worker(key):
+    try:
+      start.wait()
+      for i in range(6):
+        g = jax.jit(lambda x, w, i=i: qmlp(x, w) + 0.0 * i)  # fresh lowerings
+        if key == "on":
+          with hx.installed(NEGATE):
+            out[key] += [np.asarray(f(x, w)), np.asarray(g(x, w))]
+        else:
+          out[key] += [np.asarray(f(x, w)), np.asarray(g(x, w))]
+    except Exception as e:  # noqa: BLE001  (reported below)
+      errors.append(e)
+
+  threads = [threading.Thread(target=worker, args=(k,)) for k in out]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors
+  assert len(out["on"]) == len(out["off"]) == 12
+  for a in out["on"]:
+    np.testing.assert_array_equal(a, -ref)
+  for a in out["off"]:
+    np.testing.assert_array_equal(a, ref)
+  assert not hx.is_installed()
+
+
+def test_process_wide_install_reaches_other_threads():
+  x, w = _x(), _w()
+  hx.install(NEGATE)
+  got = []
+  t = threading.Thread(target=lambda: got.append(np.asarray(jax.jit(qmlp)(x, w))))
+  t.start()
+  t.join()
+  np.testing.assert_array_equal(got[0], -_ref(x, w))
+
+
+# --- verification failures ------------------------------------------------------------
+
+def _bad(x):
+  a = lax.composite(lambda x: x * 2.0, name="hx.bogus", version=1)(x)
+  b = lax.composite(lambda x: x * 3.0, name="hx.dequantize", version=9)(x)
+  return a + b
+
+
+def test_verification_error_lists_every_problem_with_its_source_line():
+  src, first = inspect.getsourcelines(_bad)
+  line_a = first + next(i for i, s in enumerate(src) if "hx.bogus" in s)
+  line_b = first + next(i for i, s in enumerate(src) if "version=9" in s)
+  x = _x()
+  hx.install()
+  with pytest.raises(hx.VerificationError) as info:
+    jax.jit(_bad)(x)
+  e = info.value
+  msg = str(e)
+  assert e.pass_name == "hx-verify" and e.module_name == "jit(_bad)"
+  assert len(e.diagnostics) >= 2
+  assert f"test_install.py:{line_a}:" in msg and "'hx.bogus' is not a known hx composite" in msg
+  assert f"test_install.py:{line_b}:" in msg and "version 9 is not accepted" in msg
+  assert all(line.startswith("  ") for line in msg.splitlines()[1:])
+  # still installed and usable
+  assert hx.is_installed()
+  w = _w()
+  np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
+  with pytest.raises(hx.VerificationError):  # and it keeps checking
+    jax.jit(_bad).lower(x)
+
+
+def test_verify_false_lets_the_bad_module_through():
+  hx.install(verify=False)
+  assert "hx.bogus" in jax.jit(_bad).lower(_x()).as_text()
+
+
+# --- what the default pipeline does to hand-written dequantize-then-dot ------------
+
+def dequant_dot(x, qw):
+  return x @ hx.dequantize(qw)
+
+
+def test_hand_written_dequantize_dot_is_folded_with_equal_results():
+  x, w = _x(), _w()
+  qw = hx.quantize(w)
+  plain_text = jax.jit(dequant_dot).lower(x, qw).as_text()
+  plain = np.asarray(jax.jit(dequant_dot)(x, qw))
+  with hx.installed():
+    text = jax.jit(dequant_dot).lower(x, qw).as_text()
+    folded = np.asarray(jax.jit(dequant_dot)(x, qw))
+  assert '"hx.dequantize"' in plain_text and "hx.matmul_q" not in plain_text
+  assert text != plain_text
+  main = text.split("func.func private")[0]
+  assert '"hx.dequantize"' not in main  # the full dequantized weight is gone from main
+  # f32 sums in a different order: |error| <= k * eps * sum|x * s * q| (k = 8 here)
+  bound = 8 * np.finfo(np.float32).eps * (np.abs(np.asarray(x)) @ np.abs(np.asarray(w)))
+  assert np.all(np.abs(folded - plain) <= bound + 1e-7)
+  s = hx.stats()
+  assert s["hx-fold-scales"]["rewrites"] >= 1
+
+
+# --- plain JAX: byte-identical ----------------------------------------------------------
+
+CASES = plain_corpus.cases()
+
+
+def test_corpus_is_large_and_varied():
+  names = {c.name for c in CASES}
+  assert len(CASES) >= 30
+  assert {"cond", "scan_rnn", "custom_vjp_grad", "pallas_interpret_add",
+          "pure_callback", "shard_map_psum", "sharded_matmul"} <= names
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plain_function_lowers_byte_identically(case):
+  """Lowered text (with debug locations) and exported module: before, installed, after."""
+  f = jax.jit(case.fn)
+  texts, seen = [], None
+  for on in (False, True, False):  # one call site: the locations' tracebacks agree
+    if on:
+      hx.install()
+    texts.append((f.lower(*case.args).as_text(debug_info=True),
+                  jax.export.export(f)(*case.args).mlir_module() if case.exportable else None))
+    if on:
+      seen = hx.stats()["total"]
+      hx.uninstall()
+  assert seen["modules"] >= 1 and seen["skipped"] == seen["modules"]  # seen, left alone
+  assert texts[1] == texts[0]
+  assert texts[2] == texts[0]
