@@ -116,13 +116,13 @@ def _cmd_lower(args) -> int:
 
   import jax
 
-  import hxmlir.install as hxi
+  from hxmlir.install import installed
   m = _quantized_model(args.model)
   fn = jax.jit(partial(m.apply, naive=args.naive))
   if args.no_passes:
     text = fn.lower(m.qparams, *m.inputs).as_text()
   else:
-    with hxi.installed(args.pipeline):
+    with installed(args.pipeline):
       text = fn.lower(m.qparams, *m.inputs).as_text()
   _write_text(args.output, text)
   return 0
@@ -141,8 +141,8 @@ def _cmd_export(args) -> int:
     qparams, inputs = jax.tree.unflatten(treedef, a)
     return m.apply(qparams, *inputs)
 
-  import hxmlir.install as hxi
-  with hxi.installed():
+  from hxmlir.install import installed
+  with installed():
     blob = export(jax.jit(flat), platforms=args.platforms)(*leaves).serialize()
   with open(args.output, "wb") as f:
     f.write(blob)

@@ -191,3 +191,31 @@ def test_count_composites_reads_names_from_text():
           '%2 = stablehlo.composite "hx.matmul_q" %c\n'
           '%3 = stablehlo.composite "other.op" %d\n')
   assert demo.count_composites(text) == {"hx.matmul_q": 2, "hx.quantize": 1}
+
+
+# --- the other subcommands -------------------------------------------------------------
+
+def test_lower_prints_ir_before_and_after_the_passes(tmp_path):
+  before, after = tmp_path / "before.mlir", tmp_path / "after.mlir"
+  assert cli.main(["lower", "--naive", "--no-passes", "-o", str(before)]) == 0
+  assert cli.main(["lower", "--naive", "-o", str(after)]) == 0
+  assert demo.count_composites(before.read_text()) == {"hx.dequantize": 24}
+  assert demo.count_composites(after.read_text()) == {"hx.matmul_q": 24}
+
+
+def test_lower_with_unknown_pass_is_one_line_error(capsys):
+  assert cli.main(["lower", "--pipeline", "hx-nope"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "PipelineError: unknown pass 'hx-nope'" in err[0]
+
+
+def test_export_then_run_reproduces_the_model(tmp_path, capsys):
+  art, inp, outp = tmp_path / "m.hxa", tmp_path / "in.npz", tmp_path / "out.npz"
+  assert cli.main(["export", "--platforms", "cpu", "-o", str(art), "--inputs-out", str(inp)]) == 0
+  assert cli.main(["run", str(art), "--inputs", str(inp), "--output", str(outp)]) == 0
+  assert "float32[2,64,256]" in capsys.readouterr().out
+  cfg = builtin.Config()
+  params = builtin.quantize_params(builtin.as_jax(builtin.init_params(cfg)))
+  want = np.asarray(builtin.forward(params, jnp.asarray(builtin.example_input(cfg))))
+  with np.load(outp) as z:
+    np.testing.assert_allclose(z["a0"], want, rtol=1e-5, atol=1e-5)
