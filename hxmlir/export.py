@@ -32,7 +32,7 @@ additions ride in two standard places that JAX carries through untouched:
   (the serialized VJP artifact, base64);
 - one entry of the artifact's ``disabled_safety_checks`` list,
   ``DisabledSafetyCheck.custom_call("hxmlir.digest.sha256:<hex>")``: a SHA-256
-  over the module bytes and every other ``Exported`` field. It names a
+  over the artifact's size, the module bytes and every other ``Exported`` field. It names a
   custom-call target that never exists, so it disables nothing; it must live
   outside the module because it is checked *before* the module bytes reach
   MLIR's bytecode reader, which can crash on corrupted input.
@@ -104,7 +104,7 @@ def _flatten(tree, what: str) -> tuple[list, Any]:
       if not all(isinstance(k, str) for k in t):
         raise TypeError(f"hxmlir.export: {what} dicts must have string keys, got {list(t)}")
       return {"dict": [[k, enc(t[k])] for k in sorted(t)]}
-    if isinstance(t, (tuple, list, dict)):
+    if isinstance(t, (tuple, list, dict)) or jax.tree.structure(t).num_nodes > 1:
       raise TypeError(f"hxmlir.export: {what} may hold tuples, lists, dicts and None "
                       f"around JAX values, not {type(t).__name__}")
     leaves.append(t)
@@ -350,9 +350,11 @@ class Exported:
     return _seal(self.lo, attrs)
 
 
-def _digest(lo: jax_export.Exported) -> str:
-  """SHA-256 over the module bytes and every ``Exported`` field (hxmlir's digest entry aside)."""
+def _digest(lo: jax_export.Exported, size: int) -> str:
+  """SHA-256 over the artifact's ``size``, the module bytes and every ``Exported`` field
+  (hxmlir's digest entry aside)."""
   fields = json.dumps([
+      size,
       lo.fun_name, [str(a) for a in lo.in_avals], [str(a) for a in lo.out_avals],
       str(lo.in_tree), str(lo.out_tree), list(lo.platforms), lo.nr_devices,
       lo.calling_convention_version, list(lo.module_kept_var_idx),
@@ -386,11 +388,16 @@ def _seal(lo: jax_export.Exported, attrs: dict[str, str]) -> bytearray:
       module.operation.attributes[k] = ir.StringAttr.get(v)
     lo = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module),
                              disabled_safety_checks=tuple(_plain_checks(lo)))
-  # digest the fields as readers will see them: after one serialization round trip
-  digest = _digest(jax_export.deserialize(lo.serialize()))
-  seal = jax_export.DisabledSafetyCheck.custom_call(DIGEST_PREFIX + digest)
-  return dataclasses.replace(
-      lo, disabled_safety_checks=(*lo.disabled_safety_checks, seal)).serialize()
+  def sealed(digest: str) -> bytearray:
+    seal = jax_export.DisabledSafetyCheck.custom_call(DIGEST_PREFIX + digest)
+    return dataclasses.replace(
+        lo, disabled_safety_checks=(*lo.disabled_safety_checks, seal)).serialize()
+  # the size is fixed by the digest's length; the fields are digested as readers see
+  # them, after one serialization round trip
+  size = len(sealed("0" * 64))
+  out = sealed(_digest(jax_export.deserialize(lo.serialize()), size))
+  assert len(out) == size, (len(out), size)
+  return out
 
 
 # --- the call primitive ----------------------------------------------------------
@@ -548,9 +555,10 @@ def deserialize(blob: bytes | bytearray) -> Exported:
                         "carries no hxmlir digest); read it with jax.export.deserialize")
   lo = dataclasses.replace(lo, disabled_safety_checks=tuple(_plain_checks(lo)))
   # checked before MLIR reads the module: its bytecode reader is not safe on corrupted input
-  if len(digests) != 1 or _digest(lo) != digests[0]:
-    raise ArtifactError(f"artifact of {lo.fun_name!r} is corrupted: its module or calling "
-                        "convention does not match the digest it was sealed with")
+  if len(digests) != 1 or _digest(lo, len(blob)) != digests[0]:
+    raise ArtifactError(f"artifact of {lo.fun_name!r} is truncated or corrupted: its size, "
+                        "module or calling convention does not match the digest it was "
+                        "sealed with")
   try:
     with _jax.make_ir_context():
       module = lo.mlir_module(serialized=False)
