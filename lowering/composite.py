@@ -71,7 +71,10 @@ def enclosing_module(ip: ir.InsertionPoint | None = None) -> ir.Operation:
   op = ip.block.owner
   op = op.operation if op is not None else None
   while op is not None and op.name != "builtin.module":
-    op = op.parent
+    try:
+      op = op.parent
+    except ValueError:  # a detached operation
+      op = None
   if op is None:
     raise ValueError("hx composite: the insertion point is not inside a builtin.module; "
                      "decompositions are private functions of the enclosing module")
@@ -122,6 +125,24 @@ def composite_attributes(name: str, attributes: Mapping[str, Any] | None) -> ir.
   return ir.DictAttr.get({k: _attribute(k, v) for k, v in sorted(attributes.items())})
 
 
+def check_composite(name: str, *, attributes: Mapping[str, Any] | None = None,
+                    version: int | None = None) -> int:
+  """Checks ``name``, ``attributes`` and ``version`` against the schema; returns the version.
+
+  ``version`` defaults to the schema's current one. Raises ``ValueError`` for an
+  unknown name or version or wrong attribute keys, ``TypeError`` for attribute
+  values of the wrong type (needs an MLIR context).
+  """
+  spec = _schema_of(name)
+  if version is None:
+    version = spec.version
+  if version not in spec.versions:
+    raise ValueError(f"{name}: unknown version {version}; this code accepts "
+                     f"{', '.join(map(str, spec.versions))}")
+  composite_attributes(name, attributes)
+  return version
+
+
 def build_decomposition(name: str, operand_types: Sequence[ir.Type],
                         result_types: Sequence[ir.Type],
                         decomposition_builder: DecompositionBuilder, *,
@@ -145,16 +166,34 @@ def build_decomposition(name: str, operand_types: Sequence[ir.Type],
   fn.attributes["sym_visibility"] = ir.StringAttr.get("private")
   symbol_table.insert(fn)
   block = fn.add_entry_block()
-  with ir.InsertionPoint(block):
-    outs = list(decomposition_builder(list(block.arguments)))
-    got = [v.type for v in outs]
-    if got != list(result_types):
-      fn.operation.erase()
-      raise ValueError(f"{name}: the decomposition builder returned values of types "
-                       f"({', '.join(map(str, got))}), expected "
-                       f"({', '.join(map(str, result_types))})")
-    func_dialect.ReturnOp(outs)
+  try:
+    with ir.InsertionPoint(block):
+      outs = list(decomposition_builder(list(block.arguments)))
+      got = [v.type for v in outs]
+      if got != list(result_types):
+        raise ValueError(f"{name}: the decomposition builder returned values of types "
+                         f"({', '.join(map(str, got))}), expected "
+                         f"({', '.join(map(str, result_types))})")
+      func_dialect.ReturnOp(outs)
+  except BaseException:
+    fn.operation.erase()  # leave no half-built function behind
+    raise
   return fn
+
+
+def _check_arity(name: str, num_operands: int, num_results: int,
+                 operand_shardings: Sequence | None, result_shardings: Sequence | None) -> None:
+  spec = _schema_of(name)
+  if num_operands != spec.num_operands or num_results != spec.num_results:
+    raise ValueError(f"{name} {spec.signature}: takes {spec.num_operands} operand(s) and "
+                     f"{spec.num_results} result(s), got {num_operands} and {num_results}")
+  if operand_shardings is not None and len(operand_shardings) != num_operands:
+    raise ValueError(f"{name}: {len(operand_shardings)} operand shardings for "
+                     f"{num_operands} operands")
+  if result_shardings is not None and any(s is not None for s in result_shardings) and (
+      len(result_shardings) != num_results or any(s is None for s in result_shardings)):
+    raise ValueError(f"{name}: result shardings must be given for all {num_results} "
+                     f"results or none, got {list(result_shardings)}")
 
 
 def _constrain(value: ir.Value, sharding: ir.Attribute | None) -> ir.Value:
@@ -181,23 +220,12 @@ def emit_composite(name: str, operands: Sequence[ir.Value], result_types: Sequen
   version, wrong attribute keys, operand/sharding count mismatches, or a
   partial set of result shardings.
   """
-  spec = _schema_of(name)
-  if version is None:
-    version = spec.version
-  if version not in spec.versions:
-    raise ValueError(f"{name}: unknown version {version}; this code accepts "
-                     f"{', '.join(map(str, spec.versions))}")
-  if len(operands) != spec.num_operands or len(result_types) != spec.num_results:
-    raise ValueError(f"{name} {spec.signature}: takes {spec.num_operands} operand(s) and "
-                     f"{spec.num_results} result(s), got {len(operands)} and "
-                     f"{len(result_types)}")
+  version = check_composite(name, attributes=attributes, version=version)
+  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings)
   if isinstance(decomposition, func_dialect.FuncOp):
     decomposition = ir.StringAttr(decomposition.attributes["sym_name"]).value
   operands = list(operands)
   if operand_shardings is not None:
-    if len(operand_shardings) != len(operands):
-      raise ValueError(f"{name}: {len(operand_shardings)} operand shardings for "
-                       f"{len(operands)} operands")
     operands = [_constrain(v, s) for v, s in zip(operands, operand_shardings)]
   op = hlo.CompositeOp(
       list(result_types), operands,
@@ -206,9 +234,6 @@ def emit_composite(name: str, operands: Sequence[ir.Value], result_types: Sequen
       composite_attributes=composite_attributes(name, attributes),
       version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), version))
   if result_shardings is not None and any(s is not None for s in result_shardings):
-    if len(result_shardings) != len(result_types) or any(s is None for s in result_shardings):
-      raise ValueError(f"{name}: result shardings must be given for all "
-                       f"{len(result_types)} results or none, got {list(result_shardings)}")
     op.operation.attributes["sdy.sharding"] = sdy.TensorShardingPerValueAttr.get(
         list(result_shardings))
   return list(op.results)
@@ -234,6 +259,8 @@ def build_composite(name: str, operands: Sequence[ir.Value], result_types: Seque
                            my_builder, attributes={"qmax": 127})
   """
   ip = ir.InsertionPoint.current
+  check_composite(name, attributes=attributes, version=version)
+  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings)
   fn = build_decomposition(name, [v.type for v in operands], result_types,
                            decomposition_builder, symbol_table=symbol_table,
                            module=enclosing_module(ip))
@@ -272,7 +299,7 @@ def _reference_builder(ctx: mlir.LoweringRuleContext, reference: Callable,
     outs, _ = mlir.jaxpr_subcomp(sub, closed.jaxpr, ctx.name_stack, mlir.TokenSet(),
                                  consts, *args, dim_var_values=(), const_lowering={},
                                  outer_traceback=None)
-    return list(mlir.flatten_ir_values(outs))
+    return list(mlir.ir_tree_registry.flatten(outs)[0])
   return build
 
 
@@ -302,16 +329,17 @@ def lower_composite(ctx: mlir.LoweringRuleContext, name: str, *operands: ir.Valu
   """
   if (reference is None) == (builder is None):
     raise TypeError(f"{name}: give exactly one of reference= and builder=")
+  version = check_composite(name, attributes=attributes, version=version)
   for aval in (*ctx.avals_in, *ctx.avals_out):
     _static_shape(name, aval)
   mctx = ctx.module_context
   in_types = [mlir.aval_to_ir_type(mctx, a) for a in ctx.avals_in]
   out_types = [mlir.aval_to_ir_type(mctx, a) for a in ctx.avals_out]
-  platforms = tuple(ctx.platforms or mctx.platforms)
+  # Reference decompositions are platform-neutral (tests/py/test_lowering.py
+  # checks it), builders are plain MLIR: neither depends on the platform.
   key = ("hxmlir.composite", name, version, tuple(sorted((attributes or {}).items())),
          tuple(map(str, in_types)), tuple(map(str, out_types)),
-         reference if builder is None else builder,
-         platforms[0] if builder is None else platforms)
+         reference if builder is None else builder)
   fn = mctx.cached_primitive_lowerings.get(key)
   if fn is None:
     if builder is None:

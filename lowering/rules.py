@@ -5,15 +5,20 @@ version and attributes from :mod:`hxmlir.lowering.schema`) whose decomposition
 is its reference function (:mod:`hxmlir.lowering.reference`) lowered to
 StableHLO; see :func:`hxmlir.lowering.composite.lower_composite`.
 
-The rules are registered ``cacheable=False``: JAX then runs them in place,
-inside the module being built and under the equation's source location (the
-user's file and line), instead of in a detached cached function. Identical
-decompositions are still shared within a module by ``lower_composite``.
+The rules are registered cacheable (JAX's default): JAX runs a rule once per
+primitive, operand types and platforms inside a detached function and inlines
+it at each use, keeping each use's source location (the user's file and line).
+Keep per-platform rules cacheable too: ``cacheable=False`` marks the
+*primitive* uncacheable, and JAX 0.10.2's multi-platform lowering of an
+uncacheable primitive with platform-specific rules fails
+(``TypeError: can only concatenate list (not "tuple") to list`` in
+``mlir.lower_per_platform``), which breaks ``jax.export`` for several
+platforms. Identical decompositions are shared within a module by
+``lower_composite``.
 
 A platform-specific implementation replaces a rule for one platform only::
 
-  mlir.register_lowering(hx_matmul_q_p, my_cpu_rule, platform="cpu",
-                         cacheable=False)
+  mlir.register_lowering(hx_matmul_q_p, my_cpu_rule, platform="cpu")
 
 where ``my_cpu_rule(ctx, x, q, s)`` returns
 ``lower_composite(ctx, "hx.matmul_q", x, q, s, builder=my_builder)``.
@@ -54,4 +59,4 @@ def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
 
 
 for _prim, (_name, _ref, _attrs) in COMPOSITES.items():
-  mlir.register_lowering(_prim, composite_rule(_name, _ref, _attrs), cacheable=False)
+  mlir.register_lowering(_prim, composite_rule(_name, _ref, _attrs))
