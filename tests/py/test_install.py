@@ -319,6 +319,31 @@ def test_verification_error_lists_every_problem_with_its_source_line():
     jax.jit(_bad).lower(x)
 
 
+@dataclass(frozen=True)
+class Crash(HxPass):
+  """Test pass with a bug."""
+  name: ClassVar[str] = "test-crash"
+
+  def apply(self, module, diags):
+    return 1 // 0
+
+
+def test_a_crashing_pass_is_named_and_the_plugin_stays_usable():
+  PASS_REGISTRY[Crash.name] = lambda: Crash
+  try:
+    x, w = _x(), _w()
+    hx.install(Crash.name)
+    with pytest.raises(RuntimeError, match=r"pass test-crash failed on module jit\(qmlp\) "
+                       r"with ZeroDivisionError") as info:
+      jax.jit(qmlp).lower(x, w)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert hx.stats()["hx-verify"]["modules"] == 1  # the passes before it ran
+    hx.install("hx-verify")
+    np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
+  finally:
+    PASS_REGISTRY.pop(Crash.name, None)
+
+
 def test_verify_false_lets_the_bad_module_through():
   hx.install(verify=False)
   assert "hx.bogus" in jax.jit(_bad).lower(_x()).as_text()
@@ -342,6 +367,7 @@ def test_hand_written_dequantize_dot_is_folded_with_equal_results():
   assert text != plain_text
   main = text.split("func.func private")[0]
   assert '"hx.dequantize"' not in main  # the full dequantized weight is gone from main
+  assert 'stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2' in main
   # f32 sums in a different order: |error| <= k * eps * sum|x * s * q| (k = 8 here)
   bound = 8 * np.finfo(np.float32).eps * (np.abs(np.asarray(x)) @ np.abs(np.asarray(w)))
   assert np.all(np.abs(folded - plain) <= bound + 1e-7)

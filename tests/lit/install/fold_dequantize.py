@@ -1,0 +1,63 @@
+# RUN: %python %s | filecheck %s
+# hx.install() runs the pipeline inside jax.jit(...).lower(): a hand-written
+# `x @ hx.dequantize(qw)` comes out folded (the scales multiply x, the int8
+# values feed the dot; as hx.matmul_q where its contract fits). Without install,
+# and again after hx.uninstall(), it stays dequantize-then-dot.
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hxmlir as hx
+
+
+def show(name, f, *args):
+  print(f"TEST: {name} " + " ".join(str(jax.typeof(a)) for a in args))
+  print(jax.jit(f).lower(*args).as_text())
+
+
+def dequant_dot(x, qw):
+  return x @ hx.dequantize(qw)
+
+
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((2, 3)), jnp.float32)
+qw = hx.quantize(jnp.asarray(rng.standard_normal((3, 4)), jnp.float32))
+xb = jnp.asarray(rng.standard_normal((5, 2, 3)), jnp.float32)
+
+show("plain", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: plain float32[2,3] q8[3,4]
+# CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
+# CHECK-NEXT: %[[D:.*]] = stablehlo.composite "hx.dequantize" %[[Q]], %[[S]]
+# CHECK-NEXT: %[[Y:.*]] = stablehlo.dot_general %[[X]], %[[D]], contracting_dims = [1] x [0]
+# CHECK-NEXT: return %[[Y]]
+
+hx.install()
+show("installed", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: installed float32[2,3] q8[3,4]
+# CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
+# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {decomposition = @[[IMPL:[^,]*]], version = 1 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK-NEXT: return %[[Y]] : tensor<2x4xf32>
+# CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x4xi8>, %{{.*}}: tensor<3xf32>) -> tensor<2x4xf32>
+
+show("installed_batched_x", dequant_dot, xb, qw)
+# CHECK-LABEL: TEST: installed_batched_x float32[5,2,3] q8[3,4]
+# CHECK: func.func public @main(%[[X:.*]]: tensor<5x2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
+# CHECK-NOT: "hx.dequantize"
+# CHECK-DAG: %[[QF:.*]] = stablehlo.convert %[[Q]] : (tensor<3x4xi8>) -> tensor<3x4xf32>
+# CHECK-DAG: %[[SB:.*]] = stablehlo.broadcast_in_dim %[[S]], dims = [2] : (tensor<3xf32>) -> tensor<5x2x3xf32>
+# CHECK: %[[XS:.*]] = stablehlo.multiply %[[X]], %[[SB]]
+# CHECK: %[[Y:.*]] = stablehlo.dot_general %[[XS]], %[[QF]], contracting_dims = [2] x [0]
+# CHECK-NEXT: return %[[Y]]
+
+folded = np.asarray(jax.jit(dequant_dot)(x, qw))
+hx.uninstall()
+show("uninstalled", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: uninstalled float32[2,3] q8[3,4]
+# CHECK: func.func public @main
+# CHECK-NEXT: stablehlo.composite "hx.dequantize"
+# CHECK-NEXT: stablehlo.dot_general
+
+# Same numbers as the unfolded program, up to f32 summation order.
+plain = np.asarray(jax.jit(dequant_dot)(x, qw))
+print("TEST: results close", bool(np.allclose(folded, plain, rtol=1e-6, atol=1e-6)))
+# CHECK-LABEL: TEST: results close True
