@@ -14,7 +14,6 @@ are left as they are. The result is plain StableHLO any consumer accepts.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,7 +55,7 @@ class DecomposePass(HxPass):
     else:
       diags.error(module, "hx composites are still present after inlining "
                   f"{_MAX_ROUNDS} levels: a decomposition uses itself")
-    removed = _erase_unused(module, used_decomps)
+    removed = irutil.erase_unused_functions(module, used_decomps)
     stats = {"composites inlined": inlined, "functions removed": removed}
     return PassResult(changed=inlined > 0, stats=stats)
 
@@ -94,31 +93,3 @@ def _remap(op: ir.Operation, mapping: dict) -> None:
     for i, v in enumerate(nested.operands):
       if v in mapping:
         nested.operands[i] = mapping[v]
-
-
-def symbol_uses(module: ir.Operation) -> set[str]:
-  """Names of every symbol referenced by an attribute of an op in ``module``."""
-  used = set()
-  pattern = re.compile(r'@("(?:[^"\\]|\\.)*"|[\w.$-]+)')
-  for op in irutil.walk(module):
-    for key in op.attributes:
-      if key in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
-        continue
-      for m in pattern.finditer(str(op.attributes[key])):
-        used.add(m.group(1).strip('"'))
-  return used
-
-
-def _erase_unused(module: ir.Operation, candidates: set[str]) -> int:
-  """Erases the private functions among ``candidates`` that nothing references any more."""
-  used = symbol_uses(module)
-  funcs = irutil.func_ops(module)
-  removed = 0
-  for sym in sorted(candidates):
-    fn = funcs.get(sym)
-    vis = irutil.attr_or_none(fn, "sym_visibility") if fn is not None else None
-    if fn is not None and sym not in used and vis is not None and \
-       ir.StringAttr(vis).value == "private":
-      fn.erase()
-      removed += 1
-  return removed

@@ -40,7 +40,7 @@ the original by float rounding only (a few ulps of each product).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import ClassVar
 
@@ -73,6 +73,13 @@ class _Dequant:
   s: ir.Value | None
   constraints: list[ir.Operation]
   root: ir.Operation
+
+
+@dataclass
+class _State:
+  """Per-run state: decompositions built (by signature), decompositions of erased ops."""
+  decompositions: dict = field(default_factory=dict)
+  dropped: set = field(default_factory=set)
 
 
 def _owner(v: ir.Value) -> ir.Operation | None:
@@ -216,8 +223,11 @@ def _result_sharding(dot: ir.Operation) -> ir.Attribute | None:
   return None
 
 
-def _erase_dead(op: ir.Operation | None) -> None:
-  """Erases ``op`` and, recursively, its operands' definers, while they are unused and pure."""
+def _erase_dead(op: ir.Operation | None, dropped: set[str]) -> None:
+  """Erases ``op`` and, recursively, its operands' definers, while they are unused and pure.
+
+  Adds the decomposition symbols of erased composites to ``dropped``.
+  """
   if op is None:
     return
   pure = op.name in _ERASABLE or (irutil.is_hx_composite(op) and
@@ -225,9 +235,11 @@ def _erase_dead(op: ir.Operation | None) -> None:
   if not pure or any(True for r in op.results for _ in r.uses):
     return
   defs = [_owner(v) for v in op.operands]
+  if "decomposition" in op.attributes:
+    dropped.add(irutil.symbol_ref(op.attributes["decomposition"]))
   op.erase()
   for d in defs:
-    _erase_dead(d)
+    _erase_dead(d, dropped)
 
 
 @dataclass(frozen=True)
@@ -252,21 +264,23 @@ class FoldScalesPass(HxPass):
       if sym not in decomps:
         dots += [op for op in irutil.walk(fn) if op.name == "stablehlo.dot_general"]
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
-    cache: dict = {}  # decomposition functions built, by signature
+    state = _State()
     for dot in dots:
       for side in (1, 0):
         m = _match(dot.operands[side])
         if m is None:
           continue
-        how = self._fold(module, dot, side, m, cache)
+        how = self._fold(module, dot, side, m, state)
         if how is not None:
           stats["scales folded"] += 1
           stats[how] += 1
           break
     changed = stats["scales folded"] > 0
+    if changed:
+      irutil.erase_unused_functions(module, state.dropped)
     return PassResult(changed=changed, stats=stats if changed else {})
 
-  def _fold(self, module, dot: ir.Operation, side: int, m: _Dequant, cache: dict
+  def _fold(self, module, dot: ir.Operation, side: int, m: _Dequant, state: _State
             ) -> str | None:
     dd = hlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     batch = [list(dd.lhs_batching_dimensions), list(dd.rhs_batching_dimensions)]
@@ -300,8 +314,8 @@ class FoldScalesPass(HxPass):
     ip = ir.InsertionPoint(dot)
     with ip, dot.location:
       if self.form_matmul_q and into == "operand" and \
-         self._try_matmul_q(module, dot, side, m, dd, cache):
-        _erase_dead(_owner(old))
+         self._try_matmul_q(module, dot, side, m, dd, state):
+        _erase_dead(_owner(old), state.dropped)
         return "matmul_q formed"
       qf = m.qf
       if qf is None:
@@ -319,15 +333,13 @@ class FoldScalesPass(HxPass):
       sh = _result_sharding(dot)
       with ir.InsertionPoint(dot), dot.location:
         b = _broadcast(m.t, m.amap, to_r, rt, sh)
-      mul_op = ir.Operation.create("stablehlo.multiply", results=[rt],
-                                   operands=[dot.result, b], loc=dot.location,
-                                   attributes={"sdy.sharding": _per_value(sh)} if sh else {})
-      mul_op.move_after(dot)
-      dot.result.replace_all_uses_except(mul_op.result, mul_op)
-    _erase_dead(_owner(old))
+        mul = _create("stablehlo.multiply", rt, [dot.result, b], sharding=sh)
+      dot.move_before(mul.owner)
+      dot.result.replace_all_uses_except(mul, mul.owner.operation)
+    _erase_dead(_owner(old), state.dropped)
     return f"into {into}"
 
-  def _try_matmul_q(self, module, dot, side, m: _Dequant, dd, cache: dict) -> bool:
+  def _try_matmul_q(self, module, dot, side, m: _Dequant, dd, state: _State) -> bool:
     """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
     if side != 1 or m.s is None or "algorithm" in dot.attributes:
       return False
@@ -366,12 +378,12 @@ class FoldScalesPass(HxPass):
     from hxmlir.lowering import composite  # late: only needed when forming composites
 
     key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type))
-    fn = cache.get(key)
+    fn = state.decompositions.get(key)
     if fn is None:
       fn = composite.build_decomposition(
           "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type], _matmul_q_body,
           module=module)
-      cache[key] = fn
+      state.decompositions[key] = fn
     (y,) = composite.emit_composite(
         "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
         operand_shardings=[None, q_sh, s_sh],

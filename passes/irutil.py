@@ -7,6 +7,7 @@ shardings as the schema's :data:`DimSharding`, and op walking.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from hxmlir.lowering.schema import DimSharding, TensorType
@@ -244,3 +245,35 @@ def value_sharding(value: ir.Value) -> DimSharding | None:
   t = value.type
   rank = t.rank if isinstance(t, ir.RankedTensorType) else None
   return dim_sharding(value_sharding_attr(value), rank)
+
+
+# --- symbols -------------------------------------------------------------------
+
+_SYMBOL = re.compile(r'@("(?:[^"\\]|\\.)*"|[\w.$-]+)')
+
+
+def symbol_uses(module: ir.Operation) -> set[str]:
+  """Names of every symbol referenced by an attribute of an op in ``module``."""
+  used = set()
+  for op in walk(module):
+    for key in op.attributes:
+      if key in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
+        continue
+      for m in _SYMBOL.finditer(str(op.attributes[key])):
+        used.add(m.group(1).strip('"'))
+  return used
+
+
+def erase_unused_functions(module: ir.Operation, candidates: set[str]) -> int:
+  """Erases the private functions among ``candidates`` that nothing references any more."""
+  used = symbol_uses(module)
+  funcs = func_ops(module)
+  removed = 0
+  for sym in sorted(candidates):
+    fn = funcs.get(sym)
+    vis = attr_or_none(fn, "sym_visibility") if fn is not None else None
+    if fn is not None and sym not in used and vis is not None and \
+       ir.StringAttr(vis).value == "private":
+      fn.erase()
+      removed += 1
+  return removed
