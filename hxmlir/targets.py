@@ -211,6 +211,13 @@ def deactivate() -> None:
     _added.clear()
 
 
+def widened() -> bool:
+  """Whether :func:`activate` put any target on JAX's list (so ``jax.export`` alone no longer
+  tells registered kernels from others on that target, and ``hx-check-export`` must run)."""
+  with _lock:
+    return bool(_added)
+
+
 def is_active() -> bool:
   """Whether :func:`activate` is in effect."""
   return _active

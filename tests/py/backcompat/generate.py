@@ -1,0 +1,128 @@
+"""Writes the back-compat artifacts that tests/py/backcompat/test_backcompat.py replays.
+
+Usage (from the repository root)::
+
+  python tests/py/backcompat/generate.py              # list the cases and what is stored
+  python tests/py/backcompat/generate.py NAME [...]   # (re)write these cases
+
+Each case exports one small function with ``hxmlir.export`` for
+``("cpu", "cuda", "tpu")`` and stores, in ``data/``:
+
+- ``NAME.hxa``: the serialized artifact (``Exported.serialize()``),
+- ``NAME.npz``: the flat lo components of its inputs (``in_0``, ``in_1``, ...)
+  and of the outputs this code computed on CPU (``out_0``, ...),
+- an entry in ``MANIFEST.json``: the ``hx.*`` composite ``(op, version)`` pairs
+  and registered kernels the artifact holds, its hi signature, platforms, the
+  hxmlir/jax versions and date that wrote it, and the artifact's SHA-256.
+
+Never rewrite an existing case to make a test pass: a case is a promise that
+artifacts written by that code keep loading and computing the same values.
+When an op's semantics change, bump its version in ``lowering/schema.py`` (keep
+the old one in ``accepted_versions``) and add a case named ``<op>_v<version>``
+next to the old one; add one per platform for every kernel registered with
+``owner="hxmlir"`` (``<kernel>_v<version>_<platform>``). The idea follows JAX's
+``jax/_src/internal_test_util/export_back_compat_test_data`` (serialized
+modules plus inputs and expected outputs, checked by a replaying test).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import hxmlir as hx  # noqa: E402
+from hxmlir import export as hxe  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+MANIFEST = DATA / "MANIFEST.json"
+PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+@dataclass(frozen=True)
+class Case:
+  """``fn`` exported for ``make_args()``; ``covers`` the (op, version) pairs it must hold."""
+  fn: Callable
+  make_args: Callable[[], tuple]
+  covers: tuple[tuple[str, int], ...]
+
+
+def _x(shape, seed):
+  # small, exactly representable values with a zero row and both signs
+  v = np.random.default_rng(seed).integers(-40, 41, size=shape).astype(np.float32) / 8
+  if v.ndim >= 2:
+    v[..., 0, :] = 0.0
+  return jnp.asarray(v)
+
+
+CASES: dict[str, Case] = {
+    "quantize_v1": Case(hx.quantize, lambda: (_x((3, 4), 1),), (("hx.quantize", 1),)),
+    "dequantize_v1": Case(hx.dequantize, lambda: (hx.quantize(_x((3, 4), 2)),),
+                          (("hx.dequantize", 1),)),
+    "matmul_q_v1": Case(hx.matmul_q, lambda: (_x((2, 3), 3), hx.quantize(_x((3, 4), 4))),
+                        (("hx.matmul_q", 1),)),
+    "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
+    "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
+                         lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
+                         (("hx.outer", 1), ("hx.matmul_r1", 1))),
+}
+
+
+def lo_components(types, values) -> list[np.ndarray]:
+  """The flat lo components of hi or plain ``values`` of ``types``."""
+  out = []
+  for ty, v in zip(types, values):
+    parts = ty.lower_val(v) if hasattr(ty, "lower_val") else [v]
+    out.extend(np.asarray(p) for p in parts)
+  return out
+
+
+def write(name: str) -> dict:
+  case = CASES[name]
+  args = case.make_args()
+  exp = hxe.export(case.fn, platforms=PLATFORMS)(*args)
+  blob = bytes(exp.serialize())
+  outs = exp.call(*args)
+  outs = outs if isinstance(outs, tuple) else (outs,)
+  arrays = {f"in_{i}": a for i, a in enumerate(lo_components(exp.in_types, args))}
+  arrays |= {f"out_{i}": a for i, a in enumerate(lo_components(exp.out_types, outs))}
+  DATA.mkdir(exist_ok=True)
+  (DATA / f"{name}.hxa").write_bytes(blob)
+  np.savez(DATA / f"{name}.npz", **arrays)
+  return {"covers": [list(c) for c in case.covers], "kernels": [],
+          "signature": exp.signature(), "platforms": list(exp.platforms),
+          "hxmlir": hx.__version__, "jax": jax.__version__,
+          "date": datetime.date.today().isoformat(),
+          "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def main(argv: list[str]) -> int:
+  manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+  if not argv:
+    for name in CASES:
+      print(f"{name:16s} {'stored ' + manifest[name]['date'] if name in manifest else 'missing'}")
+    return 0
+  unknown = [n for n in argv if n not in CASES]
+  if unknown:
+    print(f"unknown case(s) {unknown}; known: {', '.join(CASES)}", file=sys.stderr)
+    return 2
+  for name in argv:
+    manifest[name] = write(name)
+    print(f"wrote {name}: {manifest[name]['signature']}")
+  MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
