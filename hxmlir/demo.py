@@ -384,7 +384,7 @@ class _Demo:
     stats = _load_optional("hxmlir.install", "stats", "hx.stats() is not built yet")
     current = _load_optional("hxmlir.install", "current_pipeline", "hx.install() is not built yet")
     install(self.pipeline)
-    stats(reset=True)
+    self.state["stats0"] = stats()  # the ir step reports the difference
     self.state["install"] = True
     pipe, pipe_x = current(), current(for_export=True)
     return "ok", f"hx.install(): pipeline {pipe!r} (for export: {pipe_x!r})", {
@@ -416,9 +416,11 @@ class _Demo:
       self._write(f"{k}_after_passes.mlir", after[k])
     cb, ca = count_composites(before["int8"]), count_composites(after["int8"])
     nb, na = count_composites(before["naive"]), count_composites(after["naive"])
-    st = stats()
+    st = _stats_delta(self.state["stats0"], stats())
     fold = st.get("hx-fold-scales", {})
-    folds = int(fold.get("rewrites", 0))
+    folds = int(fold.get("scales folded", fold.get("rewrites", 0)))
+    counters = ", ".join(f"{int(v)} {k}" for k, v in fold.items()
+                         if k not in ("modules", "rewrites", "seconds", "scales folded") and v)
     ver = st.get("hx-verify", {})
     ok_int8, probs_int8 = _verify_text(after["int8"])
     ok_naive, probs_naive = _verify_text(after["naive"])
@@ -431,7 +433,8 @@ class _Demo:
                        "problems": probs_int8 + probs_naive},
             "pipeline_stats": st}
     line = (f"int8 model: {_fmt_counts(cb)} -> {_fmt_counts(ca)}; naive model: "
-            f"{_fmt_counts(nb)} -> {_fmt_counts(na)} ({folds} scale folds); hx-verify "
+            f"{_fmt_counts(nb)} -> {_fmt_counts(na)} ({folds} scales folded"
+            f"{', ' + counters if counters else ''}); hx-verify "
             + ("passed" if ok_int8 and ok_naive else
                f"FAILED ({len(probs_int8) + len(probs_naive)} problems)"))
     problems = []
@@ -555,6 +558,16 @@ class _Demo:
     return self.report
 
 
+def _stats_delta(before: dict, after: dict) -> dict:
+  """``hx.stats()`` counters accumulated between two snapshots, per pass."""
+  out = {}
+  for name, counters in after.items():
+    prev = before.get(name, {})
+    out[name] = {k: (v - prev.get(k, 0)) if isinstance(v, int | float) else v
+                 for k, v in counters.items()}
+  return out
+
+
 def _is_installed() -> bool:
   try:
     from hxmlir.install import is_installed
@@ -576,7 +589,8 @@ def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, re
   ``hx.install()``'s). ``emit(step)`` is called as each step finishes,
   ``progress(message)`` during long steps. Raises ``ValueError`` for an
   unknown model; every other problem becomes a failed step. hxmlir is
-  uninstalled again at the end unless it was installed before.
+  uninstalled again at the end unless it was installed before (run it with
+  hxmlir not installed: the IR "before the passes" is lowered without it).
   """
   if model not in MODELS:
     raise ValueError(f"unknown model {model!r}: choose one of {', '.join(MODELS)}")
