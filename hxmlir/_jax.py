@@ -22,6 +22,10 @@ apply_primitive = _dispatch.apply_primitive
 # --- hi types: manual-axis (shard_map check_vma) type component ---------------
 ManualAxisType = core.ManualAxisType
 empty_mat = core.empty_mat
+from jax._src.interpreters import ad as _hi_ad  # noqa: E402
+
+GradAccum = _hi_ad.GradAccum
+"""What a hi primitive's ``transpose`` receives for its linear operands (``.accum(ct)``)."""
 
 
 # --- install: the hook where a jaxpr becomes a StableHLO module ---------------

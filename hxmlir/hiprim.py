@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jax.experimental.hijax import VJPHiPrimitive
+from jax.experimental.hijax import VJPHiPrimitive, Zero
+
+from hxmlir._jax import GradAccum
 
 
 class HxPrimitive(VJPHiPrimitive):
@@ -20,7 +22,10 @@ class HxPrimitive(VJPHiPrimitive):
 
   Subclasses set ``in_avals``, ``out_aval`` and ``params`` in ``__init__`` (and
   raise ``TypeError`` there, naming the operand types, on bad operands) and
-  implement the autodiff and batching rules they support.
+  implement the autodiff and batching rules they support. Primitives that a
+  jvp rule applies to tangents (``matmul_q(dx, qw)``, ``make_tup(*dts)``, ...)
+  also implement ``transpose``, which ``jax.checkpoint`` and ``jax.linearize``
+  followed by transposition need; ``lin``/``linearized`` come from ``jvp``.
   """
 
   _to_lojax: Callable | None = None
@@ -31,6 +36,26 @@ class HxPrimitive(VJPHiPrimitive):
       raise NotImplementedError(
           f"{type(self).__name__} has no to_lojax rule: hxmlir.lowering was not imported")
     return rule(self, *args)
+
+  # ``jax.linearize``: the jvp rule, split into its primal and tangent halves.
+  # The residuals are the primals themselves; the tangent half re-derives the
+  # linear map from them (its primal output is dead code and DCE'd).
+  def lin(self, nzs_in, *primals):
+    return self(*primals), primals
+
+  def linearized(self, primals, *tangents):
+    return self.jvp(primals, tangents)[1]
+
+
+def is_linear_operand(x) -> bool:
+  """In a ``transpose`` rule: whether operand ``x`` is linear (a gradient accumulator)."""
+  return isinstance(x, GradAccum)
+
+
+def accumulate(acc, ct) -> None:
+  """Add cotangent ``ct`` into accumulator ``acc`` unless it is a symbolic zero."""
+  if not isinstance(ct, Zero):
+    acc.accum(ct)
 
 
 def register_to_lojax(prim_cls: type[HxPrimitive]) -> Callable[[Callable], Callable]:

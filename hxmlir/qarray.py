@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive
+from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
 
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
@@ -327,6 +327,16 @@ class MatmulQ(HxPrimitive):
     gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=x_aval.sharding)
     gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=q_aval.sharding)
     return shd.match_vma(gx, x_aval), shd.match_vma(gw, q_aval)
+
+  def transpose(self, ct, x, qw):
+    # the jvp rule applies matmul_q to tangents of x only (a q8's tangent is dense)
+    if is_linear_operand(qw):
+      raise NotImplementedError("hx.matmul_q is linear in its dense operand only")
+    if is_linear_operand(x) and not isinstance(ct, jax.experimental.hijax.Zero):
+      x_aval = self.in_avals[0]
+      w = dequantize(qw)
+      gx = jnp.matmul(ct, jnp.swapaxes(w, -1, -2), out_sharding=x_aval.sharding)
+      accumulate(x, shd.match_vma(gx, x_aval))
 
   def jvp(self, primals, tangents):
     (x, qw), (dx, dqw) = primals, tangents

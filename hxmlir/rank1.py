@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive
+from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
 
 F32 = jnp.dtype("float32")
 
@@ -284,16 +284,28 @@ class MatmulR1(HxPrimitive):
     col, row = factors(r)  # rules are traced code: primitives, not attributes
     return self(x, r), (x, col, row)
 
-  def vjp_bwd_retval(self, res, g):  # g: f32[*b, p, n]
-    x, col, row = res
-    x_aval, r_aval = self.in_avals
+  def _ct_x(self, g, col, row):
+    """Cotangent of the dense operand: ``(g @ row) ⊗ col``, never forming ``col ⊗ row``."""
+    x_aval = self.in_avals[0]
     gp = jnp.einsum("...pn,...n->...p", g, row,
                     out_sharding=shd.with_partitions(x_aval.sharding,
                                                      shd.partitions(x_aval.sharding,
                                                                     x_aval.ndim)[:-1]))
-    gx = gp[..., :, None] * col[..., None, :]
+    return shd.match_vma(gp[..., :, None] * col[..., None, :], x_aval)
+
+  def transpose(self, ct, x, r):
+    # the jvp rule applies matmul_r1 to tangents of x only (an r1's tangent is dense)
+    if is_linear_operand(r):
+      raise NotImplementedError("hx.matmul_r1 is linear in its dense operand only")
+    if is_linear_operand(x) and not isinstance(ct, Zero):
+      accumulate(x, self._ct_x(ct, *factors(r)))
+
+  def vjp_bwd_retval(self, res, g):  # g: f32[*b, p, n]
+    x, col, row = res
+    x_aval, r_aval = self.in_avals
+    gx = self._ct_x(g, col, row)
     gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=r_aval.sharding)
-    return shd.match_vma(gx, x_aval), shd.match_vma(gr, r_aval)
+    return gx, shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
     (x, r), (dx, dr) = primals, tangents

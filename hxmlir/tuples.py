@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import MappingSpec, mapped_aval, unmapped_aval
-from hxmlir.hiprim import HxPrimitive
+from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,13 @@ class MakeTup(HxPrimitive):
     ts = [_instantiate(t, a.to_tangent_aval()) for t, a in zip(tangents, self.in_avals)]
     return self(*primals), make_tup(*ts)
 
+  def transpose(self, ct, *elts):  # linear in every element
+    if isinstance(ct, Zero):
+      return
+    for i, e in enumerate(elts):
+      if is_linear_operand(e):
+        accumulate(e, get_tuple_element(ct, i))
+
   def batch(self, axis_data, args, dims):
     if all(d is None for d in dims):
       return make_tup(*args), None
@@ -221,6 +228,10 @@ class GetTupElt(HxPrimitive):
     tys = self.in_avals[0].tys
     elts = [g if i == self.idx else _zeros(ty.to_ct_aval()) for i, ty in enumerate(tys)]
     return (make_tup(*elts),)
+
+  def transpose(self, ct, tup):  # linear
+    if is_linear_operand(tup) and not isinstance(ct, Zero):
+      accumulate(tup, *self.vjp_bwd_retval(None, ct))
 
   def jvp(self, primals, tangents):
     (tup,), (dt,) = primals, tangents

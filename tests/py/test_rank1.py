@@ -112,6 +112,22 @@ def test_grads_through_outer_land_on_factors(acts, col, row):
   np.testing.assert_allclose(np.asarray(gj[0]), np.asarray(rc), rtol=1e-5, atol=1e-5)
 
 
+def test_checkpoint_and_linearize(acts, col, row):
+  def loss(c, w):
+    return jnp.sum(hx.matmul_r1(acts, hx.outer(c, w)) ** 2)
+
+  expected = jax.grad(loss, argnums=(0, 1))(col, row)
+  got = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1)))(col, row)
+  for a, b in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  r = hx.outer(col, row)
+  _, f_lin = jax.linearize(lambda x: hx.matmul_r1(x, r), acts)
+  (gx,) = jax.linear_transpose(f_lin, acts)(jnp.ones((3, 5), jnp.float32))
+  dense = np.outer(np.asarray(col), np.asarray(row))
+  np.testing.assert_allclose(np.asarray(gx), np.ones((3, 5), np.float32) @ dense.T,
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_jvp_outer_and_matmul_r1(acts, col, row):
   dc = jnp.ones_like(col)
   dw = jnp.full_like(row, 0.5)

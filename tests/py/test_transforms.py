@@ -139,6 +139,50 @@ def test_jit_of_jvp(x):
   np.testing.assert_allclose(np.asarray(dy), 2 * np.asarray(roundtrip(x)), rtol=1e-6)
 
 
+def test_linearize_and_linear_transpose_matmul_q(x, w):
+  qw = hx.quantize(w)
+  wd = np.asarray(hx.dequantize(qw))
+  y, f_lin = jax.linearize(lambda x: hx.matmul_q(x, qw), x)
+  tx = jnp.full_like(x, 0.5)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(x) @ wd, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(f_lin(tx)), np.asarray(tx) @ wd, rtol=1e-6, atol=1e-6)
+  ct = jnp.ones((2, 4), jnp.float32)
+  (gx,) = jax.linear_transpose(f_lin, x)(ct)  # uses MatmulQ.transpose
+  np.testing.assert_allclose(np.asarray(gx), np.ones((2, 4), np.float32) @ wd.T, rtol=1e-6)
+  _, f_st = jax.linearize(roundtrip, x)
+  np.testing.assert_array_equal(np.asarray(f_st(tx)), np.asarray(tx))
+
+
+def test_checkpoint_grad_equals_plain_grad(x, w):
+  def loss(x, w):
+    return jnp.sum(hx.matmul_q(x, hx.quantize(w)) ** 2)
+
+  expected = jax.grad(loss, argnums=(0, 1))(x, w)
+  for g in (jax.grad(jax.checkpoint(loss), argnums=(0, 1))(x, w),
+            jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1)))(x, w)):
+    for a, b in zip(g, expected):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+
+
+def test_second_order(x, w):
+  qw = hx.quantize(w)
+  wd = np.asarray(hx.dequantize(qw))
+  h = jax.hessian(lambda x: jnp.sum(hx.matmul_q(x, qw) ** 2))(x)
+  # d2/dx2 sum((x W)^2) = 2 delta_ij (W W^T)_kl
+  expected = 2 * np.einsum("ij,kl->ikjl", np.eye(2), wd @ wd.T)
+  np.testing.assert_allclose(np.asarray(h), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_control_flow_with_hi_values(x):
+  qx = hx.quantize(x)
+  doubled = jax.lax.fori_loop(0, 3, lambda i, q: hx.quantize(2 * hx.dequantize(q)), qx)
+  assert_same_q(doubled, hx.quantize(8 * hx.dequantize(qx)), scale_rtol=1e-6)
+  picked = jax.jit(lambda p, q: jax.lax.cond(p, lambda q: q,
+                                             lambda q: hx.quantize(-hx.dequantize(q)), q))
+  assert_same_q(picked(True, qx), qx)
+  assert_same_q(picked(False, qx), hx.quantize(-x), scale_rtol=1e-6)
+
+
 # --- vmap ----------------------------------------------------------------------------
 
 def test_vmap_to_quantized_output(xs):
@@ -221,6 +265,17 @@ def test_vmap_matmul_q(in_axes):
   wd = wd if aw == "spec" else np.broadcast_to(wd, (b, *wd.shape))
   np.testing.assert_allclose(np.asarray(out), np.einsum("bmk,bkn->bmn", xd, wd),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_scan_of_vmap(xs):
+  def body(c, x):  # x: f32[2,3], vmapped over its rows inside the loop
+    q = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(x[:, None, :])
+    return c + jnp.sum(hx.dequantize(q)), q
+
+  total, qs = jax.lax.scan(body, jnp.float32(0.), xs)
+  assert str(jax.typeof(qs)) == "q8[4,2,1,3]"
+  assert_same_q(qs, hx.quantize(xs[:, :, None, :]), scale_rtol=1e-6)
+  np.testing.assert_allclose(float(total), np.asarray(hx.dequantize(qs)).sum(), rtol=1e-6)
 
 
 def test_nested_vmap(xs):

@@ -121,6 +121,20 @@ def test_jvp_with_tuple_tangents(tup):
   assert (float(get(dt, 0)), float(get(dt, 1))) == (3.0, 6.0)
 
 
+def test_linearize_and_transpose_through_tuples():
+  def f(a):
+    t = hx.make_tup(a, 2 * a)
+    return get(t, 1) * 3 + get(t, 0)
+
+  a = jnp.arange(3., dtype=jnp.float32)
+  y, f_lin = jax.linearize(f, a)
+  np.testing.assert_array_equal(np.asarray(y), 7 * np.arange(3.))
+  np.testing.assert_array_equal(np.asarray(f_lin(jnp.ones(3, jnp.float32))), [7., 7., 7.])
+  # transposition goes through MakeTup.transpose and GetTupElt.transpose
+  (ga,) = jax.linear_transpose(f_lin, a)(jnp.ones(3, jnp.float32))
+  np.testing.assert_array_equal(np.asarray(ga), [7., 7., 7.])
+
+
 # --- vmap and scan -----------------------------------------------------------------------
 
 def swap(t):
