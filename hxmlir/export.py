@@ -344,10 +344,21 @@ class Exported:
     ``vjp_order`` VJP levels are embedded (``1`` keeps ``grad`` through
     :meth:`call` working after :func:`deserialize`). Needs ``flatbuffers``.
     """
+    _need_flatbuffers()
     attrs = {SIGNATURE_ATTR: json.dumps(self.signature_json(), sort_keys=True)}
     if vjp_order > 0:
       attrs[VJP_ATTR] = base64.b64encode(bytes(self.vjp().serialize(vjp_order - 1))).decode()
     return _seal(self.lo, attrs)
+
+
+def _need_flatbuffers() -> None:
+  """``jax.export`` serializes with the ``flatbuffers`` package, which JAX does not install."""
+  try:
+    import flatbuffers  # noqa: F401
+  except ImportError:
+    raise ImportError("hxmlir.export (de)serialization needs the 'flatbuffers' package, an "
+                      "hxmlir dependency that JAX does not install: pip install flatbuffers"
+                      ) from None
 
 
 def _digest(lo: jax_export.Exported, size: int) -> str:
@@ -541,6 +552,7 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   """
   if not isinstance(blob, (bytes, bytearray, memoryview)):
     raise ArtifactError(f"expected the bytes of a serialized artifact, got {type(blob).__name__}")
+  _need_flatbuffers()
   blob = bytes(blob)
   if len(blob) < 16:
     raise ArtifactError(f"artifact is truncated: {len(blob)} bytes")
