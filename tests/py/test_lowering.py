@@ -522,3 +522,20 @@ def test_platform_specific_builder_exports_next_to_the_reference():
 def test_lower_composite_needs_one_implementation():
   with pytest.raises(TypeError, match="exactly one of reference= and builder="):
     composite.lower_composite(None, "hx.dequantize")
+
+
+def test_composites_inside_shard_map_carry_no_shardings():
+  f = jax.shard_map(lambda x: hx.dequantize(hx.quantize(x)),
+                    in_specs=P("i", None), out_specs=P("i", None))
+  with jax.set_mesh(_mesh()):
+    x = jax.device_put(_X[:4].repeat(2, axis=0), P("i", None))
+    text = _lower(f, x)
+    got = jax.jit(f)(x)
+  with mlir.make_ir_context():
+    comps = _composites(_parse(text))
+  assert [c["name"] for c in comps] == ["hx.quantize", "hx.dequantize"]
+  assert comps[0]["operand_types"] == ["tensor<2x7xf32>"]  # the per-device block
+  for c in comps:
+    assert all(s is None for s in c["operand_shardings"] + c["result_shardings"])
+  want = jax.jit(lambda x: reference.dequantize(*reference.quantize(x)))(np.asarray(x))
+  assert _bits_equal(np.asarray(got), np.asarray(want))
