@@ -291,10 +291,11 @@ class Exported:
   def call(self, *args, **kwargs):
     """Calls the exported function on hi values; returns hi values in the exported structure.
 
-    Works eagerly, under ``jit``, ``vmap``-free transformations and ``grad``
-    (for arguments and results of inexact dtype, and ``q8``/``r1`` values, whose
-    gradients are dense; VJPs need the exporting process or an artifact
-    serialized with ``vjp_order >= 1``). Raises ``TypeError`` naming the
+    Works eagerly, under ``jit`` and under ``grad`` (with respect to arguments
+    of inexact dtype and ``q8``/``r1``/``Tup`` values, whose cotangents are
+    their dense tangent types; the VJP comes from the exporting process, or from
+    an artifact serialized with ``vjp_order >= 1``). ``vmap`` is not supported:
+    export for the batched shapes instead. Raises ``TypeError`` naming the
     expected and actual types when the arguments do not match the signature.
     """
     leaves, tree = _flatten((args, kwargs), "arguments")
