@@ -201,7 +201,11 @@ class QArrayTy(HiType):
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
-  qty = jax.typeof(q.qvalue)
+  qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
+  if (qty.dtype != I8 or sty.dtype != F32 or qty.ndim < 1
+      or tuple(sty.shape) != tuple(qty.shape[:-1])):
+    raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
+                    f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)}")
   return QArrayTy(tuple(qty.shape), qty.sharding, qty.mat)
 
 

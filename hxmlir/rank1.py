@@ -172,7 +172,11 @@ class Rank1Ty(HiType):
 
 
 def _typeof_rank1(r: Rank1) -> Rank1Ty:
-  cs, rs = jax.typeof(r.col).sharding, jax.typeof(r.row).sharding
+  ct, rt = jax.typeof(r.col), jax.typeof(r.row)
+  if not (_is_f32_vector_stack(ct) and _is_f32_vector_stack(rt)) or ct.shape[:-1] != rt.shape[:-1]:
+    raise TypeError("hx.Rank1 needs col: f32[*b, m] and row: f32[*b, n], got "
+                    f"col: {shd.short(ct)}, row: {shd.short(rt)}")
+  cs, rs = ct.sharding, rt.sharding
   cp = shd.partitions(cs, r.col.ndim)
   rp = shd.partitions(rs, r.row.ndim)
   base = shd.pick_mesh_sharding(cs, rs)

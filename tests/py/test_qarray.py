@@ -52,6 +52,20 @@ def test_typeof_rebuilt_from_components(x):
   np.testing.assert_array_equal(hx.dequantize(again), hx.dequantize(qx))
 
 
+@pytest.mark.parametrize("qvalue, scale, got", [
+    (np.zeros((2, 3), np.float32), np.ones(2, np.float32), "qvalue: f32[2,3], scale: f32[2]"),
+    (np.zeros((2, 3), np.int8), np.ones(3, np.float32), "qvalue: i8[2,3], scale: f32[3]"),
+    (np.zeros((2, 3), np.int8), np.ones(2, np.int32), "qvalue: i8[2,3], scale: i32[2]"),
+])
+def test_inconsistent_components_are_a_type_error(qvalue, scale, got):
+  bad = hx.QArray(jnp.asarray(qvalue), jnp.asarray(scale))
+  with pytest.raises(TypeError, match=r"hx\.QArray needs qvalue: i8\[\*lead, n\] and scale: "
+                     r"f32\[\*lead\], got " + got.replace("[", r"\[").replace("]", r"\]")):
+    jax.typeof(bad)
+  with pytest.raises(TypeError, match="hx.QArray needs"):
+    hx.dequantize(bad)
+
+
 def test_lo_types(x):
   lo = jax.typeof(hx.quantize(x)).lo_ty()
   assert [(a.shape, a.dtype) for a in lo] == [((2, 3), jnp.int8), ((2,), jnp.float32)]

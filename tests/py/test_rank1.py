@@ -220,6 +220,13 @@ def test_outer_rejects_bad_factors(col, row):
     jax.jit(hx.outer).trace(jnp.ones((2, 6), jnp.float32), jnp.ones((3, 5), jnp.float32))
 
 
+def test_inconsistent_factors_are_a_type_error(row):
+  bad = hx.Rank1(jnp.ones((2, 6), jnp.float32), row)
+  with pytest.raises(TypeError, match=r"hx\.Rank1 needs col: f32\[\*b, m\] and row: "
+                     r"f32\[\*b, n\], got col: f32\[2,6\], row: f32\[5\]"):
+    jax.typeof(bad)
+
+
 def test_matmul_r1_rejects_bad_operands(col, row):
   r = hx.outer(col, row)
   with pytest.raises(TypeError, match=r"operand shapes do not match: f32\[3,5\] @ r1\[6,5\]"):
