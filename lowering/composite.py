@@ -28,9 +28,10 @@ lowers every function with a leading platform-index argument; JAX's own
 ``jax.lax.composite`` then builds a decomposition with one more argument than
 the composite has operands, which is invalid. Here the reference function is
 lowered in a module context that has no platform-index or dimension-variable
-arguments, for one platform (the first lowering platform): the reference
-functions are platform-neutral StableHLO, which ``tests/py/test_lowering.py``
-checks by comparing the decomposition lowered for each platform.
+arguments, for one of the lowering platforms: the reference functions are
+platform-neutral StableHLO, which ``tests/py/test_lowering.py`` checks by
+comparing the decomposition lowered for each platform. Lowering rules that use
+:func:`lower_composite` must stay cacheable (see ``lowering/rules.py``).
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def build_decomposition(name: str, operand_types: Sequence[ir.Type],
   if symbol_table is None:
     symbol_table = ir.SymbolTable(module)
   ftype = ir.FunctionType.get(list(operand_types), list(result_types))
-  fn = func_dialect.FuncOp(f"{name}.impl", ftype, ip=ir.InsertionPoint(module.regions[0].blocks[0]))
+  fn = func_dialect.FuncOp(f"{name}.impl", ftype,
+                           ip=ir.InsertionPoint(module.regions[0].blocks[0]))
   fn.attributes["sym_visibility"] = ir.StringAttr.get("private")
   symbol_table.insert(fn)
   block = fn.add_entry_block()
