@@ -16,7 +16,8 @@
 6. ``accuracy``: runs the int8 and f32 models and compares them (max and
    relative error; for MiniLM the per-sentence cosine);
 7. ``timing``: times one step of the f32 model, the int8 model and the naive
-   dequantize-then-dot model (compiled without the plugin) side by side;
+   dequantize-then-dot model (compiled without the plugin, and with it, which
+   folds it into ``hx.matmul_q``) side by side, in turns (median per model);
 8. ``weights``: weight bytes, int8 + scales against f32;
 9. ``export``: exports the int8 model for ``cpu``, ``cuda`` and ``tpu`` with
    ``hxmlir.export``, writes the artifact to a file, runs it in a fresh process
@@ -288,15 +289,25 @@ def unflatten_values(arrays: dict[str, np.ndarray]) -> list[Any]:
 
 # --- the demo ----------------------------------------------------------------
 
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-  """Median seconds of ``fn()`` (blocking on its result) over ``repeats`` runs after one warm-up."""
-  jax.block_until_ready(fn())
-  ts = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
+                     progress: Callable[[str], None] | None = None) -> dict[str, float]:
+  """Median seconds per call of each ``fns[name]()`` (blocking on its result).
+
+  After one warm-up call each, the functions run in turns (round robin,
+  ``repeats`` rounds), so a change in machine load affects them all alike and
+  the side-by-side ratios stay meaningful on a shared machine.
+  """
+  for fn in fns.values():
     jax.block_until_ready(fn())
-    ts.append(time.perf_counter() - t0)
-  return float(np.median(ts))
+  ts: dict[str, list[float]] = {k: [] for k in fns}
+  for i in range(repeats):
+    if progress is not None:
+      progress(f"timing round {i + 1}/{repeats}")
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      ts[name].append(time.perf_counter() - t0)
+  return {k: float(np.median(v)) for k, v in ts.items()}
 
 
 def _load_optional(module: str, attr: str, why: str):
@@ -465,14 +476,11 @@ class _Demo:
 
   def timing(self):
     m, st, r = self.m, self.state, self.repeats
-    runs = [("f32", lambda: st["f32"](m.params, *m.inputs)),
-            ("int8 hx.matmul_q", lambda: st["int8"](m.qparams, *m.inputs)),
-            ("naive dequantize+dot", lambda: st["naive_plain"](m.qparams, *m.inputs)),
-            ("naive, folded by the pipeline", lambda: st["naive_folded"](m.qparams, *m.inputs))]
-    ms = {}
-    for i, (name, fn) in enumerate(runs):
-      self.progress(f"timing {name} ({i + 1}/{len(runs)}, median of {r})")
-      ms[name] = _time(fn, r) * 1e3
+    runs = {"f32": lambda: st["f32"](m.params, *m.inputs),
+            "int8 hx.matmul_q": lambda: st["int8"](m.qparams, *m.inputs),
+            "naive dequantize+dot": lambda: st["naive_plain"](m.qparams, *m.inputs),
+            "naive, folded by the pipeline": lambda: st["naive_folded"](m.qparams, *m.inputs)}
+    ms = {k: v * 1e3 for k, v in time_interleaved(runs, r, self.progress).items()}
     base = ms["f32"]
     line = "per step: " + ", ".join(f"{k} {v:.2f} ms ({v / base:.2f}x)" for k, v in ms.items())
     return "info", line, {"milliseconds": {k: round(v, 4) for k, v in ms.items()},
