@@ -364,17 +364,27 @@ def _need_flatbuffers() -> None:
 
 def _digest(lo: jax_export.Exported, size: int) -> str:
   """SHA-256 over the artifact's ``size``, the module bytes and every ``Exported`` field
-  (hxmlir's digest entry aside)."""
+  (hxmlir's digest entry aside), each in a canonical form of ours rather than JAX's
+  reprs, so that a JAX upgrade does not turn old artifacts into "corrupted" ones."""
+  def aval(a):
+    return [[int(n) for n in a.shape], np.dtype(a.dtype).name]
+
+  def sharding(sh):
+    if sh is None:
+      return None
+    if isinstance(sh, jax.sharding.NamedSharding):
+      return [[str(n) for n in sh.mesh.axis_names], [int(z) for z in sh.mesh.axis_sizes],
+              [e if e is None or isinstance(e, str) else list(e) for e in sh.spec]]
+    return str(sh)
+
   fields = json.dumps([
-      size,
-      lo.fun_name, [str(a) for a in lo.in_avals], [str(a) for a in lo.out_avals],
+      size, lo.fun_name, [aval(a) for a in lo.in_avals], [aval(a) for a in lo.out_avals],
       str(lo.in_tree), str(lo.out_tree), list(lo.platforms), lo.nr_devices,
       lo.calling_convention_version, list(lo.module_kept_var_idx),
-      bool(lo.uses_global_constants), [str(e) for e in lo.ordered_effects],
-      [str(e) for e in lo.unordered_effects], [str(s) for s in lo.in_shardings_hlo],
-      [str(s) for s in lo.out_shardings_hlo],
-      [str(s) for s in getattr(lo, "_in_named_shardings", ())],
-      [str(s) for s in getattr(lo, "_out_named_shardings", ())],
+      bool(lo.uses_global_constants), len(lo.ordered_effects), len(lo.unordered_effects),
+      [sharding(s) for s in lo.in_shardings_hlo], [sharding(s) for s in lo.out_shardings_hlo],
+      [sharding(s) for s in getattr(lo, "_in_named_shardings", ())],
+      [sharding(s) for s in getattr(lo, "_out_named_shardings", ())],
       [str(c) for c in _plain_checks(lo)]])
   return hashlib.sha256(bytes(lo.mlir_module_serialized) + b"\0" + fields.encode()).hexdigest()
 
