@@ -394,7 +394,8 @@ def quantize(x) -> QArray:
   axis). An all-zero row gets ``scale = 0`` and zero values, so it dequantizes
   to exact zeros; a row holding NaN or +-inf gets ``scale = NaN`` and zero
   values, so it dequantizes to NaN, never to finite garbage. The result keeps
-  ``x``'s sharding (the last axis must be unsharded).
+  ``x``'s sharding (``q8[8@i,3]``); the scale drops the last axis, so with a
+  sharded last axis (``q8[3,4@j]``) each row's maximum reduces across shards.
 
   Differentiates as the identity (straight-through estimator). Raises
   ``TypeError`` at trace time unless ``x`` is a float32 array of rank >= 1.
