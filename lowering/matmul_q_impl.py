@@ -1,0 +1,297 @@
+"""Streaming StableHLO implementations of ``hx.matmul_q`` (no JAX tracing).
+
+``y = (x * s[..., None, :]) @ q`` for ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``,
+``s: f32[*b, k]``. XLA compiles the reference (``lowering/reference.py``) by
+converting the whole weight to ``f32[*b, k, n]`` first: four times the int8
+bytes in temporary memory, written and read back once more than a plain f32
+matmul. The builders here convert one block of the weight at a time inside a
+``stablehlo.while`` loop, so at most one block of dequantized values is ever
+live, and the block is still in cache when the dot reads it.
+
+Two schemes, chosen by :func:`choose_blocking` from measurements on a 2-core
+x86 CPU (``benchmarks/matmul_q_cpu.py``):
+
+- *K-streaming* (small ``m``): the loop walks the contraction axis in blocks of
+  ``block_k`` rows of ``q``; each step slices ``q[..., i:i+B, :]`` (contiguous
+  rows), converts it to f32, multiplies it with the matching columns of the
+  scaled ``x`` and adds into an ``f32[*b, m, n]`` accumulator carried by the
+  loop. A static remainder step handles ``k % block_k`` rows; nothing is padded.
+- *N-blocking* (large ``m``): the loop walks the output columns in blocks of
+  ``block_n``; each step converts ``q[..., :, j:j+B]``, computes the full
+  contraction for those columns and writes them into the result with
+  ``dynamic_update_slice`` (no accumulator, so no extra ``f32[m, n]`` buffer
+  besides the result); a static remainder step handles ``n % block_n`` columns.
+
+The scale is folded into ``x`` once, before the loop (``k * m`` multiplies
+instead of ``k * n``), exactly as the reference does. The result differs from the
+reference only by the order of the f32 sums over ``k`` (K-streaming adds
+``ceil(k / block_k)`` partial dots); each element's error is bounded by about
+``k * eps_f32 * sum_k |x s q|`` (Higham, *Accuracy and Stability of Numerical
+Algorithms*, 2nd ed., section 3.1), which is what the tests check.
+
+The builders need only an MLIR context, a location and an insertion point, so
+both the CPU lowering rule (:func:`lower_matmul_q_cpu`, registered for
+``platform="cpu"``) and passes that create ``hx.matmul_q`` composites
+(``hx-fold-scales``) use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from hxmlir.lowering import reference, schema
+from hxmlir.lowering.composite import lower_composite
+from hxmlir.lowering.primitives import hx_matmul_q_p
+from jax.interpreters import mlir
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo as hlo
+
+# Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
+# block of dequantized values takes about BLOCK_BYTES of f32 (256 rows of a
+# 2048-wide weight, 128 rows of a 4096-wide one), and at most 1/MAX_FRACTION of
+# the whole dequantized weight, so temporary memory stays a small fraction of
+# what the reference needs. Block lengths are multiples of BLOCK_ALIGN and at
+# least MIN_BLOCK (shorter dots run far below the machine's peak).
+BLOCK_BYTES = 2 * 1024 * 1024
+MAX_FRACTION = 16
+BLOCK_ALIGN = 8
+MIN_BLOCK = 32
+# K-streaming up to this many rows of x (per batch element), N-blocking above.
+K_STREAMING_MAX_M = 32
+# Weights of at most this many elements (per batch element) are converted
+# whole (one dot, no loop): the dequantized copy is small and a loop would
+# only add overhead.
+SMALL_WEIGHT = 64 * 1024
+
+
+def _shape(v: ir.Value) -> tuple[int, ...]:
+  return tuple(ir.RankedTensorType(v.type).shape)
+
+
+def _etype(v: ir.Value) -> ir.Type:
+  return ir.RankedTensorType(v.type).element_type
+
+
+def _tensor(shape: Sequence[int], etype: ir.Type) -> ir.RankedTensorType:
+  return ir.RankedTensorType.get(list(shape), etype)
+
+
+def _i32_scalar(value: int) -> ir.Value:
+  t = _tensor((), ir.IntegerType.get_signless(32))
+  return hlo.ConstantOp(ir.DenseElementsAttr.get(np.array(value, np.int32), type=t)).result
+
+
+def _f32_zeros(shape: Sequence[int]) -> ir.Value:
+  f32 = ir.F32Type.get()
+  zero = hlo.ConstantOp(ir.DenseElementsAttr.get(np.array(0, np.float32),
+                                                 type=_tensor((), f32))).result
+  return hlo.BroadcastInDimOp(_tensor(shape, f32), zero, []).result
+
+
+def _convert_f32(v: ir.Value) -> ir.Value:
+  return hlo.ConvertOp(_tensor(_shape(v), ir.F32Type.get()), v).result
+
+
+def _static_slice(v: ir.Value, axis: int, start: int, stop: int) -> ir.Value:
+  shape = _shape(v)
+  starts = [0] * len(shape)
+  limits = list(shape)
+  starts[axis], limits[axis] = start, stop
+  return hlo.SliceOp(v, starts, limits, [1] * len(shape)).result
+
+
+def _dynamic_slice(v: ir.Value, axis: int, start: ir.Value, size: int) -> ir.Value:
+  shape = list(_shape(v))
+  zero = _i32_scalar(0)
+  starts = [start if d == axis else zero for d in range(len(shape))]
+  shape[axis] = size
+  return hlo.DynamicSliceOp(v, starts, shape).result
+
+
+def _dot(xs: ir.Value, w: ir.Value, nb: int) -> ir.Value:
+  """``f32[*b, m, c] x f32[*b, c, n] -> f32[*b, m, n]`` (batch dims leading)."""
+  batch = list(range(nb))
+  dims = hlo.DotDimensionNumbers.get(
+      lhs_batching_dimensions=batch, rhs_batching_dimensions=batch,
+      lhs_contracting_dimensions=[nb + 1], rhs_contracting_dimensions=[nb])
+  out = (*_shape(xs)[:-1], _shape(w)[-1])
+  return hlo.DotGeneralOp(_tensor(out, ir.F32Type.get()), xs, w, dims).result
+
+
+def _check(x: ir.Value, q: ir.Value, s: ir.Value) -> tuple[int, int, int, int]:
+  """Checks the operand types against the schema; returns ``(nb, m, k, n)``."""
+  def tt(v):
+    t = ir.RankedTensorType(v.type)
+    return schema.TensorType(tuple(t.shape), str(t.element_type))
+  ops = [tt(x), tt(q), tt(s)]
+  want = (*ops[0].shape[:-1], ops[1].shape[-1]) if ops[1].shape else ()
+  errs = schema.SCHEMAS["hx.matmul_q"].check_types(ops, [schema.TensorType(want, "f32")])
+  if errs:
+    raise TypeError(f"hx.matmul_q streaming implementation: {'; '.join(errs)} "
+                    f"(operands {', '.join(map(str, ops))})")
+  *_, m, k = ops[0].shape
+  return len(ops[0].shape) - 2, m, k, ops[1].shape[-1]
+
+
+def _block(length: int, other: int) -> int:
+  """Block length along an axis of ``length`` when the other weight axis is ``other``."""
+  by_bytes = BLOCK_BYTES // (4 * other)
+  by_fraction = length // MAX_FRACTION
+  return max(MIN_BLOCK, min(by_bytes, by_fraction) // BLOCK_ALIGN * BLOCK_ALIGN)
+
+
+def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
+  """The scheme and block size :func:`build_matmul_q_streaming` uses by default.
+
+  For ``x: f32[m, k]`` and ``q: i8[k, n]`` (per batch element). Returns
+  ``("k", block_k)`` (K-streaming) for ``m <= K_STREAMING_MAX_M``, else
+  ``("n", block_n)`` (N-blocking), with the block holding about
+  ``BLOCK_BYTES`` of f32 and at most ``1/MAX_FRACTION`` of the weight; or
+  ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements or when a
+  single block would cover the weight (convert once, one dot).
+  """
+  if k * n <= SMALL_WEIGHT:
+    return "whole", 0
+  if m <= K_STREAMING_MAX_M:
+    b = _block(k, n)
+    return ("k", b) if b < k else ("whole", 0)
+  b = _block(n, k)
+  return ("n", b) if b < n else ("whole", 0)
+
+
+def _scaled_x(x: ir.Value, s: ir.Value, nb: int) -> ir.Value:
+  """``x * s[..., None, :]``: ``f32[*b, m, k]``."""
+  sb = hlo.BroadcastInDimOp(x.type, s, [*range(nb), nb + 1]).result
+  return hlo.MulOp(x, sb).result
+
+
+def _loop(count: int, carried: Sequence[ir.Value], body) -> list[ir.Value]:
+  """``stablehlo.while`` running ``body(i, *carried) -> new carried`` for ``i < count``.
+
+  ``i`` is an ``i32`` scalar tensor; the counter is carried first and dropped
+  from the results.
+  """
+  i0 = _i32_scalar(0)
+  values = [i0, *carried]
+  types = [v.type for v in values]
+  op = hlo.WhileOp(types, values)
+  cond = op.regions[0].blocks.append(*types)
+  with ir.InsertionPoint(cond):
+    lt = hlo.CompareOp(cond.arguments[0], _i32_scalar(count),
+                       hlo.ComparisonDirectionAttr.get("LT"),
+                       compare_type=hlo.ComparisonTypeAttr.get("SIGNED")).result
+    hlo.ReturnOp([lt])
+  blk = op.regions[1].blocks.append(*types)
+  with ir.InsertionPoint(blk):
+    i = blk.arguments[0]
+    new = list(body(i, *blk.arguments[1:]))
+    hlo.ReturnOp([hlo.AddOp(i, _i32_scalar(1)).result, *new])
+  return list(op.results)[1:]
+
+
+def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
+                             block_k: int | None = None, block_n: int | None = None,
+                             scheme: str | None = None) -> ir.Value:
+  """Emits ``(x * s[..., None, :]) @ q`` without materialising the dequantized weight.
+
+  ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` (``ir.Value`` s
+  with static shapes) -> ``f32[*b, m, n]``, built as StableHLO at the current
+  insertion point (needs an MLIR context and location; no JAX tracing).
+
+  ``scheme``: ``"k"`` (K-streaming, blocks of ``block_k`` rows of ``q``),
+  ``"n"`` (N-blocking, blocks of ``block_n`` columns) or ``"whole"`` (convert
+  the whole weight, one dot: the reference's form); default
+  :func:`choose_blocking`'s choice. Block sizes default to the ones
+  :func:`choose_blocking` computes; a block at least as large as its axis
+  means one step.
+  ``k`` or ``n`` not a multiple of the block is handled by one static
+  remainder step. Raises ``TypeError`` when the operand types are not those of
+  ``hx.matmul_q`` (the message names them) and ``ValueError`` for an unknown
+  scheme or a block size < 1.
+  """
+  nb, m, k, n = _check(x, q, s)
+  if scheme is None:
+    scheme, blk = choose_blocking(m, k, n)
+    block_k = block_k or (blk if scheme == "k" else None)
+    block_n = block_n or (blk if scheme == "n" else None)
+  block_k = _block(k, n) if block_k is None else block_k
+  block_n = _block(n, k) if block_n is None else block_n
+  if scheme not in ("k", "n", "whole"):
+    raise ValueError(f"hx.matmul_q streaming: unknown scheme {scheme!r} "
+                     "(expected 'k', 'n' or 'whole')")
+  if block_k < 1 or block_n < 1:
+    raise ValueError(f"hx.matmul_q streaming: block sizes must be >= 1, got "
+                     f"block_k={block_k}, block_n={block_n}")
+  xs = _scaled_x(x, s, nb)
+  out_shape = (*_shape(x)[:-1], n)
+  if scheme == "whole" or (scheme == "k" and block_k >= k) or (scheme == "n" and block_n >= n):
+    return _dot(xs, _convert_f32(q), nb)
+
+  if scheme == "k":
+    steps, rem = divmod(k, block_k)
+    kax_x, kax_q = nb + 1, nb
+
+    def kstep(i, acc, xs_, q_):
+      start = hlo.MulOp(i, _i32_scalar(block_k)).result
+      qb = _convert_f32(_dynamic_slice(q_, kax_q, start, block_k))
+      xb = _dynamic_slice(xs_, kax_x, start, block_k)
+      return hlo.AddOp(acc, _dot(xb, qb, nb)).result, xs_, q_
+
+    if steps == 1:
+      acc = _dot(_static_slice(xs, kax_x, 0, block_k),
+                 _convert_f32(_static_slice(q, kax_q, 0, block_k)), nb)
+    else:
+      acc, _, _ = _loop(steps, [_f32_zeros(out_shape), xs, q], kstep)
+    if rem:
+      lo = steps * block_k
+      tail = _dot(_static_slice(xs, kax_x, lo, k),
+                  _convert_f32(_static_slice(q, kax_q, lo, k)), nb)
+      acc = hlo.AddOp(acc, tail).result
+    return acc
+
+  steps, rem = divmod(n, block_n)
+  nax = nb + 1  # the column axis of q and of the result
+
+  def nstep(i, out, xs_, q_):
+    start = hlo.MulOp(i, _i32_scalar(block_n)).result
+    qb = _convert_f32(_dynamic_slice(q_, nax, start, block_n))
+    zero = _i32_scalar(0)
+    idx = [start if d == nax else zero for d in range(nb + 2)]
+    return hlo.DynamicUpdateSliceOp(out, _dot(xs_, qb, nb), idx).result, xs_, q_
+
+  out, _, _ = _loop(steps, [_f32_zeros(out_shape), xs, q], nstep)
+  if rem:
+    lo = steps * block_n
+    tail = _dot(xs, _convert_f32(_static_slice(q, nax, lo, n)), nb)
+    zero = _i32_scalar(0)
+    idx = [_i32_scalar(lo) if d == nax else zero for d in range(nb + 2)]
+    out = hlo.DynamicUpdateSliceOp(out, tail, idx).result
+  return out
+
+
+# --- the CPU lowering rule ----------------------------------------------------
+
+def _streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
+  """Decomposition builder (``lowering.composite.DecompositionBuilder``) for CPU."""
+  x, q, s = args
+  return [build_matmul_q_streaming(x, q, s)]
+
+
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value) -> list[ir.Value]:
+  """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a streaming decomposition.
+
+  The composite (name, version, attributes, shardings) is exactly the one the
+  default rule emits; only its decomposition is :func:`build_matmul_q_streaming`.
+  When :func:`choose_blocking` picks ``"whole"`` (small weights) the
+  decomposition is the reference itself, so small programs lower to the same
+  text on every platform.
+  """
+  m, k = ctx.avals_in[0].shape[-2:]
+  n = ctx.avals_in[1].shape[-1]
+  if choose_blocking(m, k, n)[0] == "whole":
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=_streaming_decomposition)
+
+
+mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")

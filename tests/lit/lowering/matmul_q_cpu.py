@@ -1,0 +1,76 @@
+# RUN: %python %s | filecheck %s
+# hx.matmul_q on CPU: the composite is unchanged, its decomposition streams the
+# int8 weight through a stablehlo.while (lowering/matmul_q_impl.py).
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
+import numpy as np
+from lowering_util import print_ir
+
+import hxmlir as hx
+
+# m = 1, k = 600: K-streaming, 18 blocks of 32 rows (600 // 16 rounded down to
+# a multiple of 8) in a loop, then one static remainder step of 24 rows.
+x = np.ones((1, 600), np.float32)
+qw = hx.quantize(np.ones((600, 300), np.float32))
+print_ir("matmul_q_cpu_k", hx.matmul_q, x, qw)
+# CHECK-LABEL: TEST: matmul_q_cpu_k f32[1,600] q8[600,300]
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {decomposition = @[[IMPL:hx.matmul_q.impl]], version = 1 : i32}
+# CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<1x600xf32>, %[[Q:[a-z0-9]+]]: tensor<600x300xi8>, %[[S:[a-z0-9]+]]: tensor<600xf32>) -> tensor<1x300xf32>
+# The scale folds into x once, before the loop.
+# CHECK-NEXT: %[[SB:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = [1] : (tensor<600xf32>) -> tensor<1x600xf32>
+# CHECK-NEXT: %[[XS:[0-9]+]] = stablehlo.multiply %[[X]], %[[SB]] : tensor<1x600xf32>
+# CHECK: %[[ACC0:[0-9]+]] = stablehlo.broadcast_in_dim %{{.*}}, dims = [] : (tensor<f32>) -> tensor<1x300xf32>
+# CHECK: %[[W:[0-9]+]]:4 = stablehlo.while(%[[I:[a-zA-Z0-9_]+]] = %{{.*}}, %[[ACC:[a-zA-Z0-9_]+]] = %[[ACC0]], %[[LX:[a-zA-Z0-9_]+]] = %[[XS]], %[[LQ:[a-zA-Z0-9_]+]] = %[[Q]])
+# CHECK: stablehlo.constant dense<18> : tensor<i32>
+# CHECK: stablehlo.compare LT, %[[I]]
+# CHECK: } do {
+# CHECK: %[[OFF:[0-9]+]] = stablehlo.multiply %[[I]], %{{.*}} : tensor<i32>
+# Only a 32-row block of the weight is ever converted to f32.
+# CHECK: %[[QB:[0-9]+]] = stablehlo.dynamic_slice %[[LQ]], %[[OFF]], %{{.*}}, sizes = [32, 300] : (tensor<600x300xi8>, tensor<i32>, tensor<i32>) -> tensor<32x300xi8>
+# CHECK-NEXT: %[[QF:[0-9]+]] = stablehlo.convert %[[QB]] : (tensor<32x300xi8>) -> tensor<32x300xf32>
+# CHECK: %[[XB:[0-9]+]] = stablehlo.dynamic_slice %[[LX]], %{{.*}}, %[[OFF]], sizes = [1, 32]
+# CHECK-NEXT: %[[D:[0-9]+]] = stablehlo.dot_general %[[XB]], %[[QF]], contracting_dims = [1] x [0] : (tensor<1x32xf32>, tensor<32x300xf32>) -> tensor<1x300xf32>
+# CHECK-NEXT: %[[NEW:[0-9]+]] = stablehlo.add %[[ACC]], %[[D]] : tensor<1x300xf32>
+# CHECK: stablehlo.return %{{.*}}, %[[NEW]], %[[LX]], %[[LQ]]
+# The remainder: rows 576..600, static slices.
+# CHECK: %[[XR:[0-9]+]] = stablehlo.slice %[[XS]] [0:1, 576:600]
+# CHECK-NEXT: %[[QR:[0-9]+]] = stablehlo.slice %[[Q]] [576:600, 0:300]
+# CHECK-NEXT: %[[QRF:[0-9]+]] = stablehlo.convert %[[QR]] : (tensor<24x300xi8>) -> tensor<24x300xf32>
+# CHECK-NEXT: %[[DR:[0-9]+]] = stablehlo.dot_general %[[XR]], %[[QRF]]
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.add %[[W]]#1, %[[DR]] : tensor<1x300xf32>
+# CHECK-NEXT: return %[[Y]] : tensor<1x300xf32>
+
+# m = 40 > 32 with a batch dim: N-blocking, 18 blocks of 32 columns written
+# with dynamic_update_slice, then a static remainder of 24 columns.
+x = np.ones((2, 40, 300), np.float32)
+qw = hx.quantize(np.ones((2, 300, 600), np.float32))
+print_ir("matmul_q_cpu_n", hx.matmul_q, x, qw)
+# CHECK-LABEL: TEST: matmul_q_cpu_n f32[2,40,300] q8[2,300,600]
+# CHECK: func.func private @[[IMPL:hx.matmul_q.impl]](%[[X:[a-z0-9]+]]: tensor<2x40x300xf32>, %[[Q:[a-z0-9]+]]: tensor<2x300x600xi8>, %[[S:[a-z0-9]+]]: tensor<2x300xf32>) -> tensor<2x40x600xf32>
+# CHECK-NEXT: %[[SB:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = [0, 2] : (tensor<2x300xf32>) -> tensor<2x40x300xf32>
+# CHECK-NEXT: %[[XS:[0-9]+]] = stablehlo.multiply %[[X]], %[[SB]]
+# CHECK: %[[W:[0-9]+]]:4 = stablehlo.while(%[[I:[a-zA-Z0-9_]+]] = %{{.*}}, %[[OUT:[a-zA-Z0-9_]+]] = %{{.*}}, %[[LX:[a-zA-Z0-9_]+]] = %[[XS]], %[[LQ:[a-zA-Z0-9_]+]] = %[[Q]])
+# CHECK: } do {
+# CHECK: %[[OFF:[0-9]+]] = stablehlo.multiply %[[I]]
+# CHECK: %[[QB:[0-9]+]] = stablehlo.dynamic_slice %[[LQ]], %{{.*}}, %{{.*}}, %[[OFF]], sizes = [2, 300, 32]
+# CHECK-NEXT: %[[QF:[0-9]+]] = stablehlo.convert %[[QB]] : (tensor<2x300x32xi8>) -> tensor<2x300x32xf32>
+# CHECK: %[[D:[0-9]+]] = stablehlo.dot_general %[[LX]], %[[QF]], batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x40x300xf32>, tensor<2x300x32xf32>) -> tensor<2x40x32xf32>
+# CHECK-NEXT: %[[NEW:[0-9]+]] = stablehlo.dynamic_update_slice %[[OUT]], %[[D]], %{{.*}}, %{{.*}}, %[[OFF]]
+# CHECK: stablehlo.return %{{.*}}, %[[NEW]], %[[LX]], %[[LQ]]
+# CHECK: %[[QR:[0-9]+]] = stablehlo.slice %[[Q]] [0:2, 0:300, 576:600]
+# CHECK-NEXT: %[[QRF:[0-9]+]] = stablehlo.convert %[[QR]]
+# CHECK-NEXT: %[[DR:[0-9]+]] = stablehlo.dot_general %[[XS]], %[[QRF]]
+# CHECK: %[[Y:[0-9]+]] = stablehlo.dynamic_update_slice %[[W]]#1, %[[DR]]
+# CHECK-NEXT: return %[[Y]] : tensor<2x40x600xf32>
+
+# Small weights keep the reference decomposition (the same text on every platform).
+x = np.ones((2, 6), np.float32)
+qw = hx.quantize(np.ones((6, 5), np.float32))
+print_ir("matmul_q_cpu_small", hx.matmul_q, x, qw)
+# CHECK-LABEL: TEST: matmul_q_cpu_small f32[2,6] q8[6,5]
+# CHECK: func.func private @hx.matmul_q.impl
+# CHECK-NOT: stablehlo.while
+# CHECK: stablehlo.convert %{{.*}} : (tensor<6x5xi8>) -> tensor<6x5xf32>
+# CHECK-NEXT: stablehlo.dot_general

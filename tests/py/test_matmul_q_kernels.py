@@ -1,0 +1,213 @@
+"""``hx.matmul_q`` kernels: the streaming CPU implementation and its lowering rule.
+
+Numbers are compared with the reference (``lowering/reference.py``) within the
+bound of a reordered f32 sum: both compute ``sum_k (x s)[m, k] * q[k, n]`` in
+f32 from the same rounded ``x * s`` (the int8 -> f32 conversion is exact), only
+in a different order, so by the standard dot-product bound (Higham, *Accuracy
+and Stability of Numerical Algorithms*, 2nd ed., eq. 3.5) each differs from the
+exact sum by at most ``gamma_k * S`` with ``gamma_k = k eps / (1 - k eps)`` and
+``S = |x s| @ |q|``; hence ``|y - y_ref| <= 2 gamma_k S``. The bound is
+computed in float64 per element, so a wrong block offset or a lost remainder
+(errors of the order of ``S / k`` or more) fails it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hxmlir.lowering import matmul_q_impl as impl
+from hxmlir.lowering import reference
+from hxmlir.lowering.primitives import hx_matmul_q_p
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jaxlib.mlir import ir
+
+import hxmlir as hx
+
+EPS = np.finfo(np.float32).eps
+
+# A test-only primitive whose CPU lowering is build_matmul_q_streaming with
+# explicit parameters (the real rule picks them from the shapes).
+_stream_p = Primitive("test_matmul_q_streaming")
+_stream_p.def_abstract_eval(
+    lambda x, q, s, **_: jax.core.ShapedArray((*x.shape[:-1], q.shape[-1]), jnp.float32))
+mlir.register_lowering(
+    _stream_p, lambda ctx, x, q, s, **kw: [impl.build_matmul_q_streaming(x, q, s, **kw)])
+
+
+def _streaming(x, q, s, **params):
+  return jax.jit(lambda x, q, s: _stream_p.bind(x, q, s, **params))(x, q, s)
+
+
+def _operands(rng, b, m, k, n):
+  x = rng.standard_normal((*b, m, k)).astype(np.float32)
+  w = rng.standard_normal((*b, k, n)).astype(np.float32) * rng.uniform(0.1, 3, (*b, k, 1))
+  qw = hx.quantize(w.astype(np.float32))
+  return x, np.asarray(qw.qvalue), np.asarray(qw.scale)
+
+
+def _assert_close_to_reference(y, x, q, s):
+  """``|y - reference| <= 2 gamma_k |x s| @ |q|`` elementwise (see the module docstring)."""
+  k = x.shape[-1]
+  ref = np.asarray(jax.jit(reference.matmul_q)(x, q, s))
+  xs = np.abs(x.astype(np.float64) * s.astype(np.float64)[..., None, :])
+  bound = xs @ np.abs(q.astype(np.float64))
+  gamma = k * EPS / (1 - k * EPS)
+  y = np.asarray(y)
+  assert y.shape == ref.shape and y.dtype == np.float32
+  err = np.abs(y.astype(np.float64) - ref)
+  worst = np.unravel_index(np.argmax(err - 2 * gamma * bound), err.shape)
+  assert np.all(err <= 2 * gamma * bound), (
+      f"error {err[worst]:.3g} > bound {2 * gamma * bound[worst]:.3g} at {worst}")
+
+
+# (batch, m, k, n, scheme, block): k or n not a multiple of the block, one
+# block, a block larger than the axis, batch dims, m = 1.
+SHAPES = [
+    ((), 1, 100, 33, "k", 16),      # 6 steps + remainder 4
+    ((), 3, 64, 20, "k", 16),       # exact multiple
+    ((), 5, 40, 7, "k", 32),        # 1 step + remainder 8 (no loop)
+    ((), 2, 30, 9, "k", 64),        # block > k: one dot
+    ((2,), 4, 50, 12, "k", 8),      # batch dim
+    ((2, 3), 1, 37, 5, "k", 10),    # two batch dims
+    ((), 7, 45, 50, "n", 16),       # 3 steps + remainder 2
+    ((), 1, 20, 64, "n", 16),       # exact multiple
+    ((3,), 6, 19, 23, "n", 5),      # batch dim, remainder 3
+    ((), 2, 9, 4, "n", 8),          # block > n
+    ((2,), 3, 11, 13, "whole", 0),
+]
+
+
+@pytest.mark.parametrize("b,m,k,n,scheme,block", SHAPES)
+def test_streaming_matches_reference(b, m, k, n, scheme, block):
+  rng = np.random.default_rng(abs(hash((b, m, k, n))) % 2**32)
+  x, q, s = _operands(rng, b, m, k, n)
+  params = {"scheme": scheme}
+  if scheme == "k":
+    params["block_k"] = block
+  elif scheme == "n":
+    params["block_n"] = block
+  _assert_close_to_reference(_streaming(x, q, s, **params), x, q, s)
+
+
+def test_a_lost_remainder_would_fail_the_tolerance():
+  # The check is sharp enough to see one missing row of q: drop the last row's
+  # contribution (what an off-by-one remainder would do) and it must fail.
+  rng = np.random.default_rng(0)
+  x, q, s = _operands(rng, (), 3, 100, 33)
+  y = np.asarray(_streaming(x, q, s, scheme="k", block_k=16))
+  y_wrong = y - (x[:, -1:] * s[-1]) @ q[-1:].astype(np.float32)
+  with pytest.raises(AssertionError, match="error .* > bound"):
+    _assert_close_to_reference(y_wrong, x, q, s)
+
+
+def test_default_choice_matches_reference_over_random_shapes():
+  rng = np.random.default_rng(42)
+  for _ in range(6):
+    m = int(rng.choice([1, 2, 5, 33, 40]))
+    k, n = (int(v) for v in rng.integers(257, 700, 2))  # never a multiple of 256
+    x, q, s = _operands(rng, (), m, k, n)
+    _assert_close_to_reference(_streaming(x, q, s), x, q, s)
+
+
+def test_choose_blocking():
+  two_mib_of_rows = impl.BLOCK_BYTES // (4 * 4096)  # 128 rows of a 4096-wide weight
+  assert impl.choose_blocking(1, 4096, 4096) == ("k", two_mib_of_rows)
+  assert impl.choose_blocking(impl.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
+  assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == ("n", two_mib_of_rows)
+  assert impl.choose_blocking(1, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
+  assert impl.choose_blocking(1, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
+  assert impl.choose_blocking(1, 300, 4096) == ("k", impl.MIN_BLOCK)
+  assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
+  assert impl.choose_blocking(1, 30, 4096) == ("whole", 0)  # a single block
+
+
+# --- the CPU lowering rule ----------------------------------------------------
+
+def _decomposition_ops(text: str) -> set[str]:
+  with mlir.make_ir_context():
+    module = ir.Module.parse(text)
+    ops = set()
+
+    def visit(op):
+      ops.add(op.name)
+      return ir.WalkResult.ADVANCE
+    for fn in module.body.operations:
+      if ir.StringAttr(fn.attributes["sym_name"]).value.startswith("hx.matmul_q.impl"):
+        fn.operation.walk(visit)
+  return ops
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 600, 300), (3, 513, 260), (40, 300, 301)])
+def test_cpu_rule_streams_and_matches_reference(m, k, n):
+  rng = np.random.default_rng(m * k + n)
+  x, q, s = _operands(rng, (), m, k, n)
+  qw = hx.QArray(jnp.asarray(q), jnp.asarray(s))
+  lowered = jax.jit(hx.matmul_q).lower(x, qw)
+  text = lowered.as_text()
+  assert 'stablehlo.composite "hx.matmul_q"' in text
+  assert "stablehlo.while" in _decomposition_ops(text)
+  _assert_close_to_reference(lowered.compile()(x, qw), x, q, s)
+
+
+def test_cpu_rule_keeps_small_weights_on_the_reference_decomposition():
+  x = np.ones((2, 6), np.float32)
+  qw = hx.quantize(np.ones((6, 5), np.float32))
+  text = jax.jit(hx.matmul_q).lower(x, qw).as_text()
+  ops = _decomposition_ops(text)
+  assert "stablehlo.while" not in ops and "stablehlo.dot_general" in ops
+
+
+def test_cpu_rule_under_vmap_and_grad():
+  rng = np.random.default_rng(7)
+  x, q, s = _operands(rng, (3,), 2, 300, 260)
+  qw = hx.QArray(jnp.asarray(q), jnp.asarray(s))
+  y = jax.jit(jax.vmap(hx.matmul_q, in_axes=(0, hx.QArraySpec())))(x, qw)
+  _assert_close_to_reference(y, x, q, s)
+  # d/dx sum(x @ w) = sum over columns of w, per row of x
+  qw0 = hx.QArray(qw.qvalue[0], qw.scale[0])
+  gx = jax.jit(jax.grad(lambda x, qw: hx.matmul_q(x, qw).sum()))(x[0], qw0)
+  want = (q[0].astype(np.float64) * s[0][:, None]).sum(1)
+  np.testing.assert_allclose(np.asarray(gx), np.broadcast_to(want, gx.shape), rtol=1e-4,
+                             atol=1e-4 * np.abs(want).max())
+
+
+def test_cpu_rule_bounds_temporary_memory():
+  # k = n = 2048: the dequantized f32 weight is 16 MiB; the streaming
+  # decomposition keeps one block (plus the f32[m, n] accumulator).
+  k = n = 2048
+  x = jnp.zeros((1, k), jnp.float32)
+  qw = hx.QArray(jnp.zeros((k, n), jnp.int8), jnp.zeros((k,), jnp.float32))
+  temp = jax.jit(hx.matmul_q).lower(x, qw).compile().memory_analysis().temp_size_in_bytes
+  ref_temp = jax.jit(reference.matmul_q).lower(x, qw.qvalue, qw.scale).compile() \
+      .memory_analysis().temp_size_in_bytes
+  assert ref_temp >= k * n * 4  # the reference materialises the weight...
+  assert temp <= k * n * 4 // 8  # ...the streaming form at most an eighth of it
+
+
+def test_multi_platform_export_keeps_the_cpu_rule_for_cpu_only():
+  x = np.ones((1, 600), np.float32)
+  q, s = np.ones((600, 260), np.int8), np.ones((600,), np.float32)
+  exp = jax.export.export(jax.jit(hx_matmul_q_p.bind), platforms=["cpu", "tpu"])(x, q, s)
+  text = exp.mlir_module()
+  assert text.count('stablehlo.composite "hx.matmul_q"') == 2  # one per platform branch
+  assert text.count("stablehlo.while") == 1  # only the CPU decomposition streams
+  y = exp.call(x, q, s)
+  np.testing.assert_allclose(np.asarray(y), np.full((1, 260), 600.0, np.float32), rtol=1e-6)
+
+
+# --- errors -------------------------------------------------------------------
+
+def test_builder_names_bad_operand_types():
+  with pytest.raises(TypeError, match=r"f32\[2,5\], i8\[3,4\], f32\[3\]"):
+    _streaming(np.ones((2, 5), np.float32), np.ones((3, 4), np.int8), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("params,msg", [({"scheme": "tiles"}, "unknown scheme 'tiles'"),
+                                        ({"scheme": "k", "block_k": 0}, "block_k=0")])
+def test_builder_rejects_bad_parameters(params, msg):
+  with pytest.raises(ValueError, match=msg):
+    _streaming(np.ones((2, 5), np.float32), np.ones((5, 4), np.int8), np.ones(5, np.float32),
+               **params)
