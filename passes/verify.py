@@ -62,11 +62,23 @@ class VerifyPass(HxPass):
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     funcs = irutil.func_ops(module)
     plain_cache: dict[str, str | None] = {}
+    # Composites equal in everything the check reads (attributes, operand and
+    # result types, operand shardings) get the same verdict: a model's repeated
+    # layers are checked once. MLIR types and attributes are uniqued, so the key
+    # hashes cheaply.
+    verdicts: dict[tuple, list[str]] = {}
     checked = 0
     for op in irutil.walk(module):
       if irutil.is_hx_composite(op):
         checked += 1
-        for problem in _check_composite(op, funcs, plain_cache):
+        attrs = op.attributes
+        key = (tuple((k, attrs[k]) for k in attrs), tuple(v.type for v in op.operands),
+               tuple(v.type for v in op.results),
+               tuple(irutil.value_sharding_attr(v) for v in op.operands))
+        problems = verdicts.get(key)
+        if problems is None:
+          problems = verdicts[key] = _check_composite(op, funcs, plain_cache)
+        for problem in problems:
           diags.error(op, f"'{irutil.composite_name(op)}' {problem}")
     return PassResult(changed=False, stats={"composites checked": checked})
 
