@@ -7,14 +7,17 @@ shardings as the schema's :data:`DimSharding`, and op walking.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Iterator
 
-from hxmlir.lowering.schema import DimSharding, TensorType
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from hxmlir import _jax
+from hxmlir.lowering import schema as _schema_module
+from hxmlir.lowering.schema import DimSharding, TensorType
 
 
 def make_context(allow_unregistered: bool = False) -> ir.Context:
@@ -35,32 +38,39 @@ def _cast(loc: ir.Location, cls):
     return None
 
 
-def _file_loc(loc: ir.Location) -> ir.FileLineColLoc | None:
-  """The first ``FileLineColLoc`` in ``loc`` (callee before caller, fused in order)."""
+def _file_locs(loc: ir.Location) -> Iterator[ir.FileLineColLoc]:
+  """Every ``FileLineColLoc`` in ``loc``: callee before caller, fused in order."""
   if (f := _cast(loc, ir.FileLineColLoc)) is not None:
-    return f
-  if (n := _cast(loc, ir.NameLoc)) is not None:
-    return _file_loc(n.child_loc)
-  if (c := _cast(loc, ir.CallSiteLoc)) is not None:
-    return _file_loc(c.callee) or _file_loc(c.caller)
-  if (fused := _cast(loc, ir.FusedLoc)) is not None:
+    yield f
+  elif (n := _cast(loc, ir.NameLoc)) is not None:
+    yield from _file_locs(n.child_loc)
+  elif (c := _cast(loc, ir.CallSiteLoc)) is not None:
+    yield from _file_locs(c.callee)
+    yield from _file_locs(c.caller)
+  elif (fused := _cast(loc, ir.FusedLoc)) is not None:
     for sub in fused.locations:
-      found = _file_loc(sub)
-      if found is not None:
-        return found
-  return None
+      yield from _file_locs(sub)
+
+
+# Frames inside hxmlir itself (hi primitives, lowering rules) are skipped, the way
+# JAX drops its own frames from tracebacks: the user's line is the one that matters.
+_OWN_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
+                  for m in (_jax, _schema_module, sys.modules[__name__]))
 
 
 def location_str(loc: ir.Location) -> str:
-  """``"file:line:col"`` for ``loc``: the first file position it holds, else ``<unknown>``.
+  """``"file:line:col"`` for ``loc``: its first file position outside hxmlir, else ``<unknown>``.
 
   IR lowered by JAX carries the user's Python file and line inside name and
-  call-site locations; IR parsed from a file carries the file's line and column.
+  call-site locations (frames in hxmlir's own packages are skipped when a user
+  frame exists); IR parsed from a file carries the file's line and column.
   """
-  found = _file_loc(loc)
-  if found is None:
+  found = list(_file_locs(loc))
+  if not found:
     return "<unknown>"
-  return f"{found.filename}:{found.start_line}:{found.start_col}"
+  user = [f for f in found if not f.filename.startswith(_OWN_DIRS)]
+  f = (user or found)[0]
+  return f"{f.filename}:{f.start_line}:{f.start_col}"
 
 
 # --- parsing -----------------------------------------------------------------
