@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from hxmlir.passes import irutil
 from jaxlib.mlir import ir
+
+from hxmlir.passes import irutil
 
 
 class Severity(enum.Enum):

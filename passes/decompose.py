@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
+
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 
 _MAX_ROUNDS = 64  # nesting depth bound: a decomposition that uses itself is an error
 

@@ -44,12 +44,13 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import ClassVar
 
-from hxmlir.lowering import schema
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
+
+from hxmlir.lowering import schema
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 
 _ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
              "stablehlo.reshape", "stablehlo.transpose", "sdy.sharding_constraint")

@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from jaxlib.mlir import ir, passmanager
+
 from hxmlir.passes import irutil
 from hxmlir.passes.base import Diagnostic, Diagnostics, HxPass, PassError, PipelineError
 from hxmlir.passes.registry import PASS_REGISTRY
-from jaxlib.mlir import ir, passmanager
 
 NATIVE_PASSES: tuple[str, ...] = (
     "canonicalize", "control-flow-sink", "cse", "inline", "loop-invariant-code-motion",

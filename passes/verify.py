@@ -27,10 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from jaxlib.mlir import ir
+
 from hxmlir.lowering import schema
 from hxmlir.passes import irutil
 from hxmlir.passes.base import Diagnostics, HxPass, PassResult
-from jaxlib.mlir import ir
 
 _PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint")
 

@@ -1,0 +1,226 @@
+"""hx-fold-scales preserves semantics: compile before and after, compare on random inputs.
+
+The family: a dequantized operand ``D = q * s`` (``q: i8[..., n]`` quantized along
+its last axis, ``s: f32[...]``), as the ``hx.dequantize`` composite or open-coded
+the way JAX emits it (either multiply operand order), feeding ``dot_general`` on
+either side, with random batch / contracting / free axis counts, random axis
+placements in both operands, and random sizes (including 1). The expected rewrite
+is derived independently here from the axis roles: the scale varies along the
+non-last axes of ``D``; contracting only -> into the other operand (or
+``hx.matmul_q`` in its exact form), free only -> into the result, batch only ->
+the smaller side, contracting and free -> left alone.
+
+Tolerance: each output element is ``sum_k x_k q_k s_k`` in f32. The rewrite
+reassociates each product (``(x s) q`` vs ``x (q s)``: at most 2 roundings of
+relative size 2^-24 each) and XLA may order the sum differently, so the error is
+bounded by about ``(K + 2) * 2^-24 * sum_k |x_k q_k s_k|`` with ``K <= 30`` terms
+here, i.e. below ``2e-6`` of the sum of magnitudes; the test allows ``1e-5`` of it
+(plus ``1e-6`` absolute), computed per element in float64.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from test_passes_support import compile_and_run
+
+from hxmlir.passes import irutil, parse_pipeline
+
+RTOL = 1e-5
+
+
+def _t(shape, dtype="f32"):
+  return f"tensor<{'x'.join(map(str, shape))}{'x' if shape else ''}{dtype}>"
+
+
+class Case:
+  """One generated dot: D's axes and X's axes with roles, sizes, side and form."""
+
+  def __init__(self, rng: np.random.Generator, idx: int):
+    nb = int(rng.integers(0, 2))
+    nc = int(rng.integers(0, 3))
+    nfd = int(rng.integers(0, 3))
+    nfx = int(rng.integers(0, 2))
+    if nb + nc + nfd == 0:
+      nfd = 1
+    sizes = [1, 2, 3, 5]
+    self.b = [int(rng.choice(sizes)) for _ in range(nb)]
+    self.c = [int(rng.choice(sizes)) for _ in range(nc)]
+    fd = [int(rng.choice(sizes)) for _ in range(nfd)]
+    fx = [int(rng.choice(sizes)) for _ in range(nfx)]
+    # axis roles, in a random order for each operand
+    d_roles = [("b", i) for i in range(nb)] + [("c", i) for i in range(nc)] + \
+              [("f", i) for i in range(nfd)]
+    x_roles = [("b", i) for i in range(nb)] + [("c", i) for i in range(nc)] + \
+              [("f", i) for i in range(nfx)]
+    self.d_roles = [d_roles[i] for i in rng.permutation(len(d_roles))]
+    self.x_roles = [x_roles[i] for i in rng.permutation(len(x_roles))]
+    self.fd, self.fx = fd, fx
+    self.side = int(rng.integers(0, 2))  # 0: D is the lhs
+    self.form = ["composite", "open", "open_swapped"][idx % 3]
+    self.name = f"case{idx}"
+
+  @classmethod
+  def fixed(cls, name, b, c, fd, fx, d_roles, x_roles, side, form):
+    self = cls.__new__(cls)
+    self.b, self.c, self.fd, self.fx = b, c, fd, fx
+    self.d_roles, self.x_roles, self.side, self.form, self.name = \
+        d_roles, x_roles, side, form, name
+    return self
+
+  def size(self, role, which):
+    kind, i = role
+    return {"b": self.b, "c": self.c, "f": self.fd if which == "d" else self.fx}[kind][i]
+
+  @property
+  def d_shape(self):
+    return [self.size(r, "d") for r in self.d_roles]
+
+  @property
+  def x_shape(self):
+    return [self.size(r, "x") for r in self.x_roles]
+
+  def dims(self, roles, kind):
+    return [roles.index((kind, i)) for i in range(len(self.b if kind == "b" else self.c))]
+
+  def result_shape(self):
+    lhs, rhs = (self.d_roles, self.x_roles) if self.side == 0 else (self.x_roles, self.d_roles)
+    lw, rw = ("d", "x") if self.side == 0 else ("x", "d")
+    shape = list(self.b)
+    shape += [self.size(r, lw) for r in lhs if r[0] == "f"]
+    shape += [self.size(r, rw) for r in rhs if r[0] == "f"]
+    return shape
+
+  def expected(self) -> str:
+    """The rewrite this case must get, from the axis roles alone."""
+    scaled = {self.d_roles[a][0] for a in range(len(self.d_roles) - 1)
+              if self.d_shape[a] != 1}
+    if "c" in scaled and "f" in scaled:
+      return "none"
+    if "c" in scaled:
+      return "matmul_q formed" if self.matmul_q_form() else "into operand"
+    if "f" in scaled:
+      return "into result"
+    if np.prod(self.x_shape) <= np.prod(self.result_shape()):
+      return "matmul_q formed" if self.matmul_q_form() else "into operand"
+    return "into result"
+
+  def matmul_q_form(self) -> bool:
+    r = len(self.d_roles)
+    nb = len(self.b)
+    return (self.side == 1 and len(self.x_roles) == r and r >= 2 and len(self.c) == 1
+            and self.d_roles[:nb] == [("b", i) for i in range(nb)]
+            and self.x_roles[:nb] == [("b", i) for i in range(nb)]
+            and self.d_roles[r - 2] == ("c", 0) and self.x_roles[r - 1] == ("c", 0))
+
+  def mlir(self) -> str:
+    ds, xs, rs = self.d_shape, self.x_shape, self.result_shape()
+    r = len(ds)
+    ss = ds[:-1]
+    lines = [f"func.func @main(%q: {_t(ds, 'i8')}, %s: {_t(ss)}, %x: {_t(xs)}) -> {_t(rs)} {{"]
+    if self.form == "composite":
+      lines.append(f'  %d = stablehlo.composite "hx.dequantize" %q, %s {{decomposition = @deq, '
+                   f'version = 1 : i32}} : ({_t(ds, "i8")}, {_t(ss)}) -> {_t(ds)}')
+    else:
+      one = [*ss, 1]
+      lines += [
+          f"  %qf = stablehlo.convert %q : ({_t(ds, 'i8')}) -> {_t(ds)}",
+          f"  %s1 = stablehlo.broadcast_in_dim %s, dims = {list(range(r - 1))} : "
+          f"({_t(ss)}) -> {_t(one)}",
+          f"  %s2 = stablehlo.broadcast_in_dim %s1, dims = {list(range(r))} : "
+          f"({_t(one)}) -> {_t(ds)}",
+          "  %d = stablehlo.multiply " + ("%qf, %s2" if self.form == "open" else "%s2, %qf")
+          + f" : {_t(ds)}"]
+    lhs, rhs = ("%d", "%x") if self.side == 0 else ("%x", "%d")
+    lr, rr = (self.d_roles, self.x_roles) if self.side == 0 else (self.x_roles, self.d_roles)
+    lt, rt = (_t(ds), _t(xs)) if self.side == 0 else (_t(xs), _t(ds))
+    batch = ""
+    if self.b:
+      batch = f"batching_dims = {self.dims(lr, 'b')} x {self.dims(rr, 'b')}, "
+    lines.append(f"  %r = stablehlo.dot_general {lhs}, {rhs}, {batch}contracting_dims = "
+                 f"{self.dims(lr, 'c')} x {self.dims(rr, 'c')} : ({lt}, {rt}) -> {_t(rs)}")
+    lines += [f"  return %r : {_t(rs)}", "}"]
+    if self.form == "composite":
+      lines += [
+          f"func.func private @deq(%q: {_t(ds, 'i8')}, %s: {_t(ss)}) -> {_t(ds)} {{",
+          f"  %0 = stablehlo.convert %q : ({_t(ds, 'i8')}) -> {_t(ds)}",
+          f"  %1 = stablehlo.broadcast_in_dim %s, dims = {list(range(r - 1))} : "
+          f"({_t(ss)}) -> {_t(ds)}",
+          f"  %2 = stablehlo.multiply %0, %1 : {_t(ds)}",
+          f"  return %2 : {_t(ds)}", "}"]
+    return "\n".join(lines) + "\n"
+
+  def inputs(self, rng):
+    q = rng.integers(-127, 128, self.d_shape).astype(np.int8)
+    s = rng.uniform(0.25, 2.0, self.d_shape[:-1]).astype(np.float32)
+    x = rng.standard_normal(self.x_shape).astype(np.float32)
+    return [q, s, x]
+
+  def magnitude(self, q, s, x):
+    """Per output element, ``sum |x q s|`` in float64 (the error scale)."""
+    d = np.abs(q.astype(np.float64) * s[..., None].astype(np.float64))
+    letters = iter("abcdefghijklmnop")
+    names = {}
+    for role in itertools.chain(self.d_roles, self.x_roles):
+      key = role if role[0] != "f" else None
+      if key is not None and key not in names:
+        names[key] = next(letters)
+    d_sub = "".join(names.get(r) or f"{next(letters)}" for r in self.d_roles)
+    x_sub = "".join(names.get(r) if r[0] != "f" else next(letters) for r in self.x_roles)
+    fd = "".join(ch for ch, r in zip(d_sub, self.d_roles) if r[0] == "f")
+    fx = "".join(ch for ch, r in zip(x_sub, self.x_roles) if r[0] == "f")
+    out = "".join(names[("b", i)] for i in range(len(self.b)))
+    out += fd + fx if self.side == 0 else fx + fd
+    return np.einsum(f"{d_sub},{x_sub}->{out}", d, np.abs(x.astype(np.float64)))
+
+
+def _cases():
+  rng = np.random.default_rng(20261129)
+  gen = [Case(rng, i) for i in range(45)]
+  # The exact hx.matmul_q forms, so every run covers them (composite and open-coded).
+  for form in ("composite", "open", "open_swapped"):
+    gen.append(Case.fixed(f"matmul_q_{form}", [3], [4], [5], [2], [("b", 0), ("c", 0), ("f", 0)],
+                          [("b", 0), ("f", 0), ("c", 0)], 1, form))
+    gen.append(Case.fixed(f"matmul_2d_{form}", [], [6], [5], [4], [("c", 0), ("f", 0)],
+                          [("f", 0), ("c", 0)], 1, form))
+  return gen
+
+
+CASES = _cases()
+
+
+def test_family_covers_every_rewrite():
+  kinds = {c.expected() for c in CASES}
+  assert kinds == {"none", "into operand", "into result", "matmul_q formed"}
+  assert {c.side for c in CASES} == {0, 1}
+  assert {c.form for c in CASES} == {"composite", "open", "open_swapped"}
+  assert any(c.b for c in CASES) and any(len(c.c) == 2 for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_fold_preserves_semantics(case):
+  text = case.mlir()
+  module = irutil.parse_module(text, irutil.make_context(), case.name)
+  result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
+  stats = result.stats["hx-fold-scales"]
+  want = case.expected()
+  if want == "none":
+    assert not result.changed, text
+    return
+  assert stats["scales folded"] == 1 and stats[want] == 1, (want, stats, text)
+  folded = module.get_asm()
+  dots = [op for op in irutil.walk(module) if op.name == "stablehlo.dot_general"]
+  for dot in dots:  # no dot consumes a dequantized value any more
+    for v in dot.operands:
+      op = v.owner.operation if hasattr(v.owner, "operation") else None
+      assert op is None or op.name != "stablehlo.composite", folded
+  rng = np.random.default_rng(len(text))
+  args = case.inputs(rng)
+  (before,) = compile_and_run(text, args)
+  (after,) = compile_and_run(folded, args)
+  assert before.shape == after.shape == tuple(case.result_shape())
+  bound = RTOL * case.magnitude(*args) + 1e-6
+  err = np.abs(after.astype(np.float64) - before.astype(np.float64))
+  assert (err <= bound).all(), f"max error {err.max()} vs bound {bound.min()}\n{folded}"
