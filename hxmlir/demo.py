@@ -176,6 +176,10 @@ MINILM_SENTENCES = (
 )
 
 
+# pairs of MINILM_SENTENCES with well-separated similarities (0.76 ... 0.07)
+MINILM_PAIRS = ((0, 1), (4, 5), (2, 3), (0, 4), (6, 7))
+
+
 def build_model(name: str, progress: Callable[[str], None] | None = None) -> DemoModel:
   """The :class:`DemoModel` called ``name`` (``"builtin"`` or ``"minilm"``), not yet quantized.
 
@@ -200,11 +204,17 @@ def _minilm_model(progress: Callable[[str], None]) -> DemoModel:
   def compare(y, ref):
     mx, rel = _rel_err(y, ref)
     cos = np.sum(y * ref, -1) / (np.linalg.norm(y, axis=-1) * np.linalg.norm(ref, axis=-1))
-    ok = bool(cos.min() >= MINILM_MIN_COSINE)
-    line = (f"int8 vs f32 embeddings: cosine min {cos.min():.5f} ({'>=' if ok else '<'} "
-            f"{MINILM_MIN_COSINE}), max abs error {mx:.3g}, relative error {rel:.3g}")
+    rank = lambda e: [int(i) for i in np.argsort([-(e[a] @ e[b]) for a, b in MINILM_PAIRS])]
+    same_rank = rank(y) == rank(ref)
+    ok = bool(cos.min() >= MINILM_MIN_COSINE) and same_rank
+    line = (f"int8 vs f32 embeddings: cosine min {cos.min():.5f} "
+            f"({'>=' if cos.min() >= MINILM_MIN_COSINE else '<'} {MINILM_MIN_COSINE}), "
+            f"ranking of {len(MINILM_PAIRS)} sentence pairs "
+            f"{'unchanged' if same_rank else 'CHANGED'}, max abs error {mx:.3g}, "
+            f"relative error {rel:.3g}")
     return {"max_abs_error": mx, "relative_error": rel, "cosine_min": float(cos.min()),
-            "cosines": [float(c) for c in cos], "min_cosine_required": MINILM_MIN_COSINE}, line, ok
+            "cosines": [float(c) for c in cos], "min_cosine_required": MINILM_MIN_COSINE,
+            "pair_ranking_f32": rank(ref), "pair_ranking_int8": rank(y)}, line, ok
 
   n_tok = int(mask.sum())
   return DemoModel(

@@ -219,3 +219,21 @@ def test_export_then_run_reproduces_the_model(tmp_path, capsys):
   want = np.asarray(builtin.forward(params, jnp.asarray(builtin.example_input(cfg))))
   with np.load(outp) as z:
     np.testing.assert_allclose(z["a0"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_minilm_comparison_checks_cosine_and_pair_ranking():
+  from hxmlir.models import minilm
+  try:
+    m = demo.build_model("minilm")
+  except minilm.ModelNotInstalledError as e:
+    pytest.skip(str(e))
+  rng = np.random.default_rng(0)
+  ref = rng.standard_normal((len(demo.MINILM_SENTENCES), 384)).astype(np.float32)
+  data, line, ok = m.compare(ref + 1e-3 * rng.standard_normal(ref.shape), ref)
+  assert ok and "ranking of 5 sentence pairs unchanged" in line
+  assert data["cosine_min"] > 0.9999
+  # sentence 1 turned into sentence 0: pair (0, 1) jumps to the top of the ranking
+  y = ref.copy()
+  y[1] = ref[0] + 0.001 * ref[1]
+  data, line, ok = m.compare(y, ref)
+  assert not ok and "CHANGED" in line and data["pair_ranking_int8"][0] == 0
