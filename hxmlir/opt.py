@@ -128,7 +128,7 @@ class HxmlirOpt:
       pipeline = parse_pipeline(args.pipeline)
     except PipelineError as e:
       first, *rest = str(e).splitlines()
-      col = _pipeline_column(args.pipeline, first)
+      col = e.column or 1
       self._err(f"<pass-pipeline>:1:{col}: error: {first}\n" + "\n".join(rest))
       return 1
     source_name, data = self._read(args.input)
@@ -350,15 +350,6 @@ def _line_of(location: str, source_name: str) -> int | None:
     return int(location[len(source_name) + 1:].split(":")[0])
   except ValueError:
     return None
-
-
-def _pipeline_column(pipeline: str, message: str) -> int:
-  m = re.search(r"'([^']+)'", message)
-  if m:
-    pos = pipeline.find(m.group(1))
-    if pos >= 0:
-      return pos + 1
-  return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,8 +79,13 @@ class PassError(Exception):
 class PipelineError(ValueError):
   """A pipeline string names an unknown pass or option, or an option has a bad value.
 
-  The message lists the valid pass names (or the pass's options).
+  The message lists the valid pass names (or the pass's options). ``column``
+  (1-based, or ``None``) is where in the pipeline string the problem is.
   """
+
+  def __init__(self, message: str, column: int | None = None):
+    super().__init__(message)
+    self.column = column
 
 
 class Diagnostics:

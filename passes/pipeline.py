@@ -52,7 +52,7 @@ def _split_top(text: str, sep: str) -> list[str]:
     elif not quote and ch in "})":
       depth -= 1
       if depth < 0:
-        raise PipelineError(f"unbalanced {ch!r} in pass pipeline {text!r}")
+        raise PipelineError(f"unbalanced {ch!r} in pass pipeline {text!r}", len(cur) + 1)
     if ch == sep and depth == 0 and not quote:
       parts.append("".join(cur))
       cur = []
@@ -85,17 +85,25 @@ def _convert(pass_name: str, key: str, f: dataclasses.Field, raw: str | None):
                         f"got {raw!r}") from None
 
 
-def _make_pass(name: str, opts_text: str) -> HxPass:
+def _make_pass(name: str, opts_text: str, column: int) -> HxPass:
+  """The pass ``name`` with options ``opts_text`` (which starts at ``column`` of the pipeline)."""
   cls = PASS_REGISTRY[name]()
   fields = cls.options()
   kwargs = {}
+  pos = 0
   for item in opts_text.split():
+    pos = opts_text.index(item, pos)
     key, _, raw = item.partition("=")
     f = fields.get(key) or fields.get(key.replace("_", "-"))
-    if f is None:
-      valid = ", ".join(fields) or "none"
-      raise PipelineError(f"{name}: unknown option {key!r}; valid options: {valid}")
-    kwargs[f.name] = _convert(name, key, f, raw if "=" in item else None)
+    try:
+      if f is None:
+        valid = ", ".join(fields) or "none"
+        raise PipelineError(f"{name}: unknown option {key!r}; valid options: {valid}")
+      kwargs[f.name] = _convert(name, key, f, raw if "=" in item else None)
+    except PipelineError as e:
+      e.column = column + pos
+      raise
+    pos += len(item)
   return cls(**kwargs)
 
 
@@ -216,22 +224,28 @@ def parse_pipeline(text: str) -> Pipeline:
   Our passes take ``{key=value ...}`` options; anything else must be a pass
   (or nested pipeline) that jaxlib's MLIR registers.
   """
+  offset = len(text) - len(text.lstrip())
   text = text.strip()
   if text.startswith("builtin.module(") and text.endswith(")"):
     text = text[len("builtin.module("):-1]
+    offset += len("builtin.module(")
   if not text:
     return Pipeline(())
   passes: list[HxPass | NativePass] = []
-  for element in _split_top(text, ","):
-    element = element.strip()
+  column = 1 + offset
+  for raw in _split_top(text, ","):
+    element = raw.strip()
+    start = column + len(raw) - len(raw.lstrip())
+    column += len(raw) + 1
     if not element:
-      raise PipelineError(f"empty pass name in pipeline {text!r}")
+      raise PipelineError(f"empty pass name in pipeline {text!r}", start)
     name, brace, rest = element.partition("{")
     name = name.strip()
     if name in PASS_REGISTRY:
       if brace and not rest.endswith("}"):
-        raise PipelineError(f"{name}: options must be written {{key=value ...}}, got {element!r}")
-      passes.append(_make_pass(name, rest[:-1] if brace else ""))
+        raise PipelineError(f"{name}: options must be written {{key=value ...}}, got {element!r}",
+                            start)
+      passes.append(_make_pass(name, rest[:-1] if brace else "", start + len(name) + 1))
       continue
     head = element.split("(")[0].split("{")[0].strip()
     try:
@@ -240,6 +254,8 @@ def parse_pipeline(text: str) -> Pipeline:
       msg = str(e).splitlines()
       why = next((m for m in msg if "error:" in m), msg[0] if msg else "")
       why = why.split("error:", 1)[-1].strip()
-      raise _native_error(head, why) from None
+      err = _native_error(head, why)
+      err.column = start
+      raise err from None
     passes.append(NativePass(element))
   return Pipeline(tuple(passes))

@@ -335,3 +335,14 @@ def test_decompose_leaves_plain_stablehlo_with_same_values():
   after = compile_and_run(module.get_asm(), args)
   for b, a in zip(before, after):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("text, column", [
+    ("hx-verify, bogus", 12),
+    ("hx-verify,hx-fold-scales{form-matmul-q=1 nope=2}", 42),
+    ("builtin.module(cse,nope)", 20),
+])
+def test_pipeline_error_columns(text, column):
+  with pytest.raises(PipelineError) as e:
+    parse_pipeline(text)
+  assert e.value.column == column

@@ -1,0 +1,211 @@
+"""hxmlir-opt driven in-process (HxmlirOpt) and once as the installed console script."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from hxmlir.opt import HxmlirOpt, main
+from hxmlir.passes import PASS_REGISTRY, HxPass
+
+GOOD = """// a comment line
+func.func @main(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.convert %q : (tensor<4x8xi8>) -> tensor<4x8xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<4xf32>) -> tensor<4x8xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<4x8xf32>
+  return %2 : tensor<4x8xf32>
+}
+"""
+
+BAD_VERSION = """func.func @f(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 5 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+"""
+
+
+@dataclass
+class Run:
+  status: int
+  out: str
+  err: str
+
+
+def run(args, stdin: str | bytes = "", tmp_path=None) -> Run:
+  raw = stdin.encode() if isinstance(stdin, str) else stdin
+  inp = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8")
+  out, err = io.StringIO(), io.StringIO()
+  status = HxmlirOpt(list(args), stdin=inp, stdout=out, stderr=err).run()
+  assert "Traceback" not in err.getvalue()
+  return Run(status, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def good(tmp_path):
+  p = tmp_path / "good.mlir"
+  p.write_text(GOOD)
+  return str(p)
+
+
+def test_file_in_text_out_round_trips(good, tmp_path):
+  first = run([good, "-p", "hx-verify"])
+  assert first.status == 0 and first.err == ""
+  assert 'stablehlo.composite "hx.dequantize" %arg0, %arg1' in first.out
+  second = run(["-"], stdin=first.out)
+  assert second.status == 0 and second.out == first.out
+
+
+def test_output_file_and_bytecode(good, tmp_path):
+  bc = tmp_path / "m.mlirbc"
+  assert run([good, "--emit-bytecode", "-o", str(bc)]).status == 0
+  data = bc.read_bytes()
+  assert data[:4] == b"ML\xefR"
+  back = run([str(bc)])
+  assert back.status == 0
+  assert back.out == run([good]).out
+  from_stdin = run([], stdin=data)
+  assert from_stdin.out == back.out
+  txt = tmp_path / "out.mlir"
+  assert run([good, "-o", str(txt)]).status == 0
+  assert txt.read_text() == back.out
+
+
+def test_split_input_file_keeps_line_numbers(tmp_path):
+  p = tmp_path / "split.mlir"
+  p.write_text(GOOD + "// -----\n" + BAD_VERSION + "// -----\n" + GOOD)
+  r = run([str(p), "--split-input-file", "-p", "hx-verify"])
+  assert r.status == 1
+  # BAD_VERSION starts on line 13 (GOOD has 11 lines, then the separator).
+  assert f"{p}:14:8: error: 'hx.dequantize' version 5 is not accepted" in r.err
+  assert r.out.count("// -----\n") == 1  # the two good chunks are printed
+  assert r.out.count("func.func @main") == 2
+
+
+def test_verify_diagnostics(tmp_path):
+  p = tmp_path / "diag.mlir"
+  p.write_text(BAD_VERSION.replace(
+      "  %0 = stablehlo.composite",
+      "  // expected-error @+1 {{version 5 is not accepted; this code accepts 1}}\n"
+      "  %0 = stablehlo.composite"))
+  ok = run([str(p), "--verify-diagnostics", "-p", "hx-verify"])
+  assert ok.status == 0 and ok.err == ""
+  p.write_text(BAD_VERSION.replace(
+      "  %0 = stablehlo.composite",
+      "  // expected-error @+1 {{something else}}\n  %0 = stablehlo.composite"))
+  bad = run([str(p), "--verify-diagnostics", "-p", "hx-verify"])
+  assert bad.status == 1
+  assert f"{p}:3:8: error: unexpected error: 'hx.dequantize' version 5" in bad.err
+  assert f'{p}:2:6: error: expected error "something else" was not produced' in bad.err
+
+
+@pytest.mark.parametrize("where, line", [("@-1", 2), ("@above", 2), ("@below", 4), ("", 3)])
+def test_expected_locations(tmp_path, where, line):
+  from hxmlir.opt import _expectations
+  text = "a\nb\n// expected-remark " + where + " {{x}}\nc\n"
+  (e,) = _expectations("f.mlir", text, 10)
+  assert e.line == line + 10 and e.severity == "remark" and e.text == "x"
+
+
+def test_print_ir_after_all_and_timing(good):
+  r = run([good, "-p", "hx-verify,hx-decompose,cse", "--print-ir-after-all", "--timing"])
+  assert r.status == 0
+  dumps = [ln for ln in r.err.splitlines() if ln.startswith("// -----// IR Dump After")]
+  assert dumps == [f"// -----// IR Dump After {n} //----- //"
+                   for n in ("hx-verify", "hx-decompose", "cse")]
+  assert "Execution time report" in r.err
+  for name in ("(parse)", "hx-verify", "hx-decompose", "cse", "(output)", "Total"):
+    assert any(ln.strip().endswith(name) for ln in r.err.splitlines()), name
+
+
+def test_debuginfo(good):
+  r = run([good, "--mlir-print-debuginfo"])
+  assert f'loc("{good}":3:8)' in r.out
+  assert "loc(" not in run([good]).out
+
+
+def test_list_passes_and_version():
+  r = run(["--list-passes"])
+  assert r.status == 0
+  for name, getter in PASS_REGISTRY.items():
+    assert f"  {name:<18} {getter().summary}" in r.out
+  assert "      form-matmul-q=bool (default True)" in r.out
+  assert "  canonicalize" in r.out
+  v = run(["--version"])
+  assert v.status == 0 and v.out.startswith("hxmlir-opt (hxmlir ")
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (["--no-such-flag"], "", "hxmlir-opt: error: unrecognized arguments: --no-such-flag"),
+    (["/no/such/file.mlir"], "", "could not open input file '/no/such/file.mlir'"),
+    (["-p", "hx-verify,bogus-pass"], "", "<pass-pipeline>:1:11: error: unknown pass 'bogus-pass'"),
+    (["-p", "hx-fold-scales{x=1}"], "", "<pass-pipeline>:1:16: error: hx-fold-scales: unknown "
+     "option 'x'"),
+    ([], "func.func @f( {", "<stdin>:1:14: error: expected non-function type"),
+    ([], b"\xff\xfe not text", "<stdin>:0:0: error: input is neither UTF-8 MLIR text nor MLIR "
+     "bytecode"),
+    ([], '"x.y"() : () -> ()', "<stdin>:1:6: error: operation being parsed with an unregistered "
+     "dialect"),
+    (["--split-input-file", "--emit-bytecode"], GOOD + "// -----\n" + GOOD,
+     "--emit-bytecode writes one module"),
+])
+def test_bad_command_lines_and_inputs(args, stdin, message):
+  r = run(args, stdin=stdin)
+  assert r.status == 1
+  assert message in r.err, r.err
+  assert r.out == ""
+
+
+def test_unregistered_dialect_flag():
+  r = run(["--allow-unregistered-dialect"], stdin='"x.y"() : () -> ()')
+  assert r.status == 0 and '"x.y"() : () -> ()' in r.out
+
+
+def test_internal_errors_are_one_line(monkeypatch, good):
+  @dataclass(frozen=True)
+  class Crash(HxPass):
+    name: ClassVar[str] = "test-crash"
+
+    def apply(self, module, diags):
+      raise RuntimeError("boom")
+
+  monkeypatch.setitem(PASS_REGISTRY, "test-crash", lambda: Crash)
+  monkeypatch.delenv("HXMLIR_OPT_TRACEBACK", raising=False)
+  r = run([good, "-p", "test-crash"])
+  assert r.status == 1
+  assert r.err == "hxmlir-opt: internal error: RuntimeError: boom\n"
+
+
+def test_main_exits_with_status(good, capsys):
+  with pytest.raises(SystemExit) as e:
+    main([good, "-p", "hx-nothing"])
+  assert e.value.code == 1
+  assert "unknown pass 'hx-nothing'" in capsys.readouterr().err
+  with pytest.raises(SystemExit) as e:
+    main(["--help"])
+  assert e.value.code == 0
+
+
+def test_console_script_is_installed(good):
+  exe = os.path.join(os.path.dirname(sys.executable), "hxmlir-opt")
+  r = subprocess.run([exe, good, "-p", "hx-verify,hx-decompose"], capture_output=True,
+                     text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "stablehlo.composite" not in r.stdout
+  bad = subprocess.run([exe, "-p", "nope"], input="", capture_output=True, text=True,
+                       timeout=120)
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr
+  assert bad.stderr.startswith("<pass-pipeline>:1:1: error: unknown pass 'nope'")
