@@ -40,12 +40,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from hxmlir.lowering import reference, schema
-from hxmlir.lowering.composite import lower_composite
-from hxmlir.lowering.primitives import hx_matmul_q_p
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
+
+from hxmlir.lowering import reference, schema
+from hxmlir.lowering.composite import lower_composite
+from hxmlir.lowering.primitives import hx_matmul_q_p
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
 # block of dequantized values takes about BLOCK_BYTES of f32 (256 rows of a

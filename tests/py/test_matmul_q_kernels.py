@@ -1,4 +1,4 @@
-"""``hx.matmul_q`` kernels: the streaming CPU implementation and its lowering rule.
+"""``hx.matmul_q`` kernels: the streaming CPU implementation, the Pallas kernel, their rules.
 
 Numbers are compared with the reference (``lowering/reference.py``) within the
 bound of a reordered f32 sum: both compute ``sum_k (x s)[m, k] * q[k, n]`` in
@@ -17,14 +17,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hxmlir.lowering import matmul_q_impl as impl
-from hxmlir.lowering import reference
-from hxmlir.lowering.primitives import hx_matmul_q_p
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
 
 import hxmlir as hx
+from hxmlir import targets
+from hxmlir.lowering import matmul_q_impl as impl
+from hxmlir.lowering import matmul_q_pallas as mqp
+from hxmlir.lowering import reference
+from hxmlir.lowering.primitives import hx_matmul_q_p
 
 EPS = np.finfo(np.float32).eps
 
@@ -211,3 +213,96 @@ def test_builder_rejects_bad_parameters(params, msg):
   with pytest.raises(ValueError, match=msg):
     _streaming(np.ones((2, 5), np.float32), np.ones((5, 4), np.int8), np.ones(5, np.float32),
                **params)
+
+
+# --- the Pallas kernel ----------------------------------------------------------
+
+# (batch, m, k, n, blocks): ragged m, k and n; several row, column and k blocks;
+# batch dims; a single element.
+PALLAS_SHAPES = [
+    ((), 1, 100, 33, None),
+    ((), 5, 300, 260, None),
+    ((2, 3), 3, 17, 129, None),
+    ((), 20, 70, 50, (16, 16, 32)),   # 2 row blocks, 4 column blocks, 3 k chunks
+    ((2,), 16, 64, 32, (16, 16, 16)),  # exact multiples
+    ((), 1, 1, 1, None),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic_tpu"])
+@pytest.mark.parametrize("b,m,k,n,blocks", PALLAS_SHAPES)
+def test_pallas_kernel_in_interpret_mode_matches_reference(backend, b, m, k, n, blocks):
+  rng = np.random.default_rng(abs(hash((b, m, k, n))) % 2**32)
+  x, q, s = _operands(rng, b, m, k, n)
+  if blocks is not None and backend == "mosaic_tpu":
+    blocks = (8, *blocks[1:])
+  f = jax.jit(lambda x, q, s: mqp.matmul_q_pallas(x, q, s, backend=backend, interpret=True,
+                                                  blocks=blocks))
+  _assert_close_to_reference(f(x, q, s), x, q, s)
+
+
+def _custom_calls(text: str) -> list[tuple[str, str | None]]:
+  """``(target, kernel name)`` of every custom call in a module's text."""
+  found = []
+  with mlir.make_ir_context():
+    module = ir.Module.parse(text)
+
+    def visit(op):
+      if op.name == "stablehlo.custom_call":
+        found.append((ir.StringAttr(op.attributes["call_target_name"]).value,
+                      targets.kernel_name_of(op)))
+      return ir.WalkResult.ADVANCE
+    module.operation.walk(visit)
+  return found
+
+
+def test_pallas_kernel_is_registered_for_gpu_and_tpu():
+  ks = {(k.target, k.ir_name): k for k in targets.registered_kernels()}
+  assert ks[(targets.TRITON, "hx_matmul_q_v1")].platforms == ("cuda", "rocm")
+  assert ks[(targets.MOSAIC_TPU, "hx_matmul_q_v1")].platforms == ("tpu",)
+  assert all(k.owner == "hxmlir" for k in ks.values() if k.name == "hx_matmul_q")
+
+
+@pytest.mark.parametrize("platform,backend,target", [
+    ("cuda", "triton", targets.TRITON), ("tpu", "mosaic_tpu", targets.MOSAIC_TPU)])
+def test_pallas_kernel_exports_after_install(platform, backend, target):
+  x, q, s = np.ones((3, 300), np.float32), np.ones((300, 260), np.int8), np.ones(300, np.float32)
+  f = jax.jit(lambda x, q, s: mqp.matmul_q_pallas(x, q, s, backend=backend))
+  with hx.installed():
+    exp = jax.export.export(f, platforms=[platform])(x, q, s)
+  assert _custom_calls(exp.mlir_module()) == [(target, "hx_matmul_q_v1")]
+  if backend == "triton":  # the compiler parameters are the ones we chose
+    assert f"num_warps = {mqp.TRITON_NUM_WARPS} : i32" in exp.mlir_module()
+    assert f"num_stages = {mqp.TRITON_NUM_STAGES} : i32" in exp.mlir_module()
+
+
+def test_pallas_triton_export_without_install_is_refused_by_jax():
+  x, q, s = np.ones((3, 300), np.float32), np.ones((300, 260), np.int8), np.ones(300, np.float32)
+  f = jax.jit(lambda x, q, s: mqp.matmul_q_pallas(x, q, s, backend="triton"))
+  with pytest.raises(ValueError, match="custom calls whose targets have no compatibility"):
+    jax.export.export(f, platforms=["cuda"])(x, q, s)
+
+
+def test_hx_matmul_q_uses_the_kernel_on_accelerators_only_when_installed():
+  x, q, s = np.ones((1, 600), np.float32), np.ones((600, 260), np.int8), np.ones(600, np.float32)
+  f = jax.jit(hx_matmul_q_p.bind)
+  with hx.installed():
+    exp = jax.export.export(f, platforms=["cpu", "cuda", "tpu"])(x, q, s)
+    text = exp.mlir_module()
+  assert text.count('stablehlo.composite "hx.matmul_q"') == 3  # one per platform branch
+  assert sorted(_custom_calls(text)) == sorted([(targets.MOSAIC_TPU, "hx_matmul_q_v1"),
+                                                (targets.TRITON, "hx_matmul_q_v1")])
+  np.testing.assert_allclose(np.asarray(exp.call(x, q, s)), np.full((1, 260), 600.0), rtol=1e-6)
+  plain = jax.export.export(f, platforms=["cuda", "tpu"])(x, q, s).mlir_module()
+  assert _custom_calls(plain) == []  # not installed: the reference decomposition
+
+
+def test_pallas_kernel_errors():
+  x, q, s = np.ones((2, 5), np.float32), np.ones((3, 4), np.int8), np.ones(3, np.float32)
+  with pytest.raises(TypeError, match=r"got f32\[2,5\], i8\[3,4\], f32\[3\]"):
+    mqp.matmul_q_pallas(x, q, s, backend="mosaic_tpu", interpret=True)
+  q = np.ones((5, 4), np.int8)
+  with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+    mqp.matmul_q_pallas(x, q, np.ones(5, np.float32), backend="cuda")
+  with pytest.raises(ValueError, match="powers of two >= 16"):
+    mqp.matmul_q_pallas(x, q, np.ones(5, np.float32), backend="triton", blocks=(16, 24, 16))
