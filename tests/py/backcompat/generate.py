@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 
 import hxmlir as hx  # noqa: E402
 from hxmlir import export as hxe  # noqa: E402
+from hxmlir import targets  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 MANIFEST = DATA / "MANIFEST.json"
@@ -52,10 +53,18 @@ PLATFORMS = ("cpu", "cuda", "tpu")
 
 @dataclass(frozen=True)
 class Case:
-  """``fn`` exported for ``make_args()``; ``covers`` the (op, version) pairs it must hold."""
+  """``fn`` exported for ``make_args()``; ``covers`` the (op, version) pairs it must hold.
+
+  Kernel cases name the ``(target, kernel name)`` custom calls they must hold in
+  ``kernels``; they are exported while hxmlir is installed (which is when the
+  kernels are used and exportable), for their own ``platforms``; outputs are
+  stored only when ``cpu`` is among them.
+  """
   fn: Callable
   make_args: Callable[[], tuple]
   covers: tuple[tuple[str, int], ...]
+  platforms: tuple[str, ...] = PLATFORMS
+  kernels: tuple[tuple[str, str], ...] = ()
 
 
 def _x(shape, seed):
@@ -76,6 +85,12 @@ CASES: dict[str, Case] = {
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
                          (("hx.outer", 1), ("hx.matmul_r1", 1))),
+    # hxmlir's registered kernels (lowering/matmul_q_pallas.py), one case per platform
+    **{f"hx_matmul_q_v1_{p}": Case(
+        hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
+        (("hx.matmul_q", 1),), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v1"),))
+      for p in ("cuda", "rocm", "tpu")},
 }
 
 
@@ -91,16 +106,21 @@ def lo_components(types, values) -> list[np.ndarray]:
 def write(name: str) -> dict:
   case = CASES[name]
   args = case.make_args()
-  exp = hxe.export(case.fn, platforms=PLATFORMS)(*args)
+  if case.kernels:
+    with hx.installed():
+      exp = hxe.export(case.fn, platforms=case.platforms)(*args)
+  else:
+    exp = hxe.export(case.fn, platforms=case.platforms)(*args)
   blob = bytes(exp.serialize())
-  outs = exp.call(*args)
-  outs = outs if isinstance(outs, tuple) else (outs,)
   arrays = {f"in_{i}": a for i, a in enumerate(lo_components(exp.in_types, args))}
-  arrays |= {f"out_{i}": a for i, a in enumerate(lo_components(exp.out_types, outs))}
+  if "cpu" in case.platforms:
+    outs = exp.call(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    arrays |= {f"out_{i}": a for i, a in enumerate(lo_components(exp.out_types, outs))}
   DATA.mkdir(exist_ok=True)
   (DATA / f"{name}.hxa").write_bytes(blob)
   np.savez(DATA / f"{name}.npz", **arrays)
-  return {"covers": [list(c) for c in case.covers], "kernels": [],
+  return {"covers": [list(c) for c in case.covers], "kernels": [list(k) for k in case.kernels],
           "signature": exp.signature(), "platforms": list(exp.platforms),
           "hxmlir": hx.__version__, "jax": jax.__version__,
           "date": datetime.date.today().isoformat(),
