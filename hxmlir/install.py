@@ -30,7 +30,12 @@ valid again after :func:`uninstall`.
 
 Modules that contain no ``hx.*`` composite are left untouched (one walk over
 the module's ops finds out), so plain JAX code lowers to byte-identical text
-with and without install.
+with and without install. One exception, for export only: a module without
+``hx.*`` ops that calls a custom-call target which hxmlir put on JAX's export
+allow-list (:mod:`hxmlir.targets`; e.g. the Triton target, shared by every
+Pallas GPU kernel) goes through ``hx-check-export`` alone, which accepts
+hxmlir's registered kernels on it and refuses the rest. It is checked, never
+rewritten.
 """
 
 from __future__ import annotations
@@ -79,9 +84,15 @@ class VerificationError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class _Setting:
-  """What is installed: the pipeline for execution and for export (hashable)."""
+  """What is installed: the pipelines for execution and for export (hashable).
+
+  ``check_pipeline``: what export lowerings of modules without ``hx.*`` ops run
+  when they call a custom-call target that hxmlir put on JAX's allow-list
+  (``"hx-check-export"``, or ``""`` when that pass is not registered).
+  """
   pipeline: str
   export_pipeline: str
+  check_pipeline: str
 
 
 # JAX config state holding the current ``_Setting`` (``None``: not installed).
@@ -171,36 +182,53 @@ def _parsed(pipeline: str):
 
 def _make_setting(pipeline: str | None, verify: bool) -> _Setting:
   pipe = _effective(pipeline, verify)
-  setting = _Setting(pipe, _export_variant(pipe))
-  _parsed(setting.pipeline)
-  _parsed(setting.export_pipeline)
+  check = CHECK_EXPORT_PASS if CHECK_EXPORT_PASS in getattr(_passes(), "PASS_REGISTRY", {}) \
+      else ""
+  setting = _Setting(pipe, _export_variant(pipe), check)
+  for p in (setting.pipeline, setting.export_pipeline, setting.check_pipeline):
+    if p:
+      _parsed(p)
   return setting
 
 
 # --- the hook -------------------------------------------------------------------
 
-def _has_hx_ops(module: ir.Module) -> bool:
-  """Whether ``module`` holds a ``stablehlo.composite "hx.*"``.
+def _scan(module: ir.Module, *, targets: bool) -> tuple[bool, set[str]]:
+  """Whether ``module`` holds a ``stablehlo.composite "hx.*"``, and (if ``targets``) the
+  ``call_target_name`` of every ``stablehlo.custom_call`` in it.
 
-  One walk that stops at the first one (~1 us per op, against ~1 ms per op
-  for JAX to lower it). A module whose body holds only ``main`` has none: a
-  composite needs its decomposition function beside it.
+  One walk, stopping at the first hx composite (~1 us per op, against ~0.5 ms
+  per op for JAX to lower it). A module whose body holds only ``main`` and no
+  custom call has no hx composite: a composite needs its decomposition
+  function beside it.
   """
-  if len(module.body.operations) < 2:
-    return False
+  if len(module.body.operations) < 2 and not targets:
+    return False, set()
   found = False
+  names: set[str] = set()
 
   def visit(op) -> ir.WalkResult:
     nonlocal found
-    if op.name == "stablehlo.composite" and \
+    name = op.name
+    if name == "stablehlo.composite" and \
        ir.StringAttr(op.attributes["name"]).value.startswith(COMPOSITE_PREFIX):
       found = True
       return ir.WalkResult.INTERRUPT
+    if targets and name == "stablehlo.custom_call":
+      names.add(ir.StringAttr(op.attributes["call_target_name"]).value)
     return ir.WalkResult.ADVANCE
 
   with module.context:
     module.operation.walk(visit)
-  return found
+  return found, names
+
+
+def _widened_targets() -> frozenset[str]:
+  """The custom-call targets hxmlir.targets added to JAX's export allow-list (maybe none)."""
+  if not _targets_active:
+    return frozenset()
+  targets = importlib.import_module("hxmlir.targets")
+  return frozenset(_jax.stable_custom_call_targets) - targets.jax_stable_targets()
 
 
 def _count(key: str, inc: dict[str, float]) -> None:
@@ -269,15 +297,21 @@ def _lower_jaxpr_to_module(*args, **kwargs):
   for_export = bool(getattr(params, "for_export", False))
   module_name = str(args[0] if args else kwargs.get("module_name", "module"))
   module = result.module
-  has_hx = False
+  skipped = 1
   try:
-    has_hx = _has_hx_ops(module)
+    widened = _widened_targets() if for_export and setting.check_pipeline else frozenset()
+    has_hx, called = _scan(module, targets=bool(widened))
     if has_hx:
+      skipped = 0
       _run(module, module_name, setting.export_pipeline if for_export else setting.pipeline)
+    elif called & widened:
+      # No hx op, but a target on JAX's list only because of hxmlir (say the Triton
+      # one): only hx-check-export tells our registered kernels from a user's.
+      skipped = 0
+      _run(module, module_name, setting.check_pipeline)
   finally:
     with _lock:
-      _count("total", {"modules": 1, "skipped": int(not has_hx),
-                       "seconds": time.perf_counter() - t0})
+      _count("total", {"modules": 1, "skipped": skipped, "seconds": time.perf_counter() - t0})
   return result
 
 

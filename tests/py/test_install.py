@@ -19,15 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 import plain_corpus
 import pytest
-from hxmlir.passes import PASS_REGISTRY, PipelineError
-from hxmlir.passes.base import HxPass, PassResult
 from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.dialects import stablehlo
 
 import hxmlir as hx
-from hxmlir import _jax
+from hxmlir import _jax, targets
+from hxmlir.passes import PASS_REGISTRY, PipelineError
+from hxmlir.passes.base import HxPass, PassResult
 
 inst = sys.modules["hxmlir.install"]  # the module; ``hx.install`` is the function
 
@@ -139,6 +141,39 @@ def test_export_pipeline_ends_with_check_export_when_registered():
   else:
     assert pipe == "hx-verify,hx-fold-scales"
   assert inst.current_pipeline() == "hx-verify,hx-fold-scales"
+
+
+def _triton(name):
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+  return jax.jit(lambda x: pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), name=name,
+      compiler_params=pltriton.CompilerParams())(x))
+
+
+def test_export_checks_plain_modules_on_targets_hxmlir_allowed():
+  """A plain module calling the Triton target (on JAX's list only thanks to hxmlir) is
+  checked by hx-check-export -- registered kernels pass unchanged, others are refused --
+  while the same kernels lowered for execution, or exported without install, are untouched."""
+  if "hx-check-export" not in PASS_REGISTRY:
+    pytest.skip("hx-check-export is not registered")
+  k = targets.register_kernel(targets.TRITON, "hx_test_plus_one", 1, ("cuda",), owner="test")
+  y = jnp.ones((8, 128), jnp.float32)
+  try:
+    hx.install()
+    assert targets.TRITON in inst._widened_targets()
+    ours = jax.export.export(_triton(k.ir_name), platforms=["cuda"])(y)
+    assert k.ir_name in ours.mlir_module()
+    s = hx.stats()
+    assert s["hx-check-export"]["modules"] == 1 and "hx-verify" not in s  # checked only
+    with pytest.raises(hx.VerificationError, match="'someone_elses' is not registered"):
+      jax.export.export(_triton("someone_elses"), platforms=["cuda"])(y)
+    hx.uninstall()
+    with pytest.raises(ValueError, match="custom calls whose targets have no compatibility"):
+      jax.export.export(_triton(k.ir_name), platforms=["cuda"])(y)  # JAX's own check again
+  finally:
+    hx.uninstall()
+    targets.unregister_kernel(k)
 
 
 # --- install / uninstall semantics ----------------------------------------------
