@@ -1,0 +1,48 @@
+# RUN: %python %s | filecheck %s
+# hx.matmul_q exported for cuda and tpu while hxmlir is installed: the composite's
+# decomposition calls the registered Pallas kernel hx_matmul_q_v1
+# (lowering/matmul_q_pallas.py); without install, the reference decomposition.
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
+import jax
+import numpy as np
+from lowering_util import print_exported
+
+import hxmlir as hx
+
+x = np.ones((3, 40), np.float32)
+qw = hx.quantize(np.ones((40, 50), np.float32))
+with hx.installed():
+  for platform in ("cuda", "tpu"):
+    print_exported(f"matmul_q_pallas_{platform}",
+                   jax.export.export(jax.jit(hx.matmul_q), platforms=[platform])(x, qw))
+# CHECK-LABEL: TEST: matmul_q_pallas_cuda cuda
+# CHECK: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %{{.*}} {decomposition = @[[IMPL:hx.matmul_q.impl]], version = 1 : i32} : (tensor<3x40xf32>, tensor<40x50xi8>, tensor<40xf32>) -> tensor<3x50xf32>
+# CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<3x40xf32>, %[[Q:[a-z0-9]+]]: tensor<40x50xi8>, %[[S:[a-z0-9]+]]: tensor<40xf32>) -> tensor<3x50xf32>
+# The int8 weight goes to the kernel as it is (a reshape is a bitcast); x and s
+# are zero-padded to whole blocks (16 rows for tl.dot, k to 128).
+# CHECK-DAG: %[[X3:[0-9]+]] = stablehlo.reshape %[[X]] : (tensor<3x40xf32>) -> tensor<1x3x40xf32>
+# CHECK-DAG: %[[Q3:[0-9]+]] = stablehlo.reshape %[[Q]] : (tensor<40x50xi8>) -> tensor<1x40x50xi8>
+# CHECK-DAG: %[[S3:[0-9]+]] = stablehlo.reshape %[[S]] : (tensor<40xf32>) -> tensor<1x1x40xf32>
+# CHECK-DAG: %[[XP:[0-9]+]] = stablehlo.pad %[[X3]], {{.*}} -> tensor<1x16x128xf32>
+# CHECK-DAG: %[[SP:[0-9]+]] = stablehlo.pad %[[S3]], {{.*}} -> tensor<1x1x128xf32>
+# CHECK: %[[K:[0-9]+]] = stablehlo.custom_call @__gpu$xla.gpu.triton(%[[XP]], %[[SP]], %[[Q3]]) {mhlo.backend_config = {{{.*}}name = "hx_matmul_q_v1", num_stages = 3 : i32, num_warps = 4 : i32}{{.*}} : (tensor<1x16x128xf32>, tensor<1x1x128xf32>, tensor<1x40x50xi8>) -> tensor<1x16x128xf32>
+# CHECK-NEXT: %[[YS:[0-9]+]] = stablehlo.slice %[[K]] [0:1, 0:3, 0:50]
+# CHECK-NEXT: %[[YR:[0-9]+]] = stablehlo.reshape %[[YS]] : (tensor<1x3x50xf32>) -> tensor<3x50xf32>
+# CHECK-NEXT: return %[[YR]]
+
+# CHECK-LABEL: TEST: matmul_q_pallas_tpu tpu
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {decomposition = @[[IMPL:hx.matmul_q.impl]], version = 1 : i32}
+# CHECK: func.func private @[[IMPL]](
+# Mosaic: 8-row blocks.
+# CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_v1"{{.*}} : (tensor<1x8x128xf32>, tensor<1x1x128xf32>, tensor<1x40x50xi8>) -> tensor<1x8x128xf32>
+
+print_exported("matmul_q_not_installed",
+               jax.export.export(jax.jit(hx.matmul_q), platforms=["cuda"])(x, qw))
+# CHECK-LABEL: TEST: matmul_q_not_installed cuda
+# CHECK: func.func private @hx.matmul_q.impl
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.dot_general
+# CHECK-NOT: custom_call
