@@ -7,8 +7,10 @@ broadcast of a scale tensor ``t`` — either an ``hx.dequantize`` composite
 open-coded form, ``multiply(convert(q), broadcast_in_dim(...))`` through any
 chain of ``broadcast_in_dim``, unit-dim ``reshape`` and
 ``sdy.sharding_constraint`` ops (what JAX emits for ``q * s[..., None]``).
-Either operand may be ``D``; ``sdy.sharding_constraint`` ops between ``D`` and
-the dot are kept (re-created on the new operand).
+Either operand may be ``D``, also through one ``stablehlo.transpose``
+(``dequantize(q, s).T @ x``: the transpose moves to the ``i8`` values);
+``sdy.sharding_constraint`` ops between ``D`` and the dot are kept (re-created
+on the new operand).
 
 Let ``A`` be the axes of ``D`` along which ``S`` varies. With ``X`` the other
 operand and ``R = dot_general(D, X)``:
@@ -65,15 +67,18 @@ class _Dequant:
   t[i[amap[0]], i[amap[1]], ...]`` (``None`` entries are unit dims of ``t``);
   ``s``: the ``f32[*l]`` scale when the match is exactly ``dequantize(q, s)``;
   ``constraints``: ``sdy.sharding_constraint`` ops from the dot operand back
-  to ``D``; ``root``: the op defining ``D``.
+  to ``D`` (or to the transpose); ``perm``: the permutation of a
+  ``stablehlo.transpose`` between ``D`` and the dot (``amap`` is then in the
+  transposed axes), with ``inner`` the constraints between it and ``D``.
   """
   q: ir.Value
   qf: ir.Value | None
   t: ir.Value
   amap: list[int | None]
   s: ir.Value | None
-  constraints: list[ir.Operation]
-  root: ir.Operation
+  constraints: list[ir.Operation] = field(default_factory=list)
+  perm: list[int] | None = None
+  inner: list[ir.Operation] = field(default_factory=list)
 
 
 @dataclass
@@ -147,7 +152,28 @@ def _trace_scale(v: ir.Value) -> tuple[ir.Value, list[int | None]]:
 
 
 def _match(operand: ir.Value) -> _Dequant | None:
-  d, constraints = _skip_constraints(operand)
+  """The dequantization feeding a dot operand, through constraints and one transpose."""
+  d, outer = _skip_constraints(operand)
+  op = _owner(d)
+  if op is None or op.name != "stablehlo.transpose":
+    m = _match_dequant(d)
+    if m is not None:
+      m.constraints = outer
+    return m
+  perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+  d, inner = _skip_constraints(op.operands[0])
+  m = _match_dequant(d)
+  if m is None:
+    return None
+  m.constraints, m.inner, m.perm = outer, inner, perm
+  m.amap = [None if a is None else perm.index(a) for a in m.amap]
+  if perm != sorted(perm):
+    m.s = None  # not the plain dequantize layout any more
+  return m
+
+
+def _match_dequant(d: ir.Value) -> _Dequant | None:
+  """``D = Q * S`` defined by ``d`` (an ``hx.dequantize`` or its open-coded form)."""
   dt = _static(d.type)
   op = _owner(d)
   if op is None or dt is None or str(dt.element_type) != "f32":
@@ -161,7 +187,7 @@ def _match(operand: ir.Value) -> _Dequant | None:
     qt, st = irutil.tensor_type(q.type), irutil.tensor_type(s.type)
     if qt is None or st is None or spec.check_types([qt, st], [irutil.tensor_type(dt)]):
       return None
-    return _Dequant(q, None, s, list(range(dt.rank - 1)), s, constraints, op)
+    return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
   if op.name != "stablehlo.multiply":
     return None
   for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
@@ -177,7 +203,7 @@ def _match(operand: ir.Value) -> _Dequant | None:
     tt = ir.RankedTensorType(t.type)
     if amap == list(range(dt.rank - 1)) and list(tt.shape) == list(dt.shape)[:-1]:
       s = t
-    return _Dequant(q, a, t, amap, s, constraints, op)
+    return _Dequant(q, a, t, amap, s)
   return None
 
 
@@ -320,7 +346,14 @@ class FoldScalesPass(HxPass):
         return "matmul_q formed"
       qf = m.qf
       if qf is None:
-        qf = _create("stablehlo.convert", dt, [m.q], sharding=irutil.value_sharding_attr(m.q))
+        qt = ir.RankedTensorType(m.q.type)
+        qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), dt.element_type),
+                     [m.q], sharding=irutil.value_sharding_attr(m.q))
+      for c in reversed(m.inner):
+        qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
+      if m.perm is not None:
+        qf = _create("stablehlo.transpose", dt, [qf],
+                     {"permutation": ir.DenseI64ArrayAttr.get(m.perm)})
       for c in reversed(m.constraints):
         qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
       if into == "operand":
@@ -342,7 +375,7 @@ class FoldScalesPass(HxPass):
 
   def _try_matmul_q(self, module, dot, side, m: _Dequant, dd, state: _State) -> bool:
     """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
-    if side != 1 or m.s is None or "algorithm" in dot.attributes:
+    if side != 1 or m.s is None or m.perm is not None or "algorithm" in dot.attributes:
       return False
     if "precision_config" in dot.attributes and any(
         "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):

@@ -60,6 +60,9 @@ class Case:
     self.fd, self.fx = fd, fx
     self.side = int(rng.integers(0, 2))  # 0: D is the lhs
     self.form = ["composite", "open", "open_swapped"][idx % 3]
+    rank = len(self.d_roles)
+    # D reaches the dot through a transpose (dot operand axis k = D axis perm[k])
+    self.perm = rng.permutation(rank).tolist() if idx % 4 == 3 and rank >= 2 else None
     self.name = f"case{idx}"
 
   @classmethod
@@ -68,6 +71,7 @@ class Case:
     self.b, self.c, self.fd, self.fx = b, c, fd, fx
     self.d_roles, self.x_roles, self.side, self.form, self.name = \
         d_roles, x_roles, side, form, name
+    self.perm = None
     return self
 
   def size(self, role, which):
@@ -77,6 +81,19 @@ class Case:
   @property
   def d_shape(self):
     return [self.size(r, "d") for r in self.d_roles]
+
+  @property
+  def q_shape(self):
+    """Shape of the quantized values (before the transpose, if any)."""
+    if self.perm is None:
+      return self.d_shape
+    return [self.d_shape[self.perm.index(a)] for a in range(len(self.perm))]
+
+  def scaled_axes(self):
+    """Axes of the dot operand along which the scale varies (q's non-last axes)."""
+    r = len(self.d_roles)
+    src = self.perm or list(range(r))
+    return [k for k in range(r) if src[k] != r - 1 and self.d_shape[k] != 1]
 
   @property
   def x_shape(self):
@@ -95,8 +112,7 @@ class Case:
 
   def expected(self) -> str:
     """The rewrite this case must get, from the axis roles alone."""
-    scaled = {self.d_roles[a][0] for a in range(len(self.d_roles) - 1)
-              if self.d_shape[a] != 1}
+    scaled = {self.d_roles[a][0] for a in self.scaled_axes()}
     if "c" in scaled and "f" in scaled:
       return "none"
     if "c" in scaled:
@@ -110,13 +126,13 @@ class Case:
   def matmul_q_form(self) -> bool:
     r = len(self.d_roles)
     nb = len(self.b)
-    return (self.side == 1 and len(self.x_roles) == r and r >= 2 and len(self.c) == 1
+    return (self.side == 1 and self.perm is None and len(self.x_roles) == r and r >= 2 and len(self.c) == 1
             and self.d_roles[:nb] == [("b", i) for i in range(nb)]
             and self.x_roles[:nb] == [("b", i) for i in range(nb)]
             and self.d_roles[r - 2] == ("c", 0) and self.x_roles[r - 1] == ("c", 0))
 
   def mlir(self) -> str:
-    ds, xs, rs = self.d_shape, self.x_shape, self.result_shape()
+    ds, xs, rs = self.q_shape, self.x_shape, self.result_shape()
     r = len(ds)
     ss = ds[:-1]
     lines = [f"func.func @main(%q: {_t(ds, 'i8')}, %s: {_t(ss)}, %x: {_t(xs)}) -> {_t(rs)} {{"]
@@ -133,6 +149,11 @@ class Case:
           f"({_t(one)}) -> {_t(ds)}",
           "  %d = stablehlo.multiply " + ("%qf, %s2" if self.form == "open" else "%s2, %qf")
           + f" : {_t(ds)}"]
+    if self.perm is not None:
+      lines[-1] = lines[-1].replace("%d = ", "%d0 = ")
+      lines.append(f"  %d = stablehlo.transpose %d0, dims = {self.perm} : ({_t(ds)}) -> "
+                   f"{_t(self.d_shape)}")
+    qs, ds = ds, self.d_shape
     lhs, rhs = ("%d", "%x") if self.side == 0 else ("%x", "%d")
     lr, rr = (self.d_roles, self.x_roles) if self.side == 0 else (self.x_roles, self.d_roles)
     lt, rt = (_t(ds), _t(xs)) if self.side == 0 else (_t(xs), _t(ds))
@@ -144,23 +165,25 @@ class Case:
     lines += [f"  return %r : {_t(rs)}", "}"]
     if self.form == "composite":
       lines += [
-          f"func.func private @deq(%q: {_t(ds, 'i8')}, %s: {_t(ss)}) -> {_t(ds)} {{",
-          f"  %0 = stablehlo.convert %q : ({_t(ds, 'i8')}) -> {_t(ds)}",
+          f"func.func private @deq(%q: {_t(qs, 'i8')}, %s: {_t(ss)}) -> {_t(qs)} {{",
+          f"  %0 = stablehlo.convert %q : ({_t(qs, 'i8')}) -> {_t(qs)}",
           f"  %1 = stablehlo.broadcast_in_dim %s, dims = {list(range(r - 1))} : "
-          f"({_t(ss)}) -> {_t(ds)}",
-          f"  %2 = stablehlo.multiply %0, %1 : {_t(ds)}",
-          f"  return %2 : {_t(ds)}", "}"]
+          f"({_t(ss)}) -> {_t(qs)}",
+          f"  %2 = stablehlo.multiply %0, %1 : {_t(qs)}",
+          f"  return %2 : {_t(qs)}", "}"]
     return "\n".join(lines) + "\n"
 
   def inputs(self, rng):
-    q = rng.integers(-127, 128, self.d_shape).astype(np.int8)
-    s = rng.uniform(0.25, 2.0, self.d_shape[:-1]).astype(np.float32)
+    q = rng.integers(-127, 128, self.q_shape).astype(np.int8)
+    s = rng.uniform(0.25, 2.0, self.q_shape[:-1]).astype(np.float32)
     x = rng.standard_normal(self.x_shape).astype(np.float32)
     return [q, s, x]
 
   def magnitude(self, q, s, x):
     """Per output element, ``sum |x q s|`` in float64 (the error scale)."""
     d = np.abs(q.astype(np.float64) * s[..., None].astype(np.float64))
+    if self.perm is not None:
+      d = np.transpose(d, self.perm)
     letters = iter("abcdefghijklmnop")
     names = {}
     for role in itertools.chain(self.d_roles, self.x_roles):
@@ -196,6 +219,7 @@ def test_family_covers_every_rewrite():
   assert kinds == {"none", "into operand", "into result", "matmul_q formed"}
   assert {c.side for c in CASES} == {0, 1}
   assert {c.form for c in CASES} == {"composite", "open", "open_swapped"}
+  assert {c.expected() for c in CASES if c.perm is not None} >= {"into operand", "into result"}
   assert any(c.b for c in CASES) and any(len(c.c) == 2 for c in CASES)
 
 

@@ -268,25 +268,44 @@ func.func private @deq(%q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<6x8xf32>
 
 // -----
 
-// Not a dequantize: a product of two dense tensors, a bf16 dot, a transposed weight.
+// Not a dequantize: a product of two dense tensors; a multiply by a full-rank
+// (non-broadcast) tensor.
 // CHECK-LABEL: func.func @not_patterns_left_alone
 // CHECK-NEXT: stablehlo.multiply
 // CHECK-NEXT: stablehlo.dot_general
 // CHECK-NEXT: stablehlo.convert
-// CHECK-NEXT: stablehlo.broadcast_in_dim
 // CHECK-NEXT: stablehlo.multiply
-// CHECK-NEXT: stablehlo.transpose
 // CHECK-NEXT: stablehlo.dot_general
 // CHECK-NEXT: return
-func.func @not_patterns_left_alone(%x: tensor<4x6xf32>, %w: tensor<6x8xf32>, %v: tensor<6x8xf32>, %q: tensor<8x6xi8>, %s: tensor<8xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+func.func @not_patterns_left_alone(%x: tensor<4x6xf32>, %w: tensor<6x8xf32>, %v: tensor<6x8xf32>, %q: tensor<6x8xi8>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
   %0 = stablehlo.multiply %w, %v : tensor<6x8xf32>
   %1 = stablehlo.dot_general %x, %0, contracting_dims = [1] x [0] : (tensor<4x6xf32>, tensor<6x8xf32>) -> tensor<4x8xf32>
+  %2 = stablehlo.convert %q : (tensor<6x8xi8>) -> tensor<6x8xf32>
+  %3 = stablehlo.multiply %2, %w : tensor<6x8xf32>
+  %4 = stablehlo.dot_general %x, %3, contracting_dims = [1] x [0] : (tensor<4x6xf32>, tensor<6x8xf32>) -> tensor<4x8xf32>
+  return %1, %4 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+
+// -----
+
+// x @ dequantize(q, s).T with q: i8[8,6] (what JAX emits for x @ w.T): the transpose
+// moves onto the converted values; the scale (along q's rows, the result's columns)
+// multiplies the result.
+// CHECK-LABEL: func.func @transposed_weight
+// CHECK-SAME: (%[[X:.*]]: tensor<4x6xf32>, %[[Q:.*]]: tensor<8x6xi8>, %[[S:.*]]: tensor<8xf32>)
+// CHECK-NEXT: %[[QF:.*]] = stablehlo.convert %[[Q]] : (tensor<8x6xi8>) -> tensor<8x6xf32>
+// CHECK-NEXT: %[[QT:.*]] = stablehlo.transpose %[[QF]], dims = [1, 0] : (tensor<8x6xf32>) -> tensor<6x8xf32>
+// CHECK-NEXT: %[[SB:.*]] = stablehlo.broadcast_in_dim %[[S]], dims = [1] : (tensor<8xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT: %[[R:.*]] = stablehlo.dot_general %[[X]], %[[QT]], contracting_dims = [1] x [0]
+// CHECK-NEXT: %[[Y:.*]] = stablehlo.multiply %[[R]], %[[SB]]
+// CHECK-NEXT: return %[[Y]]
+func.func @transposed_weight(%x: tensor<4x6xf32>, %q: tensor<8x6xi8>, %s: tensor<8xf32>) -> tensor<4x8xf32> {
   %2 = stablehlo.convert %q : (tensor<8x6xi8>) -> tensor<8x6xf32>
   %3 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<8xf32>) -> tensor<8x6xf32>
   %4 = stablehlo.multiply %2, %3 : tensor<8x6xf32>
   %5 = stablehlo.transpose %4, dims = [1, 0] : (tensor<8x6xf32>) -> tensor<6x8xf32>
   %6 = stablehlo.dot_general %x, %5, contracting_dims = [1] x [0] : (tensor<4x6xf32>, tensor<6x8xf32>) -> tensor<4x8xf32>
-  return %1, %6 : tensor<4x8xf32>, tensor<4x8xf32>
+  return %6 : tensor<4x8xf32>
 }
 
 // -----
