@@ -7,6 +7,14 @@
 // RUN: diff %t.1.mlir %t.2.mlir
 // RUN: filecheck %s --input-file=%t.2.mlir
 
+// Every dialect JAX emits parses: func, StableHLO, CHLO, MHLO, sdy (and round-trips).
+// RUN: hxmlir-opt %S/Inputs/opt-dialects.mlir -p hx-verify | hxmlir-opt | filecheck %s --check-prefix=DIALECTS
+// DIALECTS: sdy.mesh @mesh = <["i"=2]>
+// DIALECTS: chlo.erf
+// DIALECTS: mhlo.add
+// DIALECTS: stablehlo.multiply
+// DIALECTS: sdy.sharding_constraint
+
 // Standard input, and a pipeline mixing our passes with MLIR's (nested ones too).
 // RUN: hxmlir-opt -p "hx-verify,canonicalize,func.func(cse),symbol-dce" < %s | filecheck %s
 // RUN: hxmlir-opt -p "builtin.module(hx-verify,hx-decompose)" %s | filecheck %s --check-prefix=DECOMP
