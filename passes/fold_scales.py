@@ -405,8 +405,10 @@ class FoldScalesPass(HxPass):
       ts = irutil.as_tensor_sharding(q_sh)
       s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
     y_sh = _result_sharding(dot)
-    known = [irutil.value_sharding(x), irutil.dim_sharding(q_sh, r),
-             irutil.dim_sharding(s_sh, r - 1)]
+    known = [irutil.value_sharding(x),
+             irutil.dim_sharding(q_sh, r) if q_sh is not None else irutil.value_sharding(m.q),
+             irutil.dim_sharding(s_sh, r - 1) if s_sh is not None else
+             irutil.value_sharding(m.s)]
     if spec.check_shardings(known, [irutil.dim_sharding(y_sh, r)]):
       return False
     from hxmlir.lowering import composite  # late: only needed when forming composites
