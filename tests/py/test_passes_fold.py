@@ -248,3 +248,52 @@ def test_fold_preserves_semantics(case):
   bound = RTOL * case.magnitude(*args) + 1e-6
   err = np.abs(after.astype(np.float64) - before.astype(np.float64))
   assert (err <= bound).all(), f"max error {err.max()} vs bound {bound.min()}\n{folded}"
+
+
+def test_fold_on_modules_lowered_by_jax():
+  import jax
+  import jax.numpy as jnp
+
+  import hxmlir as hx
+
+  def f(x, w, v):
+    qw, qv = hx.quantize(w), hx.quantize(v)
+    return x @ hx.dequantize(qw), x @ hx.dequantize(qv).T, x @ (w.astype(jnp.int8) * 0.5)
+
+  rng = np.random.default_rng(7)
+  args = [rng.standard_normal(s).astype(np.float32) for s in ((3, 6), (6, 5), (4, 6))]
+  text = jax.jit(f).lower(*args).as_text()
+  module = irutil.parse_module(text, irutil.make_context(), "jax")
+  result = parse_pipeline("hx-verify,hx-fold-scales,hx-verify").run(module)
+  stats = result.stats["hx-fold-scales"]
+  # matmul_q; a scale along the transposed weight's columns; a scalar scale (result is
+  # smaller than x here)
+  assert (stats["matmul_q formed"], stats["into result"], stats["scales folded"]) == (1, 2, 3)
+  folded = module.get_asm()
+  before = compile_and_run(text, args)
+  after = compile_and_run(folded, args)
+  for b, a in zip(before, after):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fold_keeps_jax_shardings():
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import AxisType
+  from jax.sharding import PartitionSpec as P
+
+  import hxmlir as hx
+
+  mesh = jax.make_mesh((2, 4), ("i", "j"), axis_types=(AxisType.Explicit,) * 2)
+  with jax.set_mesh(mesh):
+    x = jax.device_put(jnp.ones((4, 6), jnp.float32), P("i", None))
+    qw = hx.quantize(jax.device_put(jnp.ones((6, 8), jnp.float32), P(None, "j")))
+    module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
+  result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
+  assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
+  (op,) = [op for op in irutil.walk(module.operation) if irutil.is_hx_composite(op)]
+  assert irutil.composite_name(op) == "hx.matmul_q"
+  assert str(op.attributes["sdy.sharding"]) == \
+      '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
+  assert [irutil.value_sharding(v) for v in op.operands] == [
+      (("i",), ()), ((), ("j",)), ((),)]
