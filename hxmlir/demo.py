@@ -57,6 +57,7 @@ from hxmlir.models import _nn
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 ARTIFACT_NAME = "model.hxa"
 _COMPOSITE_RE = re.compile(r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"')
+_CUSTOM_CALL_RE = re.compile(r'stablehlo\.custom_call\s+@([^\s(]+)\(')
 
 
 # --- report ------------------------------------------------------------------
@@ -518,6 +519,10 @@ class _Demo:
     self.progress(f"exporting for {', '.join(self.platforms)}")
     exp = export(jax.jit(flat), platforms=self.platforms)(*leaves)
     blob = exp.serialize()
+    module = exp.mlir_module()
+    composites = count_composites(module)
+    custom_calls = dict(sorted(Counter(_CUSTOM_CALL_RE.findall(module)).items()))
+    self._write("exported_module.mlir", module)
     expected = np.asarray(exp.call(*leaves))
     tmp = None
     out = self.out
@@ -546,9 +551,12 @@ class _Demo:
     vs_jit = _rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
     data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
             "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
-            "identical": bool(same), "relative_error_vs_jit": vs_jit}
+            "identical": bool(same), "relative_error_vs_jit": vs_jit,
+            "composites": composites, "custom_calls": custom_calls}
     where = f" -> {data['artifact']}" if self.out else ""
-    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where}; "
+    calls = "".join(f", {k} x{v}" for k, v in custom_calls.items())
+    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where} "
+            f"({_fmt_counts(composites)}{calls}); "
             f"fresh process output {'identical' if same else 'DIFFERS'} "
             f"({got.dtype}{list(got.shape)})")
     return ("ok" if same else "failed"), line, data

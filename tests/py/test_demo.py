@@ -112,6 +112,9 @@ def test_export_step_reloads_identically(run):
   _, report, out = run
   ex = _step(report, "export")
   assert ex["identical"] is True and ex["platforms"] == ["cpu", "cuda", "tpu"]
+  module = (out / "exported_module.mlir").read_text()
+  assert demo.count_composites(module) == ex["composites"]
+  assert ex["composites"]["hx.matmul_q"] >= 24  # the hi ops survive export, per platform
   with np.load(out / "outputs.npz") as got, np.load(out / "expected.npz") as want:
     assert np.array_equal(got["a0"], want["a0"])
   from hxmlir.export import deserialize
