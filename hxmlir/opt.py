@@ -46,8 +46,14 @@ class _Usage(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+  out: IO | None = None  # where --help goes (the driver's stdout)
+
   def error(self, message):  # argparse would print usage and exit 2
     raise _Usage(message)
+
+  def _print_message(self, message, file=None):
+    if message:
+      (self.out or file or sys.stdout).write(message)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -119,7 +125,9 @@ class HxmlirOpt:
       return 1
 
   def _run(self) -> int:
-    args = _build_parser().parse_args(self.argv)
+    parser = _build_parser()
+    parser.out = self.stdout
+    args = parser.parse_args(self.argv)
     if args.version:
       return self._version()
     if args.list_passes:

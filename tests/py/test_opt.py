@@ -137,6 +137,13 @@ def test_debuginfo(good):
   assert "loc(" not in run([good]).out
 
 
+def test_help_goes_to_the_drivers_stdout():
+  r = run(["--help"])
+  assert r.status == 0 and r.err == ""
+  assert r.out.startswith("usage: hxmlir-opt")
+  assert "--verify-diagnostics" in r.out and "--pass-pipeline" in r.out
+
+
 def test_list_passes_and_version():
   r = run(["--list-passes"])
   assert r.status == 0
