@@ -411,3 +411,85 @@ func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<8xf32>) -> tensor<4x8xf32>
 func.func private @id(%x: tensor<4x8xf32>) -> tensor<4x8xf32> {
   return %x : tensor<4x8xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_q_result_columns(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %qc = sdy.sharding_constraint %q <@mesh, [{}, {"j"}]> : tensor<6x8xi8>
+  %sc = sdy.sharding_constraint %s <@mesh, [{}]> : tensor<6xf32>
+  // expected-error @+1 {{'hx.matmul_q' result columns must be sharded like the weight's columns: result [{}, {}], weight [{}, {"j"}]}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %qc, %sc {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+// hx.quantize: the values keep the operand's sharding; the scale drops the last axis.
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @quantize_shardings(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  %xc = sdy.sharding_constraint %x <@mesh, [{"i"}, {}]> : tensor<4x8xf32>
+  // expected-error @+2 {{'hx.quantize' result: scale sharding [{"i"}] must be the values' sharding [{"j"}, {}] without its last axis}}
+  // expected-error @+1 {{'hx.quantize' result values sharding [{"j"}, {}] must equal the operand's [{"i"}, {}]}}
+  %0:2 = stablehlo.composite "hx.quantize" %xc {composite_attributes = {qmax = 127 : i64}, decomposition = @quant, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"j"}, {}]>, <@mesh, [{"i"}]>]>, version = 1 : i32} : (tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>)
+  return %0#0, %0#1 : tensor<4x8xi8>, tensor<4xf32>
+}
+func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<4x8xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<4xf32>
+  return %0, %1 : tensor<4x8xi8>, tensor<4xf32>
+}
+
+// -----
+
+func.func @quantize_result_shape(%x: tensor<4x8xf32>) -> (tensor<4x6xi8>, tensor<4xf32>) {
+  // expected-error @+1 {{'hx.quantize' result values i8[4,6] must have the operand's shape f32[4,8]}}
+  %0:2 = stablehlo.composite "hx.quantize" %x {composite_attributes = {qmax = 127 : i64}, decomposition = @quant, version = 1 : i32} : (tensor<4x8xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
+  return %0#0, %0#1 : tensor<4x6xi8>, tensor<4xf32>
+}
+func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x6xi8>, tensor<4xf32>) {
+  %0 = stablehlo.constant dense<0> : tensor<4x6xi8>
+  %1 = stablehlo.constant dense<1.0> : tensor<4xf32>
+  return %0, %1 : tensor<4x6xi8>, tensor<4xf32>
+}
+
+// -----
+
+func.func @outer_batch_mismatch(%c: tensor<2x4xf32>, %r: tensor<3x5xf32>) -> (tensor<2x4xf32>, tensor<3x5xf32>) {
+  // expected-error @+1 {{'hx.outer' factors have different batch dimensions: f32[2,4], f32[3,5]}}
+  %0:2 = stablehlo.composite "hx.outer" %c, %r {decomposition = @outer, version = 1 : i32} : (tensor<2x4xf32>, tensor<3x5xf32>) -> (tensor<2x4xf32>, tensor<3x5xf32>)
+  return %0#0, %0#1 : tensor<2x4xf32>, tensor<3x5xf32>
+}
+func.func private @outer(%c: tensor<2x4xf32>, %r: tensor<3x5xf32>) -> (tensor<2x4xf32>, tensor<3x5xf32>) {
+  return %c, %r : tensor<2x4xf32>, tensor<3x5xf32>
+}
+
+// -----
+
+func.func @matmul_r1_shapes(%x: tensor<2x3xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  // expected-error @+1 {{'hx.matmul_r1' operand shapes do not match f32[*b, p, m] x r1[*b, m, n]: f32[2,3], f32[4], f32[5]}}
+  %0 = stablehlo.composite "hx.matmul_r1" %x, %c, %r {decomposition = @mr1, version = 1 : i32} : (tensor<2x3xf32>, tensor<4xf32>, tensor<5xf32>) -> tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
+func.func private @mr1(%x: tensor<2x3xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_r1_contraction_sharded(%x: tensor<2x4xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  %cc = sdy.sharding_constraint %c <@mesh, [{"j"}]> : tensor<4xf32>
+  // expected-error @+1 {{'hx.matmul_r1' contraction axes must be unsharded, got x <unknown> and col [{"j"}]}}
+  %0 = stablehlo.composite "hx.matmul_r1" %x, %cc, %r {decomposition = @mr1, version = 1 : i32} : (tensor<2x4xf32>, tensor<4xf32>, tensor<5xf32>) -> tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
+func.func private @mr1(%x: tensor<2x4xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>) -> tensor<2x5xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
