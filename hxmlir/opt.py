@@ -17,7 +17,9 @@ traceback. ``--verify-diagnostics`` checks the diagnostics against MLIR's
 annotations instead of printing them.
 
 :class:`HxmlirOpt` runs in-process (``HxmlirOpt(["-p", "hx-verify", path]).run()``
-returns the exit status), so pytest drives it without subprocesses.
+returns the exit status), so pytest drives it without subprocesses. An internal
+error (a bug) is reported in one line; set ``HXMLIR_OPT_TRACEBACK=1`` to get the
+Python traceback instead.
 """
 
 from __future__ import annotations

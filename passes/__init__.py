@@ -25,7 +25,9 @@ The API other code relies on::
 
 Passes: ``hx-verify`` (the IR contract of ``lowering/schema.py``),
 ``hx-fold-scales`` (dequantize -> dot_general: scales into the smaller side,
-``hx.matmul_q`` where it fits), ``hx-decompose`` (inline ``hx.*`` composites).
+``hx.matmul_q`` where it fits), ``hx-decompose`` (inline ``hx.*`` composites),
+``hx-check-export`` (custom calls are registered, export-stable targets). One
+file per pass, named after it.
 """
 
 from hxmlir.passes.base import Diagnostic as Diagnostic
