@@ -49,12 +49,14 @@ from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
-# block of dequantized values takes about BLOCK_BYTES of f32 (256 rows of a
-# 2048-wide weight, 128 rows of a 4096-wide one), and at most 1/MAX_FRACTION of
-# the whole dequantized weight, so temporary memory stays a small fraction of
-# what the reference needs. Block lengths are multiples of BLOCK_ALIGN and at
-# least MIN_BLOCK (shorter dots run far below the machine's peak).
-BLOCK_BYTES = 2 * 1024 * 1024
+# block of dequantized values takes about K_BLOCK_BYTES (K-streaming: 256 rows
+# of a 4096-wide weight) or N_BLOCK_BYTES (N-blocking, whose f32[m, n] result
+# buffer also counts: 128 columns of a 4096-deep weight) of f32, and at most
+# 1/MAX_FRACTION of the whole dequantized weight, so temporary memory stays a
+# small fraction of what the reference needs. Block lengths are multiples of
+# BLOCK_ALIGN and at least MIN_BLOCK (shorter dots run far below peak).
+K_BLOCK_BYTES = 4 * 1024 * 1024
+N_BLOCK_BYTES = 2 * 1024 * 1024
 MAX_FRACTION = 16
 BLOCK_ALIGN = 8
 MIN_BLOCK = 32
@@ -135,9 +137,9 @@ def _check(x: ir.Value, q: ir.Value, s: ir.Value) -> tuple[int, int, int, int]:
   return len(ops[0].shape) - 2, m, k, ops[1].shape[-1]
 
 
-def _block(length: int, other: int) -> int:
-  """Block length along an axis of ``length`` when the other weight axis is ``other``."""
-  by_bytes = BLOCK_BYTES // (4 * other)
+def _block(length: int, other: int, budget: int) -> int:
+  """Block length along a weight axis of ``length`` when the other one is ``other``."""
+  by_bytes = budget // (4 * other)
   by_fraction = length // MAX_FRACTION
   return max(MIN_BLOCK, min(by_bytes, by_fraction) // BLOCK_ALIGN * BLOCK_ALIGN)
 
@@ -148,16 +150,17 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   For ``x: f32[m, k]`` and ``q: i8[k, n]`` (per batch element). Returns
   ``("k", block_k)`` (K-streaming) for ``m <= K_STREAMING_MAX_M``, else
   ``("n", block_n)`` (N-blocking), with the block holding about
-  ``BLOCK_BYTES`` of f32 and at most ``1/MAX_FRACTION`` of the weight; or
+  ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32 and at most ``1/MAX_FRACTION``
+  of the weight; or
   ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements or when a
   single block would cover the weight (convert once, one dot).
   """
   if k * n <= SMALL_WEIGHT:
     return "whole", 0
   if m <= K_STREAMING_MAX_M:
-    b = _block(k, n)
+    b = _block(k, n, K_BLOCK_BYTES)
     return ("k", b) if b < k else ("whole", 0)
-  b = _block(n, k)
+  b = _block(n, k, N_BLOCK_BYTES)
   return ("n", b) if b < n else ("whole", 0)
 
 
@@ -216,8 +219,8 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
     scheme, blk = choose_blocking(m, k, n)
     block_k = block_k or (blk if scheme == "k" else None)
     block_n = block_n or (blk if scheme == "n" else None)
-  block_k = _block(k, n) if block_k is None else block_k
-  block_n = _block(n, k) if block_n is None else block_n
+  block_k = _block(k, n, K_BLOCK_BYTES) if block_k is None else block_k
+  block_n = _block(n, k, N_BLOCK_BYTES) if block_n is None else block_n
   if scheme not in ("k", "n", "whole"):
     raise ValueError(f"hx.matmul_q streaming: unknown scheme {scheme!r} "
                      "(expected 'k', 'n' or 'whole')")

@@ -115,10 +115,10 @@ def test_default_choice_matches_reference_over_random_shapes():
 
 
 def test_choose_blocking():
-  two_mib_of_rows = impl.BLOCK_BYTES // (4 * 4096)  # 128 rows of a 4096-wide weight
-  assert impl.choose_blocking(1, 4096, 4096) == ("k", two_mib_of_rows)
+  assert impl.choose_blocking(1, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
-  assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == ("n", two_mib_of_rows)
+  assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
+      "n", impl.N_BLOCK_BYTES // (4 * 4096))
   assert impl.choose_blocking(1, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
   assert impl.choose_blocking(1, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
   assert impl.choose_blocking(1, 300, 4096) == ("k", impl.MIN_BLOCK)
