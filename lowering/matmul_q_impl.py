@@ -276,8 +276,13 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
 
 # --- the CPU lowering rule ----------------------------------------------------
 
-def _streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
-  """Decomposition builder (``lowering.composite.DecompositionBuilder``) for CPU."""
+def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
+  """``hx.matmul_q`` decomposition builder (``lowering.composite.DecompositionBuilder``).
+
+  ``args = (x, q, s)`` -> ``[build_matmul_q_streaming(x, q, s)]`` with the
+  default blocking; for passes that create ``hx.matmul_q`` composites in
+  modules meant for CPU (pass it to ``composite.build_decomposition``).
+  """
   x, q, s = args
   return [build_matmul_q_streaming(x, q, s)]
 
@@ -295,7 +300,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value) -> list[ir.Va
   n = ctx.avals_in[1].shape[-1]
   if choose_blocking(m, k, n)[0] == "whole":
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=_streaming_decomposition)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=streaming_decomposition)
 
 
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")

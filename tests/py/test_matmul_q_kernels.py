@@ -306,3 +306,31 @@ def test_pallas_kernel_errors():
     mqp.matmul_q_pallas(x, q, np.ones(5, np.float32), backend="cuda")
   with pytest.raises(ValueError, match="powers of two >= 16"):
     mqp.matmul_q_pallas(x, q, np.ones(5, np.float32), backend="triton", blocks=(16, 24, 16))
+
+
+def test_builder_works_on_plain_mlir_without_jax_tracing():
+  # What a pass does: build hx.matmul_q with the streaming decomposition into a
+  # module parsed from text, with nothing but jaxlib.mlir.
+  from jaxlib.mlir.dialects import func as func_dialect
+
+  from hxmlir.lowering import composite
+  text = """
+  func.func @main(%x: tensor<2x600xf32>, %q: tensor<600x300xi8>, %s: tensor<600xf32>)
+      -> tensor<2x300xf32> {
+    %0 = stablehlo.constant dense<0.0> : tensor<2x300xf32>
+    return %0 : tensor<2x300xf32>
+  }"""
+  with mlir.make_ir_context(), ir.Location.unknown():
+    module = ir.Module.parse(text)
+    fn = module.body.operations[0]
+    ret = fn.regions[0].blocks[0].operations[1]
+    with ir.InsertionPoint(ret):
+      (y,) = composite.build_composite("hx.matmul_q", list(fn.arguments),
+                                       [ir.RankedTensorType.get([2, 300], ir.F32Type.get())],
+                                       impl.streaming_decomposition)
+    ret.operands[0] = y
+    assert module.operation.verify()
+    out = str(module)
+  assert isinstance(fn, func_dialect.FuncOp)
+  assert 'stablehlo.composite "hx.matmul_q"' in out
+  assert "stablehlo.while" in out and "sizes = [32, 300]" in out  # 600 // 16 -> 32-row blocks
