@@ -15,8 +15,10 @@ installed) with JAX's caches cleared before each repetition; "trace+lower" is
 repetition so background load hits both alike, each after ``gc.collect()``;
 medians are printed, with the
 ratio installed / not installed (target <= 1.10), the ratio of the fastest
-repetitions (closest to an idle machine), and the hook's own time per module
-from ``hx.stats()`` (walk + pipeline).
+repetitions (closest to an idle machine), the hook's own time per module from
+``hx.stats()`` (walk + pipeline) and ``1 + hook / without``: the overhead as the
+hook itself measures it, which background load on a shared machine disturbs
+far less than the difference of two wall-clock medians.
 
 Usage: ``python benchmarks/install_overhead.py [--layers 48] [--width 256] [--reps 21]``
 """
@@ -110,7 +112,7 @@ def main(argv=None) -> None:
         f"{a.width}, batch 8; pipeline {DEFAULT_PIPELINE}; "
         f"median of {a.reps}")
   head = (f"{'model':<16} {'what':<12} {'without ms':>11} {'with ms':>8} {'ratio':>7}"
-          f" {'min-ratio':>9} {'hook ms/module':>15}")
+          f" {'min-ratio':>9} {'hook ms/module':>15} {'1+hook/without':>15}")
   print(head)
   print("-" * len(head))
   worst = 0.0
@@ -120,7 +122,8 @@ def main(argv=None) -> None:
       (off, off_min), (on, on_min) = m[what, False], m[what, True]
       ratio = on / off
       worst = max(worst, ratio) if what == "lower" else worst
-      hook = f"{m['hook s/module'] * 1e3:15.2f}" if what == "lower" else ""
+      hook = (f"{m['hook s/module'] * 1e3:15.2f} {1 + m['hook s/module'] / off:14.3f}x"
+              if what == "lower" else "")
       print(f"{name:<16} {what:<12} {off * 1e3:11.1f} {on * 1e3:8.1f} {ratio:6.3f}x "
             f"{on_min / off_min:8.3f}x {hook}")
   print(f"worst median lowering ratio {worst:.3f}x (target <= 1.10x): "
