@@ -389,7 +389,7 @@ def _instantiate(t, aval):
 def quantize(x) -> QArray:
   """Quantize ``x: f32[*lead, n]`` to ``q8[*lead, n]``, one scale per row.
 
-  ``scale = max(|row|) / 127`` and ``qvalue = round_half_even(row / scale)``
+  ``scale = max(|row|) * f32(1/127)`` and ``qvalue = round_half_even(row / scale)``
   clipped to ``[-127, 127]`` (symmetric absmax quantization along the last
   axis). An all-zero row gets ``scale = 0`` and zero values, so it dequantizes
   to exact zeros; a row holding NaN or +-inf gets ``scale = NaN`` and zero

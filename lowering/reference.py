@@ -9,21 +9,27 @@ every other implementation against it. Shapes follow the lo primitives:
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 QMAX = 127.0  # symmetric int8 range [-127, 127]; -128 is never produced
+# The scale is amax times the f32 reciprocal of QMAX, written as a multiply: XLA
+# rewrites a division by a constant into this multiply in some fusion contexts
+# and not in others; spelling it out removes that source of 1-ulp differences
+# between contexts (XLA may still reassociate constant factors across fusions).
+INV_QMAX = np.float32(1.0 / QMAX)
 
 
 def quantize(x):
   """``f32[*lead, n] -> (i8[*lead, n], f32[*lead])``: per-row absmax quantization.
 
-  ``s = max|row| / 127``; ``q = clip(round_half_even(row / s), -127, 127)``.
+  ``s = max|row| * f32(1/127)``; ``q = clip(round_half_even(row / s), -127, 127)``.
   All-zero rows: ``s = 0`` and ``q = 0``. Rows with NaN or +-inf: ``s = NaN``
   and ``q = 0``, so they dequantize to NaN.
   """
   amax = jnp.max(jnp.abs(x), axis=-1)
   finite = jnp.isfinite(amax)
-  scale = jnp.where(finite, amax / QMAX, jnp.nan)
+  scale = jnp.where(finite, amax * INV_QMAX, jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)
   q = jnp.clip(jnp.round(x / divisor[..., None]), -QMAX, QMAX)
   q = jnp.where(finite[..., None], q, 0.0).astype(jnp.int8)
