@@ -334,3 +334,25 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
   assert isinstance(fn, func_dialect.FuncOp)
   assert 'stablehlo.composite "hx.matmul_q"' in out
   assert "stablehlo.while" in out and "sizes = [32, 300]" in out  # 600 // 16 -> 32-row blocks
+
+
+@pytest.mark.parametrize("m,xspec,wspec", [(4, ("i",), (None, "j")),      # K-streaming
+                                           (64, ("i",), (None, "j")),     # N-blocking
+                                           (8, (None,), (None, None))])
+def test_cpu_rule_under_explicit_sharding(m, xspec, wspec):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+  from jax.sharding import AxisType
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+  rng = np.random.default_rng(m)
+  x = rng.standard_normal((m, 600)).astype(np.float32)
+  w = rng.standard_normal((600, 300)).astype(np.float32)
+  with jax.set_mesh(mesh):
+    qw = hx.quantize(jax.device_put(w, P(*wspec)))
+    xd = jax.device_put(x, P(*xspec))
+    f = jax.jit(hx.matmul_q)
+    assert "stablehlo.while" in _decomposition_ops(f.lower(xd, qw).as_text())
+    y = f(xd, qw)
+    assert tuple(y.sharding.spec) + (None,) * (2 - len(y.sharding.spec)) == (xspec[0], wspec[1])
+  _assert_close_to_reference(np.asarray(y), x, np.asarray(qw.qvalue), np.asarray(qw.scale))
