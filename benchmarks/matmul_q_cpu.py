@@ -12,7 +12,10 @@ f32 scale per row), times per call, side by side in one run:
 
 The three executables are compiled first, then called in interleaved rounds
 (naive, hx, f32, naive, ...), so a change in machine load hits all three alike;
-each time is the median over rounds. ``temp`` is XLA's compiled
+each time is the median over rounds. Before every timed call a read-only pass
+over a 96 MiB buffer evicts the caches (clean), so every variant starts as a
+layer of a real model does: weights in DRAM, nothing dirty left by the previous
+call (``--warm`` skips it: weights may then stay in the last-level cache). ``temp`` is XLA's compiled
 ``memory_analysis().temp_size_in_bytes``. Targets (issue 7): ``hx/f32 <= 1.0``
 for ``m <= 16`` and ``<= 1.3`` above, ``naive/hx >= 6`` at ``m = 1``, and
 ``temp <= 1/8`` of the f32 weight's bytes; the last column marks them.
@@ -62,7 +65,11 @@ def _compile(fn, *args):
   return c, args
 
 
-def measure(m: int, k: int, n: int, rounds: int, seed: int = 0) -> dict[str, tuple[float, int]]:
+FLUSH_BYTES = 96 * 2**20  # 3x the 32 MiB L3 of the development machine
+
+
+def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
+            warm: bool = False) -> dict[str, tuple[float, int]]:
   """``{variant: (median seconds per call, temp bytes)}`` for one shape."""
   rng = np.random.default_rng(seed)
   q = jnp.asarray(rng.integers(-127, 128, (k, n), dtype=np.int8))
@@ -83,8 +90,12 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0) -> dict[str, tup
     if err > 1e-4:
       raise AssertionError(f"{name} differs from f32 by {err:.2e} (relative) at m={m}")
   times = {name: [] for name in compiled}
+  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
+  flush = jax.jit(jnp.sum)
   for _ in range(rounds):
     for name, (c, a) in compiled.items():
+      if not warm:
+        flush(flush_buf).block_until_ready()
       t0 = time.perf_counter()
       c(*a).block_until_ready()
       times[name].append(time.perf_counter() - t0)
@@ -105,20 +116,23 @@ def main(argv=None) -> None:
                   help="extra non-square weight shapes, run at m = 1 and 16 "
                        "(default: 2048 8192)")
   ap.add_argument("--rounds", type=int, default=30)
+  ap.add_argument("--warm", action="store_true",
+                  help="do not evict the caches between calls")
   args = ap.parse_args(argv)
   extra = args.shape if args.shape is not None else [(2048, 8192)]
   cases = [(m, args.k, args.n) for m in args.m]
   cases += [(m, k, n) for k, n in extra for m in (1, 16)]
 
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
-        f"median of {args.rounds} interleaved rounds")
+        f"median of {args.rounds} interleaved rounds, "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}")
   head = (f"{'m':>4} {'k':>5} {'n':>5} | {'naive ms':>9} {'hx ms':>8} {'f32 ms':>8} | "
           f"{'hx/f32':>6} {'naive/hx':>8} | {'temp MiB naive':>14} {'hx':>6} {'f32':>6} "
           f"{'hx/w32':>6} | targets")
   print(head)
   print("-" * len(head))
   for m, k, n in cases:
-    r = measure(m, k, n, args.rounds)
+    r = measure(m, k, n, args.rounds, warm=args.warm)
     (tn, mn), (th, mh), (tf, mf) = r["naive"], r["hx"], r["f32"]
     w32 = 4 * k * n
     ok_time = th / tf <= (1.0 if m <= 16 else 1.3)

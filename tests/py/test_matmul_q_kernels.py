@@ -115,15 +115,23 @@ def test_default_choice_matches_reference_over_random_shapes():
 
 
 def test_choose_blocking():
-  assert impl.choose_blocking(1, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
+  # K-streaming, blocks of K_BLOCK_BYTES or 1/MAX_FRACTION of the weight
+  assert impl.choose_blocking(3, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
+  assert impl.choose_blocking(3, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
+  assert impl.choose_blocking(3, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
+  assert impl.choose_blocking(3, 300, 4096) == ("k", impl.MIN_BLOCK)
+  # matrix-vector products: blocks that stay in L2
+  gemv = impl.GEMV_BLOCK_BYTES // 4
+  assert impl.choose_blocking(1, 4096, 4096) == ("k", gemv // 4096)
+  assert impl.choose_blocking(impl.GEMV_MAX_M, 2048, 8192) == ("k", impl.GEMV_MIN_BLOCK)
+  assert impl.choose_blocking(1, 4096, 2048) == ("k", gemv // 2048)
+  # N-blocking
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
       "n", impl.N_BLOCK_BYTES // (4 * 4096))
-  assert impl.choose_blocking(1, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
-  assert impl.choose_blocking(1, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
-  assert impl.choose_blocking(1, 300, 4096) == ("k", impl.MIN_BLOCK)
+  # no loop
   assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
-  assert impl.choose_blocking(1, 30, 4096) == ("whole", 0)  # a single block
+  assert impl.choose_blocking(3, 30, 4096) == ("whole", 0)  # a single block
 
 
 # --- the CPU lowering rule ----------------------------------------------------
