@@ -11,8 +11,10 @@ f32 scale per row), times per call, side by side in one run:
   dense model the quantized one replaces; 4x the weight bytes).
 
 The three executables are compiled first, then called in interleaved rounds
-(naive, hx, f32, naive, ...), so a change in machine load hits all three alike;
-each time is the median over rounds. Before every timed call a read-only pass
+(naive, hx, f32; hx, f32, naive; f32, naive, hx; ...: each follows each other
+equally often, as what ran before -- the allocator's state, dirty cache lines --
+affects a call), so a change in machine load hits all three alike; each time is
+the median over rounds. Before every timed call a read-only pass
 over a 96 MiB buffer evicts the caches (clean), so every variant starts as a
 layer of a real model does: weights in DRAM, nothing dirty left by the previous
 call (``--warm`` skips it: weights may then stay in the last-level cache). ``temp`` is XLA's compiled
@@ -92,8 +94,10 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
   times = {name: [] for name in compiled}
   flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
   flush = jax.jit(jnp.sum)
-  for _ in range(rounds):
-    for name, (c, a) in compiled.items():
+  names = list(compiled)
+  for r in range(rounds):
+    for name in names[r % 3:] + names[:r % 3]:  # each variant follows each other as often
+      c, a = compiled[name]
       if not warm:
         flush(flush_buf).block_until_ready()
       t0 = time.perf_counter()

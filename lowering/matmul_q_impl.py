@@ -62,13 +62,17 @@ from hxmlir.lowering.primitives import hx_matmul_q_p
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
 # block of dequantized values takes about K_BLOCK_BYTES (K-streaming: 256 rows
-# of a 4096-wide weight) or N_BLOCK_BYTES (N-blocking, whose f32[m, n] result
-# buffer also counts: 128 columns of a 4096-deep weight) of f32, and at most
-# 1/MAX_FRACTION of the whole dequantized weight, so temporary memory stays a
-# small fraction of what the reference needs. Block lengths are multiples of
-# BLOCK_ALIGN and at least MIN_BLOCK (shorter dots run far below peak).
+# of a 4096-wide weight) or N_BLOCK_BYTES (N-blocking: 256 columns of a
+# 4096-deep weight; N_BLOCK_BYTES_LARGE_M above LARGE_M rows, where the
+# f32[m, n] result buffer that the loop carries takes its share of temporary
+# memory) of f32, and at most 1/MAX_FRACTION of the whole dequantized weight,
+# so temporary memory stays a small fraction of what the reference needs. Block
+# lengths are multiples of BLOCK_ALIGN and at least MIN_BLOCK (shorter dots run
+# far below peak).
 K_BLOCK_BYTES = 4 * 1024 * 1024
-N_BLOCK_BYTES = 2 * 1024 * 1024
+N_BLOCK_BYTES = 4 * 1024 * 1024
+N_BLOCK_BYTES_LARGE_M = 2 * 1024 * 1024
+LARGE_M = 128
 # For matrix-vector products (m <= GEMV_MAX_M) the K-streaming block is kept
 # within L2 (GEMV_BLOCK_BYTES, at least GEMV_MIN_BLOCK rows): XLA then runs each
 # step's convert and dot on one core straight from L2, which measured faster
@@ -166,6 +170,10 @@ def _k_block(m: int, k: int, n: int) -> int:
   return _block(k, n, K_BLOCK_BYTES)
 
 
+def _n_block(m: int, k: int, n: int) -> int:
+  return _block(n, k, N_BLOCK_BYTES if m <= LARGE_M else N_BLOCK_BYTES_LARGE_M)
+
+
 def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   """The scheme and block size :func:`build_matmul_q_streaming` uses by default.
 
@@ -173,7 +181,7 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   ``("k", block_k)`` (K-streaming) for ``m <= K_STREAMING_MAX_M``, else
   ``("n", block_n)`` (N-blocking), with the block holding about
   ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32 (``GEMV_BLOCK_BYTES`` for
-  ``m <= GEMV_MAX_M``) and at most ``1/MAX_FRACTION`` of the weight; or
+  ``m <= GEMV_MAX_M``, ``N_BLOCK_BYTES_LARGE_M`` for ``m > LARGE_M``) and at most ``1/MAX_FRACTION`` of the weight; or
   ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements or when a
   single block would cover the weight (convert once, one dot).
   """
@@ -182,7 +190,7 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   if m <= K_STREAMING_MAX_M:
     b = _k_block(m, k, n)
     return ("k", b) if b < k else ("whole", 0)
-  b = _block(n, k, N_BLOCK_BYTES)
+  b = _n_block(m, k, n)
   return ("n", b) if b < n else ("whole", 0)
 
 
@@ -240,7 +248,7 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   if scheme is None:
     scheme, _ = choose_blocking(m, k, n)
   block_k = _k_block(m, k, n) if block_k is None else block_k
-  block_n = _block(n, k, N_BLOCK_BYTES) if block_n is None else block_n
+  block_n = _n_block(m, k, n) if block_n is None else block_n
   if scheme not in ("k", "n", "whole"):
     raise ValueError(f"hx.matmul_q streaming: unknown scheme {scheme!r} "
                      "(expected 'k', 'n' or 'whole')")

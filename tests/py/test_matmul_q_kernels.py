@@ -129,6 +129,8 @@ def test_choose_blocking():
   # N-blocking
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
       "n", impl.N_BLOCK_BYTES // (4 * 4096))
+  assert impl.choose_blocking(impl.LARGE_M + 1, 4096, 4096) == (
+      "n", impl.N_BLOCK_BYTES_LARGE_M // (4 * 4096))
   # no loop
   assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
   assert impl.choose_blocking(3, 30, 4096) == ("whole", 0)  # a single block
