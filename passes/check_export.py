@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 from jaxlib.mlir import ir
 
 from hxmlir import targets
+from hxmlir.passes import irutil
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,7 @@ class CheckExportPass(HxPass):
     stable = targets.jax_stable_targets() | {t for t in self.allow_targets.split(";") if t}
     offenders: list[tuple[ir.Operation, str, str | None]] = []
     checked = 0
-    for op in irutil.walk(module):
-      if op.name != "stablehlo.custom_call":
-        continue
+    for op in irutil.ops_named(module, "stablehlo.custom_call"):
       checked += 1
       target = ir.StringAttr(op.attributes["call_target_name"]).value
       if target in stable:

@@ -35,7 +35,8 @@ class DecomposePass(HxPass):
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     inlined, used_decomps = 0, set()
     for _ in range(_MAX_ROUNDS):
-      ops = [op for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+      ops = [op for op in irutil.walk(module, frozenset({"stablehlo.composite"}))
+             if irutil.is_hx_composite(op)]
       if not ops:
         break
       funcs = irutil.func_ops(module)

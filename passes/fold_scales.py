@@ -284,12 +284,10 @@ class FoldScalesPass(HxPass):
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     decomps = {irutil.symbol_ref(op.attributes["decomposition"])
-               for op in irutil.walk(module)
-               if op.name == "stablehlo.composite" and "decomposition" in op.attributes}
-    dots = []
-    for sym, fn in irutil.func_ops(module).items():
-      if sym not in decomps:
-        dots += [op for op in irutil.walk(fn) if op.name == "stablehlo.dot_general"]
+               for op in irutil.ops_named(module, "stablehlo.composite")
+               if "decomposition" in op.attributes}
+    dots = [op for op in irutil.ops_named(module, "stablehlo.dot_general")
+            if irutil.func_name(irutil.enclosing_func(op)) not in decomps]
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
     state = _State()
     for dot in dots:

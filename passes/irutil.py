@@ -7,10 +7,12 @@ shardings as the schema's :data:`DimSharding`, and op walking.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
@@ -121,14 +123,83 @@ def tensor_type(t: ir.Type) -> TensorType | None:
   return TensorType(tuple(t.shape), str(t.element_type))
 
 
-def walk(op: ir.Operation) -> Iterator[ir.Operation]:
-  """Every op nested in ``op`` (pre-order, ``op`` excluded), as ``ir.Operation``."""
-  for region in op.regions:
-    for block in region.blocks:
-      for child in block.operations:
-        child = child.operation
-        yield child
-        yield from walk(child)
+def walk(op: ir.Operation, names: frozenset[str] | None = None) -> list[ir.Operation]:
+  """Every op nested in ``op`` (pre-order, ``op`` excluded), as ``ir.Operation``.
+
+  With ``names``, only ops of those names. Uses MLIR's own walker (one Python
+  callback per op, no generator frames): the passes run inside every lowering
+  while installed, so this is their hot loop. The list is a snapshot, safe to
+  mutate the IR while iterating over it.
+  """
+  top = op.operation if hasattr(op, "operation") else op
+  out: list[ir.Operation] = []
+  append = out.append
+  if names is None:
+    def visit(o):
+      append(o)
+      return ir.WalkResult.ADVANCE
+  else:
+    def visit(o):
+      if o.name in names:
+        append(o)
+      return ir.WalkResult.ADVANCE
+  top.walk(visit, ir.WalkOrder.PRE_ORDER)
+  if out and out[0] == top:
+    out.pop(0)
+  return out
+
+
+# One walk per pipeline run serves every pass that only looks ops up by name:
+# Pipeline.run opens a cache, and drops it after each pass that changed the IR.
+_op_index: ContextVar[dict | None] = ContextVar("hxmlir_op_index", default=None)
+
+
+@contextlib.contextmanager
+def op_index_scope():
+  """While open, :func:`ops_named` answers from one shared walk of the module."""
+  token = _op_index.set({})
+  try:
+    yield
+  finally:
+    _op_index.reset(token)
+
+
+def invalidate_op_index() -> None:
+  """Forget the shared walk (call after the IR changed)."""
+  cache = _op_index.get()
+  if cache is not None:
+    cache.clear()
+
+
+def ops_named(module: ir.Operation, *names: str) -> list[ir.Operation]:
+  """Ops named ``names`` nested in ``module``, in walk order per name (a snapshot list)."""
+  cache = _op_index.get()
+  if cache is None:
+    return walk(module, frozenset(names))
+  top = module.operation if hasattr(module, "operation") else module
+  index = cache.get(top)
+  if index is None:
+    index = {}
+
+    def visit(o):
+      index.setdefault(o.name, []).append(o)
+      return ir.WalkResult.ADVANCE
+    top.walk(visit, ir.WalkOrder.PRE_ORDER)
+    cache[top] = index
+  return [o for n in names for o in index.get(n, ())]
+
+
+def func_name(fn: ir.Operation | None) -> str | None:
+  """The symbol name of a ``func.func`` op (``None`` for ``None``)."""
+  return None if fn is None else ir.StringAttr(fn.attributes["sym_name"]).value
+
+
+def enclosing_func(op: ir.Operation) -> ir.Operation | None:
+  """The ``func.func`` holding ``op``, or ``None``."""
+  parent = op.parent
+  while parent is not None and parent.name != "func.func":
+    parent = parent.parent
+  return parent
 
 
 def func_ops(module: ir.Operation) -> dict[str, ir.Operation]:

@@ -170,10 +170,18 @@ class Pipeline:
     """
     op = module.operation
     result = PipelineResult()
+    with irutil.op_index_scope():
+      self._run_passes(op, result, after_pass)
+    return result
+
+  def _run_passes(self, op: ir.Operation, result: PipelineResult,
+                  after_pass: AfterPass | None) -> None:
     for p in self.passes:
       start = time.perf_counter()
       if isinstance(p, NativePass):
         changed, stats = _run_native(p, op), {}
+        if changed:
+          irutil.invalidate_op_index()
       else:
         diags = Diagnostics()
         with op.context, ir.Location.unknown():
@@ -184,6 +192,7 @@ class Pipeline:
           raise PassError(p.name, f"{n} problem{'s' if n != 1 else ''} found", diags.items)
         changed, stats = outcome.changed, outcome.stats
         if changed:  # an unchanged module is as valid as before the pass
+          irutil.invalidate_op_index()
           _verify_after(p.name, op)
       elapsed = time.perf_counter() - start
       result.changed |= changed
@@ -192,7 +201,6 @@ class Pipeline:
         mine[k] = mine.get(k, 0) + v
       if after_pass is not None:
         after_pass(p.name, op, elapsed)
-    return result
 
 
 def _verify_after(name: str, op: ir.Operation) -> None:

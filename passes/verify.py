@@ -69,7 +69,7 @@ class VerifyPass(HxPass):
     # hashes cheaply.
     verdicts: dict[tuple, list[str]] = {}
     checked = 0
-    for op in irutil.walk(module):
+    for op in irutil.ops_named(module, "stablehlo.composite"):
       if irutil.is_hx_composite(op):
         checked += 1
         attrs = op.attributes
