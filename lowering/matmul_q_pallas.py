@@ -27,7 +27,12 @@ converts it to f32, multiplies it with the scaled ``x`` chunk
 (``x * s``, ``block_m x block_k``) and accumulates (f32 dot at
 ``Precision.HIGHEST``). The dequantized weight exists only one tile at a time.
 Weight bytes are read once per row block of ``x``: at decode shapes
-(``m <= block_m``) exactly once, so the kernel is bound by int8 bandwidth.
+(``m <= block_m``) exactly once, so the kernel is meant to be bound by int8
+bandwidth. Not yet measured on a GPU or TPU (``benchmarks/matmul_q_gpu.py``
+does that): the exact-f32 dot runs on CUDA cores rather than tensor cores,
+Triton's ``tl.dot`` pads decode rows to 16, and ``n / block_n`` programs may
+leave SMs idle at ``m = 1`` (a split over ``k`` would need a new kernel
+version, since it changes the custom call's result).
 
 Ragged shapes. ``x`` and ``s`` (small: ``m * k`` and ``k`` elements) are
 zero-padded to whole blocks (``m`` to ``block_m``, ``k`` to ``block_k``) and the
@@ -35,7 +40,8 @@ result is padded to whole ``block_n`` columns and sliced back; the weight is
 never copied. Weight tiles past the array's end are masked on GPU (Triton
 loads with ``mask``/``other=0``); on TPU the Mosaic pipeline copies the valid
 part of an edge block and the rest of the tile is stale int8 data -- finite, and
-multiplied by the zero padding of ``x * s``, so it adds exact zeros.
+multiplied by the zero padding of ``x * s``, so it adds exact zeros (Pallas'
+documented edge-block behaviour; checked here in interpret mode only).
 """
 
 from __future__ import annotations
