@@ -38,10 +38,11 @@ only an MLIR context, a location and an insertion point, so passes that create
 ``hx.matmul_q`` composites (``hx-fold-scales``) can use them too
 (:func:`streaming_decomposition`).
 
-Measured (2-core AMD EPYC, AVX2, 32 MiB L3, shared; ``k = n = 4096``, caches
-evicted before each call): 1.1x the f32 matmul's time at ``m = 1`` (the
-reference: 7x), 0.8-1.0x at ``m = 4..16``, 1.2x at ``m = 64..256``; temporary
-memory 0.3-6 MiB instead of 64 MiB. XLA cannot fuse the int8 -> f32
+Measured (2-core AMD EPYC, AVX2, 32 MiB L3, shared with other jobs;
+``k = n = 4096``, caches evicted before each call; run to run +-15%): 1.0-1.1x
+the f32 matmul's time at ``m = 1`` (the reference: 7x), 0.7-0.8x at
+``m = 4..16``, 1.2x at ``m = 64..256``; temporary memory 0.3-6 MiB instead of
+64 MiB. XLA cannot fuse the int8 -> f32
 conversion into its dot, so each block is converted to memory and read back;
 at ``m = 1`` the f32 matmul is bound by DRAM (4x the bytes) and this one by
 that conversion.
