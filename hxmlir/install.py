@@ -238,14 +238,19 @@ def _count(key: str, inc: dict[str, float]) -> None:
     entry[k] = entry.get(k, 0) + v
 
 
-def _run(module: ir.Module, module_name: str, pipeline: str) -> None:
-  """Runs ``pipeline`` on ``module`` in place; records stats; PassError -> VerificationError."""
+def _run(module: ir.Module, module_name: str, pipeline: str,
+         platforms: tuple[str, ...] | None = None) -> None:
+  """Runs ``pipeline`` on ``module`` in place; records stats; PassError -> VerificationError.
+
+  ``platforms`` are the lowering's platforms, for passes that specialise on them.
+  """
   ran: list[tuple[str, float]] = []
   counters: dict[str, dict[str, int]] = {}
   pipe = _parsed(pipeline)
   try:
     try:
-      result = pipe.run(module, after_pass=lambda name, _op, seconds: ran.append((name, seconds)))
+      result = pipe.run(module, after_pass=lambda name, _op, seconds: ran.append((name, seconds)),
+                        platforms=platforms)
     except _passes().PassError as e:
       diags = list(e.diagnostics)
       lines = [f"  {d}".replace("\n", "\n  ") for d in diags] or [f"  {e.summary}"]
@@ -298,13 +303,16 @@ def _lower_jaxpr_to_module(*args, **kwargs):
   for_export = bool(getattr(params, "for_export", False))
   module_name = str(args[0] if args else kwargs.get("module_name", "module"))
   module = result.module
+  platforms = kwargs.get("platforms")
+  platforms = tuple(platforms) if platforms is not None else None
   skipped = 1
   try:
     widened = _widened_targets() if for_export and setting.check_pipeline else frozenset()
     has_hx, called = _scan(module, targets=bool(widened))
     if has_hx:
       skipped = 0
-      _run(module, module_name, setting.export_pipeline if for_export else setting.pipeline)
+      _run(module, module_name, setting.export_pipeline if for_export else setting.pipeline,
+           platforms)
     elif called & widened:
       # No hx op, but a target on JAX's list only because of hxmlir (say the Triton
       # one): only hx-check-export tells our registered kernels from a user's.

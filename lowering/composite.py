@@ -41,7 +41,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from hxmlir.lowering import schema
 from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_dialect
@@ -49,6 +48,7 @@ from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import _jax
+from hxmlir.lowering import schema
 
 DecompositionBuilder = Callable[[Sequence[ir.Value]], Sequence[ir.Value]]
 """``builder(block_args) -> results``: emits a decomposition body.

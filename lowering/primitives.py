@@ -21,9 +21,9 @@ from __future__ import annotations
 from functools import partial
 
 import jax.numpy as jnp
+from jax.experimental.hijax import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import batching
-from jax.experimental.hijax import ShapedArray
 
 from hxmlir import shardings as shd
 from hxmlir._jax import apply_primitive

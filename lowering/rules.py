@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import (
@@ -37,8 +40,6 @@ from hxmlir.lowering.primitives import (
   hx_outer_p,
   hx_quantize_p,
 )
-from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
 # lo primitive -> (composite name, reference function, composite_attributes)
 COMPOSITES: dict[Primitive, tuple[str, Callable, dict]] = {

@@ -50,9 +50,9 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir.lowering import schema
+from hxmlir.lowering import matmul_q_impl, schema
 from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from hxmlir.passes.base import Diagnostics, HxPass, PassResult, PipelineError
 
 _ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
              "stablehlo.reshape", "stablehlo.transpose", "sdy.sharding_constraint")
@@ -269,6 +269,9 @@ def _erase_dead(op: ir.Operation | None, dropped: set[str]) -> None:
     _erase_dead(d, dropped)
 
 
+_IMPLS = ("auto", "reference", "streaming")
+
+
 @dataclass(frozen=True)
 class FoldScalesPass(HxPass):
   """Folds dequantization scales out of ``dot_general`` (see the module docstring).
@@ -276,11 +279,29 @@ class FoldScalesPass(HxPass):
   Options:
     form_matmul_q (``form-matmul-q``, bool, default true): rewrite matches of
       ``hx.matmul_q``'s contract into that composite (otherwise only fold).
+    impl (``impl``, ``auto`` | ``reference`` | ``streaming``, default ``auto``):
+      the decomposition of each ``hx.matmul_q`` formed. ``reference`` is the
+      reference semantics (convert the weight, one dot); ``streaming`` is the
+      CPU implementation hxmlir's CPU lowering rule attaches
+      (``lowering/matmul_q_impl.py``: int8 blocks converted one at a time, never
+      the whole dequantized weight); ``auto`` picks ``streaming`` when the
+      pipeline runs in a lowering for CPU alone, else ``reference``.
   """
   name: ClassVar[str] = "hx-fold-scales"
   summary: ClassVar[str] = ("fold dequantize scales out of dot_general into the smaller side; "
                             "form hx.matmul_q where it fits")
   form_matmul_q: bool = True
+  impl: str = "auto"
+
+  def __post_init__(self):
+    if self.impl not in _IMPLS:
+      raise PipelineError(f"hx-fold-scales: option impl={self.impl!r} is not one of "
+                          f"{', '.join(_IMPLS)}")
+
+  def _decomposition_impl(self) -> str:
+    if self.impl != "auto":
+      return self.impl
+    return "streaming" if irutil.target_platforms() == ("cpu",) else "reference"
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     decomps = {irutil.symbol_ref(op.attributes["decomposition"])
@@ -411,11 +432,13 @@ class FoldScalesPass(HxPass):
       return False
     from hxmlir.lowering import composite  # late: only needed when forming composites
 
-    key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type))
+    impl = self._decomposition_impl()
+    key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type), impl)
     fn = state.decompositions.get(key)
     if fn is None:
       fn = composite.build_decomposition(
-          "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type], _matmul_q_body,
+          "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type],
+          matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body,
           module=module)
       state.decompositions[key] = fn
     (y,) = composite.emit_composite(
@@ -427,18 +450,7 @@ class FoldScalesPass(HxPass):
     return True
 
 
-def _matmul_q_body(args):
-  """``hx.matmul_q``'s reference semantics (lowering/reference.py) in StableHLO."""
+def _reference_body(args):
+  """``hx.matmul_q``'s reference decomposition: convert the weight, one dot."""
   x, q, s = args
-  xt = ir.RankedTensorType(x.type)
-  qt = ir.RankedTensorType(q.type)
-  nb = xt.rank - 2
-  sb = _create("stablehlo.broadcast_in_dim", xt, [s],
-               {"broadcast_dimensions": ir.DenseI64ArrayAttr.get([*range(nb), nb + 1])})
-  xs = _create("stablehlo.multiply", xt, [x, sb])
-  qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), xt.element_type), [q])
-  dims = hlo.DotDimensionNumbers.get(
-      lhs_batching_dimensions=list(range(nb)), rhs_batching_dimensions=list(range(nb)),
-      lhs_contracting_dimensions=[nb + 1], rhs_contracting_dimensions=[nb])
-  out = ir.RankedTensorType.get([*xt.shape[:-1], qt.shape[-1]], xt.element_type)
-  return [_create("stablehlo.dot_general", out, [xs, qf], {"dot_dimension_numbers": dims})]
+  return [matmul_q_impl.build_matmul_q_streaming(x, q, s, scheme="whole")]

@@ -160,17 +160,20 @@ class Pipeline:
   def __str__(self) -> str:
     return ",".join(p.pipeline_str() for p in self.passes)
 
-  def run(self, module, *, after_pass: AfterPass | None = None) -> PipelineResult:
+  def run(self, module, *, after_pass: AfterPass | None = None,
+          platforms: tuple[str, ...] | None = None) -> PipelineResult:
     """Runs every pass on ``module`` (``ir.Module`` or ``builtin.module`` op), in place.
 
     The module is verified with MLIR's verifier after each pass that changed it. Raises
     :class:`PassError` when a pass reports errors (all of them, at once), when
     MLIR's verifier fails after a pass (naming that pass), or when a native
-    pass fails.
+    pass fails. ``platforms``: what the module is being lowered for, when known
+    (``hxmlir.install`` passes JAX's lowering platforms); passes may specialise
+    on it (``hx-fold-scales`` builds CPU-streaming decompositions for ``("cpu",)``).
     """
     op = module.operation
     result = PipelineResult()
-    with irutil.op_index_scope():
+    with irutil.op_index_scope(), irutil.target_platforms_scope(platforms):
       self._run_passes(op, result, after_pass)
     return result
 

@@ -414,6 +414,31 @@ def test_hand_written_dequantize_dot_is_folded_with_equal_results():
   assert s["hx-fold-scales"]["rewrites"] >= 1
 
 
+def test_folded_matmul_q_streams_on_cpu_like_the_lowering():
+  """Under install, a hand-written dequantize-then-dot lowered for CPU becomes the
+  same hx.matmul_q the CPU lowering emits: a streaming decomposition that never
+  holds the dequantized weight (temp memory far below the f32 weight's bytes)."""
+  rng = np.random.default_rng(3)
+  k, n = 1024, 512  # above matmul_q_impl.SMALL_WEIGHT: the CPU rule streams
+  x = jnp.asarray(rng.standard_normal((2, k)), jnp.float32)
+  qw = hx.quantize(jnp.asarray(rng.standard_normal((k, n)), jnp.float32))
+  with hx.installed():
+    folded = jax.jit(dequant_dot).lower(x, qw)
+    direct = jax.jit(hx.matmul_q).lower(x, qw)
+    for lowered in (folded, direct):
+      text = lowered.as_text()
+      assert 'stablehlo.composite "hx.matmul_q"' in text
+      assert "stablehlo.while" in text
+    temp = folded.compile().memory_analysis().temp_size_in_bytes
+    assert temp <= k * n * 4 // 8
+    np.testing.assert_array_equal(np.asarray(jax.jit(dequant_dot)(x, qw)),
+                                  np.asarray(jax.jit(hx.matmul_q)(x, qw)))
+  # lowered for several platforms at once, the fold keeps the reference form
+  with hx.installed():
+    exp = jax.export.export(jax.jit(dequant_dot), platforms=("cpu", "tpu"))(x, qw)
+  assert "hx.matmul_q" in exp.mlir_module() and "stablehlo.while" not in exp.mlir_module()
+
+
 # --- plain JAX: byte-identical ----------------------------------------------------------
 
 CASES = plain_corpus.cases()

@@ -17,12 +17,13 @@ print_ir("quantize", hx.quantize, x)
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<4x6xf32>)
 # CHECK-NEXT: %[[Q:[a-z0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[X]] {composite_attributes = {qmax = 127 : i64}, decomposition = @[[IMPL:hx.quantize.impl]], version = 1 : i32} : (tensor<4x6xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
 # CHECK-NEXT: return %[[Q]]#0, %[[Q]]#1 : tensor<4x6xi8>, tensor<4xf32>
-# The decomposition: s = max|x| / 127 per row (NaN if not finite), q = clip(round(x / s)).
+# The decomposition: s = max|x| * f32(1/127) per row (NaN if not finite), q = clip(round(x / s)).
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<4x6xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
 # CHECK-NEXT: %[[ABS:[0-9]+]] = stablehlo.abs %[[A]] : tensor<4x6xf32>
 # CHECK: %[[AMAX:[0-9]+]] = stablehlo.reduce(%[[ABS]] init: %{{.*}}) applies stablehlo.maximum across dimensions = [1] : (tensor<4x6xf32>, tensor<f32>) -> tensor<4xf32>
 # CHECK: %[[FIN:[0-9]+]] = stablehlo.is_finite %[[AMAX]]
-# CHECK: %[[S0:[0-9]+]] = stablehlo.divide %[[AMAX]], %{{.*}} : tensor<4xf32>
+# CHECK: %[[INV:.*]] = stablehlo.constant dense<0.00787401571> : tensor<f32>
+# CHECK: %[[S0:[0-9]+]] = stablehlo.multiply %[[AMAX]], %{{.*}} : tensor<4xf32>
 # CHECK: %[[S:[0-9]+]] = stablehlo.select %[[FIN]], %[[S0]], %{{.*}} : tensor<4xi1>, tensor<4xf32>
 # CHECK: stablehlo.divide %[[A]], %{{.*}} : tensor<4x6xf32>
 # CHECK: stablehlo.round_nearest_even

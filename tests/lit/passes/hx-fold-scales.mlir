@@ -2,6 +2,9 @@
 // Idempotent: a second run changes nothing.
 // RUN: hxmlir-opt %s -p hx-fold-scales --split-input-file | hxmlir-opt -p hx-fold-scales --split-input-file | filecheck %s
 // RUN: hxmlir-opt %s -p "hx-fold-scales{form-matmul-q=false}" --split-input-file | filecheck %s --check-prefix=NOMQ
+// RUN: hxmlir-opt %s -p "hx-fold-scales{impl=streaming}" --split-input-file | filecheck %s --check-prefix=STREAM
+// RUN: not hxmlir-opt %s -p "hx-fold-scales{impl=fast}" 2>&1 | filecheck %s --check-prefix=BADIMPL
+// BADIMPL: error: hx-fold-scales: option impl='fast' is not one of auto, reference, streaming
 
 // x @ dequantize(q, s): the row scales lie along the contraction, so this is
 // exactly hx.matmul_q's contract.
@@ -321,4 +324,34 @@ func.func @bf16_left_alone(%x: tensor<4x6xbf16>, %q: tensor<6x8xi8>, %s: tensor<
   %2 = stablehlo.multiply %0, %1 : tensor<6x8xbf16>
   %r = stablehlo.dot_general %x, %2, contracting_dims = [1] x [0] : (tensor<4x6xbf16>, tensor<6x8xbf16>) -> tensor<4x8xbf16>
   return %r : tensor<4x8xbf16>
+}
+
+// -----
+
+// A weight large enough for the CPU streaming implementation: with
+// impl=streaming (what hxmlir.install picks when lowering for CPU alone) the new
+// hx.matmul_q's decomposition walks K blocks of the int8 weight in a while loop
+// instead of converting the whole weight; the default keeps the reference.
+// CHECK-LABEL: func.func @large_weight
+// CHECK-NEXT: stablehlo.composite "hx.matmul_q"
+// CHECK: func.func private @hx.matmul_q.impl
+// CHECK-NOT: stablehlo.while
+// CHECK: stablehlo.convert %{{.*}} : (tensor<1024x512xi8>) -> tensor<1024x512xf32>
+// STREAM-LABEL: func.func @large_weight
+// STREAM-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q"
+// STREAM: func.func private @hx.matmul_q.impl
+// STREAM: stablehlo.while
+// STREAM: stablehlo.dynamic_slice
+// STREAM-NOT: tensor<1024x512xf32>
+// STREAM: return
+func.func @large_weight(%x: tensor<2x1024xf32>, %q: tensor<1024x512xi8>, %s: tensor<1024xf32>) -> tensor<2x512xf32> {
+  %d = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq_large, version = 1 : i32} : (tensor<1024x512xi8>, tensor<1024xf32>) -> tensor<1024x512xf32>
+  %r = stablehlo.dot_general %x, %d, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<2x1024xf32>, tensor<1024x512xf32>) -> tensor<2x512xf32>
+  return %r : tensor<2x512xf32>
+}
+func.func private @deq_large(%q: tensor<1024x512xi8>, %s: tensor<1024xf32>) -> tensor<1024x512xf32> {
+  %0 = stablehlo.convert %q : (tensor<1024x512xi8>) -> tensor<1024x512xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1024xf32>) -> tensor<1024x512xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<1024x512xf32>
+  return %2 : tensor<1024x512xf32>
 }
