@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hxmlir.lowering import schema
 from jax import export
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding
@@ -22,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
 import hxmlir as hx
+from hxmlir.lowering import schema
 
 PLATFORMS = ["cpu", "cuda", "tpu"]
 

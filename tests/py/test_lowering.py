@@ -15,8 +15,6 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from hxmlir.lowering import composite, reference, schema
-from hxmlir.lowering.primitives import hx_dequantize_p
 from jax.interpreters import mlir
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
@@ -25,6 +23,8 @@ from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 import hxmlir as hx
+from hxmlir.lowering import composite, reference, schema
+from hxmlir.lowering.primitives import hx_dequantize_p
 
 # --- helpers -----------------------------------------------------------------
 

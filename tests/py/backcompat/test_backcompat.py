@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hxmlir.lowering import schema
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, targets
 from hxmlir import export as hxe
+from hxmlir.lowering import schema
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
