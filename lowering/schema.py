@@ -185,34 +185,38 @@ def _shard_dequantize(ops, res):
   return errs
 
 
-def _shard_matmul_q(ops, res):
-  (x, q, s), (y,) = ops, res
-  errs = _scale_like_values(q, s, "weight")
-  if (x is not None and x[-1]) or (q is not None and q[-2]):
+def _dense_times(x: DimSharding | None, k_side: tuple[str, DimSharding | None, int],
+                 n_side: tuple[str, DimSharding | None], y: DimSharding | None) -> list[str]:
+  """Sharding rules of ``f32[*b, m, k] @ W[*b, k, n] -> f32[*b, m, n]``.
+
+  ``k_side = (name, sharding, dim)``: the operand holding W's contraction axis and
+  which of its dims that is; ``n_side = (name, sharding)``: the operand whose last
+  axis is W's columns. Contraction axes unsharded; result rows like x's, columns
+  like W's.
+  """
+  (k_name, k_sh, k_dim), (n_name, n_sh) = k_side, n_side
+  errs = []
+  if (x is not None and x[-1]) or (k_sh is not None and k_sh[k_dim]):
     errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
-                f"weight {fmt_sharding(q)}")
+                f"{k_name} {fmt_sharding(k_sh)}")
   if y is not None and x is not None and tuple(y[-2]) != tuple(x[-2]):
     errs.append(f"result rows must be sharded like x's rows: result {fmt_sharding(y)}, "
                 f"x {fmt_sharding(x)}")
-  if y is not None and q is not None and tuple(y[-1]) != tuple(q[-1]):
-    errs.append(f"result columns must be sharded like the weight's columns: result "
-                f"{fmt_sharding(y)}, weight {fmt_sharding(q)}")
+  if y is not None and n_sh is not None and tuple(y[-1]) != tuple(n_sh[-1]):
+    errs.append(f"result columns must be sharded like {n_name}'s columns: result "
+                f"{fmt_sharding(y)}, {n_name} {fmt_sharding(n_sh)}")
   return errs
+
+
+def _shard_matmul_q(ops, res):
+  (x, q, s), (y,) = ops, res
+  return (_scale_like_values(q, s, "weight")
+          + _dense_times(x, ("weight", q, -2), ("weight", q), y))
 
 
 def _shard_matmul_r1(ops, res):
   (x, c, r), (y,) = ops, res
-  errs = []
-  if (x is not None and x[-1]) or (c is not None and c[-1]):
-    errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
-                f"col {fmt_sharding(c)}")
-  if y is not None and x is not None and tuple(y[-2]) != tuple(x[-2]):
-    errs.append(f"result rows must be sharded like x's rows: result {fmt_sharding(y)}, "
-                f"x {fmt_sharding(x)}")
-  if y is not None and r is not None and tuple(y[-1]) != tuple(r[-1]):
-    errs.append(f"result columns must be sharded like row's: result {fmt_sharding(y)}, "
-                f"row {fmt_sharding(r)}")
-  return errs
+  return _dense_times(x, ("col", c, -1), ("row", r), y)
 
 
 def fmt_sharding(sh: DimSharding | None) -> str:

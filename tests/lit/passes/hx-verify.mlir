@@ -418,7 +418,7 @@ sdy.mesh @mesh = <["i"=2, "j"=4]>
 func.func @matmul_q_result_columns(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
   %qc = sdy.sharding_constraint %q <@mesh, [{}, {"j"}]> : tensor<6x8xi8>
   %sc = sdy.sharding_constraint %s <@mesh, [{}]> : tensor<6xf32>
-  // expected-error @+1 {{'hx.matmul_q' result columns must be sharded like the weight's columns: result [{}, {}], weight [{}, {"j"}]}}
+  // expected-error @+1 {{'hx.matmul_q' result columns must be sharded like weight's columns: result [{}, {}], weight [{}, {"j"}]}}
   %0 = stablehlo.composite "hx.matmul_q" %x, %qc, %sc {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
 }
