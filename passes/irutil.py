@@ -241,6 +241,7 @@ def symbol_ref(attr: ir.Attribute) -> str | None:
 
 
 def attr_or_none(op: ir.Operation, key: str) -> ir.Attribute | None:
+  """``op``'s attribute ``key``, or ``None`` when it has none."""
   return op.attributes[key] if key in op.attributes else None
 
 
@@ -252,6 +253,7 @@ def is_hx_composite(op: ir.Operation) -> bool:
 
 
 def composite_name(op: ir.Operation) -> str:
+  """The ``name`` of a ``stablehlo.composite`` op (``"hx.matmul_q"``)."""
   return ir.StringAttr(op.attributes["name"]).value
 
 
