@@ -31,11 +31,17 @@ additions ride in two standard places that JAX carries through untouched:
   from :mod:`hxmlir.typedesc`) and, with ``serialize(vjp_order=1)``, ``hx.vjp``
   (the serialized VJP artifact, base64);
 - one entry of the artifact's ``disabled_safety_checks`` list,
-  ``DisabledSafetyCheck.custom_call("hxmlir.digest.sha256:<hex>")``: a SHA-256
-  over the artifact's size, the module bytes and every other ``Exported`` field. It names a
+  ``DisabledSafetyCheck.custom_call("hxmlir.bytes.sha256:<hex>")``: a SHA-256
+  over every byte of the artifact, the 64 hex digits of the digest itself
+  written as ``0`` (the artifact is serialized with that placeholder, hashed,
+  and the hex written in its place: same length, same layout). It names a
   custom-call target that never exists, so it disables nothing; it must live
-  outside the module because it is checked *before* the module bytes reach
-  MLIR's bytecode reader, which can crash on corrupted input.
+  outside the module because it is checked on the raw bytes *before* anything
+  parses them (JAX's flatbuffer reader, MLIR's bytecode reader, which can
+  crash on corrupted input), so every corrupted byte is refused up front.
+  Artifact format 1 (hxmlir 0.1) sealed with ``hxmlir.digest.sha256:<hex>``
+  instead, a digest of canonical forms of the ``Exported`` fields; such
+  artifacts are still read.
 
 Serialization needs the
 ``flatbuffers`` package, which JAX does not install but hxmlir depends on.
@@ -65,10 +71,15 @@ from jaxlib.mlir import ir
 from hxmlir import _jax, typedesc
 from hxmlir.hiprim import HxPrimitive, register_to_lojax
 
-ARTIFACT_FORMAT = 1
-"""Version of the artifact layout (the ``hx.*`` module attributes); readers accept <= this."""
+ARTIFACT_FORMAT = 2
+"""Version of the artifact layout (the ``hx.*`` module attributes and the digest); readers
+accept <= this. 1: digest of the ``Exported`` fields (``DIGEST_PREFIX_V1``); 2: digest of
+every byte (``DIGEST_PREFIX``)."""
 SIGNATURE_ATTR = "hx.signature"
-DIGEST_PREFIX = "hxmlir.digest.sha256:"
+DIGEST_PREFIX = "hxmlir.bytes.sha256:"
+DIGEST_PREFIX_V1 = "hxmlir.digest.sha256:"
+_DIGEST_HEX = 64
+_MIN_SIZE = 16  # a flatbuffer's root offset and the smallest tables; artifacts are KBs
 VJP_ATTR = "hx.vjp"
 
 
@@ -362,10 +373,9 @@ def _need_flatbuffers() -> None:
                       ) from None
 
 
-def _digest(lo: jax_export.Exported, size: int) -> str:
-  """SHA-256 over the artifact's ``size``, the module bytes and every ``Exported`` field
-  (hxmlir's digest entry aside), each in a canonical form of ours rather than JAX's
-  reprs, so that a JAX upgrade does not turn old artifacts into "corrupted" ones."""
+def _digest_v1(lo: jax_export.Exported, size: int) -> str:
+  """Artifact format 1's digest (read only): SHA-256 over the artifact's ``size``, the module
+  bytes and every ``Exported`` field (hxmlir's digest entry aside), each in a canonical form."""
   def aval(a):
     return [[int(n) for n in a.shape], np.dtype(a.dtype).name]
 
@@ -389,14 +399,25 @@ def _digest(lo: jax_export.Exported, size: int) -> str:
   return hashlib.sha256(bytes(lo.mlir_module_serialized) + b"\0" + fields.encode()).hexdigest()
 
 
+def _is_digest(c) -> bool:
+  t = c.is_custom_call() or ""
+  return t.startswith(DIGEST_PREFIX) or t.startswith(DIGEST_PREFIX_V1)
+
+
 def _plain_checks(lo) -> list:
-  return [c for c in lo.disabled_safety_checks
-          if not (c.is_custom_call() or "").startswith(DIGEST_PREFIX)]
+  return [c for c in lo.disabled_safety_checks if not _is_digest(c)]
 
 
 def _digests(lo) -> list[str]:
-  return [c.is_custom_call()[len(DIGEST_PREFIX):] for c in lo.disabled_safety_checks
-          if (c.is_custom_call() or "").startswith(DIGEST_PREFIX)]
+  return [c.is_custom_call() for c in lo.disabled_safety_checks if _is_digest(c)]
+
+
+def _bytes_digest(blob: bytes, at: int) -> bytes:
+  """SHA-256 hex of ``blob`` with the ``_DIGEST_HEX`` bytes at ``at`` read as ``0``."""
+  h = hashlib.sha256(blob[:at])
+  h.update(b"0" * _DIGEST_HEX)
+  h.update(blob[at + _DIGEST_HEX:])
+  return h.hexdigest().encode()
 
 
 def _seal(lo: jax_export.Exported, attrs: dict[str, str]) -> bytearray:
@@ -410,16 +431,32 @@ def _seal(lo: jax_export.Exported, attrs: dict[str, str]) -> bytearray:
       module.operation.attributes[k] = ir.StringAttr.get(v)
     lo = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module),
                              disabled_safety_checks=tuple(_plain_checks(lo)))
-  def sealed(digest: str) -> bytearray:
-    seal = jax_export.DisabledSafetyCheck.custom_call(DIGEST_PREFIX + digest)
-    return dataclasses.replace(
-        lo, disabled_safety_checks=(*lo.disabled_safety_checks, seal)).serialize()
-  # the size is fixed by the digest's length; the fields are digested as readers see
-  # them, after one serialization round trip
-  size = len(sealed("0" * 64))
-  out = sealed(_digest(jax_export.deserialize(lo.serialize()), size))
-  assert len(out) == size, (len(out), size)
+  seal = jax_export.DisabledSafetyCheck.custom_call(DIGEST_PREFIX + "0" * _DIGEST_HEX)
+  out = dataclasses.replace(
+      lo, disabled_safety_checks=(*lo.disabled_safety_checks, seal)).serialize()
+  # the placeholder is written as-is (a flatbuffer string); its hex goes in its place
+  marker = DIGEST_PREFIX.encode()
+  assert bytes(out).count(marker) == 1, "hxmlir digest prefix occurs more than once"
+  at = bytes(out).index(marker) + len(marker)
+  out[at:at + _DIGEST_HEX] = _bytes_digest(bytes(out), at)
   return out
+
+
+def _check_sealed(blob: bytes) -> bool:
+  """Checks the format-2 digest over the raw bytes, before anything parses them.
+
+  Returns ``False`` when ``blob`` has no format-2 digest entry (a format-1 artifact, or
+  not hxmlir's); raises :class:`ArtifactError` when its digest does not match.
+  """
+  marker = DIGEST_PREFIX.encode()
+  n = blob.count(marker)
+  if n == 0:
+    return False
+  at = blob.index(marker) + len(marker)
+  if n > 1 or _bytes_digest(blob, at) != blob[at:at + _DIGEST_HEX]:
+    raise ArtifactError(f"artifact is truncated or corrupted: its {len(blob)} bytes do not "
+                        "match the SHA-256 digest it was sealed with")
+  return True
 
 
 # --- the call primitive ----------------------------------------------------------
@@ -555,8 +592,8 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   """Restores an :class:`Exported` from :meth:`Exported.serialize` bytes, hi signature included.
 
   Raises :class:`ArtifactError` naming the problem for bytes that are not a
-  ``jax.export`` artifact (truncated, corrupted), whose module digest does not
-  match its content, that carry no hxmlir signature, that come from a newer
+  ``jax.export`` artifact (other files, truncated), whose bytes do not match the
+  SHA-256 digest they were sealed with (any corrupted byte), that carry no hxmlir signature, that come from a newer
   hxmlir (artifact format, type descriptor schema, or an ``hx.*`` composite
   version this hxmlir does not accept), or whose signature disagrees with the
   module's argument and result types.
@@ -565,8 +602,16 @@ def deserialize(blob: bytes | bytearray) -> Exported:
     raise ArtifactError(f"expected the bytes of a serialized artifact, got {type(blob).__name__}")
   _need_flatbuffers()
   blob = bytes(blob)
-  if len(blob) < 16:
-    raise ArtifactError(f"artifact is truncated: {len(blob)} bytes")
+  if len(blob) < _MIN_SIZE:
+    raise ArtifactError(f"not an hxmlir artifact: {len(blob)} bytes is too short for a "
+                        "jax.export flatbuffer (a truncated artifact, or some other file)")
+  # checked before anything parses the bytes: neither JAX's flatbuffer reader nor MLIR's
+  # bytecode reader is safe on corrupted input
+  sealed_v2 = _check_sealed(blob)
+  root = int.from_bytes(blob[:4], "little")
+  if not sealed_v2 and (not 4 <= root <= len(blob) - 4 or root % 4):
+    raise ArtifactError(f"not an hxmlir artifact: its first bytes {blob[:8]!r} are not a "
+                        "jax.export flatbuffer header (a truncated artifact, or some other file)")
   try:
     lo = jax_export.deserialize(bytearray(blob))
     digests = _digests(lo)
@@ -575,10 +620,15 @@ def deserialize(blob: bytes | bytearray) -> Exported:
                         f"{type(e).__name__}: {_first_line(e)}") from None
   if not digests:
     raise ArtifactError(f"artifact of {lo.fun_name!r} was not written by hxmlir.export (it "
-                        "carries no hxmlir digest); read it with jax.export.deserialize")
+                        "carries no hxmlir digest; or it is corrupted); read it with "
+                        "jax.export.deserialize")
   lo = dataclasses.replace(lo, disabled_safety_checks=tuple(_plain_checks(lo)))
-  # checked before MLIR reads the module: its bytecode reader is not safe on corrupted input
-  if len(digests) != 1 or _digest(lo, len(blob)) != digests[0]:
+  if sealed_v2:
+    if len(digests) != 1 or not digests[0].startswith(DIGEST_PREFIX):
+      raise ArtifactError(f"artifact of {lo.fun_name!r} is corrupted: it carries "
+                          f"{len(digests)} hxmlir digests")
+  elif (len(digests) != 1 or not digests[0].startswith(DIGEST_PREFIX_V1)
+        or _digest_v1(lo, len(blob)) != digests[0][len(DIGEST_PREFIX_V1):]):
     raise ArtifactError(f"artifact of {lo.fun_name!r} is truncated or corrupted: its size, "
                         "module or calling convention does not match the digest it was "
                         "sealed with")
@@ -598,7 +648,7 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   except Exception as e:
     raise ArtifactError(f"artifact of {lo.fun_name!r}: its StableHLO module cannot be read: "
                         f"{type(e).__name__}: {_first_line(e)}") from None
-  return _from_parts(lo, sig_text, vjp_b64, composites)
+  return _from_parts(lo, sig_text, vjp_b64, composites, 2 if sealed_v2 else 1)
 
 
 def _first_line(e: Exception) -> str:
@@ -620,7 +670,8 @@ def _composite_versions(module: ir.Module) -> list[tuple[str, int, str]]:
   return found
 
 
-def _from_parts(lo, sig_text: str, vjp_b64: str | None, composites) -> Exported:
+def _from_parts(lo, sig_text: str, vjp_b64: str | None, composites, sealed_as: int
+                ) -> Exported:
   name = lo.fun_name
   try:
     sig = json.loads(sig_text)
@@ -635,6 +686,9 @@ def _from_parts(lo, sig_text: str, vjp_b64: str | None, composites) -> Exported:
     raise ArtifactError(f"artifact of {name!r} was written by hxmlir {made_by} in artifact "
                         f"format {fmt}; this hxmlir {_hxmlir_version()} reads formats <= "
                         f"{ARTIFACT_FORMAT}: upgrade hxmlir")
+  if (fmt >= 2) != (sealed_as >= 2):
+    raise ArtifactError(f"artifact of {name!r}: artifact format {fmt} but sealed with the "
+                        f"format-{sealed_as} digest; corrupted or tampered with")
   from hxmlir.lowering import schema
   for op, version, loc in composites:
     if not op.startswith(schema.PREFIX):
