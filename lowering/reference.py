@@ -25,9 +25,10 @@ def quantize(x):
 
   ``s = max|row| * f32(1/127)``; ``q = clip(round_half_even(row / s), -127, 127)``.
   All-zero rows: ``s = 0`` and ``q = 0``. Rows with NaN or +-inf: ``s = NaN``
-  and ``q = 0``, so they dequantize to NaN.
+  and ``q = 0``, so they dequantize to NaN. Empty rows (``n = 0``) count as
+  all-zero rows: the maximum starts from 0 (``|x| >= 0``, and NaN still wins).
   """
-  amax = jnp.max(jnp.abs(x), axis=-1)
+  amax = lax.reduce(jnp.abs(x), np.float32(0), lax.max, (x.ndim - 1,))
   finite = jnp.isfinite(amax)
   scale = jnp.where(finite, amax * INV_QMAX, jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)

@@ -203,6 +203,53 @@ def test_nonfinite_row_dequantizes_to_nan(bad):
   np.testing.assert_allclose(y, [[0., 0., 0.], out[1]], rtol=1e-6)
 
 
+# --- empty arrays: an empty row is an all-zero row --------------------------------
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 0), (0, 3), (4, 2, 0), (0, 2, 0), (2, 0, 3)])
+@pytest.mark.parametrize("jit", [False, True])
+def test_empty_rows_quantize_like_all_zero_rows(shape, jit):
+  quantize = jax.jit(hx.quantize) if jit else hx.quantize
+  dequantize = jax.jit(hx.dequantize) if jit else hx.dequantize
+  qx = quantize(jnp.ones(shape, jnp.float32))
+  assert jax.typeof(qx).shape == shape
+  assert qx.qvalue.shape == shape and qx.qvalue.dtype == jnp.int8
+  assert qx.scale.shape == shape[:-1] and qx.scale.dtype == jnp.float32
+  # the max over an empty row starts from 0: scale 0, as for an all-zero row
+  np.testing.assert_array_equal(np.asarray(qx.scale), np.zeros(shape[:-1], np.float32))
+  out = dequantize(qx)
+  assert out.shape == shape and out.dtype == jnp.float32
+
+
+def test_nan_still_wins_over_the_zero_start():
+  # the empty-row fix starts the row maximum from 0; NaN and inf must still propagate
+  x = jnp.array([[np.nan, 1.], [1., np.nan], [-np.inf, 0.], [0., 0.]], jnp.float32)
+  for quantize in (hx.quantize, jax.jit(hx.quantize)):
+    s = np.asarray(quantize(x).scale)
+    assert np.isnan(s[:3]).all() and s[3] == 0.0
+
+
+@pytest.mark.parametrize("xshape, wshape", [
+    ((2, 0), (0, 4)),        # k = 0: the empty sum, zeros
+    ((2, 3), (3, 0)),        # n = 0: no columns
+    ((0, 3), (3, 4)),        # m = 0: no rows
+    ((0, 0), (0, 0)),
+    ((5, 2, 0), (5, 0, 4)),  # batched, k = 0
+    ((5, 2, 3), (5, 3, 0)),  # batched, n = 0
+    ((0, 2, 3), (0, 3, 4)),  # empty batch
+])
+@pytest.mark.parametrize("jit", [False, True])
+def test_matmul_q_with_empty_axes_matches_numpy(xshape, wshape, jit):
+  rng = np.random.default_rng(0)
+  xn = rng.standard_normal(xshape).astype(np.float32)
+  wn = rng.standard_normal(wshape).astype(np.float32)
+  f = (lambda x, w: hx.matmul_q(x, hx.quantize(w)))
+  y = np.asarray((jax.jit(f) if jit else f)(jnp.asarray(xn), jnp.asarray(wn)))
+  want = np.matmul(xn, wn)  # zeros (k = 0) or empty: exact
+  assert y.shape == want.shape and y.dtype == np.float32
+  np.testing.assert_array_equal(y, want)
+  assert not want.size or not want.any()  # the cases above are all zeros or empty
+
+
 def test_values_clip_to_127_never_minus_128():
   x = jnp.array([[-254., 127., 1.], [-1., 0.5, 0.25]], jnp.float32)
   qx = hx.quantize(x)
