@@ -13,6 +13,14 @@ mapped_aval = core.mapped_aval
 unmapped_aval = core.unmapped_aval
 
 
+# --- hi primitives: values a to_lojax rule passes through (hiprim.py) ---------
+def stage_value(x):
+  """``x`` lifted into the current trace: a constant of the jaxpr being built, or
+  ``x`` itself when evaluating eagerly. JAX's ``lower_jaxpr`` expects every lo value
+  a ``to_lojax`` rule returns to be a tracer of its trace, also a closed-over constant."""
+  return core.trace_ctx.trace.stage_value(x)
+
+
 # --- lowering: lo primitives --------------------------------------------------
 from jax._src import dispatch as _dispatch  # noqa: E402
 
