@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jax.experimental.hijax import VJPHiPrimitive, Zero
+import jax
+from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 
-from hxmlir._jax import GradAccum
+from hxmlir._jax import GradAccum, stage_value
 
 
 class HxPrimitive(VJPHiPrimitive):
@@ -35,7 +36,7 @@ class HxPrimitive(VJPHiPrimitive):
     if rule is None:
       raise NotImplementedError(
           f"{type(self).__name__} has no to_lojax rule: hxmlir.lowering was not imported")
-    return rule(self, *args)
+    return _stage_lo_outputs(self.out_aval, rule(self, *args))
 
   # ``jax.linearize``: the jvp rule, split into its primal and tangent halves.
   # The residuals are the primals themselves; the tangent half re-derives the
@@ -45,6 +46,22 @@ class HxPrimitive(VJPHiPrimitive):
 
   def linearized(self, primals, *tangents):
     return self.jvp(primals, tangents)[1]
+
+
+def _stage_lo_outputs(aval, out):
+  """``out`` with each lo (array-typed) result that is a concrete array made a tracer.
+
+  Rules that pass a component through (``get_tuple_element``, ``factors``) return
+  a concrete array when their operand is a closed-over hi constant (``jit`` of
+  ``lambda y: get_tuple_element(t, 0) + y``); JAX's ``lower_jaxpr`` needs a tracer
+  of the trace it builds there, so the array is staged as a constant of it. Hi
+  results are left alone: only hi rules (which bind lo primitives) consume them.
+  """
+  if isinstance(aval, tuple):
+    return tuple(_stage_lo_outputs(a, o) for a, o in zip(aval, out))
+  if isinstance(aval, HiType) or isinstance(out, jax.core.Tracer):
+    return out
+  return stage_value(out)
 
 
 def is_linear_operand(x) -> bool:

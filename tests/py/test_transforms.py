@@ -183,6 +183,49 @@ def test_control_flow_with_hi_values(x):
   assert_same_q(picked(False, qx), hx.quantize(-x), scale_rtol=1e-6)
 
 
+# --- hi values closed over by jit (constants of the traced function) ---------------
+
+def _consts():
+  """Hi constants and a dense reading of each: ``(name, const, read, want)``."""
+  x = jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
+  qx = hx.quantize(x)
+  r = hx.outer(jnp.array([1., 2.], jnp.float32), jnp.array([3., 4., 5.], jnp.float32))
+  rd = np.outer([1., 2.], [3., 4., 5.])
+  qd = np.asarray(hx.dequantize(qx))
+  get = hx.get_tuple_element
+  return [
+      ("q8", qx, hx.dequantize, qd),
+      ("q8 matmul", qx, lambda q: hx.matmul_q(jnp.eye(2, dtype=jnp.float32), q), qd),
+      ("r1 factors", r, lambda r: hx.factors(r)[0][:, None] * hx.factors(r)[1], rd),
+      ("r1 matmul", r, lambda r: hx.matmul_r1(jnp.eye(2, dtype=jnp.float32), r), rd),
+      ("Tup{f32}", hx.make_tup(x), lambda t: get(t, 0), np.asarray(x)),
+      ("Tup{f32,f32[]} last", hx.make_tup(x, 7.), lambda t: get(t, -1) + 0 * get(t, 0),
+       np.full((2, 3), 7.)),
+      ("Tup{Tup{f32}}", hx.make_tup(hx.make_tup(1., x)), lambda t: get(get(t, 0), 1),
+       np.asarray(x)),
+      ("Tup{q8}", hx.make_tup(qx, 2.), lambda t: hx.dequantize(get(t, 0)) * get(t, 1), 2 * qd),
+      ("Tup{r1}", hx.make_tup(r), lambda t: hx.factors(get(t, 0))[0][:, None]
+       * hx.factors(get(t, 0))[1], rd),
+      ("Tup{Tup{q8},r1}", hx.make_tup(hx.make_tup(qx), r),
+       lambda t: hx.dequantize(get(get(t, 0), 0)), qd),
+  ]
+
+
+@pytest.mark.parametrize("name, const, read, want", _consts(), ids=[c[0] for c in _consts()])
+def test_jit_closing_over_hi_constants(name, const, read, want):
+  y = jnp.ones(want.shape, jnp.float32)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda: read(const))()), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda y: read(const) + y)(y)), want + 1,
+                             rtol=1e-6)
+  # the constant itself as the result, and its elements as results of their own
+  back = jax.jit(lambda y: (const, read(const) * y))(y)
+  assert jax.typeof(back[0]) == jax.typeof(const)
+  np.testing.assert_allclose(np.asarray(read(back[0])), want, rtol=1e-6)
+  # and under grad: the constant carries no tangent
+  g = jax.grad(lambda y: jnp.sum(read(const) * y))(y)
+  np.testing.assert_allclose(np.asarray(g), want, rtol=1e-6)
+
+
 # --- vmap ----------------------------------------------------------------------------
 
 def test_vmap_to_quantized_output(xs):
