@@ -21,6 +21,15 @@ def stage_value(x):
   return core.trace_ctx.trace.stage_value(x)
 
 
+# --- hi types: vmap outputs that are not mapped (hiprim.py) --------------------
+from jax._src.interpreters import batching as _batching  # noqa: E402
+
+vmap_batching = _batching
+"""``jax._src.interpreters.batching``: ``from_elt`` calls its ``matchaxis`` (by
+attribute) to bring each ``vmap`` output to its ``out_axes``; hiprim wraps it so an
+unmapped hi output is broadcast to a hi spec, as JAX does for arrays."""
+
+
 # --- lowering: lo primitives --------------------------------------------------
 from jax._src import dispatch as _dispatch  # noqa: E402
 
