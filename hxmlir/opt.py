@@ -11,7 +11,10 @@ Input is MLIR text or bytecode (file or stdin); output is text (or bytecode
 with ``--emit-bytecode``) on stdout or ``-o``. Errors — malformed input,
 unknown passes or options, bad flags, failing passes — are printed on stderr
 as ``file:line:col: error: message`` and the exit status is 1; never a Python
-traceback. ``--verify-diagnostics`` checks the diagnostics against MLIR's
+traceback. Bytecode input is checked first (header, strings) and parsed once in
+a child process, since MLIR's reader can abort or hang on a corrupted file;
+either becomes ``file:0:0: error: corrupted MLIR bytecode: ...``.
+``--verify-diagnostics`` checks the diagnostics against MLIR's
 ``// expected-error @+1 {{...}}`` (``expected-warning``, ``expected-remark``,
 ``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``)
 annotations instead of printing them.
@@ -28,6 +31,7 @@ import argparse
 import io
 import os
 import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -145,6 +149,11 @@ class HxmlirOpt:
     if data is None:
       return 1
     if isinstance(data, bytes):  # bytecode
+      problem = check_bytecode(data) or _parse_bytecode_in_child(
+          data, args.allow_unregistered_dialect)
+      if problem:
+        self._err(f"{source_name}:0:0: error: {problem}")
+        return 1
       if args.split_input_file or args.verify_diagnostics:
         self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
                   "need MLIR text input, got bytecode")
@@ -225,6 +234,8 @@ class HxmlirOpt:
       module = irutil.parse_module(src, ctx, source_name)
     except irutil.ir.MLIRError as e:
       diags += [Diagnostic.from_mlir(d) for d in e.error_diagnostics]
+      if isinstance(text, bytes):  # MLIR's bytecode reader says "-:0:0"; name the file
+        diags = [_relocate(d, source_name) for d in diags]
       module = None
     self.timings.append(("(parse)", time.perf_counter() - start))
     if module is not None:
@@ -313,6 +324,125 @@ class HxmlirOpt:
       lines.append(f"  {t:8.4f} ({100 * t / total:5.1f}%)  {name}")
     lines.append(f"  {total:8.4f} (100.0%)  Total")
     self._err("\n".join(lines))
+
+
+# --- bytecode ------------------------------------------------------------------
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+  """MLIR's prefix varint at ``pos``: (value, next position); raises IndexError if cut short."""
+  first = data[pos]
+  if first & 1:
+    return first >> 1, pos + 1
+  if first == 0:
+    if pos + 9 > len(data):
+      raise IndexError(pos)
+    return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
+  n = (first & -first).bit_length()  # total bytes: trailing zeros + 1
+  if pos + n > len(data):
+    raise IndexError(pos)
+  return int.from_bytes(data[pos:pos + n], "little") >> n, pos + n
+
+
+def check_bytecode(data: bytes) -> str | None:
+  """Why ``data`` is not readable MLIR bytecode, or ``None`` if its header and strings are sound.
+
+  Checks what MLIR's reader would echo back as text in its diagnostics (which
+  the Python bindings cannot convert, and then abort the process, when it is not
+  UTF-8): the ``ML\xefR`` magic, the version varint, the NUL-terminated
+  producer string, and the strings of the string section. Other structural
+  problems are left to MLIR's reader, which reports them as errors.
+  """
+  if data[:4] != b"ML\xefR":
+    return "not MLIR bytecode (the file does not start with the 'ML\\xefR' magic)"
+  try:
+    version, pos = _varint(data, 4)
+  except IndexError:
+    return "corrupted MLIR bytecode: the file ends inside the version number"
+  end = data.find(b"\0", pos)
+  if end < 0:
+    return "corrupted MLIR bytecode: the producer string is not NUL-terminated"
+  try:
+    data[pos:end].decode("utf-8")
+  except UnicodeDecodeError as e:
+    return (f"corrupted MLIR bytecode: the producer string is not valid UTF-8 "
+            f"(byte {pos + e.start} of the file)")
+  pos = end + 1
+  try:
+    while pos < len(data):
+      section, pos = data[pos], pos + 1
+      length, pos = _varint(data, pos)
+      if section & 0x80:  # aligned: alignment varint, then 0xCB padding
+        align, pos = _varint(data, pos)
+        while align > 1 and pos % align and pos < len(data) and data[pos] == 0xCB:
+          pos += 1
+      body = data[pos:pos + length]
+      if len(body) < length:
+        return None  # cut short: MLIR's reader says so
+      if section & 0x7F == 0:  # the string section: count, sizes, then the strings
+        count, p = _varint(body, 0)
+        sizes = 0
+        for _ in range(count):
+          size, p = _varint(body, p)
+          sizes += size
+        try:
+          body[len(body) - sizes:].decode("utf-8")
+        except UnicodeDecodeError as e:
+          return (f"corrupted MLIR bytecode: the string section holds text that is not valid "
+                  f"UTF-8 (byte {pos + len(body) - sizes + e.start} of the file)")
+      pos += length
+  except IndexError:
+    return None  # a malformed section: MLIR's reader reports it
+  del version
+  return None
+
+
+BYTECODE_CHECK_TIMEOUT_S = 60.0
+"""How long the child process may take to parse bytecode (a corrupted file can make MLIR's
+reader loop) before the input is reported as unreadable."""
+
+_CHILD_PARSE = """
+import sys
+from hxmlir.passes import irutil
+ctx = irutil.make_context(sys.argv[1] == "1")
+try:
+  irutil.parse_module(sys.stdin.buffer.read(), ctx)
+except irutil.ir.MLIRError:
+  pass
+"""
+
+
+def _parse_bytecode_in_child(data: bytes, allow_unregistered: bool) -> str | None:
+  """Parses ``data`` in a child process first; why it crashed there, or ``None``.
+
+  MLIR's bytecode reader may echo raw bytes of a corrupted file in a
+  diagnostic, and the Python bindings then abort the whole process (no
+  exception reaches Python), and may loop forever on others, so no in-process
+  check can be complete.
+  """
+  try:
+    child = subprocess.run([sys.executable, "-c", _CHILD_PARSE, "1" if allow_unregistered else "0"],
+                           input=data, capture_output=True, timeout=BYTECODE_CHECK_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    return (f"corrupted MLIR bytecode: MLIR's bytecode reader did not finish within "
+            f"{BYTECODE_CHECK_TIMEOUT_S:g} s (set hxmlir.opt.BYTECODE_CHECK_TIMEOUT_S for "
+            f"larger files)")
+  except OSError as e:
+    return f"could not check the MLIR bytecode in a child process: {e}"
+  if child.returncode == 0:
+    return None
+  why = child.stderr.decode("utf-8", "replace").strip().splitlines()
+  reason = why[-1] if why else f"exit status {child.returncode}"
+  if child.returncode < 0:
+    reason = f"signal {-child.returncode}; {reason}"
+  return f"corrupted MLIR bytecode: MLIR's bytecode reader crashed on it ({reason})"
+
+
+def _relocate(d: Diagnostic, source_name: str) -> Diagnostic:
+  """``d`` (and its notes) with MLIR's ``-:0:0`` bytecode location replaced by the file name."""
+  loc = d.location
+  if loc.startswith("-:") or loc == "<unknown>":
+    loc = f"{source_name}:0:0"
+  return Diagnostic(d.severity, loc, d.message, tuple(_relocate(n, source_name) for n in d.notes))
 
 
 def _split(text: str) -> list[tuple[str, int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -216,3 +217,69 @@ def test_console_script_is_installed(good):
                        timeout=120)
   assert bad.returncode == 1 and "Traceback" not in bad.stderr
   assert bad.stderr.startswith("<pass-pipeline>:1:1: error: unknown pass 'nope'")
+
+
+# --- corrupted bytecode: a diagnostic and status 1, never a signal -----------------
+
+@pytest.fixture
+def bytecode(good, tmp_path):
+  bc = tmp_path / "m.mlirbc"
+  assert run([good, "--emit-bytecode", "-o", str(bc)]).status == 0
+  return bc.read_bytes()
+
+
+def _corrupt(tmp_path, data: bytes, name: str, xors=(), sets=()) -> str:
+  """Writes ``data`` with ``d[pos] ^= mask`` for ``xors`` and ``d[pos] = v`` for ``sets``."""
+  d = bytearray(data)
+  for pos, mask in xors:
+    d[pos] ^= mask
+  for pos, value in sets:
+    d[pos] = value
+  p = tmp_path / name
+  p.write_bytes(bytes(d))
+  return str(p)
+
+
+def test_bytecode_with_non_utf8_strings_is_an_error(bytecode, tmp_path):
+  strings_at = bytecode.index(b"hx.dequantize")
+  cases = {  # the tester's case: a non-UTF-8 producer plus a later parse error
+      "producer.mlirbc": ([(len(bytecode) - 9, 0xFF)], [(5, 0xCC)],
+                          "the producer string is not valid UTF-8 (byte 5 of the file)"),
+      "strings.mlirbc": ([], [(strings_at + 3, 0xCC)],
+                         "the string section holds text that is not valid UTF-8"),
+      "version.mlirbc": ([], [(4, 0)], "ends inside the version number"),
+  }
+  for name, (xors, sets, message) in cases.items():
+    data = bytecode[:5] if name == "version.mlirbc" else bytecode
+    path = _corrupt(tmp_path, data, name, xors, sets)
+    r = run([path])
+    assert r.status == 1 and r.out == ""
+    assert r.err.startswith(f"{path}:0:0: error: corrupted MLIR bytecode: "), r.err
+    assert message in r.err, r.err
+
+
+def test_bytecode_errors_name_the_file(bytecode, tmp_path):
+  path = _corrupt(tmp_path, bytecode, "bad.mlirbc", [(len(bytecode) - 9, 0xFF)])
+  r = run([path])
+  assert r.status == 1 and "-:0:0" not in r.err
+  assert r.err.startswith(f"{path}:0:0: error: "), r.err
+
+
+def test_corrupted_bytecode_corpus_never_kills_the_process(bytecode, tmp_path):
+  """Random bit flips (fixed seed), each run as the console script: a diagnostic, status 1."""
+  rng = random.Random(1234)
+  exe = os.path.join(os.path.dirname(sys.executable), "hxmlir-opt")
+  procs = []
+  for i in range(12):
+    xors = [(rng.randrange(4, len(bytecode)), 1 << rng.randrange(8))
+            for _ in range(rng.randint(1, 3))]
+    sets = [(rng.randrange(5, 12), 0xCC)] if i % 3 == 0 else []  # a non-UTF-8 producer too
+    path = _corrupt(tmp_path, bytecode, f"x{i}.mlirbc", xors, sets)
+    procs.append((path, subprocess.Popen([exe, path], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE)))
+  for path, proc in procs:
+    err = proc.communicate(timeout=300)[1].decode("utf-8", "replace")
+    assert proc.returncode in (0, 1), (path, proc.returncode, err)
+    assert "Traceback" not in err and "terminate called" not in err, err
+    if proc.returncode == 1:
+      assert err.startswith(f"{path}:0:0: error: "), err
