@@ -15,7 +15,8 @@ from collections.abc import Callable
 import jax
 from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 
-from hxmlir._jax import GradAccum, stage_value
+from hxmlir import shardings as shd
+from hxmlir._jax import GradAccum, MappingSpec, stage_value, vmap_batching
 
 
 class HxPrimitive(VJPHiPrimitive):
@@ -88,3 +89,115 @@ def register_to_lojax(prim_cls: type[HxPrimitive]) -> Callable[[Callable], Calla
     prim_cls._to_lojax = fn
     return fn
   return deco
+
+
+# --- vmap: an output that does not depend on the mapped input -----------------
+#
+# JAX broadcasts an unmapped array output to its ``out_axes`` (``batching.matchaxis``)
+# but has no such rule for hi types. A hi type opts in with a method
+# ``hx_matchaxis(x, size, src, dst, match)`` returning ``x`` brought from spec ``src``
+# (``None``: unmapped) to ``dst``, or ``NotImplemented``; ``match(src, dst, y)`` does
+# the same for a component ``y`` (arrays included), so tuples recurse.
+
+
+class BroadcastHi(HxPrimitive):
+  """``q8[*l, n] -> q8[*l[:axis], size, *l[axis:], n]`` (likewise ``r1``): ``size`` copies.
+
+  Every lo component gets the new axis at position ``axis`` (a leading axis of
+  the type: ``axis <= ndim - 2`` for ``r1``, ``<= ndim - 1`` for ``q8``),
+  unsharded. The tangent is the dense tangent broadcast the same way; the
+  cotangent sums over the new axis.
+  """
+
+  def __init__(self, aval, size: int, axis: int):
+    parts = shd.partitions(aval.sharding, aval.ndim)
+    self.in_avals = (aval,)
+    self.out_aval = type(aval)((*aval.shape[:axis], size, *aval.shape[axis:]),
+                               shd.with_partitions(aval.sharding,
+                                                   (*parts[:axis], None, *parts[axis:])),
+                               aval.mat)
+    self.params = dict(size=size, axis=axis)
+    super().__init__()
+
+  def _bcast(self, x, out_aval):
+    dims = tuple(i for i in range(out_aval.ndim) if i != self.axis)
+    sharding = out_aval.sharding if not out_aval.sharding.mesh.empty else None
+    return jax.lax.broadcast_in_dim(x, out_aval.shape, dims, out_sharding=sharding)
+
+  def expand(self, x):  # lo components only: nothing for hxmlir.lowering to add
+    ty, out = self.in_avals[0], self.out_aval
+    return out.raise_val(*(self._bcast(lo, o) for lo, o in zip(ty.lower_val(x), out.lo_ty())))
+
+  def vjp_fwd(self, nzs_in, x):
+    return self(x), None
+
+  def vjp_bwd_retval(self, _res, g):
+    return (g.sum(self.axis),)
+
+  def transpose(self, ct, x):
+    if is_linear_operand(x):
+      accumulate(x, ct if isinstance(ct, Zero) else ct.sum(self.axis))
+
+  def jvp(self, primals, tangents):
+    (x,), (dx,) = primals, tangents
+    t_aval = self.out_aval.to_tangent_aval()
+    if isinstance(dx, Zero):
+      return self(x), jax.numpy.zeros(t_aval.shape, t_aval.dtype)
+    return self(x), self._bcast(dx, t_aval)
+
+  def batch(self, axis_data, args, dims):
+    (x,), (d,) = args, dims
+    if d is None:
+      return self(x), None
+    # mapped along its leading axis (the only way hi types map): insert behind it
+    return BroadcastHi(jax.typeof(x), self.size, self.axis + 1)(x), d
+
+
+def broadcast_unmapped(x, size: int):
+  """``size`` copies of hi value ``x`` stacked on a new leading axis (a ``vmap`` output)."""
+  return BroadcastHi(jax.typeof(x), size, 0)(x)
+
+
+_MATCHAXIS = vmap_batching.matchaxis  # JAX's
+
+
+def _is_hi_match(src, dst, x) -> bool:
+  if isinstance(src, MappingSpec) or isinstance(dst, MappingSpec):
+    return True
+  try:
+    return isinstance(jax.typeof(x), HiType)
+  except TypeError:  # not a JAX value: JAX's matchaxis says so
+    return False
+
+
+def _matchaxis(axis_data, src, dst, x, sum_match=False):
+  """JAX's ``matchaxis``, first offering hi values with a hi spec to their type's rule."""
+  if (src == dst or dst is None or dst is vmap_batching.infer or dst is vmap_batching.sum_axis
+      or not _is_hi_match(src, dst, x)):
+    return _MATCHAXIS(axis_data, src, dst, x, sum_match)
+  ty = jax.typeof(x)
+  rule = getattr(ty, "hx_matchaxis", None)
+  if rule is not None:
+    if axis_data.explicit_mesh_axis is not None:
+      raise NotImplementedError(
+          f"vmap over explicit mesh axis {axis_data.explicit_mesh_axis} cannot broadcast the "
+          f"unmapped output {ty} to out_axes {dst!r}; make it depend on a mapped input")
+    out = rule(x, axis_data.size, src, dst,
+               lambda s, d, y: _matchaxis(axis_data, s, d, y, sum_match))
+    if out is not NotImplemented:
+      return out
+  if not isinstance(ty, HiType):  # an array with a hi spec on one side
+    try:
+      return _MATCHAXIS(axis_data, src, dst, x, sum_match)
+    except vmap_batching.SpecMatchError:
+      pass
+  mapped = "not mapped" if src is None else f"mapped as {src!r}"
+  hint = ""
+  if isinstance(ty, HiType) and src is None:
+    hint = f"; its type maps with out_axes {ty.leading_axis_spec()!r}"
+  raise TypeError(f"vmap output of (batched) type {shd.short(ty)} is {mapped}, which out_axes "
+                  f"{dst!r} does not fit{hint}")
+
+
+if vmap_batching.matchaxis is _MATCHAXIS:
+  vmap_batching.matchaxis = _matchaxis

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
+from hxmlir.hiprim import HxPrimitive, accumulate, broadcast_unmapped, is_linear_operand
 
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
@@ -164,6 +164,12 @@ class QArrayTy(HiType):
 
   def leading_axis_spec(self) -> QArraySpec:
     return QArraySpec()
+
+  def hx_matchaxis(self, q, size, src, dst, match):
+    """An unmapped ``vmap`` output with ``out_axes=QArraySpec()``: ``size`` copies of it."""
+    if src is None and isinstance(dst, QArraySpec):
+      return broadcast_unmapped(q, size)
+    return NotImplemented
 
   # shard_map
   def _check_pspec(self, spec) -> PartitionSpec:

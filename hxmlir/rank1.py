@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
+from hxmlir.hiprim import HxPrimitive, accumulate, broadcast_unmapped, is_linear_operand
 
 F32 = jnp.dtype("float32")
 
@@ -136,6 +136,12 @@ class Rank1Ty(HiType):
 
   def leading_axis_spec(self) -> Rank1Spec:
     return Rank1Spec()
+
+  def hx_matchaxis(self, r, size, src, dst, match):
+    """An unmapped ``vmap`` output with ``out_axes=Rank1Spec()``: ``size`` copies of it."""
+    if src is None and isinstance(dst, Rank1Spec):
+      return broadcast_unmapped(r, size)
+    return NotImplemented
 
   def _dense(self) -> ShapedArray:
     return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)

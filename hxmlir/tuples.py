@@ -126,6 +126,16 @@ class TupTy(HiType):
     return TupTy(tuple(ty if s is None else unmapped_aval(size, s, ty)
                        for ty, s in zip(self.tys, self._check_spec(spec))))
 
+  def hx_matchaxis(self, tup, size, src, dst, match):
+    """A ``vmap`` output brought to ``out_axes=TupSpec(...)`` element by element
+    (an unmapped element is broadcast, as JAX does for arrays)."""
+    if not isinstance(dst, TupSpec) or not (src is None or isinstance(src, TupSpec)):
+      return NotImplemented
+    dsts = self._check_spec(dst)
+    srcs = (None,) * len(self.tys) if src is None else src.val
+    return make_tup(*(match(s, d, get_tuple_element(tup, i))
+                      for i, (s, d) in enumerate(zip(srcs, dsts))))
+
   def leading_axis_spec(self) -> TupSpec:
     return TupSpec(tuple(ty.leading_axis_spec() if _is_hi(ty) else 0 for ty in self.tys))
 

@@ -170,6 +170,26 @@ def test_vmap_outer_and_matmul_r1(acts):
     jax.vmap(hx.factors, in_axes=0, axis_size=4)(rs)
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_vmap_broadcasts_unmapped_rank1_output(jit):
+  r = hx.outer(jnp.array([1., 2.], jnp.float32), jnp.array([3., 4., 5.], jnp.float32))
+  f = jax.vmap(lambda a: r, out_axes=hx.Rank1Spec())
+  rs = (jax.jit(f) if jit else f)(jnp.ones(4))
+  assert str(jax.typeof(rs)) == "r1[4,2,3]"
+  col, row = hx.factors(rs)
+  np.testing.assert_array_equal(np.asarray(col), np.broadcast_to([1., 2.], (4, 2)))
+  np.testing.assert_array_equal(np.asarray(row), np.broadcast_to([3., 4., 5.], (4, 3)))
+  # and its gradient lands on the factors, summed over the copies
+  g = jax.grad(lambda c: jnp.sum(hx.matmul_r1(
+      jnp.ones((4, 1, 2), jnp.float32),
+      jax.vmap(lambda a: hx.outer(c, jnp.ones(3, jnp.float32)), out_axes=hx.Rank1Spec())(
+          jnp.ones(4)))))(jnp.array([1., 2.], jnp.float32))
+  np.testing.assert_allclose(np.asarray(g), [12., 12.])
+  with pytest.raises(TypeError, match=r"type r1\[2,3\] is not mapped, which out_axes "
+                     r"QArraySpec\(\) does not fit; its type maps with out_axes Rank1Spec\(\)"):
+    jax.vmap(lambda a: r, out_axes=hx.QArraySpec())(jnp.ones(4))
+
+
 def test_vmap_of_grad_through_outer(acts):
   rng = np.random.default_rng(8)
   cols = jnp.asarray(rng.standard_normal((3, 6)), jnp.float32)

@@ -186,6 +186,17 @@ def test_vmap_and_scan_keep_sharding(on_mesh):
   np.testing.assert_allclose(np.asarray(total), np.asarray(hx.dequantize(qxs)).sum(0), rtol=1e-6)
 
 
+def test_vmap_broadcast_of_unmapped_output_keeps_sharding(on_mesh):
+  x = jax.device_put(np.arange(24, dtype=np.float32).reshape(8, 3) - 5., P("i"))
+  qx = hx.quantize(x)
+  for f in (jax.vmap(lambda a: qx, out_axes=hx.QArraySpec()),
+            jax.jit(jax.vmap(lambda a: hx.quantize(x), out_axes=hx.QArraySpec()))):
+    qs = f(jnp.ones(4))
+    assert str(jax.typeof(qs)) == "q8[4,8@i,3]"
+    assert spec(qs.qvalue) == (None, "i", None) and spec(qs.scale) == (None, "i")
+    np.testing.assert_array_equal(np.asarray(qs.qvalue), np.broadcast_to(qx.qvalue, (4, 8, 3)))
+
+
 def test_rank1_shardings(on_mesh):
   col = np.arange(8., dtype=np.float32) / 8.
   row = np.arange(6., dtype=np.float32) / 6. - 0.5

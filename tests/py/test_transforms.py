@@ -259,6 +259,49 @@ def test_vmap_quantized_in_and_out(xs):
   assert_same_q(out, hx.quantize(2 * hx.dequantize(qxs)))
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_vmap_broadcasts_unmapped_quantized_output(xs, jit):
+  """A q8 output that does not depend on the mapped input: ``size`` copies, as for arrays."""
+  qw = hx.quantize(xs[0])
+
+  def check(f, *args):
+    out = (jax.jit(f) if jit else f)(*args)
+    assert str(jax.typeof(out)) == "q8[4,2,3]"
+    np.testing.assert_array_equal(np.asarray(out.qvalue), np.broadcast_to(qw.qvalue, (4, 2, 3)))
+    np.testing.assert_array_equal(np.asarray(out.scale), np.broadcast_to(qw.scale, (4, 2)))
+
+  spec = hx.QArraySpec()
+  check(jax.vmap(lambda a: hx.quantize(xs[0]), out_axes=spec), jnp.ones(4))
+  check(jax.vmap(lambda a, q: q, in_axes=(0, None), out_axes=spec), jnp.ones(4), qw)
+  check(jax.vmap(lambda q: q, in_axes=None, out_axes=spec, axis_size=4), qw)
+  # nested: the inner broadcast is mapped by the outer vmap (new axis behind the outer one)
+  qws = hx.quantize(xs)
+  out = jax.vmap(jax.vmap(lambda a, q: q, in_axes=(0, None), out_axes=spec),
+                 in_axes=(0, spec), out_axes=spec)(jnp.ones((4, 5)), qws)
+  assert str(jax.typeof(out)) == "q8[4,5,2,3]"
+  np.testing.assert_array_equal(np.asarray(out.qvalue),
+                                np.broadcast_to(np.asarray(qws.qvalue)[:, None], (4, 5, 2, 3)))
+  np.testing.assert_array_equal(np.asarray(out.scale),
+                                np.broadcast_to(np.asarray(qws.scale)[:, None], (4, 5, 2)))
+
+
+def test_grad_and_jvp_through_broadcast_unmapped_output(x, w):
+  # each of the 4 copies of quantize(w) contributes x @ w: the gradient sums them
+  qspec = hx.QArraySpec()
+
+  def loss(x, w):
+    qws = jax.vmap(lambda a: hx.quantize(w), out_axes=qspec)(jnp.ones(4))
+    return jnp.sum(hx.matmul_q(jnp.broadcast_to(x, (4, *x.shape)), qws))
+
+  gx, gw = jax.grad(loss, argnums=(0, 1))(x, w)
+  wd = np.asarray(hx.dequantize(hx.quantize(w)))
+  np.testing.assert_allclose(np.asarray(gx), 4 * np.ones((2, 4)) @ wd.T, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(gw), 4 * np.asarray(x).T @ np.ones((2, 4)), rtol=1e-6)
+  _, t = jax.jvp(lambda w: hx.dequantize(jax.vmap(lambda a: hx.quantize(w), out_axes=qspec)(
+      jnp.ones(3))), (w,), (jnp.ones_like(w),))
+  np.testing.assert_array_equal(np.asarray(t), np.ones((3, 3, 4)))
+
+
 def test_vmap_of_jit(xs):
   qxs = hx.quantize(xs)
   out = jax.vmap(jax.jit(hx.dequantize), in_axes=hx.QArraySpec(), axis_size=4)(qxs)

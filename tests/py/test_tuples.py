@@ -148,16 +148,49 @@ def test_vmap_swap_with_per_component_specs(tup):
   assert short(out) == "Tup{f32[],f32[3]}"
   assert float(get(out, 0)) == 5.0
   np.testing.assert_array_equal(np.asarray(get(out, 1)), [0., 1., 2.])
-  # JAX 0.10.2 limitation: vmap cannot convert between hi specs, so out_axes must
-  # be exactly the spec the body produces (no implicit broadcast of an element)
-  with pytest.raises(ValueError, match=r"got axis spec TupSpec\(val=\(0, 0\)\) but output "
-                     r"was batched on axis TupSpec\(val=\(None, 0\)\)"):
-    jax.vmap(swap, in_axes=hx.TupSpec((0, None)), out_axes=hx.TupSpec((0, 0)), axis_size=3)(tup)
-  # the way out: broadcast inside the mapped function
-  out2 = jax.vmap(lambda t: hx.make_tup(get(t, 1) + 0 * jnp.sum(get(t, 0)), get(t, 0)),
-                  in_axes=hx.TupSpec((0, None)), out_axes=hx.TupSpec((0, 0)), axis_size=3)(tup)
+  # an unmapped element is broadcast to its out_axes entry, as JAX does for arrays
+  out2 = jax.vmap(swap, in_axes=hx.TupSpec((0, None)), out_axes=hx.TupSpec((0, 0)),
+                  axis_size=3)(tup)
   assert short(out2) == "Tup{f32[3],f32[3]}"
   np.testing.assert_array_equal(np.asarray(get(out2, 0)), [5., 5., 5.])
+  np.testing.assert_array_equal(np.asarray(get(out2, 1)), [0., 1., 2.])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_vmap_broadcasts_unmapped_elements_to_out_axes(jit):
+  """Elements (arrays, q8, r1, tuples) that do not depend on the mapped input."""
+  qw = hx.quantize(jnp.array([[1., -2., 3.], [4., 5., -6.]], jnp.float32))
+  r = hx.outer(jnp.array([1., 2.], jnp.float32), jnp.array([3., 4., 5.], jnp.float32))
+  q_spec, r_spec = hx.QArraySpec(), hx.Rank1Spec()
+
+  def f(a):
+    return hx.make_tup(a, jnp.ones(2, jnp.float32), qw, hx.make_tup(r, 2 * a, qw))
+
+  spec = hx.TupSpec((0, 1, q_spec, hx.TupSpec((r_spec, 0, q_spec))))
+  vf = jax.vmap(f, out_axes=spec)
+  out = (jax.jit(vf) if jit else vf)(jnp.arange(4., dtype=jnp.float32))
+  assert short(out) == "Tup{f32[4],f32[2,4],q8[4,2,3],Tup{r1[4,2,3],f32[4],q8[4,2,3]}}"
+  np.testing.assert_array_equal(np.asarray(get(out, 1)), np.ones((2, 4)))
+  for q in (get(out, 2), get(get(out, 3), 2)):
+    np.testing.assert_array_equal(np.asarray(q.qvalue), np.broadcast_to(qw.qvalue, (4, 2, 3)))
+    np.testing.assert_array_equal(np.asarray(q.scale), np.broadcast_to(qw.scale, (4, 2)))
+  col, row = hx.factors(get(get(out, 3), 0))
+  np.testing.assert_array_equal(np.asarray(col), np.broadcast_to([1., 2.], (4, 2)))
+  np.testing.assert_array_equal(np.asarray(row), np.broadcast_to([3., 4., 5.], (4, 3)))
+
+
+@pytest.mark.parametrize("out_axes, msg", [
+    (hx.TupSpec((0, 0)), r"type q8\[2,3\] is not mapped, which out_axes 0 does not fit; "
+     r"its type maps with out_axes QArraySpec\(\)"),
+    (hx.TupSpec((hx.QArraySpec(), 0)), r"type f32\[4\] is mapped as 0, which out_axes "
+     r"QArraySpec\(\) does not fit"),
+    (hx.TupSpec((0, hx.Rank1Spec())), r"type q8\[2,3\] is not mapped, which out_axes "
+     r"Rank1Spec\(\) does not fit"),
+])
+def test_vmap_out_axes_that_do_not_fit_are_type_errors(out_axes, msg):
+  qw = hx.quantize(jnp.ones((2, 3), jnp.float32))
+  with pytest.raises(TypeError, match=msg):
+    jax.vmap(lambda a: hx.make_tup(a, qw), out_axes=out_axes)(jnp.ones(4, jnp.float32))
 
 
 def test_vmap_tuple_holding_quantized():
