@@ -16,8 +16,9 @@ a child process, since MLIR's reader can abort or hang on a corrupted file;
 either becomes ``file:0:0: error: corrupted MLIR bytecode: ...``.
 ``--verify-diagnostics`` checks the diagnostics against MLIR's
 ``// expected-error @+1 {{...}}`` (``expected-warning``, ``expected-remark``,
-``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``)
-annotations instead of printing them.
+``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``;
+``expected-error-re {{literal {{regex}} literal}}`` and the other ``-re`` kinds)
+annotations instead of printing them; an unknown ``expected-*`` kind is an error.
 
 :class:`HxmlirOpt` runs in-process (``HxmlirOpt(["-p", "hx-verify", path]).run()``
 returns the exit status), so pytest drives it without subprocesses. An internal
@@ -43,8 +44,10 @@ from hxmlir.passes.pipeline import NATIVE_PASSES
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
 _EXPECTED = re.compile(
-    r"expected-(error|warning|remark|note)\s*(?:@\s*([+-]\d+|above|below|unknown))?\s*"
-    r"\{\{(.*?)\}\}")
+    r"expected-(error|warning|remark|note)(-re)?\s*(?:@\s*([+-]\d+|above|below|unknown))?\s*"
+    r"\{\{(.*)\}\}")
+_ANY_EXPECTED = re.compile(r"\bexpected-([\w-]+)\s*(?:@|\{\{)")
+_REGEX_PART = re.compile(r"\{\{(.*?)\}\}")
 
 
 class _Usage(Exception):
@@ -93,7 +96,13 @@ class _Expected:
   line: int | None  # None: @unknown
   text: str
   where: str  # "file:line:col" of the annotation
+  pattern: re.Pattern | None = None  # expected-*-re: literal text with {{regex}} parts
   seen: bool = False
+
+  def matches(self, message: str) -> bool:
+    if self.pattern is not None:
+      return self.pattern.search(message) is not None
+    return self.text in message
 
 
 class HxmlirOpt:
@@ -266,7 +275,11 @@ class HxmlirOpt:
     return out, not any(d.severity is Severity.ERROR for d in diags)
 
   def _verify(self, source_name: str, text: str, offset: int, diags: list[Diagnostic]) -> bool:
-    expected = _expectations(source_name, text, offset)
+    try:
+      expected = _expectations(source_name, text, offset)
+    except _BadAnnotation as e:
+      self._err(str(e))
+      return False
     flat = []
     for d in diags:
       flat.append(d)
@@ -275,7 +288,7 @@ class HxmlirOpt:
     for d in flat:
       line = _line_of(d.location, source_name)
       match = next((e for e in expected if not e.seen and e.severity == d.severity.value
-                    and e.line == line and e.text in d.message), None)
+                    and e.line == line and e.matches(d.message)), None)
       if match is None:
         ok = False
         self._err(f"{d.location}: error: unexpected {d.severity.value}: {d.message}")
@@ -284,7 +297,8 @@ class HxmlirOpt:
     for e in expected:
       if not e.seen:
         ok = False
-        self._err(f'{e.where}: error: expected {e.severity} "{e.text}" was not produced')
+        kind = f"{e.severity} matching" if e.pattern is not None else e.severity
+        self._err(f'{e.where}: error: expected {kind} "{e.text}" was not produced')
     return ok
 
   # --- informational ---------------------------------------------------------
@@ -456,13 +470,44 @@ def _split(text: str) -> list[tuple[str, int]]:
   return chunks
 
 
+class _BadAnnotation(Exception):
+  """An ``expected-*`` annotation that cannot be understood (unknown kind, bad regex)."""
+
+
+def _regex_of(message: str) -> re.Pattern:
+  """MLIR's ``expected-*-re`` message: literal text in which ``{{regex}}`` parts are regexes."""
+  parts, pos = [], 0
+  for m in _REGEX_PART.finditer(message):
+    parts += [re.escape(message[pos:m.start()]), f"(?:{m.group(1)})"]
+    pos = m.end()
+  parts.append(re.escape(message[pos:]))
+  return re.compile("".join(parts))
+
+
 def _expectations(source_name: str, text: str, offset: int) -> list[_Expected]:
+  """The ``expected-*`` annotations of one chunk; raises :class:`_BadAnnotation`."""
   out = []
   lines = text.split("\n")
   annotated = {i for i, ln in enumerate(lines) if _EXPECTED.search(ln)}
   for i, ln in enumerate(lines):
+    known = {m.start() for m in _EXPECTED.finditer(ln)}
+    for m in _ANY_EXPECTED.finditer(ln):
+      if m.start() not in known and "//" in ln[:m.start()]:
+        raise _BadAnnotation(
+            f"{source_name}:{i + 1 + offset}:{m.start() + 1}: error: unknown annotation "
+            f"'expected-{m.group(1)}'; use expected-error, expected-warning, expected-remark or "
+            f"expected-note (with '-re' for {{{{regex}}}} parts), then "
+            f"[@+N|@-N|@above|@below|@unknown] {{{{message}}}}")
     for m in _EXPECTED.finditer(ln):
-      sev, at, msg = m.groups()
+      sev, is_re, at, msg = m.groups()
+      where = f"{source_name}:{i + 1 + offset}:{m.start() + 1}"
+      pattern = None
+      if is_re:
+        try:
+          pattern = _regex_of(msg)
+        except re.error as e:
+          raise _BadAnnotation(f"{where}: error: invalid regex in expected-{sev}-re "
+                               f"{{{{{msg}}}}}: {e}") from None
       if at is None:
         target = i
       elif at == "unknown":
@@ -478,8 +523,7 @@ def _expectations(source_name: str, text: str, offset: int) -> list[_Expected]:
       else:
         target = i + int(at)
       line_no = None if target is None else target + 1 + offset
-      out.append(_Expected(sev, line_no, msg,
-                           f"{source_name}:{i + 1 + offset}:{m.start() + 1}"))
+      out.append(_Expected(sev, line_no, msg, where, pattern))
   return out
 
 

@@ -121,6 +121,46 @@ def test_expected_locations(tmp_path, where, line):
   assert e.line == line + 10 and e.severity == "remark" and e.text == "x"
 
 
+@pytest.mark.parametrize("kind", ["error", "warning", "remark", "note"])
+def test_expected_re_annotations_are_regexes(kind):
+  from hxmlir.opt import _expectations
+  text = f"// expected-{kind}-re @below {{{{version {{{{[0-9]+}}}} is not (accepted)}}}}\nx\n"
+  (e,) = _expectations("f.mlir", text, 0)
+  assert e.severity == kind and e.line == 2 and e.pattern is not None
+  assert e.matches("'hx.q' version 5 is not (accepted); this code accepts 1")
+  assert not e.matches("version x is not (accepted)")
+  assert not e.matches("version 5 is not accepted")  # outside {{}} the text is literal
+
+
+def test_verify_diagnostics_with_regexes(tmp_path):
+  p = tmp_path / "diag.mlir"
+  annotate = lambda line: BAD_VERSION.replace(  # noqa: E731
+      "  %0 = stablehlo.composite", f"  {line}\n  %0 = stablehlo.composite")
+  p.write_text(annotate("// expected-error-re @+1 {{'hx.{{[a-z]+}}' version {{[0-9]}} is not}}"))
+  assert run([str(p), "--verify-diagnostics", "-p", "hx-verify"]).status == 0
+  p.write_text(annotate("// expected-error-re @+1 {{version {{[a-z]+}} is not}}"))
+  bad = run([str(p), "--verify-diagnostics", "-p", "hx-verify"])
+  assert bad.status == 1
+  assert f"{p}:3:8: error: unexpected error: 'hx.dequantize' version 5" in bad.err
+  assert (f'{p}:2:6: error: expected error matching "version {{{{[a-z]+}}}} is not" was not '
+          "produced") in bad.err
+
+
+@pytest.mark.parametrize("line, message", [
+    ("// expected-errors @+1 {{version 5}}", "unknown annotation 'expected-errors'"),
+    ("// expected-error-regex @+1 {{version 5}}", "unknown annotation 'expected-error-regex'"),
+    ("// expected-fatal {{version 5}}", "unknown annotation 'expected-fatal'"),
+    ("// expected-error-re @+1 {{version {{[0-9}}}}", "invalid regex in expected-error-re"),
+])
+def test_bad_annotations_are_errors(tmp_path, line, message):
+  p = tmp_path / "diag.mlir"
+  p.write_text(BAD_VERSION.replace("  %0 = stablehlo.composite",
+                                   f"  {line}\n  %0 = stablehlo.composite"))
+  r = run([str(p), "--verify-diagnostics", "-p", "hx-verify"])
+  assert r.status == 1
+  assert f"{p}:2:6: error: {message}" in r.err, r.err
+
+
 def test_print_ir_after_all_and_timing(good):
   r = run([good, "-p", "hx-verify,hx-decompose,cse", "--print-ir-after-all", "--timing"])
   assert r.status == 0

@@ -88,6 +88,13 @@
 // EXPECT-DAG: opt-wrong-expectations.mlir:2:6: error: expected error "this message is not what hx-verify says" was not produced
 // EXPECT-DAG: opt-wrong-expectations.mlir:4:6: error: expected warning "nothing warns here" was not produced
 
+// Regex annotations (MLIR's -re kinds): a match passes; a miss, or an unknown kind, fails.
+// RUN: hxmlir-opt -p hx-verify --verify-diagnostics %S/Inputs/opt-expected-re.mlir
+// RUN: not hxmlir-opt -p hx-verify --verify-diagnostics --split-input-file %S/Inputs/opt-expected-re-wrong.mlir 2>&1 | filecheck %s --check-prefix=EXPECTRE
+// EXPECTRE-DAG: opt-expected-re-wrong.mlir:4:8: error: unexpected error: 'hx.bogus' is not a known hx composite
+// EXPECTRE-DAG: opt-expected-re-wrong.mlir:3:6: error: expected error matching "'hx.{{[{][{]}}[0-9]+{{[}][}]}}' is not a known hx composite" was not produced
+// EXPECTRE-DAG: opt-expected-re-wrong.mlir:15:6: error: unknown annotation 'expected-errors'
+
 // CHECK-LABEL: func.func @main
 // CHECK-NEXT: stablehlo.composite "hx.dequantize"
 // DECOMP-LABEL: func.func @main
