@@ -259,6 +259,26 @@ class Factors(HxPrimitive):
     self.params = {}
     super().__init__()
 
+  # not differentiable: a dense tangent of r has no unique split into factor tangents
+  def _not_differentiable(self):
+    return TypeError(f"hx.factors is not differentiable: the tangent of {self.in_avals[0]} is a "
+                     "dense f32 array with no unique split into factor tangents; where a "
+                     "gradient must flow, use the factor arrays given to hx.outer instead")
+
+  def vjp_fwd(self, nzs_in, r):
+    if any(nzs_in):
+      raise self._not_differentiable()
+    return self(r), None
+
+  def vjp_bwd_retval(self, _res, g):
+    return (Zero(self.in_avals[0].to_ct_aval()),)
+
+  def jvp(self, primals, tangents):
+    (r,), (dr,) = primals, tangents
+    if not isinstance(dr, Zero):
+      raise self._not_differentiable()
+    return self(r), tuple(Zero(a.to_tangent_aval()) for a in self.out_aval)
+
   def batch(self, axis_data, args, dims):
     (r,), (d,) = args, dims
     if d is None:
@@ -273,7 +293,9 @@ class MatmulR1(HxPrimitive):
     sig = f"{shd.short(x_aval)} @ {shd.short(r_aval)}"
     if not isinstance(r_aval, Rank1Ty):
       raise TypeError(f"hx.matmul_r1 expects a rank-1 right operand r1[m, n]: {sig}")
-    if not isinstance(x_aval, ShapedArray) or x_aval.dtype != F32 or x_aval.ndim != r_aval.ndim:
+    if not isinstance(x_aval, ShapedArray) or x_aval.dtype != F32:
+      raise TypeError(f"hx.matmul_r1 expects a dense f32 left operand: {sig}")
+    if x_aval.ndim != r_aval.ndim:
       raise TypeError(f"hx.matmul_r1 expects f32[*b, p, m] @ r1[*b, m, n] of equal rank: {sig}")
     if x_aval.shape[:-2] != r_aval.shape[:-2] or x_aval.shape[-1] != r_aval.shape[-2]:
       raise TypeError(f"hx.matmul_r1 operand shapes do not match: {sig}")
@@ -352,7 +374,8 @@ def outer(col, row) -> Rank1:
 def factors(r) -> tuple[jax.Array, jax.Array]:
   """The factors ``(col: f32[*b, m], row: f32[*b, n])`` of ``r: r1[*b, m, n]``.
 
-  Not differentiable (a dense tangent of ``r`` has no unique factorisation).
+  Not differentiable (a dense tangent of ``r`` has no unique factorisation):
+  ``grad``/``jvp`` through it raise ``TypeError``, unless ``r`` carries no tangent.
   """
   return Factors(jax.typeof(r))(r)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, Zero, register_hitype
 from jax.sharding import PartitionSpec
 
@@ -223,7 +224,14 @@ class GetTupElt(HxPrimitive):
   def __init__(self, tup_aval, idx):
     if not isinstance(tup_aval, TupTy):
       raise TypeError(f"hx.get_tuple_element expects a tuple Tup{{...}}, got {shd.short(tup_aval)}")
-    if not isinstance(idx, int) or not -len(tup_aval.tys) <= idx < len(tup_aval.tys):
+    if isinstance(idx, jax.core.Tracer):
+      raise TypeError(f"hx.get_tuple_element index must be a static Python int, got a traced "
+                      f"{shd.short(jax.typeof(idx))} (for {tup_aval})")
+    if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
+      raise TypeError(f"hx.get_tuple_element index must be a static Python int, got "
+                      f"{idx!r} of type {type(idx).__name__} (for {tup_aval})")
+    idx = int(idx)
+    if not -len(tup_aval.tys) <= idx < len(tup_aval.tys):
       raise IndexError(f"hx.get_tuple_element index {idx!r} out of range for {tup_aval}")
     idx = idx % len(tup_aval.tys)
     self.in_avals = (tup_aval,)
@@ -269,7 +277,7 @@ def make_tup(*elts) -> HiTup:
 def get_tuple_element(tup, idx: int):
   """Element ``idx`` (a static Python int, negative counts from the end) of ``tup``.
 
-  Raises ``TypeError`` if ``tup`` is not a tuple and ``IndexError`` if ``idx`` is
-  out of range.
+  Raises ``TypeError`` if ``tup`` is not a tuple or ``idx`` is not a static
+  integer (a float, a traced value), and ``IndexError`` if ``idx`` is out of range.
   """
   return GetTupElt(jax.typeof(tup), idx)(tup)

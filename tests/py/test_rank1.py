@@ -6,6 +6,8 @@ References materialise the dense matrix ``col ⊗ row`` with numpy or
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -253,10 +255,30 @@ def test_matmul_r1_rejects_bad_operands(col, row):
     jax.jit(hx.matmul_r1).trace(jnp.ones((3, 5), jnp.float32), r)
   with pytest.raises(TypeError, match=r"of equal rank: f32\[6\] @ r1\[6,5\]"):
     jax.jit(hx.matmul_r1).trace(jnp.ones((6,), jnp.float32), r)
-  with pytest.raises(TypeError, match=r"of equal rank: i32\[3,6\] @ r1\[6,5\]"):
-    jax.jit(hx.matmul_r1).trace(jnp.ones((3, 6), jnp.int32), r)
+  # a wrong dtype is named as such, whatever the ranks
+  for bad in (jnp.ones((3, 6), jnp.int32), jnp.ones((3, 6), jnp.bfloat16), jnp.ones(6, jnp.int32)):
+    with pytest.raises(TypeError, match=r"expects a dense f32 left operand: "
+                       + re.escape(jax.typeof(bad).str_short(short_dtypes=True)) + r" @ r1\[6,5\]"):
+      jax.jit(hx.matmul_r1).trace(bad, r)
   with pytest.raises(TypeError, match=r"rank-1 right operand r1\[m, n\]: f32\[3,6\] @ f32\[6,5\]"):
     jax.jit(hx.matmul_r1).trace(jnp.ones((3, 6), jnp.float32), jnp.ones((6, 5), jnp.float32))
   with pytest.raises(TypeError, match=r"hx\.factors expects a rank-1 matrix r1\[m, n\], "
                      r"got f32\[6,5\]"):
     jax.jit(hx.factors).trace(jnp.ones((6, 5), jnp.float32))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "linearize", "vjp"])
+def test_factors_is_not_differentiable(col, row, transform):
+  def f(c):
+    return jnp.sum(hx.factors(hx.outer(c, row))[1])
+  run = {"grad": lambda: jax.grad(f)(col),
+         "jvp": lambda: jax.jvp(f, (col,), (col,)),
+         "linearize": lambda: jax.linearize(f, col),
+         "vjp": lambda: jax.vjp(jax.jit(f), col)}[transform]
+  with pytest.raises(TypeError, match=r"hx\.factors is not differentiable: the tangent of "
+                     r"r1\[6,5\] is a dense f32 array"):
+    run()
+  # factors of an r1 that carries no tangent are fine inside a differentiated function
+  r = hx.outer(col, row)
+  g = jax.grad(lambda c: jnp.sum(hx.factors(r)[0] * c))(col)
+  np.testing.assert_array_equal(np.asarray(g), np.asarray(col))

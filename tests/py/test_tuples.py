@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,6 +70,22 @@ def test_bad_access(tup):
     jax.jit(lambda t: get(t, 2)).trace(tup)
   with pytest.raises(TypeError, match=r"expects a tuple Tup\{\.\.\.\}, got f32\[3\]"):
     jax.jit(lambda x: get(x, 0)).trace(jnp.ones(3, jnp.float32))
+  assert float(get(tup, np.int64(1))) == 5.0  # any static integer
+
+
+@pytest.mark.parametrize("idx, got", [
+    (1.0, "1.0 of type float"), (True, "True of type bool"), ("0", "'0' of type str"),
+    (None, "None of type NoneType"),
+])
+def test_index_must_be_a_static_int(tup, idx, got):
+  with pytest.raises(TypeError, match=r"hx\.get_tuple_element index must be a static Python int, "
+                     r"got " + re.escape(got) + r" \(for Tup\{f32\[3\],f32\[\]\}\)"):
+    get(tup, idx)
+
+
+def test_traced_index_is_a_type_error(tup):
+  with pytest.raises(TypeError, match=r"index must be a static Python int, got a traced i32\[\]"):
+    jax.jit(lambda t, i: get(t, i)).trace(tup, 1)
 
 
 # --- autodiff --------------------------------------------------------------------------
