@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, ShapedArray, register_hitype
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -52,6 +53,16 @@ class QArray:
   def dtype(self):
     """The dtype of the dense array represented: ``float32``."""
     return F32
+
+  @property
+  def ndim(self) -> int:
+    """The dense rank."""
+    return len(self.qvalue.shape)
+
+  @property
+  def size(self) -> int:
+    """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
+    return int(np.prod(self.shape, dtype=np.int64))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, ShapedArray, Zero, register_hitype
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -35,6 +36,21 @@ class Rank1:
   def shape(self) -> tuple[int, ...]:
     """The dense shape ``(*b, m, n)``."""
     return (*self.col.shape, self.row.shape[-1])
+
+  @property
+  def dtype(self):
+    """The dtype of the dense matrix represented: ``float32``."""
+    return F32
+
+  @property
+  def ndim(self) -> int:
+    """The dense rank."""
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
+    return int(np.prod(self.shape, dtype=np.int64))
 
 
 @dataclass(frozen=True)

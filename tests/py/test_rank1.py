@@ -282,3 +282,14 @@ def test_factors_is_not_differentiable(col, row, transform):
   r = hx.outer(col, row)
   g = jax.grad(lambda c: jnp.sum(hx.factors(r)[0] * c))(col)
   np.testing.assert_array_equal(np.asarray(g), np.asarray(col))
+
+
+def test_jacfwd_wrt_rank1_equals_jacrev(acts, col, row):
+  r = hx.outer(col, row)
+  assert (r.size, r.ndim, r.dtype) == (30, 2, jnp.float32)
+  f = lambda r: hx.matmul_r1(acts, r)  # noqa: E731
+  jf, jr = jax.jacfwd(f)(r), jax.jacrev(f)(r)
+  assert jf.shape == (3, 5, 6, 5)
+  np.testing.assert_allclose(np.asarray(jf), np.asarray(jr), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jf), np.einsum("pm,nj->pnmj", np.asarray(acts), np.eye(5)),
+                             rtol=1e-6)

@@ -133,6 +133,18 @@ def test_jvp_matmul_q_equals_dense_reference(x, w):
   np.testing.assert_allclose(np.asarray(dy_w), np.asarray(x @ tw), rtol=1e-6, atol=1e-6)
 
 
+def test_jacfwd_wrt_quantized_equals_jacrev(x, w):
+  # jacfwd's basis is the dense f32 tangent space of the q8 (as for grad: straight-through)
+  qw = hx.quantize(w)
+  assert (qw.size, qw.ndim, qw.dtype) == (12, 2, jnp.float32)
+  for f in (lambda q: hx.matmul_q(x[:, :3], q), lambda q: jnp.sum(hx.dequantize(q) ** 2)):
+    jf, jr = jax.jacfwd(f)(qw), jax.jacrev(f)(qw)
+    assert jf.shape == jr.shape
+    np.testing.assert_allclose(np.asarray(jf), np.asarray(jr), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.jacfwd(lambda q: hx.matmul_q(x[:, :3], q))(qw)),
+                             np.einsum("mk,nj->mnkj", np.asarray(x[:, :3]), np.eye(4)), rtol=1e-6)
+
+
 def test_jit_of_jvp(x):
   t = jnp.ones_like(x)
   y, dy = jax.jit(lambda x, t: jax.jvp(lambda x: roundtrip(x) ** 2, (x,), (t,)))(x, t)
