@@ -40,7 +40,7 @@ from typing import IO
 
 from hxmlir.passes import PASS_REGISTRY, PassError, PipelineError, irutil, parse_pipeline
 from hxmlir.passes.base import Diagnostic, Severity
-from hxmlir.passes.pipeline import NATIVE_PASSES
+from hxmlir.passes.pipeline import NATIVE_PASSES, option_help
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
 _EXPECTED = re.compile(
@@ -318,8 +318,7 @@ class HxmlirOpt:
       cls = getter()
       lines.append(f"  {name:<18} {cls.summary}")
       for key, f in cls.options().items():
-        typ = f.type if isinstance(f.type, str) else f.type.__name__
-        lines.append(f"      {key}={typ} (default {f.default})")
+        lines.append(f"      {key}={option_help(f)}")
     lines.append("MLIR passes (jaxlib, run by the MLIR pass manager; any registered pass works):")
     lines += [f"  {n}" for n in NATIVE_PASSES]
     self.stdout.write("\n".join(lines) + "\n")

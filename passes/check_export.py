@@ -21,7 +21,7 @@ every offender). ``hx.install()`` runs this pass last on every lowering for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from jaxlib.mlir import ir
@@ -39,11 +39,13 @@ class CheckExportPass(HxPass):
     allow_targets: ``;``-separated custom-call targets accepted without a
       kernel check (``hx-check-export{allow-targets=my_ffi;other_ffi}``), the
       pass's counterpart of ``jax.export.DisabledSafetyCheck.custom_call``.
+      ``;``, not ``,`` (which separates passes); a ``,`` in the value is an
+      error, and ``--list-passes`` shows the separator.
   """
   name: ClassVar[str] = "hx-check-export"
   summary: ClassVar[str] = ("refuse custom calls that are neither on JAX's stable list nor "
                             "registered hxmlir kernels (hxmlir.targets)")
-  allow_targets: str = ""
+  allow_targets: str = field(default="", metadata={"separator": ";"})
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     stable = targets.jax_stable_targets() | {t for t in self.allow_targets.split(";") if t}

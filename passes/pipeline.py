@@ -9,14 +9,22 @@ Grammar (xDSL's ``arg_spec``, MLIR's textual pipelines)::
 Names in :data:`~hxmlir.passes.registry.PASS_REGISTRY` are our passes; every
 other element is handed verbatim to ``jaxlib.mlir.passmanager.PassManager``
 (nested as ``builtin.module(<element>)``), so one pipeline mixes both. A
-``builtin.module(...)`` wrapper around the whole pipeline is accepted.
+``builtin.module(...)`` anchor around the whole pipeline is accepted, like
+``mlir-opt``'s, and so is one around some of its elements
+(``hx-verify,builtin.module(hx-fold-scales)``, what ``hx.install`` builds when it
+puts ``hx-verify`` before a user's anchored pipeline): the pipeline runs on the
+one top-level module, so the anchor names that module, not nested ones. Empty
+pass names (``a,,b``, ``,``) are errors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +80,10 @@ def _convert(pass_name: str, key: str, f: dataclasses.Field, raw: str | None):
       return True
     raise PipelineError(f"{pass_name}: option {key!r} needs a value ({key}=<{typ.__name__}>)")
   raw = raw.strip('"')
+  sep = f.metadata.get("separator")
+  if sep and "," in raw:
+    raise PipelineError(f"{pass_name}: option {key!r} separates its values with {sep!r}, got "
+                        f"{raw!r}; ',' separates passes (write {key}={raw.replace(',', sep)})")
   if typ is bool:
     if raw.lower() in ("true", "1"):
       return True
@@ -112,9 +124,62 @@ def _check_context() -> ir.Context:
   return irutil.make_context()
 
 
+def option_help(f: dataclasses.Field) -> str:
+  """``type (default v)`` for one pass option, with its value separator if it is a list."""
+  typ = f.type if isinstance(f.type, str) else f.type.__name__
+  sep = f.metadata.get("separator")
+  kind = f"{typ}, {sep!r}-separated list" if sep else typ
+  return f"{kind} (default {f.default!r})" if sep else f"{kind} (default {f.default})"
+
+
+@contextlib.contextmanager
+def _captured_stderr(into: list[str]):
+  """Captures what C++ writes on file descriptor 2 (LLVM's option parser) into ``into``."""
+  try:
+    saved = os.dup(2)
+  except OSError:  # no fd 2: nothing to capture
+    yield
+    return
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      into += [ln for ln in tmp.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+
+
+def _parse_native(text: str, context: ir.Context) -> passmanager.PassManager:
+  """``PassManager.parse(text)``; raises ``ValueError`` with MLIR's message and what it
+  printed on stderr (an option's bad value) in one."""
+  printed: list[str] = []
+  try:
+    with _captured_stderr(printed):
+      return passmanager.PassManager.parse(text, context=context)
+  except ValueError as e:
+    lines = [ln.strip() for ln in [*printed, *str(e).splitlines()] if ln.strip()]
+    raise ValueError("\n".join(ln.removeprefix("<Pass-Options-Parser>:").lstrip(": ")
+                               for ln in lines)) from None
+
+
+def _native_option_error(element: str, why: str) -> PipelineError | None:
+  """The error for a known MLIR pass with bad options (MLIR says "failed to add `p` with
+  options `o`"), else ``None``."""
+  lines = why.splitlines()
+  failed = [ln for ln in lines if ln.startswith("failed to add `") and "with options `" in ln]
+  if not failed or failed[0].endswith("with options ``"):
+    return None
+  name = failed[0].split("`")[1]
+  details = [ln for ln in lines if not ln.startswith("failed to add `")]
+  detail = "; ".join(details) or failed[0]
+  return PipelineError(f"{name}: bad option for MLIR pass {name!r}: {detail} (in {element!r})")
+
+
 def _native_error(name: str, why: str) -> PipelineError:
   ours = sorted(PASS_REGISTRY)
-  close = difflib.get_close_matches(name, [*ours, *NATIVE_PASSES], n=1)
+  close = [c for c in difflib.get_close_matches(name, [*ours, *NATIVE_PASSES], n=2) if c != name]
   hint = f" (did you mean {close[0]!r}?)" if close else ""
   return PipelineError(
       f"unknown pass {name!r}{hint}: {why}\n"
@@ -218,7 +283,7 @@ def _verify_after(name: str, op: ir.Operation) -> None:
 def _run_native(p: NativePass, op: ir.Operation) -> bool:
   before = op.get_asm(enable_debug_info=True)
   try:
-    pm = passmanager.PassManager.parse(f"builtin.module({p.text})", context=op.context)
+    pm = _parse_native(f"builtin.module({p.text})", op.context)
   except ValueError as e:
     raise _native_error(p.text, str(e).splitlines()[0]) from None
   pm.enable_verifier(True)
@@ -234,15 +299,26 @@ def parse_pipeline(text: str) -> Pipeline:
   """Parses a pipeline string; raises :class:`PipelineError` on unknown passes or options.
 
   Our passes take ``{key=value ...}`` options; anything else must be a pass
-  (or nested pipeline) that jaxlib's MLIR registers.
+  (or nested pipeline) that jaxlib's MLIR registers. ``builtin.module(...)``
+  anchors (around the whole pipeline or some elements) name the module the
+  pipeline runs on. Empty pass names are errors.
   """
-  offset = len(text) - len(text.lstrip())
+  return Pipeline(tuple(_parse_elements(text, 0)))
+
+
+_ANCHOR = "builtin.module("
+
+
+def _parse_elements(text: str, offset: int) -> list[HxPass | NativePass]:
+  """The passes of ``text``, which starts at 0-based ``offset`` in the whole pipeline."""
+  offset += len(text) - len(text.lstrip())
   text = text.strip()
-  if text.startswith("builtin.module(") and text.endswith(")"):
-    text = text[len("builtin.module("):-1]
-    offset += len("builtin.module(")
+  if text.startswith(_ANCHOR) and text.endswith(")") and len(_split_top(text, ",")) == 1:
+    text = text[len(_ANCHOR):-1]
+    offset += len(_ANCHOR) + len(text) - len(text.lstrip())
+    text = text.strip()
   if not text:
-    return Pipeline(())
+    return []
   passes: list[HxPass | NativePass] = []
   column = 1 + offset
   for raw in _split_top(text, ","):
@@ -250,7 +326,10 @@ def parse_pipeline(text: str) -> Pipeline:
     start = column + len(raw) - len(raw.lstrip())
     column += len(raw) + 1
     if not element:
-      raise PipelineError(f"empty pass name in pipeline {text!r}", start)
+      raise PipelineError(f"empty pass name in pipeline {text!r} (a stray ','?)", start)
+    if element.startswith(_ANCHOR) and element.endswith(")"):
+      passes += _parse_elements(element, start - 1)
+      continue
     name, brace, rest = element.partition("{")
     name = name.strip()
     if name in PASS_REGISTRY:
@@ -261,13 +340,15 @@ def parse_pipeline(text: str) -> Pipeline:
       continue
     head = element.split("(")[0].split("{")[0].strip()
     try:
-      passmanager.PassManager.parse(f"builtin.module({element})", context=_check_context())
+      _parse_native(f"builtin.module({element})", _check_context())
     except ValueError as e:
-      msg = str(e).splitlines()
-      why = next((m for m in msg if "error:" in m), msg[0] if msg else "")
-      why = why.split("error:", 1)[-1].strip()
-      err = _native_error(head, why)
+      err = _native_option_error(element, str(e))
+      if err is None:
+        msg = str(e).splitlines()
+        why = next((m for m in msg if "error:" in m), msg[0] if msg else "")
+        why = why.split("error:", 1)[-1].strip()
+        err = _native_error(head, why)
       err.column = start
       raise err from None
     passes.append(NativePass(element))
-  return Pipeline(tuple(passes))
+  return passes

@@ -40,6 +40,8 @@
 
 // RUN: hxmlir-opt --list-passes | filecheck %s --check-prefix=LIST
 // LIST: hxmlir passes:
+// LIST: hx-check-export
+// LIST-NEXT: allow-targets=str, ';'-separated list (default '')
 // LIST: hx-decompose
 // LIST: hx-fold-scales
 // LIST-NEXT: form-matmul-q=bool (default True)
@@ -58,6 +60,19 @@
 // BADOPT: <pass-pipeline>:1:26: error: hx-fold-scales: unknown option 'bogus'; valid options: form-matmul-q
 // RUN: not hxmlir-opt %s -p "hx-fold-scales{form-matmul-q=maybe}" 2>&1 | filecheck %s --check-prefix=BADVAL
 // BADVAL: error: hx-fold-scales: option 'form-matmul-q' must be true or false, got 'maybe'
+// Options of MLIR's own passes: the option is named, not the pass, and MLIR's own
+// stderr line is part of the one diagnostic.
+// RUN: not hxmlir-opt %s -p "canonicalize{bogus=1}" 2>&1 | filecheck %s --check-prefix=NATIVEOPT
+// NATIVEOPT: <pass-pipeline>:1:1: error: canonicalize: bad option for MLIR pass 'canonicalize': no such option bogus (in 'canonicalize{bogus=1}')
+// NATIVEOPT-NOT: did you mean
+// RUN: not hxmlir-opt %s -p "cse,canonicalize{max-iterations=abc}" 2>&1 | filecheck %s --check-prefix=NATIVEVAL
+// NATIVEVAL: <pass-pipeline>:1:5: error: canonicalize: bad option for MLIR pass 'canonicalize': for the --max-iterations option: 'abc' value invalid for long argument! (in 'canonicalize{max-iterations=abc}')
+// NATIVEVAL-NOT: {{.}}
+// Empty pass names, and ',' inside a ';'-separated option value.
+// RUN: not hxmlir-opt %s -p "hx-verify,," 2>&1 | filecheck %s --check-prefix=EMPTY
+// EMPTY: <pass-pipeline>:1:11: error: empty pass name in pipeline 'hx-verify,,' (a stray ','?)
+// RUN: not hxmlir-opt %s -p "hx-check-export{allow-targets=a,b}" 2>&1 | filecheck %s --check-prefix=LISTSEP
+// LISTSEP: error: hx-check-export: option 'allow-targets' separates its values with ';', got 'a,b'; ',' separates passes (write allow-targets=a;b)
 // RUN: not hxmlir-opt %s -p "hx-verify,{" 2>&1 | filecheck %s --check-prefix=BRACE
 // BRACE: error: unbalanced brackets or quotes in pass pipeline
 // RUN: not hxmlir-opt %s --frobnicate 2>&1 | filecheck %s --check-prefix=FLAG
