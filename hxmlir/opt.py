@@ -7,6 +7,9 @@ In the spirit of ``mlir-opt`` and ``xdsl-opt``::
              [--print-ir-after-all] [--timing] [--allow-unregistered-dialect]
              [--list-passes] [--version]
 
+``mlir-opt``'s single-dash spellings of the long flags (``-split-input-file``,
+``-pass-pipeline=...``) are accepted too; ``-p`` and ``-o`` may be given once.
+
 Input is MLIR text or bytecode (file or stdin); output is text (or bytecode
 with ``--emit-bytecode``) on stdout or ``-o``. Errors — malformed input,
 unknown passes or options, bad flags, failing passes — are printed on stderr
@@ -65,14 +68,46 @@ class _Parser(argparse.ArgumentParser):
       (self.out or file or sys.stdout).write(message)
 
 
+class _Once(argparse.Action):
+  """A flag that may be given once (a repeated ``-p`` would silently drop a pipeline)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    if getattr(namespace, f"_seen_{self.dest}", False):
+      hint = ("give one pipeline, its passes separated by ','" if self.dest == "pipeline"
+              else "give it once")
+      raise _Usage(f"{option_string} given twice ({getattr(namespace, self.dest)!r}, then "
+                   f"{values!r}); {hint}")
+    setattr(namespace, f"_seen_{self.dest}", True)
+    setattr(namespace, self.dest, values)
+
+
+def _long_flags(parser: argparse.ArgumentParser) -> frozenset[str]:
+  return frozenset(s[2:] for a in parser._actions for s in a.option_strings if s.startswith("--"))
+
+
+def _mlir_spellings(argv: list[str], long_flags: frozenset[str]) -> list[str]:
+  """``mlir-opt``'s single-dash long flags (``-split-input-file``, ``-pass-pipeline=...``)
+  as their ``--`` spelling; everything after ``--`` is left alone."""
+  out = []
+  for i, a in enumerate(argv):
+    if a == "--":
+      return out + argv[i:]
+    if a.startswith("-") and not a.startswith("--") and a[1:].split("=", 1)[0] in long_flags:
+      a = "-" + a
+    out.append(a)
+  return out
+
+
 def _build_parser() -> argparse.ArgumentParser:
   p = _Parser(prog="hxmlir-opt", description="Run hxmlir and MLIR passes on MLIR files.",
               add_help=True)
   p.add_argument("input", nargs="?", default="-", help="input file (MLIR text or bytecode); "
                  "'-' or none for stdin")
-  p.add_argument("-o", dest="output", default="-", help="output file ('-' for stdout)")
-  p.add_argument("-p", "--pass-pipeline", "--passes", dest="pipeline", default="",
-                 help="comma-separated passes, e.g. 'hx-verify,hx-fold-scales,canonicalize'")
+  p.add_argument("-o", dest="output", default="-", action=_Once,
+                 help="output file ('-' for stdout)")
+  p.add_argument("-p", "--pass-pipeline", "--passes", dest="pipeline", default="", action=_Once,
+                 help="comma-separated passes, e.g. 'hx-verify,hx-fold-scales,canonicalize' "
+                 "(given once)")
   p.add_argument("--split-input-file", action="store_true",
                  help="process each '// -----'-separated chunk separately")
   p.add_argument("--verify-diagnostics", action="store_true",
@@ -142,7 +177,7 @@ class HxmlirOpt:
   def _run(self) -> int:
     parser = _build_parser()
     parser.out = self.stdout
-    args = parser.parse_args(self.argv)
+    args = parser.parse_args(_mlir_spellings(self.argv, _long_flags(parser)))
     if args.version:
       return self._version()
     if args.list_passes:
@@ -182,7 +217,8 @@ class HxmlirOpt:
       status |= 0 if ok else 1
       if out is not None:
         outputs.append(out)
-    self._write(args, outputs)
+    if not self._write(args, outputs):
+      return 1
     if args.timing:
       self._report_timing()
     return status
@@ -213,23 +249,24 @@ class HxmlirOpt:
                 f"({e.reason} at byte {e.start})")
       return name, None
 
-  def _write(self, args, outputs: list) -> None:
-    if args.emit_bytecode:
-      data = outputs[0] if outputs else b""
-      if args.output == "-":
-        out = self.stdout.buffer if hasattr(self.stdout, "buffer") else self.stdout
-        out.write(data)
-      else:
-        with open(args.output, "wb") as f:
-          f.write(data)
-      return
-    text = "// -----\n".join(outputs)
+  def _write(self, args, outputs: list) -> bool:
+    """Writes the outputs; ``False`` (after the error) when the output file cannot be opened."""
+    data = (outputs[0] if outputs else b"") if args.emit_bytecode else "// -----\n".join(outputs)
     if args.output == "-":
-      self.stdout.write(text)
-      self.stdout.flush()
-    else:
-      with open(args.output, "w") as f:
-        f.write(text)
+      out = self.stdout
+      if args.emit_bytecode and hasattr(out, "buffer"):
+        out = out.buffer
+      out.write(data)
+      out.flush()
+      return True
+    try:
+      with open(args.output, "wb" if args.emit_bytecode else "w") as f:
+        f.write(data)
+    except OSError as e:
+      self._err(f"hxmlir-opt: error: could not open output file '{args.output}': "
+                f"{e.strerror or e}")
+      return False
+    return True
 
   # --- one chunk --------------------------------------------------------------
 

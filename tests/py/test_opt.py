@@ -217,6 +217,50 @@ def test_bad_command_lines_and_inputs(args, stdin, message):
   assert r.out == ""
 
 
+@pytest.mark.parametrize("flag", ["allow-unregistered-dialect", "split-input-file",
+                                  "verify-diagnostics", "mlir-print-debuginfo"])
+def test_mlir_opt_single_dash_long_flags(flag, tmp_path):
+  p = tmp_path / "u.mlir"
+  p.write_text('"x.y"() : () -> ()\n')
+  assert run([f"-{flag}", f"--{flag}", "-allow-unregistered-dialect", str(p)]).status == 0
+  assert run([str(p), f"-{flag}=oops"]).status == 1
+
+
+def test_mlir_opt_single_dash_pipeline_bytecode_and_list(good, tmp_path):
+  bc = tmp_path / "m.mlirbc"
+  assert run([good, "-pass-pipeline=hx-verify,hx-decompose", "-emit-bytecode", "-o",
+              str(bc)]).status == 0
+  r = run([str(bc)])
+  assert r.status == 0 and "func.func @main" in r.out and "hx.dequantize" not in r.out
+  assert run(["-pass-pipeline", "hx-decompose", good]).out == r.out
+  assert run(["-list-passes"]).out == run(["--list-passes"]).out
+  assert run(["--", "-split-input-file"]).err.startswith(
+      "hxmlir-opt: error: could not open input file '-split-input-file'")
+
+
+@pytest.mark.parametrize("where, reason", [
+    ("missing/x.mlir", "No such file or directory"), (".", "Is a directory")])
+@pytest.mark.parametrize("bytecode", [False, True])
+def test_unwritable_output_is_an_error(good, tmp_path, where, reason, bytecode):
+  out = str(tmp_path / where)
+  r = run([good, "-o", out, *(["--emit-bytecode"] if bytecode else [])])
+  assert r.status == 1 and "internal error" not in r.err
+  assert r.err == f"hxmlir-opt: error: could not open output file '{out}': {reason}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-p", "cse", "-p", "canonicalize"], "-p given twice ('cse', then 'canonicalize'); give one "
+     "pipeline, its passes separated by ','"),
+    (["--pass-pipeline=cse", "-pass-pipeline=cse"], "--pass-pipeline given twice"),
+    (["-p", "cse", "--passes", "cse"], "--passes given twice"),
+    (["-o", "a", "-o", "b"], "-o given twice ('a', then 'b'); give it once"),
+])
+def test_repeated_flags_are_errors(good, args, message):
+  r = run([good, *args])
+  assert r.status == 1
+  assert r.err.startswith(f"hxmlir-opt: error: {message}"), r.err
+
+
 def test_unregistered_dialect_flag():
   r = run(["--allow-unregistered-dialect"], stdin='"x.y"() : () -> ()')
   assert r.status == 0 and '"x.y"() : () -> ()' in r.out

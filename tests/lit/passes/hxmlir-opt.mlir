@@ -23,6 +23,12 @@
 // RUN: hxmlir-opt %s --emit-bytecode -o %t.mlirbc
 // RUN: hxmlir-opt %t.mlirbc | filecheck %s
 
+// mlir-opt's single-dash spellings of the long flags.
+// RUN: hxmlir-opt -pass-pipeline=hx-verify,hx-decompose -split-input-file -allow-unregistered-dialect %s | filecheck %s --check-prefix=DECOMP
+// RUN: hxmlir-opt %s -emit-bytecode -o %t.dash.mlirbc
+// RUN: hxmlir-opt %t.dash.mlirbc -mlir-print-debuginfo | filecheck %s --check-prefix=LOC
+// RUN: hxmlir-opt -list-passes | filecheck %s --check-prefix=LIST
+
 // Locations on request.
 // RUN: hxmlir-opt %s --mlir-print-debuginfo | filecheck %s --check-prefix=LOC
 // LOC: stablehlo.composite "hx.dequantize"{{.*}} loc(#[[L:loc[0-9]*]])
@@ -68,6 +74,13 @@
 // RUN: not hxmlir-opt %s -p "cse,canonicalize{max-iterations=abc}" 2>&1 | filecheck %s --check-prefix=NATIVEVAL
 // NATIVEVAL: <pass-pipeline>:1:5: error: canonicalize: bad option for MLIR pass 'canonicalize': for the --max-iterations option: 'abc' value invalid for long argument! (in 'canonicalize{max-iterations=abc}')
 // NATIVEVAL-NOT: {{.}}
+// An output file that cannot be opened, and a flag given twice.
+// RUN: not hxmlir-opt %s -o %t.no/such/dir/x.mlir 2>&1 | filecheck %s --check-prefix=NOOUT
+// NOOUT: hxmlir-opt: error: could not open output file '{{.*}}x.mlir': No such file or directory
+// RUN: not hxmlir-opt %s -o %S 2>&1 | filecheck %s --check-prefix=DIROUT
+// DIROUT: hxmlir-opt: error: could not open output file '{{.*}}': Is a directory
+// RUN: not hxmlir-opt %s -p cse -p canonicalize 2>&1 | filecheck %s --check-prefix=TWICE
+// TWICE: hxmlir-opt: error: -p given twice ('cse', then 'canonicalize'); give one pipeline, its passes separated by ','
 // Empty pass names, and ',' inside a ';'-separated option value.
 // RUN: not hxmlir-opt %s -p "hx-verify,," 2>&1 | filecheck %s --check-prefix=EMPTY
 // EMPTY: <pass-pipeline>:1:11: error: empty pass name in pipeline 'hx-verify,,' (a stray ','?)
