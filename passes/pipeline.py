@@ -153,15 +153,22 @@ def _captured_stderr(into: list[str]):
 
 def _parse_native(text: str, context: ir.Context) -> passmanager.PassManager:
   """``PassManager.parse(text)``; raises ``ValueError`` with MLIR's message and what it
-  printed on stderr (an option's bad value) in one."""
+  printed on stderr (an option's bad value) in one.
+
+  Used once per pipeline string (parse time); running a parsed pipeline does not touch
+  file descriptor 2.
+  """
   printed: list[str] = []
   try:
     with _captured_stderr(printed):
-      return passmanager.PassManager.parse(text, context=context)
+      pm = passmanager.PassManager.parse(text, context=context)
   except ValueError as e:
     lines = [ln.strip() for ln in [*printed, *str(e).splitlines()] if ln.strip()]
     raise ValueError("\n".join(ln.removeprefix("<Pass-Options-Parser>:").lstrip(": ")
                                for ln in lines)) from None
+  if printed:  # not MLIR's (it succeeded): another thread's output, passed on
+    os.write(2, ("\n".join(printed) + "\n").encode())
+  return pm
 
 
 def _native_option_error(element: str, why: str) -> PipelineError | None:
@@ -283,7 +290,7 @@ def _verify_after(name: str, op: ir.Operation) -> None:
 def _run_native(p: NativePass, op: ir.Operation) -> bool:
   before = op.get_asm(enable_debug_info=True)
   try:
-    pm = _parse_native(f"builtin.module({p.text})", op.context)
+    pm = passmanager.PassManager.parse(f"builtin.module({p.text})", context=op.context)
   except ValueError as e:
     raise _native_error(p.text, str(e).splitlines()[0]) from None
   pm.enable_verifier(True)
