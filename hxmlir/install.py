@@ -125,22 +125,11 @@ def _passes():
 
 # --- pipeline strings ----------------------------------------------------------
 
-def _split(pipeline: str) -> list[str]:
-  """``"a,b{x=1,y=2},c"`` -> ``["a", "b{x=1,y=2}", "c"]`` (commas inside braces kept)."""
-  parts, depth, cur = [], 0, []
-  for ch in pipeline:
-    if ch == "," and depth == 0:
-      parts.append("".join(cur).strip())
-      cur = []
-      continue
-    depth += (ch == "{") - (ch == "}")
-    cur.append(ch)
-  parts.append("".join(cur).strip())
-  return [p for p in parts if p]
-
-
-def _name(spec: str) -> str:
-  return spec.split("{", 1)[0].strip()
+def _elements(pipeline: str) -> list[tuple[str, str]]:
+  """``(name, pipeline text)`` of each element of ``pipeline``, parsed by the pass
+  framework (so every pipeline error -- unknown pass or option, an empty name -- is
+  its ``PipelineError``)."""
+  return [(p.name, p.pipeline_str()) for p in _passes().parse_pipeline(pipeline).passes]
 
 
 def _effective(pipeline: str | None, verify: bool) -> str:
@@ -149,21 +138,20 @@ def _effective(pipeline: str | None, verify: bool) -> str:
   if not isinstance(pipeline, str):
     raise TypeError(f"hxmlir.install: pipeline must be a string like {DEFAULT_PIPELINE!r}, "
                     f"got {type(pipeline).__name__}")
-  specs = _split(pipeline)
-  names = [_name(s) for s in specs]
-  if verify and VERIFY_PASS not in names:
-    specs.insert(0, VERIFY_PASS)
+  elements = _elements(pipeline)
+  if verify and VERIFY_PASS not in (name for name, _ in elements):
+    elements.insert(0, (VERIFY_PASS, VERIFY_PASS))
   elif not verify:
-    specs = [s for s in specs if _name(s) != VERIFY_PASS]
-  return ",".join(specs)
+    elements = [(name, text) for name, text in elements if name != VERIFY_PASS]
+  return ",".join(text for _, text in elements)
 
 
 def _export_variant(pipeline: str) -> str:
-  specs = _split(pipeline)
+  elements = _elements(pipeline) if pipeline else []
   registry = getattr(_passes(), "PASS_REGISTRY", {})
-  if CHECK_EXPORT_PASS in registry and CHECK_EXPORT_PASS not in map(_name, specs):
-    specs.append(CHECK_EXPORT_PASS)
-  return ",".join(specs)
+  if CHECK_EXPORT_PASS in registry and CHECK_EXPORT_PASS not in (n for n, _ in elements):
+    elements.append((CHECK_EXPORT_PASS, CHECK_EXPORT_PASS))
+  return ",".join(text for _, text in elements)
 
 
 def _parsed(pipeline: str):

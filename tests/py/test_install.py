@@ -219,6 +219,15 @@ def test_bad_pipeline_raises_and_changes_nothing():
   assert inst.current_pipeline() == "hx-verify"
   with pytest.raises(TypeError, match="pipeline must be a string"):
     hx.install(["hx-verify"])
+  # the pass framework's own parser decides: empty elements are errors here too
+  for bad in ("hx-verify,,", ",", "hx-fold-scales,"):
+    with pytest.raises(PipelineError, match="empty pass name"):
+      hx.install(bad)
+    with pytest.raises(PipelineError, match="empty pass name"):
+      hx.installed(bad).__enter__()
+  assert inst.current_pipeline() == "hx-verify"
+  hx.install("builtin.module(hx-fold-scales{impl=reference})")
+  assert inst.current_pipeline() == "hx-verify,hx-fold-scales{impl=reference}"
 
 
 def test_installed_context_manager_nests_and_restores():
