@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import jax
 from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
+from jax.sharding import PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import GradAccum, MappingSpec, stage_value, vmap_batching
@@ -63,6 +64,29 @@ def _stage_lo_outputs(aval, out):
   if isinstance(aval, HiType) or isinstance(out, jax.core.Tracer):
     return out
   return stage_value(out)
+
+
+class NeedsJitShardMap:
+  """Mixin of hxmlir's ``shard_map`` specs (``hx.QArrayP``, ``hx.Rank1P``, ``hx.TupP``).
+
+  JAX 0.10.2 runs an un-jitted ``shard_map`` eagerly, and that path reads
+  ``spec.partitions`` as of a ``PartitionSpec``; under ``jit`` hi specs work. The
+  property turns the eager path's ``AttributeError`` into a message with the way out.
+  """
+
+  @property
+  def partitions(self):
+    raise TypeError(f"shard_map with {self!r} must run under jax.jit: JAX 0.10.2 runs an "
+                    "un-jitted shard_map eagerly, on PartitionSpecs of arrays only; wrap the "
+                    "shard_map (or its caller) in jax.jit")
+
+
+def shard_map_spec_hint(spec) -> str:
+  """The tail of a wrong-``shard_map``-spec message: a plain ``P`` may come from JAX's eager path."""
+  if isinstance(spec, PartitionSpec):
+    return ("; if the shard_map names the hx spec, it ran un-jitted: JAX 0.10.2 runs an "
+            "un-jitted shard_map on PartitionSpecs of arrays only, so wrap it in jax.jit")
+  return ""
 
 
 def is_linear_operand(x) -> bool:

@@ -26,7 +26,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive, accumulate, broadcast_unmapped, is_linear_operand
+from hxmlir.hiprim import (
+    HxPrimitive,
+    NeedsJitShardMap,
+    accumulate,
+    broadcast_unmapped,
+    is_linear_operand,
+    shard_map_spec_hint,
+)
 
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
@@ -77,7 +84,7 @@ class QArraySpec(MappingSpec):
 
 
 @dataclass(frozen=True)
-class QArrayP(HiPspec):
+class QArrayP(NeedsJitShardMap, HiPspec):
   """``shard_map`` partition spec of a quantized array.
 
   ``spec`` partitions the leading axes only; the quantized (last) axis stays
@@ -186,7 +193,7 @@ class QArrayTy(HiType):
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, QArrayP):
       raise TypeError(f"a q8[{self._dims()}] crosses shard_map with hx.QArrayP(P(...)), "
-                      f"got {spec!r}")
+                      f"got {spec!r}{shard_map_spec_hint(spec)}")
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
                       f"q8[{self._dims()}]; only the leading axes may be partitioned")

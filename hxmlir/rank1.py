@@ -21,7 +21,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
-from hxmlir.hiprim import HxPrimitive, accumulate, broadcast_unmapped, is_linear_operand
+from hxmlir.hiprim import (
+    HxPrimitive,
+    NeedsJitShardMap,
+    accumulate,
+    broadcast_unmapped,
+    is_linear_operand,
+    shard_map_spec_hint,
+)
 
 F32 = jnp.dtype("float32")
 
@@ -59,7 +66,7 @@ class Rank1Spec(MappingSpec):
 
 
 @dataclass(frozen=True)
-class Rank1P(HiPspec):
+class Rank1P(NeedsJitShardMap, HiPspec):
   """``shard_map`` partition spec of a rank-1 matrix: ``spec`` partitions the dense
   axes ``(*b, m, n)``; ``col`` takes the ``(*b, m)`` entries, ``row`` the ``(*b, n)`` ones.
 
@@ -164,7 +171,8 @@ class Rank1Ty(HiType):
 
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, Rank1P):
-      raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), got {spec!r}")
+      raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), "
+                      f"got {spec!r}{shard_map_spec_hint(spec)}")
     if len(spec.spec) > self.ndim or (self.ndim > 2 and len(spec.spec) != self.ndim):
       # Rank1P.to_lo cannot see the rank: a batched r1 needs one entry per axis
       raise TypeError(f"hx.Rank1P({spec.spec}) for {self} needs exactly {self.ndim} entries, "

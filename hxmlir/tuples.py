@@ -21,7 +21,13 @@ from jax.sharding import PartitionSpec
 
 from hxmlir import shardings as shd
 from hxmlir._jax import MappingSpec, mapped_aval, unmapped_aval
-from hxmlir.hiprim import HxPrimitive, accumulate, is_linear_operand
+from hxmlir.hiprim import (
+    HxPrimitive,
+    NeedsJitShardMap,
+    accumulate,
+    is_linear_operand,
+    shard_map_spec_hint,
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class TupSpec(MappingSpec):
 
 
 @dataclass(frozen=True)
-class TupP(HiPspec):
+class TupP(NeedsJitShardMap, HiPspec):
   """``shard_map`` partition spec of a tuple: one spec per element
   (``P(...)`` for arrays, ``hx.QArrayP``/``hx.TupP`` for hi elements)."""
   specs: tuple
@@ -144,7 +150,7 @@ class TupTy(HiType):
   def _check_pspec(self, spec) -> tuple:
     if not isinstance(spec, TupP) or len(spec.specs) != len(self.tys):
       raise TypeError(f"a {self} crosses shard_map with hx.TupP of {len(self.tys)} specs, "
-                      f"got {spec!r}")
+                      f"got {spec!r}{shard_map_spec_hint(spec)}")
     return spec.specs
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> TupTy:

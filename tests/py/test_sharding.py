@@ -243,6 +243,21 @@ def test_tuple_shardings(on_mesh):
 # JAX 0.10.2 runs an un-jitted shard_map eagerly (``_shard_map_impl``), and that
 # path reads ``.partitions`` off every spec: hi specs need shard_map under jit.
 
+
+def test_unjitted_shard_map_with_hi_specs_says_use_jit(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  q = hx.quantize(rows)
+  r = hx.outer(jax.device_put(ROWS[:, 0], P("i")), jnp.ones(3, jnp.float32))
+  use_jit = r"must run under jax\.jit: JAX 0\.10\.2 runs an un-jitted shard_map eagerly"
+  for spec, arg in [(hx.QArrayP(P("i")), q), (hx.Rank1P(P("i")), r),
+                    (hx.TupP((P("i"), hx.QArrayP(P("i")))), hx.make_tup(rows, q))]:
+    with pytest.raises(TypeError, match=r"shard_map with " + type(spec).__name__ + r".*" + use_jit):
+      jax.shard_map(lambda v: 0 * jnp.sum(jnp.ones(1)), in_specs=spec, out_specs=P())(arg)
+  # a hi output of an un-jitted shard_map: JAX hands the type a plain P(); the message says why
+  with pytest.raises(TypeError, match=r"crosses shard_map with hx\.QArrayP\(P\(\.\.\.\)\), got "
+                     r"P\(\); if the shard_map names the hx spec, it ran un-jitted.*jax\.jit"):
+    jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P("i")))(rows)
+
 def test_shard_map_out_and_in_quantize_by_shard_equals_global(on_mesh):
   @jax.jit
   @jax.shard_map(in_specs=P("i"), out_specs=hx.QArrayP(P("i")))
