@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -132,6 +133,9 @@ def option_help(f: dataclasses.Field) -> str:
   return f"{kind} (default {f.default!r})" if sep else f"{kind} (default {f.default})"
 
 
+_LLVM_PROG = re.compile(r"^\s*[\w.\-]*: (?=for the )")
+
+
 @contextlib.contextmanager
 def _captured_stderr(into: list[str]):
   """Captures what C++ writes on file descriptor 2 (LLVM's option parser) into ``into``."""
@@ -164,8 +168,10 @@ def _parse_native(text: str, context: ir.Context) -> passmanager.PassManager:
       pm = passmanager.PassManager.parse(text, context=context)
   except ValueError as e:
     lines = [ln.strip() for ln in [*printed, *str(e).splitlines()] if ln.strip()]
-    raise ValueError("\n".join(ln.removeprefix("<Pass-Options-Parser>:").lstrip(": ")
-                               for ln in lines)) from None
+    # LLVM's option parser prefixes its errors with the program name it was given
+    # ("", or "xla" once XLA has set up its flags): drop it, the text is the same.
+    raise ValueError("\n".join(_LLVM_PROG.sub("", ln.removeprefix("<Pass-Options-Parser>:"))
+                               .lstrip(": ") for ln in lines)) from None
   if printed:  # not MLIR's (it succeeded): another thread's output, passed on
     os.write(2, ("\n".join(printed) + "\n").encode())
   return pm
