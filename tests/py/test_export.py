@@ -43,7 +43,7 @@ def mm_blob(mm):
   return bytes(mm.serialize())
 
 
-def _same(a, b):
+def _assert_same(a, b):
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -64,9 +64,9 @@ def test_matmul_q_signature_and_call(data, mm):
   assert mm.signature() == "(f32[2,3], q8[3,4]) -> (f32[2,4])"
   assert mm.platforms == ("cpu",)
   want = hx.matmul_q(x, qw)
-  _same(mm.call(x, qw), want)
-  _same(jax.jit(mm.call)(x, qw), want)
-  _same(jax.jit(lambda x, qw: mm.call(x, qw) * 2)(x, qw), want * 2)
+  _assert_same(mm.call(x, qw), want)
+  _assert_same(jax.jit(mm.call)(x, qw), want)
+  _assert_same(jax.jit(lambda x, qw: mm.call(x, qw) * 2)(x, qw), want * 2)
 
 
 def test_quantize_returns_a_qarray(data):
@@ -75,8 +75,8 @@ def test_quantize_returns_a_qarray(data):
   assert exp.signature() == "(f32[3,4]) -> (q8[3,4])"
   for out in (exp.call(w), jax.jit(exp.call)(w)):
     assert isinstance(out, hx.QArray)
-    _same(out.qvalue, qw.qvalue)
-    _same(out.scale, qw.scale)
+    _assert_same(out.qvalue, qw.qvalue)
+    _assert_same(out.scale, qw.scale)
 
 
 def test_containers_tuples_and_rank1(data):
@@ -93,13 +93,13 @@ def test_containers_tuples_and_rank1(data):
                              "(r1[6,5], Tup{q8[3,4],f32[2,3]}, f32[2,4])")
   out = hxe.deserialize(exp.serialize()).call(t, r, scale=jnp.float32(3))
   assert set(out) == {"y", "pair", "none"} and out["none"] is None
-  _same(out["y"], hx.matmul_q(x, qw) * 3)
+  _assert_same(out["y"], hx.matmul_q(x, qw) * 3)
   r2, t2 = out["pair"]
   assert isinstance(r2, hx.Rank1) and isinstance(t2, hx.HiTup)
-  _same(r2.col, r.col)
-  _same(r2.row, r.row)
-  _same(t2.elts[0].qvalue, qw.qvalue)
-  _same(t2.elts[1], x)
+  _assert_same(r2.col, r.col)
+  _assert_same(r2.row, r.row)
+  _assert_same(t2.elts[0].qvalue, qw.qvalue)
+  _assert_same(t2.elts[1], x)
 
 
 def test_call_with_wrong_types_names_both(mm, data):
@@ -152,7 +152,7 @@ def test_bytes_are_a_standard_jax_export_artifact(data, mm_blob):
   x, _, qw = data
   lo = jax.export.deserialize(bytearray(mm_blob))
   assert [str(a) for a in lo.in_avals] == ["float32[2,3]", "int8[3,4]", "float32[3]"]
-  _same(lo.call(x, qw.qvalue, qw.scale)[0], hx.matmul_q(x, qw))
+  _assert_same(lo.call(x, qw.qvalue, qw.scale)[0], hx.matmul_q(x, qw))
   text = lo.mlir_module()
   assert 'hx.signature = "' in text and "hx.matmul_q" in text
 
@@ -163,7 +163,7 @@ def test_round_trip_keeps_the_signature(data, mm, mm_blob):
   assert back.signature() == mm.signature()
   assert back.in_types == tuple(mm.in_types) and back.out_types == tuple(mm.out_types)
   assert back.hxmlir_version == hx.__version__
-  _same(back.call(x, qw), hx.matmul_q(x, qw))
+  _assert_same(back.call(x, qw), hx.matmul_q(x, qw))
   assert bytes(back.serialize()) == mm_blob  # re-sealing is deterministic
 
 
@@ -183,7 +183,7 @@ def test_fresh_process_restores_and_runs(tmp_path, data, mm_blob):
                        text=True, timeout=300, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"})
   assert res.returncode == 0, res.stderr[-2000:]
   assert res.stdout.strip() == "(f32[2,3], q8[3,4]) -> (f32[2,4])"
-  _same(np.load(tmp_path / "out.npy"), hx.matmul_q(x, qw))
+  _assert_same(np.load(tmp_path / "out.npy"), hx.matmul_q(x, qw))
 
 
 def test_multi_platform_export_runs_here(data):
@@ -191,8 +191,8 @@ def test_multi_platform_export_runs_here(data):
   exp = hxe.export(hx.matmul_q, platforms=("cpu", "cuda", "tpu"))(x, qw)
   back = hxe.deserialize(exp.serialize())
   assert back.platforms == ("cpu", "cuda", "tpu")
-  _same(back.call(x, qw), hx.matmul_q(x, qw))
-  _same(jax.jit(back.call)(x, qw), hx.matmul_q(x, qw))
+  _assert_same(back.call(x, qw), hx.matmul_q(x, qw))
+  _assert_same(jax.jit(back.call)(x, qw), hx.matmul_q(x, qw))
 
 
 def test_sharded_signature_round_trip(data):
@@ -207,7 +207,7 @@ def test_sharded_signature_round_trip(data):
     assert back.signature() == "(f32[8@i,3], q8[3,4]) -> (f32[8@i,4])"
     y = back.call(xs, qs)
     assert jax.typeof(y).str_short(short_dtypes=True) == "f32[8@i,4]"
-    _same(y, hx.matmul_q(xs, qs))
+    _assert_same(y, hx.matmul_q(xs, qs))
 
 
 # --- bad artifacts ---------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def _reseal(blob: bytes, edit) -> bytes:
 
 def test_reseal_without_edits_is_accepted(data, mm_blob):
   x, _, qw = data
-  _same(hxe.deserialize(_reseal(mm_blob, lambda m, s: None)).call(x, qw), hx.matmul_q(x, qw))
+  _assert_same(hxe.deserialize(_reseal(mm_blob, lambda m, s: None)).call(x, qw), hx.matmul_q(x, qw))
 
 
 @pytest.mark.parametrize("cut", [0, 3, 15, 16, 100, 1000, -200, -1])
@@ -296,7 +296,7 @@ def test_the_digest_covers_the_bytes_and_the_bytes_are_plain_jax(data, mm_blob):
   zeroed = mm_blob[:at] + b"0" * 64 + mm_blob[at + 64:]
   assert hashlib.sha256(zeroed).hexdigest() == hexd
   assert json.loads(_signature_text(mm_blob))["format"] == hxe.ARTIFACT_FORMAT == 2
-  _same(lo.call(x, qw.qvalue, qw.scale)[0], hx.matmul_q(x, qw))
+  _assert_same(lo.call(x, qw.qvalue, qw.scale)[0], hx.matmul_q(x, qw))
 
 
 def _signature_text(blob: bytes) -> str:
