@@ -28,6 +28,18 @@ from hxmlir.lowering import matmul_q_pallas as mqp
 from hxmlir.lowering import reference
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
+
+@pytest.fixture(autouse=True)
+def _stream_small_weights(monkeypatch):
+  """These tests exercise the streaming schemes on small, fast shapes: lower the
+  size under which the CPU rule converts the weight whole (1M elements by
+  default) to 64K elements. JAX's caches are cleared so no lowering made under
+  another threshold is reused."""
+  monkeypatch.setattr(impl, "SMALL_WEIGHT", 64 * 1024)
+  jax.clear_caches()
+  yield
+  jax.clear_caches()
+
 EPS = np.finfo(np.float32).eps
 
 # A test-only primitive whose CPU lowering is build_matmul_q_streaming with

@@ -336,22 +336,22 @@ func.func @bf16_left_alone(%x: tensor<4x6xbf16>, %q: tensor<6x8xi8>, %s: tensor<
 // CHECK-NEXT: stablehlo.composite "hx.matmul_q"
 // CHECK: func.func private @hx.matmul_q.impl
 // CHECK-NOT: stablehlo.while
-// CHECK: stablehlo.convert %{{.*}} : (tensor<1024x512xi8>) -> tensor<1024x512xf32>
+// CHECK: stablehlo.convert %{{.*}} : (tensor<2048x1024xi8>) -> tensor<2048x1024xf32>
 // STREAM-LABEL: func.func @large_weight
 // STREAM-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q"
 // STREAM: func.func private @hx.matmul_q.impl
 // STREAM: stablehlo.while
 // STREAM: stablehlo.dynamic_slice
-// STREAM-NOT: tensor<1024x512xf32>
+// STREAM-NOT: tensor<2048x1024xf32>
 // STREAM: return
-func.func @large_weight(%x: tensor<2x1024xf32>, %q: tensor<1024x512xi8>, %s: tensor<1024xf32>) -> tensor<2x512xf32> {
-  %d = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq_large, version = 1 : i32} : (tensor<1024x512xi8>, tensor<1024xf32>) -> tensor<1024x512xf32>
-  %r = stablehlo.dot_general %x, %d, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<2x1024xf32>, tensor<1024x512xf32>) -> tensor<2x512xf32>
-  return %r : tensor<2x512xf32>
+func.func @large_weight(%x: tensor<2x2048xf32>, %q: tensor<2048x1024xi8>, %s: tensor<2048xf32>) -> tensor<2x1024xf32> {
+  %d = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq_large, version = 1 : i32} : (tensor<2048x1024xi8>, tensor<2048xf32>) -> tensor<2048x1024xf32>
+  %r = stablehlo.dot_general %x, %d, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<2x2048xf32>, tensor<2048x1024xf32>) -> tensor<2x1024xf32>
+  return %r : tensor<2x1024xf32>
 }
-func.func private @deq_large(%q: tensor<1024x512xi8>, %s: tensor<1024xf32>) -> tensor<1024x512xf32> {
-  %0 = stablehlo.convert %q : (tensor<1024x512xi8>) -> tensor<1024x512xf32>
-  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1024xf32>) -> tensor<1024x512xf32>
-  %2 = stablehlo.multiply %0, %1 : tensor<1024x512xf32>
-  return %2 : tensor<1024x512xf32>
+func.func private @deq_large(%q: tensor<2048x1024xi8>, %s: tensor<2048xf32>) -> tensor<2048x1024xf32> {
+  %0 = stablehlo.convert %q : (tensor<2048x1024xi8>) -> tensor<2048x1024xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<2048xf32>) -> tensor<2048x1024xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<2048x1024xf32>
+  return %2 : tensor<2048x1024xf32>
 }
