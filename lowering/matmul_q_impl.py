@@ -87,12 +87,17 @@ BLOCK_ALIGN = 8
 MIN_BLOCK = 32
 # K-streaming up to this many rows of x (per batch element), N-blocking above.
 K_STREAMING_MAX_M = 32
-# Weights of at most this many elements (per batch element; 4 MiB as f32) are
-# converted whole (one dot, no loop): the dequantized copy is small and stays in
-# cache, and a loop only adds overhead. Measured on all-MiniLM-L6-v2's layers
-# (m = 128 tokens; k, n in {384, 1536}): streaming took 2.1-3.3x the f32 matmul,
-# converting whole 1.2-2.2x.
-SMALL_WEIGHT = 1024 * 1024
+# Weights of at most this many elements (per batch element) are converted
+# whole (one dot, no loop): the dequantized copy is small and a loop would
+# only add overhead.
+SMALL_WEIGHT = 64 * 1024
+# N-blocking (m > K_STREAMING_MAX_M) only for weights above this many elements
+# (4 MiB as f32): below, the whole converted weight stays in cache and one dot
+# beats a loop of narrow ones. Measured on all-MiniLM-L6-v2's layers (m = 128
+# tokens; k, n in {384, 1536}): N-blocking took 2.1-3.3x the f32 matmul,
+# converting whole 1.2-2.2x. K-streaming at small m keeps paying off at these
+# sizes (the built-in demo model, m = 16: 0.74x f32 streamed, 2.4x whole).
+N_BLOCKING_MIN_WEIGHT = 1024 * 1024
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
@@ -185,10 +190,11 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   ``("n", block_n)`` (N-blocking), with the block holding about
   ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32 (``GEMV_BLOCK_BYTES`` for
   ``m <= GEMV_MAX_M``, ``N_BLOCK_BYTES_LARGE_M`` for ``m > LARGE_M``) and at most ``1/MAX_FRACTION`` of the weight; or
-  ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements or when a
+  ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements (at most
+  ``N_BLOCKING_MIN_WEIGHT`` when ``m > K_STREAMING_MAX_M``) or when a
   single block would cover the weight (convert once, one dot).
   """
-  if k * n <= SMALL_WEIGHT:
+  if k * n <= SMALL_WEIGHT or (m > K_STREAMING_MAX_M and k * n <= N_BLOCKING_MIN_WEIGHT):
     return "whole", 0
   if m <= K_STREAMING_MAX_M:
     b = _k_block(m, k, n)

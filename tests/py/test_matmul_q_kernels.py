@@ -32,10 +32,10 @@ from hxmlir.lowering.primitives import hx_matmul_q_p
 @pytest.fixture(autouse=True)
 def _stream_small_weights(monkeypatch):
   """These tests exercise the streaming schemes on small, fast shapes: lower the
-  size under which the CPU rule converts the weight whole (1M elements by
-  default) to 64K elements. JAX's caches are cleared so no lowering made under
+  size under which the CPU rule converts the weight whole for m > 32 (1M
+  elements by default) to 64K elements, the threshold for small m. JAX's caches are cleared so no lowering made under
   another threshold is reused."""
-  monkeypatch.setattr(impl, "SMALL_WEIGHT", 64 * 1024)
+  monkeypatch.setattr(impl, "N_BLOCKING_MIN_WEIGHT", 64 * 1024)
   jax.clear_caches()
   yield
   jax.clear_caches()

@@ -11,9 +11,9 @@ from lowering_util import print_ir
 import hxmlir as hx
 from hxmlir.lowering import matmul_q_impl
 
-# Small shapes keep this file readable: stream weights above 64K elements
-# (the default converts weights of up to 1M elements whole).
-matmul_q_impl.SMALL_WEIGHT = 64 * 1024
+# Small shapes keep this file readable: N-block weights above 64K elements
+# (by default weights of up to 1M elements are converted whole when m > 32).
+matmul_q_impl.N_BLOCKING_MIN_WEIGHT = 64 * 1024
 
 # m = 1, k = 600: K-streaming, 18 blocks of 32 rows (600 // 16 rounded down to
 # a multiple of 8) in a loop, then one static remainder step of 24 rows.
