@@ -255,7 +255,7 @@ def _flips(blob: bytes, positions):
       yield pos, bit, bytes(bad)
 
 
-def _refused_with_artifact_error(blob: bytes, positions) -> None:
+def _assert_refused_with_artifact_error(blob: bytes, positions) -> None:
   accepted, other = [], []
   for pos, bit, bad in _flips(blob, positions):
     try:
@@ -274,7 +274,7 @@ def test_every_single_bit_flip_is_refused(data):
   # deep in JAX (out_avals float32<any>, a letter in a shape, dtype 'key<urbg>')
   x, _, qw = data
   blob = bytes(hxe.export(jax.jit(hx.matmul_q))(x, qw).serialize())
-  _refused_with_artifact_error(blob, range(len(blob)))
+  _assert_refused_with_artifact_error(blob, range(len(blob)))
 
 
 def test_bit_flips_in_an_artifact_with_its_vjp_are_refused(data):
@@ -283,7 +283,7 @@ def test_bit_flips_in_an_artifact_with_its_vjp_are_refused(data):
   blob = bytes(hxe.export(hx.matmul_q)(x, qw).serialize(vjp_order=1))
   rng = np.random.default_rng(0)
   sample = rng.choice(len(blob), size=min(len(blob), 600), replace=False)
-  _refused_with_artifact_error(blob, sorted({*range(256), *map(int, sample)}))
+  _assert_refused_with_artifact_error(blob, sorted({*range(256), *map(int, sample)}))
 
 
 def test_the_digest_covers_the_bytes_and_the_bytes_are_plain_jax(data, mm_blob):
