@@ -69,7 +69,7 @@ from jax.experimental.hijax import HiType, ShapedArray, Zero
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, typedesc
-from hxmlir.hiprim import HxPrimitive, register_to_lojax
+from hxmlir.hiprim import HxPrimitive, register_to_lojax, zeros
 
 ARTIFACT_FORMAT = 2
 """Version of the artifact layout (the ``hx.*`` module attributes and the digest); readers
@@ -192,12 +192,6 @@ def _differentiable(ty) -> bool:
     return all(_differentiable(t) for t in _lo_tys(ty.to_tangent_aval())) \
         if _is_hi(ty.to_tangent_aval()) else _differentiable(ty.to_tangent_aval())
   return jnp.issubdtype(ty.dtype, jnp.inexact)
-
-
-def _zeros(ty):
-  if _is_hi(ty):
-    return ty.vspace_zero()
-  return jnp.zeros(ty.shape, ty.dtype)
 
 
 # --- hi primitives that take hi values apart and build them (export side) ---
@@ -476,7 +470,7 @@ class _CallExported(HxPrimitive):
   def vjp_bwd(self, res, outgrad, *arg_accums):
     exp = self.exported
     vjp = exp.vjp()
-    cts = [_zeros(ty.to_tangent_aval() if _is_hi(ty) else ty) if isinstance(g, Zero) else g
+    cts = [zeros(ty.to_tangent_aval() if _is_hi(ty) else ty) if isinstance(g, Zero) else g
            for ty, g in zip(exp.out_types, outgrad) if _differentiable(ty)]
     grads = iter(vjp.call(*res, *cts))
     for ty, acc in zip(exp.in_types, arg_accums):

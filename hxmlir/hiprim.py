@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
@@ -98,6 +99,23 @@ def accumulate(acc, ct) -> None:
   """Add cotangent ``ct`` into accumulator ``acc`` unless it is a symbolic zero."""
   if not isinstance(ct, Zero):
     acc.accum(ct)
+
+
+def zeros(aval):
+  """Zeros of type ``aval``, for rules that must make a symbolic zero concrete.
+
+  A hi type gives its ``vspace_zero()``; an array type gives ``jnp.zeros`` of its
+  shape and dtype, sharded like ``aval`` under an explicit mesh.
+  """
+  if isinstance(aval, HiType):
+    return aval.vspace_zero()
+  sharding = aval.sharding if not aval.sharding.mesh.empty else None
+  return jnp.zeros(aval.shape, aval.dtype, out_sharding=sharding)
+
+
+def instantiate(t, aval):
+  """A tangent ``t`` of type ``aval``, a symbolic ``Zero`` made concrete by :func:`zeros`."""
+  return zeros(aval) if isinstance(t, Zero) else t
 
 
 def register_to_lojax(prim_cls: type[HxPrimitive]) -> Callable[[Callable], Callable]:

@@ -56,7 +56,6 @@ DEFAULT_PIPELINE = "hx-verify,hx-fold-scales"
 """The pipeline :func:`install` runs when none is given."""
 VERIFY_PASS = "hx-verify"
 CHECK_EXPORT_PASS = "hx-check-export"
-COMPOSITE_PREFIX = "hx."  # lowering/schema.py's PREFIX, kept literal: install reads IR only
 
 
 class VerificationError(ValueError):
@@ -121,6 +120,12 @@ _stats: dict[str, dict[str, float]] = {}
 def _passes():
   """The ``hxmlir.passes`` module (imported late: passes depend on lowering, not on us)."""
   return importlib.import_module("hxmlir.passes")
+
+
+@functools.cache
+def _irutil():
+  """``hxmlir.passes.irutil`` (imported late, like :func:`_passes`)."""
+  return importlib.import_module("hxmlir.passes.irutil")
 
 
 # --- pipeline strings ----------------------------------------------------------
@@ -195,12 +200,12 @@ def _scan(module: ir.Module, *, targets: bool) -> tuple[bool, set[str]]:
     return False, set()
   found = False
   names: set[str] = set()
+  is_hx = _irutil().is_hx_composite
 
   def visit(op) -> ir.WalkResult:
     nonlocal found
     name = op.name
-    if name == "stablehlo.composite" and \
-       ir.StringAttr(op.attributes["name"]).value.startswith(COMPOSITE_PREFIX):
+    if name == "stablehlo.composite" and is_hx(op):
       found = True
       return ir.WalkResult.INTERRUPT
     if targets and name == "stablehlo.custom_call":

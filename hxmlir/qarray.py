@@ -31,6 +31,7 @@ from hxmlir.hiprim import (
     NeedsJitShardMap,
     accumulate,
     broadcast_unmapped,
+    instantiate,
     is_linear_operand,
     shard_map_spec_hint,
 )
@@ -263,7 +264,7 @@ class Quantize(HxPrimitive):
 
   def jvp(self, primals, tangents):
     (x,), (dx,) = primals, tangents
-    return self(x), _instantiate(dx, self.in_avals[0])
+    return self(x), instantiate(dx, self.in_avals[0])
 
   def batch(self, axis_data, args, dims):
     (x,), (d,) = args, dims
@@ -293,7 +294,7 @@ class Dequantize(HxPrimitive):
 
   def jvp(self, primals, tangents):
     (q,), (dq,) = primals, tangents
-    return self(q), _instantiate(dq, self.in_avals[0].to_tangent_aval())
+    return self(q), instantiate(dq, self.in_avals[0].to_tangent_aval())
 
   def batch(self, axis_data, args, dims):
     (q,), (d,) = args, dims
@@ -376,7 +377,7 @@ class MatmulQ(HxPrimitive):
     if not isinstance(dqw, zero):
       terms.append(jnp.matmul(x, dqw, out_sharding=self.out_aval.sharding))
     if not terms:
-      return out, _instantiate(dx, self.out_aval)
+      return out, instantiate(dx, self.out_aval)
     return out, sum(terms[1:], terms[0])
 
   def batch(self, axis_data, args, dims):
@@ -399,13 +400,6 @@ class MatmulQ(HxPrimitive):
     else:
       x = jnp.moveaxis(x, dx, 0)
     return matmul_q(x, qw), 0
-
-
-def _instantiate(t, aval):
-  """A tangent, with a symbolic zero made concrete as zeros of ``aval``."""
-  if isinstance(t, jax.experimental.hijax.Zero):
-    return jnp.zeros(aval.shape, aval.dtype)
-  return t
 
 
 # --- user functions ----------------------------------------------------------

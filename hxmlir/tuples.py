@@ -25,8 +25,10 @@ from hxmlir.hiprim import (
     HxPrimitive,
     NeedsJitShardMap,
     accumulate,
+    instantiate,
     is_linear_operand,
     shard_map_spec_hint,
+    zeros,
 )
 
 
@@ -112,7 +114,7 @@ class TupTy(HiType):
     return TupTy(tuple(ty.to_tangent_aval() for ty in self.tys))
 
   def vspace_zero(self) -> HiTup:
-    return make_tup(*(_zeros(ty) for ty in self.tys))
+    return make_tup(*(zeros(ty) for ty in self.tys))
 
   def vspace_add(self, x, y) -> HiTup:
     return make_tup(*(_add(ty, get_tuple_element(x, i), get_tuple_element(y, i))
@@ -177,19 +179,8 @@ class TupTy(HiType):
 register_hitype(HiTup, lambda t: TupTy(tuple(jax.typeof(e) for e in t.elts)))
 
 
-def _zeros(ty):
-  if _is_hi(ty):
-    return ty.vspace_zero()
-  sharding = ty.sharding if not ty.sharding.mesh.empty else None
-  return jnp.zeros(ty.shape, ty.dtype, out_sharding=sharding)
-
-
 def _add(ty, a, b):
   return ty.vspace_add(a, b) if _is_hi(ty) else a + b
-
-
-def _instantiate(t, aval):
-  return _zeros(aval) if isinstance(t, Zero) else t
 
 
 class MakeTup(HxPrimitive):
@@ -208,7 +199,7 @@ class MakeTup(HxPrimitive):
     return tuple(get_tuple_element(g, i) for i in range(len(self.in_avals)))
 
   def jvp(self, primals, tangents):
-    ts = [_instantiate(t, a.to_tangent_aval()) for t, a in zip(tangents, self.in_avals)]
+    ts = [instantiate(t, a.to_tangent_aval()) for t, a in zip(tangents, self.in_avals)]
     return self(*primals), make_tup(*ts)
 
   def transpose(self, ct, *elts):  # linear in every element
@@ -250,7 +241,7 @@ class GetTupElt(HxPrimitive):
 
   def vjp_bwd_retval(self, _res, g):
     tys = self.in_avals[0].tys
-    elts = [g if i == self.idx else _zeros(ty.to_ct_aval()) for i, ty in enumerate(tys)]
+    elts = [g if i == self.idx else zeros(ty.to_ct_aval()) for i, ty in enumerate(tys)]
     return (make_tup(*elts),)
 
   def transpose(self, ct, tup):  # linear
@@ -261,7 +252,7 @@ class GetTupElt(HxPrimitive):
     (tup,), (dt,) = primals, tangents
     out = self(tup)
     if isinstance(dt, Zero):
-      return out, _zeros(self.out_aval.to_tangent_aval())
+      return out, zeros(self.out_aval.to_tangent_aval())
     return out, get_tuple_element(dt, self.idx)
 
   def batch(self, axis_data, args, dims):

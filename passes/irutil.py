@@ -249,7 +249,7 @@ def is_hx_composite(op: ir.Operation) -> bool:
   """Whether ``op`` is ``stablehlo.composite`` with a name in the ``hx.`` namespace."""
   if op.name != "stablehlo.composite" or "name" not in op.attributes:
     return False
-  return ir.StringAttr(op.attributes["name"]).value.startswith("hx.")
+  return ir.StringAttr(op.attributes["name"]).value.startswith(_schema_module.PREFIX)
 
 
 def composite_name(op: ir.Operation) -> str:
@@ -258,8 +258,17 @@ def composite_name(op: ir.Operation) -> str:
 
 
 def has_hx_ops(module: ir.Operation) -> bool:
-  """Whether any ``stablehlo.composite "hx.*"`` op is nested in ``module``."""
-  return any(is_hx_composite(op) for op in walk(module))
+  """Whether any ``stablehlo.composite "hx.*"`` op is nested in ``module`` (stops at the first)."""
+  found = False
+
+  def visit(op):
+    nonlocal found
+    if is_hx_composite(op):
+      found = True
+      return ir.WalkResult.INTERRUPT
+    return ir.WalkResult.ADVANCE
+  (module.operation if hasattr(module, "operation") else module).walk(visit)
+  return found
 
 
 # --- shardings ---------------------------------------------------------------
