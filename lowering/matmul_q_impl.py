@@ -4,20 +4,30 @@
 ``s: f32[*b, k]``. XLA compiles the reference (``lowering/reference.py``) by
 converting the whole weight to ``f32[*b, k, n]`` first: four times the int8
 bytes in temporary memory, written and read back once more than a plain f32
-matmul. The builders here convert one block of the weight at a time inside a
-``stablehlo.while`` loop, so at most one block of dequantized values is ever
-live, and the block is still in cache when the dot reads it.
+matmul. The builders here convert one block of the weight (for
+matrix-vector products one row) at a time inside a ``stablehlo.while`` loop,
+so at most one block of dequantized values is ever live, and the block is
+still in cache when the dot reads it.
 
-Two schemes, chosen by :func:`choose_blocking` from measurements on a 2-core
+Three schemes, chosen by :func:`choose_blocking` from measurements on a 2-core
 x86 CPU (``benchmarks/matmul_q_cpu.py``):
 
-- *K-streaming* (``m <= 32``): the loop walks the contraction axis in blocks
-  of ``block_k`` rows of ``q``; each step slices ``q[..., i:i+B, :]``
+- *Rows* (matrix-vector products, ``m <= 2``): the loop takes one row of
+  ``q`` per step and adds its rank-1 update into an ``f32[*b, m, n]``
+  accumulator carried by the loop,
+  ``acc += broadcast(xs[..., :, i:i+1]) * broadcast(f32(q[..., i:i+1, :]))``,
+  written elementwise so that XLA fuses the two slices, the conversion, the
+  multiply and the add into one loop fusion that reads the int8 row directly:
+  the weight is read once, as int8, and nothing converted is ever stored.
+  More rows per step written the same way stop XLA fusing it (2-4x slower);
+  a one-row K-streaming dot (``block_k = 1``) measured the same, through XLA
+  rewriting the ``k = 1`` dot into a multiply.
+- *K-streaming* (``2 < m <= 32``): the loop walks the contraction axis in
+  blocks of ``block_k`` rows of ``q``; each step slices ``q[..., i:i+B, :]``
   (contiguous rows), converts it to f32, multiplies it with the matching
   columns of the scaled ``x`` and adds into an ``f32[*b, m, n]`` accumulator
   carried by the loop. A static remainder step handles ``k % block_k`` rows;
-  nothing is padded. Matrix-vector products (``m <= 2``) take blocks that fit
-  in L2 (256 KiB), larger ``m`` blocks of 4 MiB.
+  nothing is padded.
 - *N-blocking* (``m > 32``): the loop walks the output columns in blocks of
   ``block_n``; each step converts ``q[..., :, j:j+B]``, computes the full
   contraction for those columns and writes them into the result with
@@ -27,9 +37,11 @@ x86 CPU (``benchmarks/matmul_q_cpu.py``):
 The scale is folded into ``x`` once, before the loop (``k * m`` multiplies
 instead of ``k * n``), exactly as the reference does. The result differs from the
 reference only by the order of the f32 sums over ``k`` (K-streaming adds
-``ceil(k / block_k)`` partial dots); each element's error is bounded by about
+``ceil(k / block_k)`` partial dots; rows sums the ``k`` products one after
+the other, sequentially); each element's error is bounded by about
 ``k * eps_f32 * sum_k |x s q|`` (Higham, *Accuracy and Stability of Numerical
-Algorithms*, 2nd ed., section 3.1), which is what the tests check.
+Algorithms*, 2nd ed., section 3.1) for any order of the sum, which is what the
+tests check.
 
 The composite's default decomposition (every other platform) is the
 reference; the CPU lowering rule (:func:`lower_matmul_q_cpu`, registered for
@@ -38,14 +50,19 @@ only an MLIR context, a location and an insertion point, so passes that create
 ``hx.matmul_q`` composites (``hx-fold-scales``) can use them too
 (:func:`streaming_decomposition`).
 
-Measured (2-core AMD EPYC, AVX2, 32 MiB L3, shared with other jobs;
-``k = n = 4096``, caches evicted before each call; run to run +-15%): 1.0-1.1x
-the f32 matmul's time at ``m = 1`` (the reference: 7x), 0.7-0.8x at
-``m = 4..16``, 1.2x at ``m = 64..256``; temporary memory 0.3-6 MiB instead of
-64 MiB. XLA cannot fuse the int8 -> f32
-conversion into its dot, so each block is converted to memory and read back;
-at ``m = 1`` the f32 matmul is bound by DRAM (4x the bytes) and this one by
-that conversion.
+Measured (2-core AMD EPYC, AVX2, 32 MiB L3, shared with other jobs; caches
+evicted before each call; run to run +-20%): rows at ``m = 1, 2`` took
+0.6-0.9x the f32 matmul's time on ``k = n = 4096`` and ``k = 2048, n = 8192``
+(one run of five 1.1x on the latter; K-streaming with 256 KiB blocks, used
+here before, 1.0-1.35x), the dequantize-then-dot 9-18x; K-streaming
+0.6-1.0x at ``m = 4..16``, N-blocking 0.9-1.1x at ``m = 64..256``
+(``k = n = 4096``). Temporary memory: the ``f32[m, n]`` accumulator for rows
+(0.02 MiB), 4-6 MiB for the blocked schemes, instead of 64 MiB. XLA cannot
+fuse the int8 -> f32 conversion into its dot, so each block of the blocked
+schemes is converted to memory and read back; rows has no dot and reads the
+int8 weight once, a quarter of the f32 matmul's bytes. At ``m = 4`` rows
+measured 0.8x against K-streaming's 0.75x, at ``m = 16`` 1.1-1.6x, hence
+``GEMV_MAX_M``.
 """
 
 from __future__ import annotations
@@ -74,14 +91,9 @@ K_BLOCK_BYTES = 4 * 1024 * 1024
 N_BLOCK_BYTES = 4 * 1024 * 1024
 N_BLOCK_BYTES_LARGE_M = 2 * 1024 * 1024
 LARGE_M = 128
-# For matrix-vector products (m <= GEMV_MAX_M) the K-streaming block is kept
-# within L2 (GEMV_BLOCK_BYTES, at least GEMV_MIN_BLOCK rows): XLA then runs each
-# step's convert and dot on one core straight from L2, which measured faster
-# than two cores working on blocks that spill to L3 (16 rows of a 4096-wide
-# weight: 1.0x instead of 1.2x the f32 matmul's time at m = 1, caches cold).
+# Matrix-vector products (m <= GEMV_MAX_M) take one row of q per step (scheme
+# "rows", see the module docstring); K-streaming above.
 GEMV_MAX_M = 2
-GEMV_BLOCK_BYTES = 256 * 1024
-GEMV_MIN_BLOCK = 8
 MAX_FRACTION = 16
 BLOCK_ALIGN = 8
 MIN_BLOCK = 32
@@ -98,6 +110,8 @@ SMALL_WEIGHT = 64 * 1024
 # converting whole 1.2-2.2x. K-streaming at small m keeps paying off at these
 # sizes (the built-in demo model, m = 16: 0.74x f32 streamed, 2.4x whole).
 N_BLOCKING_MIN_WEIGHT = 1024 * 1024
+# The schemes build_matmul_q_streaming knows (see the module docstring).
+SCHEMES = ("rows", "k", "n", "whole")
 
 
 def _shape(v: ir.Value) -> tuple[int, ...]:
@@ -122,6 +136,13 @@ def _f32_zeros(shape: Sequence[int]) -> ir.Value:
 
 def _convert_f32(v: ir.Value) -> ir.Value:
   return hlo.ConvertOp(_tensor(_shape(v), ir.F32Type.get()), v).result
+
+
+def _expand(v: ir.Value, t: ir.RankedTensorType) -> ir.Value:
+  """``v`` broadcast along its axes of size 1 to ``t``'s shape (same rank; ``v`` if it has it)."""
+  if v.type == t:
+    return v
+  return hlo.BroadcastInDimOp(t, v, list(range(len(_shape(v))))).result
 
 
 def _static_slice(v: ir.Value, axis: int, start: int, stop: int) -> ir.Value:
@@ -165,16 +186,14 @@ def _check(x: ir.Value, q: ir.Value, s: ir.Value) -> tuple[int, int, int, int]:
   return len(ops[0].shape) - 2, m, k, ops[1].shape[-1]
 
 
-def _block(length: int, other: int, budget: int, least: int = MIN_BLOCK) -> int:
+def _block(length: int, other: int, budget: int) -> int:
   """Block length along a weight axis of ``length`` when the other one is ``other``."""
   by_bytes = budget // (4 * other)
   by_fraction = length // MAX_FRACTION
-  return max(least, min(by_bytes, by_fraction) // BLOCK_ALIGN * BLOCK_ALIGN)
+  return max(MIN_BLOCK, min(by_bytes, by_fraction) // BLOCK_ALIGN * BLOCK_ALIGN)
 
 
-def _k_block(m: int, k: int, n: int) -> int:
-  if m <= GEMV_MAX_M:
-    return _block(k, n, GEMV_BLOCK_BYTES, GEMV_MIN_BLOCK)
+def _k_block(k: int, n: int) -> int:
   return _block(k, n, K_BLOCK_BYTES)
 
 
@@ -186,18 +205,22 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   """The scheme and block size :func:`build_matmul_q_streaming` uses by default.
 
   For ``x: f32[m, k]`` and ``q: i8[k, n]`` (per batch element). Returns
-  ``("k", block_k)`` (K-streaming) for ``m <= K_STREAMING_MAX_M``, else
-  ``("n", block_n)`` (N-blocking), with the block holding about
-  ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32 (``GEMV_BLOCK_BYTES`` for
-  ``m <= GEMV_MAX_M``, ``N_BLOCK_BYTES_LARGE_M`` for ``m > LARGE_M``) and at most ``1/MAX_FRACTION`` of the weight; or
-  ``("whole", 0)`` for weights of at most ``SMALL_WEIGHT`` elements (at most
-  ``N_BLOCKING_MIN_WEIGHT`` when ``m > K_STREAMING_MAX_M``) or when a
-  single block would cover the weight (convert once, one dot).
+  ``("whole", 0)`` (convert once, one dot) for weights of at most
+  ``SMALL_WEIGHT`` elements (at most ``N_BLOCKING_MIN_WEIGHT`` when
+  ``m > K_STREAMING_MAX_M``); else ``("rows", 1)`` (one row of ``q`` per step)
+  for ``m <= GEMV_MAX_M``, ``("k", block_k)`` (K-streaming) for
+  ``m <= K_STREAMING_MAX_M`` and ``("n", block_n)`` (N-blocking) above, the
+  block holding about ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32
+  (``N_BLOCK_BYTES_LARGE_M`` for ``m > LARGE_M``) and at most
+  ``1/MAX_FRACTION`` of the weight; ``("whole", 0)`` again when a single such
+  block would cover the weight.
   """
   if k * n <= SMALL_WEIGHT or (m > K_STREAMING_MAX_M and k * n <= N_BLOCKING_MIN_WEIGHT):
     return "whole", 0
+  if m <= GEMV_MAX_M:
+    return "rows", 1
   if m <= K_STREAMING_MAX_M:
-    b = _k_block(m, k, n)
+    b = _k_block(k, n)
     return ("k", b) if b < k else ("whole", 0)
   b = _n_block(m, k, n)
   return ("n", b) if b < n else ("whole", 0)
@@ -242,12 +265,13 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   with static shapes) -> ``f32[*b, m, n]``, built as StableHLO at the current
   insertion point (needs an MLIR context and location; no JAX tracing).
 
-  ``scheme``: ``"k"`` (K-streaming, blocks of ``block_k`` rows of ``q``),
+  ``scheme``: ``"rows"`` (one row of ``q`` per step, a rank-1 update of the
+  accumulator), ``"k"`` (K-streaming, blocks of ``block_k`` rows of ``q``),
   ``"n"`` (N-blocking, blocks of ``block_n`` columns) or ``"whole"`` (convert
   the whole weight, one dot: the reference's form); default
   :func:`choose_blocking`'s choice. Block sizes default to the ones
-  :func:`choose_blocking` computes; a block at least as large as its axis
-  means one step.
+  :func:`choose_blocking` computes (``"rows"`` and ``"whole"`` ignore them); a
+  block at least as large as its axis means one step.
   ``k`` or ``n`` not a multiple of the block is handled by one static
   remainder step. Raises ``TypeError`` when the operand types are not those of
   ``hx.matmul_q`` (the message names them) and ``ValueError`` for an unknown
@@ -256,11 +280,11 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   nb, m, k, n = _check(x, q, s)
   if scheme is None:
     scheme, _ = choose_blocking(m, k, n)
-  block_k = _k_block(m, k, n) if block_k is None else block_k
+  block_k = _k_block(k, n) if block_k is None else block_k
   block_n = _n_block(m, k, n) if block_n is None else block_n
-  if scheme not in ("k", "n", "whole"):
+  if scheme not in SCHEMES:
     raise ValueError(f"hx.matmul_q streaming: unknown scheme {scheme!r} "
-                     "(expected 'k', 'n' or 'whole')")
+                     f"(expected one of {', '.join(map(repr, SCHEMES))})")
   if block_k < 1 or block_n < 1:
     raise ValueError(f"hx.matmul_q streaming: block sizes must be >= 1, got "
                      f"block_k={block_k}, block_n={block_n}")
@@ -268,6 +292,22 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   out_shape = (*_shape(x)[:-1], n)
   if scheme == "whole" or (scheme == "k" and block_k >= k) or (scheme == "n" and block_n >= n):
     return _dot(xs, _convert_f32(q), nb)
+
+  if scheme == "rows":
+    kax_x, kax_q = nb + 1, nb
+    f32 = ir.F32Type.get()
+    out_t = _tensor(out_shape, f32)
+
+    def rstep(i, acc, xs_, q_):
+      # acc[*b, m, n] += xs[*b, m, i] * f32(q[*b, i, n]), all elementwise: XLA
+      # fuses the slices, the conversion, the multiply and the add into one
+      # loop that reads the int8 row directly (no dot, no converted copy).
+      xc = _expand(_dynamic_slice(xs_, kax_x, i, 1), out_t)
+      qr = _expand(_convert_f32(_dynamic_slice(q_, kax_q, i, 1)), out_t)
+      return hlo.AddOp(acc, hlo.MulOp(xc, qr).result).result, xs_, q_
+
+    acc, _, _ = _loop(k, [_f32_zeros(out_shape), xs, q], rstep)
+    return acc
 
   if scheme == "k":
     steps, rem = divmod(k, block_k)

@@ -78,7 +78,7 @@ def _assert_close_to_reference(y, x, q, s):
 
 
 # (batch, m, k, n, scheme, block): k or n not a multiple of the block, one
-# block, a block larger than the axis, batch dims, m = 1.
+# block, a block larger than the axis, batch dims, m = 1; rows (block 1).
 SHAPES = [
     ((), 1, 100, 33, "k", 16),      # 6 steps + remainder 4
     ((), 3, 64, 20, "k", 16),       # exact multiple
@@ -91,6 +91,10 @@ SHAPES = [
     ((3,), 6, 19, 23, "n", 5),      # batch dim, remainder 3
     ((), 2, 9, 4, "n", 8),          # block > n
     ((2,), 3, 11, 13, "whole", 0),
+    ((), 1, 100, 33, "rows", 1),    # one row of q per step
+    ((), 2, 57, 9, "rows", 1),
+    ((2, 3), 2, 37, 5, "rows", 1),  # two batch dims
+    ((), 1, 1, 40, "rows", 1),      # a single step
 ]
 
 
@@ -117,6 +121,18 @@ def test_a_lost_remainder_would_fail_the_tolerance():
     _assert_close_to_reference(y_wrong, x, q, s)
 
 
+def test_rows_scheme_matches_reference_over_random_shapes():
+  # The matrix-vector scheme sums the k products sequentially, the longest
+  # chain of any scheme: still within the bound, with batch dims and m = 1, 2.
+  rng = np.random.default_rng(3)
+  for _ in range(8):
+    b = tuple(int(d) for d in rng.integers(1, 4, int(rng.integers(0, 3))))
+    m = int(rng.integers(1, 3))
+    k, n = (int(v) for v in rng.integers(1, 600, 2))
+    x, q, s = _operands(rng, b, m, k, n)
+    _assert_close_to_reference(_streaming(x, q, s, scheme="rows"), x, q, s)
+
+
 def test_default_choice_matches_reference_over_random_shapes():
   rng = np.random.default_rng(42)
   for _ in range(6):
@@ -133,11 +149,11 @@ def test_choose_blocking():
   assert impl.choose_blocking(3, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
   assert impl.choose_blocking(3, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
   assert impl.choose_blocking(3, 300, 4096) == ("k", impl.MIN_BLOCK)
-  # matrix-vector products: blocks that stay in L2
-  gemv = impl.GEMV_BLOCK_BYTES // 4
-  assert impl.choose_blocking(1, 4096, 4096) == ("k", gemv // 4096)
-  assert impl.choose_blocking(impl.GEMV_MAX_M, 2048, 8192) == ("k", impl.GEMV_MIN_BLOCK)
-  assert impl.choose_blocking(1, 4096, 2048) == ("k", gemv // 2048)
+  # matrix-vector products: one row of q per step, whatever the shape
+  assert impl.choose_blocking(1, 4096, 4096) == ("rows", 1)
+  assert impl.choose_blocking(impl.GEMV_MAX_M, 2048, 8192) == ("rows", 1)
+  assert impl.choose_blocking(1, 30, 4096) == ("rows", 1)
+  assert impl.choose_blocking(impl.GEMV_MAX_M + 1, 4096, 4096)[0] == "k"
   # N-blocking
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
       "n", impl.N_BLOCK_BYTES // (4 * 4096))
@@ -145,6 +161,7 @@ def test_choose_blocking():
       "n", impl.N_BLOCK_BYTES_LARGE_M // (4 * 4096))
   # no loop
   assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
+  assert impl.choose_blocking(1, 256, 256) == ("whole", 0)  # small weight, m = 1
   assert impl.choose_blocking(3, 30, 4096) == ("whole", 0)  # a single block
 
 
@@ -229,7 +246,8 @@ def test_builder_names_bad_operand_types():
     _streaming(np.ones((2, 5), np.float32), np.ones((3, 4), np.int8), np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("params,msg", [({"scheme": "tiles"}, "unknown scheme 'tiles'"),
+@pytest.mark.parametrize("params,msg", [({"scheme": "tiles"},
+                                         r"unknown scheme 'tiles' \(expected one of 'rows', "),
                                         ({"scheme": "k", "block_k": 0}, "block_k=0")])
 def test_builder_rejects_bad_parameters(params, msg):
   with pytest.raises(ValueError, match=msg):
@@ -355,7 +373,7 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
     out = str(module)
   assert isinstance(fn, func_dialect.FuncOp)
   assert 'stablehlo.composite "hx.matmul_q"' in out
-  assert "stablehlo.while" in out and "sizes = [32, 300]" in out  # 600 // 16 -> 32-row blocks
+  assert "stablehlo.while" in out and "sizes = [1, 300]" in out  # m = 2: one row of q per step
 
 
 @pytest.mark.parametrize("m,xspec,wspec", [(4, ("i",), (None, "j")),      # K-streaming
