@@ -16,7 +16,10 @@ for ``jax.jit(f)(...)``, ``jax.jit(f).lower(...)`` (and so ``.as_text()`` and
 How it hooks in: JAX's ``pxla`` turns a jaxpr into a module by calling
 ``jax._src.interpreters.mlir.lower_jaxpr_to_module``; while anything is
 installed that function is wrapped (reached through :mod:`hxmlir._jax`), and the
-wrapper runs the pipeline on the module it returns, in place. Lowering for
+wrapper runs the pipeline on the module it returns, in place. Before lowering,
+the wrapper runs the pipeline's jaxpr stage (``Pipeline.run_jaxpr``): passes
+that can do part of their work on the jaxpr, where it is cheaper, do it there
+(``hx-fold-scales`` turns ``x @ hx.dequantize(qw)`` into ``hx_matmul_q``). Lowering for
 ``jax.export`` (``LoweringParameters.for_export``) also runs ``hx-check-export``
 when that pass is registered. Uninstalling restores the original function.
 
@@ -284,16 +287,48 @@ def _rewrites(pass_name: str, counters: dict[str, int]) -> int:
   return sum(counters.values())
 
 
+def _jaxpr_stage(pipeline: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+  """Runs ``pipeline``'s jaxpr stage on the jaxpr of a ``lower_jaxpr_to_module`` call.
+
+  Returns the call's arguments with the rewritten jaxpr; records the stage's
+  counters and time under each pass that ran it (modules are counted by
+  :func:`_run`, which runs on the lowered module afterwards).
+  """
+  if len(args) > 1:
+    jaxpr = args[1]
+  elif "jaxpr" in kwargs:
+    jaxpr = kwargs["jaxpr"]
+  else:
+    return args, kwargs
+  new, counters, ran = _parsed(pipeline).run_jaxpr(jaxpr)
+  if ran:
+    with _lock:
+      for name, seconds in ran:
+        mine = counters.get(name, {})
+        _count(name, {**mine, "rewrites": _rewrites(name, mine), "seconds": seconds})
+  if new is jaxpr:
+    return args, kwargs
+  if len(args) > 1:
+    return (args[0], new, *args[2:]), kwargs
+  return args, {**kwargs, "jaxpr": new}
+
+
 def _lower_jaxpr_to_module(*args, **kwargs):
-  """Wrapper of JAX's ``lower_jaxpr_to_module``: lowers, then runs the pipeline."""
+  """Wrapper of JAX's ``lower_jaxpr_to_module``: runs the pipeline's jaxpr stage, lowers,
+  then runs the pipeline on the module."""
   inner = _inner
-  result = (inner if inner is not None else _ORIGINAL)(*args, **kwargs)
+  inner = inner if inner is not None else _ORIGINAL
   setting = _state.value
   if setting is None:
-    return result
-  t0 = time.perf_counter()
+    return inner(*args, **kwargs)
+  t_stage = time.perf_counter()
   params = kwargs.get("lowering_parameters")
   for_export = bool(getattr(params, "for_export", False))
+  args, kwargs = _jaxpr_stage(setting.export_pipeline if for_export else setting.pipeline,
+                              args, kwargs)
+  stage_seconds = time.perf_counter() - t_stage
+  result = inner(*args, **kwargs)
+  t0 = time.perf_counter() - stage_seconds
   module_name = str(args[0] if args else kwargs.get("module_name", "module"))
   module = result.module
   platforms = kwargs.get("platforms")

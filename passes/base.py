@@ -139,6 +139,8 @@ class HxPass:
   """
   name: ClassVar[str]
   summary: ClassVar[str] = ""
+  analysis: ClassVar[bool] = False
+  """True for passes that never modify the module (they only report)."""
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
     """Runs on ``module`` (a ``builtin.module`` op), in place.
@@ -146,6 +148,19 @@ class HxPass:
     Reports problems to ``diags``; returns whether the IR changed and counters.
     """
     raise NotImplementedError
+
+  def apply_jaxpr(self, jaxpr) -> tuple[object, dict[str, int]] | None:
+    """The pass's jaxpr stage, for pipelines that run inside a JAX lowering.
+
+    ``jaxpr``: the ``jax.extend.core.ClosedJaxpr`` JAX is about to lower.
+    Returns the rewritten jaxpr and counters (as :meth:`apply`'s), or ``None``
+    when the pass has no jaxpr stage (the default). A jaxpr stage does part of
+    the pass's work before lowering, where it is cheaper; :meth:`apply` still
+    runs on the module afterwards and must give the same result for whatever
+    the jaxpr stage left. See :meth:`Pipeline.run_jaxpr
+    <hxmlir.passes.pipeline.Pipeline.run_jaxpr>`.
+    """
+    return None
 
   @classmethod
   def options(cls) -> dict[str, dataclasses.Field]:

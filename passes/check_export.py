@@ -45,6 +45,7 @@ class CheckExportPass(HxPass):
   name: ClassVar[str] = "hx-check-export"
   summary: ClassVar[str] = ("refuse custom calls that are neither on JAX's stable list nor "
                             "registered hxmlir kernels (hxmlir.targets)")
+  analysis: ClassVar[bool] = True
   allow_targets: str = field(default="", metadata={"separator": ";"})
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:

@@ -298,24 +298,41 @@ class FoldScalesPass(HxPass):
       raise PipelineError(f"hx-fold-scales: option impl={self.impl!r} is not one of "
                           f"{', '.join(_IMPLS)}")
 
+  def apply_jaxpr(self, jaxpr):
+    """The jaxpr stage (``passes/fold_scales_jaxpr.py``): ``x @ hx.dequantize(qw)`` dots
+    that are exactly ``hx.matmul_q``'s contract become ``hx_matmul_q`` equations.
+
+    Only with the default options: ``form-matmul-q=false`` forms no composite,
+    and a fixed ``impl`` chooses a decomposition that JAX's lowering rules would
+    not; both then leave everything to :meth:`apply`.
+    """
+    if not self.form_matmul_q or self.impl != "auto":
+      return None
+    from hxmlir.passes import fold_scales_jaxpr  # late: imports JAX's jaxpr API
+
+    jaxpr, n = fold_scales_jaxpr.fold_closed_jaxpr(jaxpr)
+    return jaxpr, ({"scales folded": n, "matmul_q formed": n} if n else {})
+
   def _decomposition_impl(self) -> str:
     if self.impl != "auto":
       return self.impl
     return "streaming" if irutil.target_platforms() == ("cpu",) else "reference"
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
-    decomps = {irutil.symbol_ref(op.attributes["decomposition"])
-               for op in irutil.ops_named(module, "stablehlo.composite")
-               if "decomposition" in op.attributes}
-    dots = [op for op in irutil.ops_named(module, "stablehlo.dot_general")
-            if irutil.func_name(irutil.enclosing_func(op)) not in decomps]
+    decomps = None  # the decomposition functions' names, read at the first match
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
     state = _State()
-    for dot in dots:
+    for dot in irutil.ops_named(module, "stablehlo.dot_general"):
       for side in (1, 0):
         m = _match(dot.operands[side])
         if m is None:
           continue
+        if decomps is None:
+          decomps = {irutil.symbol_ref(op.attributes["decomposition"])
+                     for op in irutil.ops_named(module, "stablehlo.composite")
+                     if "decomposition" in op.attributes}
+        if irutil.func_name(irutil.enclosing_func(dot)) in decomps:
+          break  # decompositions are never rewritten
         how = self._fold(module, dot, side, m, state)
         if how is not None:
           stats["scales folded"] += 1

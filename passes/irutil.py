@@ -192,22 +192,56 @@ def invalidate_op_index() -> None:
     cache.clear()
 
 
-def ops_named(module: ir.Operation, *names: str) -> list[ir.Operation]:
-  """Ops named ``names`` nested in ``module``, in walk order per name (a snapshot list)."""
-  cache = _op_index.get()
-  if cache is None:
-    return walk(module, frozenset(names))
+# Index entries that are not op names (an op name always contains a ".").
+_SHARDED = "sdy.sharding attribute"  # ops carrying an ``sdy.sharding`` attribute
+_ANY_SHARDING = "any sharding"  # cached answer of may_have_shardings
+
+
+def _index(module: ir.Operation) -> dict:
+  """``{op name: [ops]}`` of ``module`` (plus :data:`_SHARDED`), shared in an op index scope."""
   top = module.operation if hasattr(module, "operation") else module
-  index = cache.get(top)
+  cache = _op_index.get()
+  index = None if cache is None else cache.get(top)
   if index is None:
     index = {}
+    advance = ir.WalkResult.ADVANCE
 
     def visit(o):
       index.setdefault(o.name, []).append(o)
-      return ir.WalkResult.ADVANCE
+      if "sdy.sharding" in o.attributes:
+        index.setdefault(_SHARDED, []).append(o)
+      return advance
     top.walk(visit, ir.WalkOrder.PRE_ORDER)
-    cache[top] = index
+    if cache is not None:
+      cache[top] = index
+  return index
+
+
+def ops_named(module: ir.Operation, *names: str) -> list[ir.Operation]:
+  """Ops named ``names`` nested in ``module``, in walk order per name (a snapshot list)."""
+  if _op_index.get() is None:
+    return walk(module, frozenset(names))
+  index = _index(module)
   return [o for n in names for o in index.get(n, ())]
+
+
+def may_have_shardings(module: ir.Operation) -> bool:
+  """Whether any value in ``module`` can have a sharding :func:`value_sharding_attr` reads.
+
+  ``False`` when no op carries an ``sdy.sharding`` attribute, no op is an
+  ``sdy.sharding_constraint`` and no function argument has an ``sdy.sharding``
+  attribute: :func:`value_sharding_attr` is then ``None`` for every value, and
+  callers may skip asking. Exact (not a guess from mesh declarations); inside
+  :func:`op_index_scope` it costs nothing beyond the shared walk.
+  """
+  index = _index(module)
+  got = index.get(_ANY_SHARDING)
+  if got is None:
+    got = index[_ANY_SHARDING] = (
+        _SHARDED in index or "sdy.sharding_constraint" in index or
+        any(_arg_shardings(fn.regions[0].blocks[0]) is not None
+            for fn in func_ops(module).values()))
+  return got
 
 
 def func_name(fn: ir.Operation | None) -> str | None:
@@ -320,13 +354,38 @@ def dim_sharding(attr: ir.Attribute | None, rank: int | None = None) -> DimShard
 
 def result_sharding_attr(op: ir.Operation, index: int) -> ir.Attribute | None:
   """Result ``index``'s ``TensorShardingAttr`` from ``op``'s ``sdy.sharding`` (or ``None``)."""
-  if op.name == "sdy.sharding_constraint":
-    return op.attributes["sharding"]
-  attr = as_per_value(attr_or_none(op, "sdy.sharding"))
-  if attr is None:
+  attrs = op.attributes
+  if "sdy.sharding" in attrs:
+    attr = as_per_value(attrs["sdy.sharding"])
+    if attr is None:
+      return None
+    shardings = attr.shardings
+    return shardings[index] if index < len(shardings) else None
+  if "sharding" in attrs and op.name == "sdy.sharding_constraint":
+    return attrs["sharding"]
+  return None
+
+
+def _block_arg_shardings(block: ir.Block) -> tuple | None:
+  """The ``sdy.sharding`` argument attribute of each argument of ``block`` if it is a
+  function's entry block (``None`` entries for arguments without one), else ``None``."""
+  owner = block.owner
+  if owner is None or owner.operation.name != "func.func":
     return None
-  shardings = attr.shardings
-  return shardings[index] if index < len(shardings) else None
+  attrs = owner.operation.attributes
+  if "arg_attrs" not in attrs:
+    return None
+  arg_attrs = attrs["arg_attrs"]
+  if "sdy.sharding" not in str(arg_attrs):  # one print beats a DictAttr per argument
+    return None
+  out = []
+  for a in ir.ArrayAttr(arg_attrs):
+    d = ir.DictAttr(a)
+    out.append(d["sdy.sharding"] if "sdy.sharding" in d else None)
+  return tuple(out) if any(x is not None for x in out) else None
+
+
+_BLOCK_ARGS = object()  # key of the block-argument sharding cache in the op index
 
 
 def value_sharding_attr(value: ir.Value) -> ir.Attribute | None:
@@ -334,23 +393,32 @@ def value_sharding_attr(value: ir.Value) -> ir.Attribute | None:
 
   An ``sdy.sharding_constraint`` result has the constraint's sharding; another
   op result the entry of its op's ``sdy.sharding``; a function argument its
-  ``sdy.sharding`` argument attribute. ``None`` when nothing fixes it.
+  ``sdy.sharding`` argument attribute. ``None`` when nothing fixes it. Inside
+  :func:`op_index_scope`, function argument shardings are read once per
+  function (passes never change function signatures).
   """
   if isinstance(value, ir.OpResult):
-    return result_sharding_attr(value.owner.operation, value.result_number)
+    return result_sharding_attr(value.owner, value.result_number)
   if isinstance(value, ir.BlockArgument):
-    owner = value.owner.owner
-    if owner is None or owner.operation.name != "func.func":
+    shardings = _arg_shardings(value.owner)
+    if shardings is None or value.arg_number >= len(shardings):
       return None
-    fn = owner.operation
-    if "arg_attrs" not in fn.attributes:
-      return None
-    arg_attrs = ir.ArrayAttr(fn.attributes["arg_attrs"])
-    if value.arg_number >= len(arg_attrs):
-      return None
-    d = ir.DictAttr(arg_attrs[value.arg_number])
-    return d["sdy.sharding"] if "sdy.sharding" in d else None
+    return shardings[value.arg_number]
   return None
+
+
+def _arg_shardings(block: ir.Block) -> tuple | None:
+  """:func:`_block_arg_shardings`, read once per block inside :func:`op_index_scope`."""
+  cache = _op_index.get()
+  if cache is None:
+    return _block_arg_shardings(block)
+  blocks = cache.get(_BLOCK_ARGS)
+  if blocks is None:
+    blocks = cache[_BLOCK_ARGS] = {}
+  shardings = blocks.get(block, _BLOCK_ARGS)
+  if shardings is _BLOCK_ARGS:
+    shardings = blocks[block] = _block_arg_shardings(block)
+  return shardings
 
 
 def value_sharding(value: ir.Value) -> DimSharding | None:

@@ -255,6 +255,35 @@ class Pipeline:
       self._run_passes(op, result, after_pass)
     return result
 
+  def run_jaxpr(self, jaxpr) -> tuple[object, dict[str, dict[str, int]], list[tuple[str, float]]]:
+    """The pipeline's jaxpr stage, for a pipeline about to run on the module lowered from ``jaxpr``.
+
+    ``jaxpr``: a ``jax.extend.core.ClosedJaxpr``. Runs the jaxpr stage
+    (:meth:`HxPass.apply_jaxpr`) of the leading passes, in order: analyses
+    (``HxPass.analysis``) are passed over, since they look at the module only;
+    the first pass that is neither an analysis nor has a jaxpr stage ends it
+    (everything after must see that pass's result). :meth:`run` then runs the
+    whole pipeline on the lowered module as usual. Returns the jaxpr (the same
+    object when nothing changed), counters per pass, and ``(pass name,
+    seconds)`` per jaxpr stage run.
+    """
+    stats: dict[str, dict[str, int]] = {}
+    ran: list[tuple[str, float]] = []
+    for p in self.passes:
+      if isinstance(p, NativePass):
+        break
+      if p.analysis:
+        continue
+      start = time.perf_counter()
+      got = p.apply_jaxpr(jaxpr)
+      if got is None:
+        break
+      jaxpr, counters = got
+      ran.append((p.name, time.perf_counter() - start))
+      if counters:
+        stats[p.name] = dict(counters)
+    return jaxpr, stats, ran
+
   def _run_passes(self, op: ir.Operation, result: PipelineResult,
                   after_pass: AfterPass | None) -> None:
     for p in self.passes:

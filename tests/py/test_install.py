@@ -25,6 +25,7 @@ from jax.experimental.pallas import triton as pltriton
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.dialects import stablehlo
+from test_passes_support import without_locations
 
 import hxmlir as hx
 from hxmlir import _jax, targets
@@ -442,10 +443,13 @@ def test_folded_matmul_q_streams_on_cpu_like_the_lowering():
     assert temp <= k * n * 4 // 8
     np.testing.assert_array_equal(np.asarray(jax.jit(dequant_dot)(x, qw)),
                                   np.asarray(jax.jit(hx.matmul_q)(x, qw)))
-  # lowered for several platforms at once, the fold keeps the reference form
+  # lowered for several platforms at once, the fold is hx.matmul_q's own lowering:
+  # one composite per platform, each with that platform's decomposition
   with hx.installed():
-    exp = jax.export.export(jax.jit(dequant_dot), platforms=("cpu", "tpu"))(x, qw)
-  assert "hx.matmul_q" in exp.mlir_module() and "stablehlo.while" not in exp.mlir_module()
+    texts = [without_locations(jax.export.export(jax.jit(f), platforms=("cpu", "tpu"))(x, qw)
+                                .mlir_module()) for f in (dequant_dot, hx.matmul_q)]
+  assert texts[0].count('stablehlo.composite "hx.matmul_q"') == 2
+  assert texts[0].replace("@jit_dequant_dot", "@jit_matmul_q") == texts[1]
 
 
 # --- plain JAX: byte-identical ----------------------------------------------------------

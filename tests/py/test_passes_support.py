@@ -5,6 +5,7 @@ Not a test module itself (it defines no tests); ``test_passes*.py`` import it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import jax
@@ -22,3 +23,9 @@ def compile_and_run(text: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
                                 xla_client.CompileOptions())
   outs = exe.execute([jax.device_put(np.asarray(a), device) for a in args])
   return [np.asarray(o) for o in outs]
+
+
+def without_locations(text: str) -> str:
+  """MLIR text with its location aliases (``#loc...`` lines) and ``loc(...)`` suffixes removed."""
+  lines = [line for line in text.splitlines() if not line.startswith("#loc")]
+  return "\n".join(re.sub(r" loc\((?:[^()]|\([^()]*\))*\)", "", line) for line in lines)

@@ -330,8 +330,8 @@ func.func @bf16_left_alone(%x: tensor<4x6xbf16>, %q: tensor<6x8xi8>, %s: tensor<
 
 // A weight large enough for the CPU streaming implementation: with
 // impl=streaming (what hxmlir.install picks when lowering for CPU alone) the new
-// hx.matmul_q's decomposition walks K blocks of the int8 weight in a while loop
-// instead of converting the whole weight; the default keeps the reference.
+// hx.matmul_q's decomposition walks the int8 weight in a while loop (one row per step at
+// m = 2) instead of converting the whole weight; the default keeps the reference.
 // CHECK-LABEL: func.func @large_weight
 // CHECK-NEXT: stablehlo.composite "hx.matmul_q"
 // CHECK: func.func private @hx.matmul_q.impl

@@ -350,6 +350,26 @@ func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32>
 
 // -----
 
+// Shardings fixed only by the defining op's own sdy.sharding attribute, with an
+// inline mesh: no sdy.mesh op, no constraint, no argument attribute in the module.
+// The two composites differ in their operands' shardings alone, so they must get
+// verdicts of their own (the first is valid).
+func.func @op_sharding_only(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> (tensor<4x8xf32>, tensor<4x8xf32>) {
+  %qn = stablehlo.negate %q {sdy.sharding = #sdy.sharding_per_value<[<mesh<["i"=2, "j"=4]>, [{"i"}, {}]>]>} : tensor<4x8xi8>
+  %si = stablehlo.negate %s {sdy.sharding = #sdy.sharding_per_value<[<mesh<["i"=2, "j"=4]>, [{"i"}]>]>} : tensor<4xf32>
+  %sj = stablehlo.negate %s {sdy.sharding = #sdy.sharding_per_value<[<mesh<["i"=2, "j"=4]>, [{"j"}]>]>} : tensor<4xf32>
+  %0 = stablehlo.composite "hx.dequantize" %qn, %si {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  // expected-error @+1 {{'hx.dequantize' operand: scale sharding [{"j"}] must be the values' sharding [{"i"}, {}] without its last axis}}
+  %1 = stablehlo.composite "hx.dequantize" %qn, %sj {decomposition = @deq, version = 1 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
+  return %0, %1 : tensor<4x8xf32>, tensor<4x8xf32>
+}
+func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
 sdy.mesh @mesh = <["i"=2, "j"=4]>
 func.func @matmul_q_contraction_sharded(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
   %xc = sdy.sharding_constraint %x <@mesh, [{}, {"i"}]> : tensor<4x6xf32>
