@@ -22,6 +22,11 @@ The API other code relies on::
   register a new pass with one line in ``passes/registry.py``.
 - Passes run in the MLIR context JAX uses (:func:`irutil.make_context`); they
   read and rewrite IR only and never trace JAX code.
+- Inside a JAX lowering (``hx.install``), ``Pipeline.run_jaxpr`` first runs the
+  jaxpr stage of the leading passes (:meth:`HxPass.apply_jaxpr`): part of a
+  pass's rewrite done on the jaxpr before JAX lowers it, where it is cheaper
+  (``hx-fold-scales``: ``x @ hx.dequantize(qw)`` -> ``hx_matmul_q``). It
+  rewrites equations, never traces; the MLIR stage still runs afterwards.
 
 Passes: ``hx-verify`` (the IR contract of ``lowering/schema.py``),
 ``hx-fold-scales`` (dequantize -> dot_general: scales into the smaller side,
