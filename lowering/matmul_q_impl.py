@@ -4,25 +4,24 @@
 ``s: f32[*b, k]``. XLA compiles the reference (``lowering/reference.py``) by
 converting the whole weight to ``f32[*b, k, n]`` first: four times the int8
 bytes in temporary memory, written and read back once more than a plain f32
-matmul. The builders here convert one block of the weight (for
-matrix-vector products one row) at a time inside a ``stablehlo.while`` loop,
-so at most one block of dequantized values is ever live, and the block is
-still in cache when the dot reads it.
+matmul. The builders here convert a few rows or one block of the weight at
+a time inside a ``stablehlo.while`` loop, so at most one block of dequantized
+values is ever live, and the block is still in cache when the dot reads it.
 
 Three schemes, chosen by :func:`choose_blocking` from measurements on a 2-core
 x86 CPU (``benchmarks/matmul_q_cpu.py``):
 
-- *Rows* (matrix-vector products, ``m <= 2``): the loop takes one row of
-  ``q`` per step and adds its rank-1 update into an ``f32[*b, m, n]``
-  accumulator carried by the loop,
-  ``acc += broadcast(xs[..., :, i:i+1]) * broadcast(f32(q[..., i:i+1, :]))``,
-  written elementwise so that XLA fuses the two slices, the conversion, the
-  multiply and the add into one loop fusion that reads the int8 row directly:
-  the weight is read once, as int8, and nothing converted is ever stored.
-  More rows per step written the same way stop XLA fusing it (2-4x slower);
-  a one-row K-streaming dot (``block_k = 1``) measured the same, through XLA
-  rewriting the ``k = 1`` dot into a multiply.
-- *K-streaming* (``2 < m <= 32``): the loop walks the contraction axis in
+- *Rows* (few rows of ``x``, ``m <= 4``): each step of the loop takes
+  ``ROWS_PER_STEP`` (4) rows of ``q`` and adds their rank-1 updates into an
+  ``f32[*b, m, n]`` accumulator carried by the loop,
+  ``acc += broadcast(xs[..., :, i:i+1]) * broadcast(f32(q[..., i:i+1, :]))``
+  per row, written elementwise so that XLA fuses the slices, the conversions,
+  the multiplies and the adds of a step into one loop fusion that reads the
+  int8 rows directly: the weight is read once, as int8, and nothing converted
+  is ever stored. Each row is sliced from ``q`` on its own: slicing four rows
+  at once and splitting the converted block makes XLA materialise it (2-4x
+  slower). ``k % 4`` rows are added after the loop, with static slices.
+- *K-streaming* (``4 < m <= 32``): the loop walks the contraction axis in
   blocks of ``block_k`` rows of ``q``; each step slices ``q[..., i:i+B, :]``
   (contiguous rows), converts it to f32, multiplies it with the matching
   columns of the scaled ``x`` and adds into an ``f32[*b, m, n]`` accumulator
@@ -37,8 +36,8 @@ x86 CPU (``benchmarks/matmul_q_cpu.py``):
 The scale is folded into ``x`` once, before the loop (``k * m`` multiplies
 instead of ``k * n``), exactly as the reference does. The result differs from the
 reference only by the order of the f32 sums over ``k`` (K-streaming adds
-``ceil(k / block_k)`` partial dots; rows sums the ``k`` products one after
-the other, sequentially); each element's error is bounded by about
+``ceil(k / block_k)`` partial dots; rows adds the ``k`` products one after
+the other); each element's error is bounded by about
 ``k * eps_f32 * sum_k |x s q|`` (Higham, *Accuracy and Stability of Numerical
 Algorithms*, 2nd ed., section 3.1) for any order of the sum, which is what the
 tests check.
@@ -51,18 +50,18 @@ only an MLIR context, a location and an insertion point, so passes that create
 (:func:`streaming_decomposition`).
 
 Measured (2-core AMD EPYC, AVX2, 32 MiB L3, shared with other jobs; caches
-evicted before each call; run to run +-20%): rows at ``m = 1, 2`` took
-0.6-0.9x the f32 matmul's time on ``k = n = 4096`` and ``k = 2048, n = 8192``
-(one run of five 1.1x on the latter; K-streaming with 256 KiB blocks, used
-here before, 1.0-1.35x), the dequantize-then-dot 9-18x; K-streaming
-0.6-1.0x at ``m = 4..16``, N-blocking 0.9-1.1x at ``m = 64..256``
-(``k = n = 4096``). Temporary memory: the ``f32[m, n]`` accumulator for rows
-(0.02 MiB), 4-6 MiB for the blocked schemes, instead of 64 MiB. XLA cannot
-fuse the int8 -> f32 conversion into its dot, so each block of the blocked
-schemes is converted to memory and read back; rows has no dot and reads the
-int8 weight once, a quarter of the f32 matmul's bytes. At ``m = 4`` rows
-measured 0.8x against K-streaming's 0.75x, at ``m = 16`` 1.1-1.6x, hence
-``GEMV_MAX_M``.
+evicted before each call; run to run +-20%; ``k = n = 4096`` and ``k = 2048,
+n = 8192``, side by side in one run): rows took 0.46-0.48x the f32 matmul's
+time at ``m = 1``, 0.3x at ``m = 2``, 0.3-0.5x at ``m = 4`` (one row per step:
+0.6-0.7x, 0.4-0.5x, 0.5-0.7x; two: 0.55x at ``m = 1``; eight: 0.6-0.85x at
+``m = 1``), where K-streaming took 0.85-1.0x, 0.6x and 0.5-0.7x. At
+``m = 8`` the two were even (0.4-0.8x), at ``m = 12..32`` K-streaming was
+ahead (0.55-0.7x against 0.6-1.0x), hence ``ROWS_MAX_M = 4``; N-blocking
+0.9-1.1x at ``m = 64..256``. Temporary memory: the ``f32[m, n]``
+accumulator for rows (0.02 MiB), 4-6 MiB for the blocked schemes, instead of
+64 MiB. XLA cannot fuse the int8 -> f32 conversion into its dot, so each
+block of the blocked schemes is converted to memory and read back; rows has
+no dot and reads the int8 weight once, a quarter of the f32 matmul's bytes.
 """
 
 from __future__ import annotations
@@ -91,9 +90,10 @@ K_BLOCK_BYTES = 4 * 1024 * 1024
 N_BLOCK_BYTES = 4 * 1024 * 1024
 N_BLOCK_BYTES_LARGE_M = 2 * 1024 * 1024
 LARGE_M = 128
-# Matrix-vector products (m <= GEMV_MAX_M) take one row of q per step (scheme
-# "rows", see the module docstring); K-streaming above.
-GEMV_MAX_M = 2
+# Up to ROWS_MAX_M rows of x, the loop takes ROWS_PER_STEP rows of q per step
+# (scheme "rows", see the module docstring); K-streaming above.
+ROWS_MAX_M = 4
+ROWS_PER_STEP = 4
 MAX_FRACTION = 16
 BLOCK_ALIGN = 8
 MIN_BLOCK = 32
@@ -207,8 +207,9 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   For ``x: f32[m, k]`` and ``q: i8[k, n]`` (per batch element). Returns
   ``("whole", 0)`` (convert once, one dot) for weights of at most
   ``SMALL_WEIGHT`` elements (at most ``N_BLOCKING_MIN_WEIGHT`` when
-  ``m > K_STREAMING_MAX_M``); else ``("rows", 1)`` (one row of ``q`` per step)
-  for ``m <= GEMV_MAX_M``, ``("k", block_k)`` (K-streaming) for
+  ``m > K_STREAMING_MAX_M``); else ``("rows", ROWS_PER_STEP)`` (rank-1
+  updates, that many rows of ``q`` per step) for ``m <= ROWS_MAX_M``,
+  ``("k", block_k)`` (K-streaming) for
   ``m <= K_STREAMING_MAX_M`` and ``("n", block_n)`` (N-blocking) above, the
   block holding about ``K_BLOCK_BYTES`` / ``N_BLOCK_BYTES`` of f32
   (``N_BLOCK_BYTES_LARGE_M`` for ``m > LARGE_M``) and at most
@@ -217,8 +218,8 @@ def choose_blocking(m: int, k: int, n: int) -> tuple[str, int]:
   """
   if k * n <= SMALL_WEIGHT or (m > K_STREAMING_MAX_M and k * n <= N_BLOCKING_MIN_WEIGHT):
     return "whole", 0
-  if m <= GEMV_MAX_M:
-    return "rows", 1
+  if m <= ROWS_MAX_M:
+    return "rows", ROWS_PER_STEP
   if m <= K_STREAMING_MAX_M:
     b = _k_block(k, n)
     return ("k", b) if b < k else ("whole", 0)
@@ -258,6 +259,7 @@ def _loop(count: int, carried: Sequence[ir.Value], body) -> list[ir.Value]:
 
 def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
                              block_k: int | None = None, block_n: int | None = None,
+                             rows_per_step: int | None = None,
                              scheme: str | None = None) -> ir.Value:
   """Emits ``(x * s[..., None, :]) @ q`` without materialising the dequantized weight.
 
@@ -265,15 +267,16 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   with static shapes) -> ``f32[*b, m, n]``, built as StableHLO at the current
   insertion point (needs an MLIR context and location; no JAX tracing).
 
-  ``scheme``: ``"rows"`` (one row of ``q`` per step, a rank-1 update of the
-  accumulator), ``"k"`` (K-streaming, blocks of ``block_k`` rows of ``q``),
-  ``"n"`` (N-blocking, blocks of ``block_n`` columns) or ``"whole"`` (convert
-  the whole weight, one dot: the reference's form); default
-  :func:`choose_blocking`'s choice. Block sizes default to the ones
-  :func:`choose_blocking` computes (``"rows"`` and ``"whole"`` ignore them); a
-  block at least as large as its axis means one step.
+  ``scheme``: ``"rows"`` (``rows_per_step`` rows of ``q`` per step, each a
+  rank-1 update of the accumulator), ``"k"`` (K-streaming, blocks of
+  ``block_k`` rows of ``q``), ``"n"`` (N-blocking, blocks of ``block_n``
+  columns) or ``"whole"`` (convert the whole weight, one dot: the reference's
+  form); default :func:`choose_blocking`'s choice. ``block_k``, ``block_n``
+  and ``rows_per_step`` default to the ones :func:`choose_blocking` computes
+  and ``ROWS_PER_STEP`` (each scheme reads its own); a block at least as
+  large as its axis means one step.
   ``k`` or ``n`` not a multiple of the block is handled by one static
-  remainder step. Raises ``TypeError`` when the operand types are not those of
+  remainder step (for rows: one static update per row left). Raises ``TypeError`` when the operand types are not those of
   ``hx.matmul_q`` (the message names them) and ``ValueError`` for an unknown
   scheme or a block size < 1.
   """
@@ -285,9 +288,9 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
   if scheme not in SCHEMES:
     raise ValueError(f"hx.matmul_q streaming: unknown scheme {scheme!r} "
                      f"(expected one of {', '.join(map(repr, SCHEMES))})")
-  if block_k < 1 or block_n < 1:
+  if block_k < 1 or block_n < 1 or (rows_per_step is not None and rows_per_step < 1):
     raise ValueError(f"hx.matmul_q streaming: block sizes must be >= 1, got "
-                     f"block_k={block_k}, block_n={block_n}")
+                     f"block_k={block_k}, block_n={block_n}, rows_per_step={rows_per_step}")
   xs = _scaled_x(x, s, nb)
   out_shape = (*_shape(x)[:-1], n)
   if scheme == "whole" or (scheme == "k" and block_k >= k) or (scheme == "n" and block_n >= n):
@@ -298,15 +301,35 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
     f32 = ir.F32Type.get()
     out_t = _tensor(out_shape, f32)
 
-    def rstep(i, acc, xs_, q_):
-      # acc[*b, m, n] += xs[*b, m, i] * f32(q[*b, i, n]), all elementwise: XLA
-      # fuses the slices, the conversion, the multiply and the add into one
-      # loop that reads the int8 row directly (no dot, no converted copy).
-      xc = _expand(_dynamic_slice(xs_, kax_x, i, 1), out_t)
-      qr = _expand(_convert_f32(_dynamic_slice(q_, kax_q, i, 1)), out_t)
-      return hlo.AddOp(acc, hlo.MulOp(xc, qr).result).result, xs_, q_
+    r = ROWS_PER_STEP if rows_per_step is None else rows_per_step
+    steps, rem = divmod(k, r)
 
-    acc, _, _ = _loop(k, [_f32_zeros(out_shape), xs, q], rstep)
+    def update(acc, xs_, q_, row):
+      # acc[*b, m, n] += xs[*b, m, row] * f32(q[*b, row, n]), all elementwise:
+      # XLA fuses each step's slices, conversions, multiplies and adds into one
+      # loop that reads the int8 rows directly (no dot, no converted copy). Each
+      # row is sliced from q on its own: slicing r rows at once and then
+      # splitting the converted block makes XLA materialise it (2-4x slower).
+      if isinstance(row, int):
+        xc = _static_slice(xs_, kax_x, row, row + 1)
+        qr = _static_slice(q_, kax_q, row, row + 1)
+      else:
+        xc = _dynamic_slice(xs_, kax_x, row, 1)
+        qr = _dynamic_slice(q_, kax_q, row, 1)
+      prod = hlo.MulOp(_expand(xc, out_t), _expand(_convert_f32(qr), out_t)).result
+      return hlo.AddOp(acc, prod).result
+
+    def rstep(i, acc, xs_, q_):
+      base = i if r == 1 else hlo.MulOp(i, _i32_scalar(r)).result
+      for j in range(r):
+        acc = update(acc, xs_, q_, base if j == 0 else hlo.AddOp(base, _i32_scalar(j)).result)
+      return acc, xs_, q_
+
+    acc = _f32_zeros(out_shape)
+    if steps:
+      acc, _, _ = _loop(steps, [acc, xs, q], rstep)
+    for row in range(steps * r, k):  # the k % r rows left: static slices
+      acc = update(acc, xs, q, row)
     return acc
 
   if scheme == "k":

@@ -92,8 +92,10 @@ SHAPES = [
     ((), 2, 9, 4, "n", 8),          # block > n
     ((2,), 3, 11, 13, "whole", 0),
     ((), 1, 100, 33, "rows", 1),    # one row of q per step
-    ((), 2, 57, 9, "rows", 1),
-    ((2, 3), 2, 37, 5, "rows", 1),  # two batch dims
+    ((), 2, 57, 9, "rows", 4),      # 14 steps + 1 row left
+    ((), 4, 64, 9, "rows", 4),      # exact multiple
+    ((2, 3), 2, 37, 5, "rows", 3),  # two batch dims, 12 steps + 1 row left
+    ((), 1, 3, 40, "rows", 4),      # fewer rows than a step: no loop
     ((), 1, 1, 40, "rows", 1),      # a single step
 ]
 
@@ -107,6 +109,8 @@ def test_streaming_matches_reference(b, m, k, n, scheme, block):
     params["block_k"] = block
   elif scheme == "n":
     params["block_n"] = block
+  elif scheme == "rows":
+    params["rows_per_step"] = block
   _assert_close_to_reference(_streaming(x, q, s, **params), x, q, s)
 
 
@@ -123,11 +127,11 @@ def test_a_lost_remainder_would_fail_the_tolerance():
 
 def test_rows_scheme_matches_reference_over_random_shapes():
   # The matrix-vector scheme sums the k products sequentially, the longest
-  # chain of any scheme: still within the bound, with batch dims and m = 1, 2.
+  # chain of any scheme: still within the bound, with batch dims and m = 1..4.
   rng = np.random.default_rng(3)
   for _ in range(8):
     b = tuple(int(d) for d in rng.integers(1, 4, int(rng.integers(0, 3))))
-    m = int(rng.integers(1, 3))
+    m = int(rng.integers(1, 5))
     k, n = (int(v) for v in rng.integers(1, 600, 2))
     x, q, s = _operands(rng, b, m, k, n)
     _assert_close_to_reference(_streaming(x, q, s, scheme="rows"), x, q, s)
@@ -144,16 +148,17 @@ def test_default_choice_matches_reference_over_random_shapes():
 
 def test_choose_blocking():
   # K-streaming, blocks of K_BLOCK_BYTES or 1/MAX_FRACTION of the weight
-  assert impl.choose_blocking(3, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
+  assert impl.choose_blocking(5, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
-  assert impl.choose_blocking(3, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
-  assert impl.choose_blocking(3, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
-  assert impl.choose_blocking(3, 300, 4096) == ("k", impl.MIN_BLOCK)
-  # matrix-vector products: one row of q per step, whatever the shape
-  assert impl.choose_blocking(1, 4096, 4096) == ("rows", 1)
-  assert impl.choose_blocking(impl.GEMV_MAX_M, 2048, 8192) == ("rows", 1)
-  assert impl.choose_blocking(1, 30, 4096) == ("rows", 1)
-  assert impl.choose_blocking(impl.GEMV_MAX_M + 1, 4096, 4096)[0] == "k"
+  assert impl.choose_blocking(5, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
+  assert impl.choose_blocking(5, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
+  assert impl.choose_blocking(5, 300, 4096) == ("k", impl.MIN_BLOCK)
+  # few rows of x: rank-1 updates, ROWS_PER_STEP rows of q per step, whatever the shape
+  rows = ("rows", impl.ROWS_PER_STEP)
+  assert impl.choose_blocking(1, 4096, 4096) == rows
+  assert impl.choose_blocking(impl.ROWS_MAX_M, 2048, 8192) == rows
+  assert impl.choose_blocking(1, 30, 4096) == rows
+  assert impl.choose_blocking(impl.ROWS_MAX_M + 1, 4096, 4096)[0] == "k"
   # N-blocking
   assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
       "n", impl.N_BLOCK_BYTES // (4 * 4096))
@@ -162,7 +167,7 @@ def test_choose_blocking():
   # no loop
   assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
   assert impl.choose_blocking(1, 256, 256) == ("whole", 0)  # small weight, m = 1
-  assert impl.choose_blocking(3, 30, 4096) == ("whole", 0)  # a single block
+  assert impl.choose_blocking(5, 30, 4096) == ("whole", 0)  # a single block
 
 
 # --- the CPU lowering rule ----------------------------------------------------
