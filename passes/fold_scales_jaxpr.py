@@ -18,9 +18,10 @@ The rewrite: an equation ``y = dot_general(x, d)`` where ``d = hx_dequantize(q,
 s)`` is defined in the same jaxpr, ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``,
 dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))``, default precision,
 an ``f32`` (or default) preferred element type and no explicit output sharding,
-becomes ``y = hx_matmul_q(x, q, s)`` when ``hx_matmul_q``'s abstract
-evaluation accepts the operands and gives exactly ``y``'s type (shape, dtype,
-sharding, manual axes). The equation keeps its source location and context.
+becomes ``y = hx_matmul_q(x, q, s)`` when the operand and result types meet
+``hx.matmul_q``'s contract in ``lowering/schema.py`` (``f32 x i8, f32``,
+static shapes, unsharded contraction axes) and ``hx_matmul_q``'s abstract
+evaluation gives exactly ``y``'s type (shape, dtype, sharding, manual axes). The equation keeps its source location and context.
 ``hx_dequantize`` equations left without uses are dropped. Sub-jaxprs of
 ``jit``, ``closed_call``, ``cond``, ``while``, ``scan``, ``checkpoint``,
 ``custom_jvp_call``, ``custom_vjp_call`` and ``shard_map`` are rewritten too
@@ -38,6 +39,8 @@ import numpy as np
 from jax.extend import core
 from jax.extend.core import primitives as P
 
+from hxmlir import shardings as shd
+from hxmlir.lowering import schema
 from hxmlir.lowering.primitives import hx_dequantize_p, hx_matmul_q_p
 
 _F32 = np.dtype("float32")
@@ -107,7 +110,8 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> core.JaxprEqn | None
 
 
 def _result_type(*avals):
-  """``hx_matmul_q``'s result type for operand types ``avals`` (``None`` if it refuses them).
+  """``hx_matmul_q``'s result type for operand types ``avals``, or ``None`` when they break
+  its contract (``lowering/schema.py``: types, static shapes, shardings).
 
   Memoised: a model's layers repeat a few operand types, and the abstract
   evaluation (which builds shardings) costs ~10 us.
@@ -116,7 +120,7 @@ def _result_type(*avals):
   if got is _MISSING:
     try:
       out, effects = hx_matmul_q_p.abstract_eval(*avals)
-      got = None if effects else out
+      got = None if effects or _breaks_contract(avals, out) else out
     except (TypeError, ValueError):
       got = None
     if len(_RESULT_TYPES) >= _RESULT_TYPES_MAX:
@@ -125,6 +129,30 @@ def _result_type(*avals):
   return got
 
 
+def _breaks_contract(operands, result) -> bool:
+  """Whether ``hx.matmul_q`` with these operand and result avals breaks the schema's
+  contract: a dtype other than ``f32 x i8, f32`` (a bf16 ``x`` the dot promotes),
+  a symbolic dimension (composites need static shapes), a sharded contraction axis."""
+  spec = schema.SCHEMAS["hx.matmul_q"]
+  types = [_schema_type(a) for a in (*operands, result)]
+  if None in types or spec.check_types(types[:3], types[3:]):
+    return True
+  shardings = [_dim_sharding(a) for a in (*operands, result)]
+  return bool(spec.check_shardings(shardings[:3], shardings[3:]))
+
+
+def _schema_type(aval) -> schema.TensorType | None:
+  if not all(type(d) is int for d in aval.shape):
+    return None
+  return schema.TensorType(tuple(aval.shape), _DTYPE_NAMES.get(aval.dtype, str(aval.dtype)))
+
+
+def _dim_sharding(aval) -> schema.DimSharding:
+  return tuple(() if p is None else (p,) if isinstance(p, str) else tuple(p)
+               for p in shd.partitions(aval.sharding, aval.ndim))
+
+
+_DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("int8"): "i8"}
 _MISSING = object()
 _RESULT_TYPES: dict[tuple, object] = {}
 _RESULT_TYPES_MAX = 1024

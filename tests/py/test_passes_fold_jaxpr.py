@@ -134,6 +134,50 @@ def test_other_dots_are_left_alone(name, f):
   assert fold_closed_jaxpr(closed) == (closed, 0), name
 
 
+# Dots outside hx.matmul_q's contract (lowering/schema.py) that JAX still lowers:
+# the stage must leave each of them, and install must not change what they compute.
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
+def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
+  x, qw = _data()
+  x = x.astype(dtype)
+  closed = _lo_jaxpr(dequant_dot, x, qw)
+  assert fold_closed_jaxpr(closed) == (closed, 0)
+  want = np.asarray(jax.jit(dequant_dot)(x, qw))
+  with hx.installed():
+    got = np.asarray(jax.jit(dequant_dot)(x, qw))
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])
+def test_dots_with_a_sharded_contraction_are_left_alone(xspec, wspec):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+  x, qw = _data(m=8, k=16, n=8)
+  with jax.set_mesh(mesh):
+    xs = jax.device_put(x, xspec)
+    qws = hx.quantize(jax.device_put(hx.dequantize(qw), wspec))
+    closed = _lo_jaxpr(dequant_dot, xs, qws)
+    assert fold_closed_jaxpr(closed) == (closed, 0)
+    want = np.asarray(jax.jit(dequant_dot)(xs, qws))
+    with hx.installed():
+      got = np.asarray(jax.jit(dequant_dot)(xs, qws))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dots_with_symbolic_shapes_are_left_alone():
+  _, qw = _data()
+  xs = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 8"), jnp.float32)
+
+  def f(x):
+    return x @ hx.dequantize(qw)
+  with hx.installed():
+    exp = jax.export.export(jax.jit(f))(xs)
+  x = jnp.asarray(np.random.default_rng(5).standard_normal((5, 8)), jnp.float32)
+  np.testing.assert_allclose(np.asarray(exp.call(x)), np.asarray(jax.jit(f)(x)),
+                             rtol=1e-6, atol=1e-6)
+
+
 def test_left_alone_dots_are_still_folded_by_the_mlir_stage():
   x, qw = _data()
   text = _lowered_text(lambda x, qw: x[None] @ hx.dequantize(qw), x, qw)
