@@ -86,7 +86,9 @@ def shard_map_spec_hint(spec) -> str:
   """The tail of a wrong-``shard_map``-spec message: a plain ``P`` may come from JAX's eager path."""
   if isinstance(spec, PartitionSpec):
     return ("; if the shard_map names the hx spec, it ran un-jitted: JAX 0.10.2 runs an "
-            "un-jitted shard_map on PartitionSpecs of arrays only, so wrap it in jax.jit")
+            "un-jitted shard_map on PartitionSpecs of arrays only, so wrap it in jax.jit. "
+            "jax.pmap (built on shard_map, with plain specs) cannot take hx values as "
+            "arguments: close over them, or use jax.shard_map with the hx partition spec")
   return ""
 
 

@@ -258,6 +258,19 @@ def test_unjitted_shard_map_with_hi_specs_says_use_jit(on_mesh):
                      r"P\(\); if the shard_map names the hx spec, it ran un-jitted.*jax\.jit"):
     jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P("i")))(rows)
 
+
+def test_pmap_of_hi_arguments_says_close_over_them():
+  # jax.pmap is built on shard_map with plain specs; a closed-over QArray works
+  q = hx.quantize(jnp.asarray(W))
+  x = jnp.ones((1, 5, 3), jnp.float32)
+  with pytest.raises(TypeError, match=r"jax\.pmap \(built on shard_map, with plain specs\) "
+                     r"cannot take hx values as arguments: close over them"):
+    jax.pmap(lambda x, q: x @ hx.dequantize(q), in_axes=(0, None))(x, q)
+  y = jax.pmap(lambda x: x @ hx.dequantize(q))(x)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(x) @ np.asarray(hx.dequantize(q)),
+                             rtol=1e-6)
+
+
 def test_shard_map_out_and_in_quantize_by_shard_equals_global(on_mesh):
   @jax.jit
   @jax.shard_map(in_specs=P("i"), out_specs=hx.QArrayP(P("i")))
