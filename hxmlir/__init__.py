@@ -23,7 +23,13 @@ from hxmlir.qarray import (
     dequantize as dequantize,
 )
 from hxmlir.qarray import (
+    make_qarray as make_qarray,
+)
+from hxmlir.qarray import (
     matmul_q as matmul_q,
+)
+from hxmlir.qarray import (
+    qarray_parts as qarray_parts,
 )
 from hxmlir.qarray import (
     quantize as quantize,

@@ -21,6 +21,17 @@ def stage_value(x):
   return core.trace_ctx.trace.stage_value(x)
 
 
+def is_hi_level_tracer(x) -> bool:
+  """Whether ``x`` is a tracer of a trace that takes hi primitives as they are.
+
+  ``jit`` tracing, ``grad``, ``vmap`` and ``scan`` bodies (``requires_low`` false)
+  see a hi value as one tracer of a hi type, so a value class (``hx.QArray``)
+  holding such tracers was built by hand in traced code. Traces that run hi
+  primitives through their ``to_lojax`` rules at once (lowering, an un-jitted
+  ``shard_map``) legitimately build value classes holding their own tracers."""
+  return isinstance(x, core.Tracer) and not x._trace.requires_low
+
+
 # --- hi types: vmap outputs that are not mapped (hiprim.py) --------------------
 from jax._src.interpreters import batching as _batching  # noqa: E402
 

@@ -5,8 +5,9 @@ and stands for the dense array ``qvalue * scale[..., None]`` (symmetric
 per-row, "per-channel", absmax quantization along the last axis, as in
 LLM.int8()'s vector-wise quantization, Dettmers et al. 2022, without the
 outlier split). Its JAX type is :class:`QArrayTy`; users build and consume
-values only through the primitives :func:`quantize`, :func:`dequantize` and
-:func:`matmul_q`, which work under ``jit``, ``grad``, ``vmap``, ``scan``,
+values only through the primitives :func:`quantize`, :func:`dequantize`,
+:func:`matmul_q`, and :func:`make_qarray`/:func:`qarray_parts` (from and to
+the components), which work under ``jit``, ``grad``, ``vmap``, ``scan``,
 explicit sharding and ``shard_map``.
 
 The design follows JAX's guide "Defining new JAX types with hijax", adapted to
@@ -21,11 +22,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.hijax import HiPspec, HiType, ShapedArray, register_hitype
+from jax.experimental.hijax import (
+    HiPspec,
+    HiType,
+    ShapedArray,
+    Zero,
+    aval_property,
+    register_hitype,
+)
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import shardings as shd
-from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
+from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
     HxPrimitive,
     NeedsJitShardMap,
@@ -33,7 +41,9 @@ from hxmlir.hiprim import (
     broadcast_unmapped,
     instantiate,
     is_linear_operand,
+    register_to_lojax,
     shard_map_spec_hint,
+    zeros,
 )
 
 F32 = jnp.dtype("float32")
@@ -45,9 +55,15 @@ class QArray:
   """A quantized array value: ``qvalue: i8[*lead, n]``, ``scale: f32[*lead]``.
 
   Represents ``qvalue.astype(f32) * scale[..., None]``. Construct it with
-  :func:`quantize`; the constructor itself does no checking and is meant for
-  rebuilding values from their components outside traced code (for example
-  from a checkpoint). Inside traced code, use the primitives only.
+  :func:`quantize`, or from its components with :func:`make_qarray`, which
+  works everywhere (``jit``, ``grad``, ``vmap``, ``scan``, ``shard_map``) and
+  checks the components' types. The constructor itself checks only when JAX
+  asks for the type, and is for concrete arrays (for example a checkpoint
+  loaded eagerly): inside traced code a ``QArray`` of traced arrays raises
+  ``TypeError`` telling you to use :func:`make_qarray` as soon as it reaches a
+  primitive (returned from ``jit``, JAX reports it as not a valid JAX type).
+  ``q.qvalue`` and ``q.scale`` work on concrete and traced values alike; on a
+  traced one they are :func:`qarray_parts`.
   """
   qvalue: Any
   scale: Any
@@ -133,6 +149,11 @@ class QArrayTy(HiType):
   @property
   def dtype(self):
     return F32
+
+  # ``q.qvalue`` and ``q.scale`` of a traced ``q`` (a tracer of this type):
+  # ``hx.qarray_parts(q)``, so code reading components works traced as eagerly
+  qvalue = aval_property(lambda q: qarray_parts(q)[0])
+  scale = aval_property(lambda q: qarray_parts(q)[1])
 
   def _parts(self) -> tuple:
     return shd.partitions(self.sharding, len(self.shape))
@@ -227,6 +248,14 @@ class QArrayTy(HiType):
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
   qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
+  if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
+    # JAX asks for the type of a value that is not a tracer (a QArray holding
+    # traced components) when traced code hands it to a primitive or returns it:
+    # it would become an opaque constant with tracers inside
+    raise TypeError(f"hx.QArray(qvalue: {shd.short(qty)}, scale: {shd.short(sty)}) built from "
+                    "traced arrays inside jit/grad/vmap/scan; use "
+                    "hx.make_qarray(qvalue, scale) there (and hx.qarray_parts(q) to take one "
+                    "apart): the QArray constructor is for concrete arrays only")
   if (qty.dtype != I8 or sty.dtype != F32 or qty.ndim < 1
       or tuple(sty.shape) != tuple(qty.shape[:-1])):
     raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
@@ -402,6 +431,157 @@ class MatmulQ(HxPrimitive):
     return matmul_q(x, qw), 0
 
 
+# --- building and taking apart ------------------------------------------------
+
+def _same_parts(a: tuple, b: tuple) -> bool:
+  """Partition entries equal up to spelling (``'i'`` and ``('i',)`` are the same axis)."""
+  def norm(p):
+    return p[0] if isinstance(p, tuple) and len(p) == 1 else p
+  return tuple(map(norm, a)) == tuple(map(norm, b))
+
+
+def make_qarray_type(q_aval, s_aval) -> QArrayTy:
+  """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``.
+
+  The result is sharded like ``qvalue``; the scale must be sharded like
+  ``qvalue``'s leading axes (``f32[8@i]`` for ``i8[8@i,3]``). Inside
+  ``shard_map`` the result varies over the manual axes either component varies
+  over. Raises ``TypeError`` naming both operand types otherwise.
+  """
+  got = f"{shd.short(q_aval)}, {shd.short(s_aval)}"
+  if not (isinstance(q_aval, ShapedArray) and isinstance(s_aval, ShapedArray)
+          and q_aval.dtype == I8 and s_aval.dtype == F32 and q_aval.ndim >= 1
+          and tuple(s_aval.shape) == tuple(q_aval.shape[:-1])):
+    raise TypeError(f"hx.make_qarray expects qvalue: i8[*l, n] and scale: f32[*l], got {got}")
+  qp = shd.partitions(q_aval.sharding, q_aval.ndim)
+  sp = shd.partitions(s_aval.sharding, s_aval.ndim)
+  sharded = any(p is not None for p in qp[:-1])
+  if not _same_parts(sp, qp[:-1]) or (sharded and s_aval.sharding.mesh != q_aval.sharding.mesh):
+    want = ShapedArray(s_aval.shape, F32, sharding=shd.with_partitions(q_aval.sharding, qp[:-1]))
+    raise TypeError(f"hx.make_qarray expects the scale sharded like qvalue's leading axes "
+                    f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
+                    "scale (jax.sharding.reshard) or the qvalue")
+  return QArrayTy(tuple(q_aval.shape), q_aval.sharding, shd.join_mat(q_aval, s_aval))
+
+
+class MakeQArray(HxPrimitive):
+  """``make_qarray: i8[*l, n], f32[*l] -> q8[*l, n]``; see :func:`make_qarray`."""
+
+  def __init__(self, q_aval, s_aval):
+    self.out_aval = make_qarray_type(q_aval, s_aval)
+    self.in_avals = (q_aval, s_aval)
+    self.params = {}
+    super().__init__()
+
+  # the result is qvalue * scale[..., None]: linear in the scale, and the int8
+  # values carry no tangent (float0, as for every integer array in JAX)
+  def jvp(self, primals, tangents):
+    (qvalue, scale), (_, dscale) = primals, tangents
+    t_aval = self.out_aval.to_tangent_aval()
+    if isinstance(dscale, Zero):
+      return self(qvalue, scale), zeros(t_aval)
+    return self(qvalue, scale), qvalue.astype(F32) * dscale[..., None]
+
+  def vjp_fwd(self, nzs_in, qvalue, scale):
+    return self(qvalue, scale), qvalue
+
+  def vjp_bwd_retval(self, qvalue, g):
+    q_aval, s_aval = self.in_avals
+    if isinstance(g, Zero):
+      return Zero(q_aval.to_ct_aval()), Zero(s_aval.to_ct_aval())
+    gs = jnp.sum(g * qvalue.astype(F32), axis=-1)
+    return Zero(q_aval.to_ct_aval()), shd.match_vma(gs, s_aval)
+
+  def batch(self, axis_data, args, dims):
+    (qvalue, scale), (dq, ds) = args, dims
+    if dq is None and ds is None:
+      return make_qarray(qvalue, scale), None
+    size = axis_data.size
+    def lead(x, d):
+      return jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size, *x.shape))
+    return make_qarray(lead(qvalue, dq), lead(scale, ds)), QArraySpec()
+
+
+@register_to_lojax(MakeQArray)
+def _make_qarray_rule(prim, qvalue, scale):
+  # no lo primitive and no composite (as for tuples): the components are the value.
+  # Inside shard_map a component invariant over an axis the other varies over is
+  # made varying, so both match the result type's manual-axis type.
+  varying = prim.out_aval.mat.varying
+  def vary(x, aval):
+    missing = tuple(a for a in aval.sharding.mesh.axis_names
+                    if a in varying and a not in aval.mat.varying)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+  q_aval, s_aval = prim.in_avals
+  return QArray(vary(qvalue, q_aval), vary(scale, s_aval))
+
+
+def scale_tangent_weights(qvalue) -> jax.Array:
+  """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts``.
+
+  The scale's tangent is read where the dequantized value is most precise, at
+  the elements of largest ``|qvalue|`` in each row: ``dX_j / qvalue_j``
+  averaged over those ``j`` (one for a row from :func:`quantize` unless
+  several values round to +-127). A row of zeros gets ``w = 0``.
+  """
+  qf = qvalue.astype(F32)
+  a = jnp.abs(qf)
+  top = jnp.max(a, axis=-1, keepdims=True)
+  at_top = (a == top) & (top > 0)
+  count = jnp.sum(at_top, axis=-1, keepdims=True).astype(F32)
+  return jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
+
+
+class QArrayParts(HxPrimitive):
+  """``qarray_parts: q8[*l, n] -> (i8[*l, n], f32[*l])``; see :func:`qarray_parts`."""
+
+  def __init__(self, q_aval):
+    if not isinstance(q_aval, QArrayTy):
+      raise TypeError(f"hx.qarray_parts expects a quantized array q8[..., n], "
+                      f"got {shd.short(q_aval)}")
+    self.in_avals = (q_aval,)
+    self.out_aval = tuple(q_aval.lo_ty())
+    self.params = {}
+    super().__init__()
+
+  def _tangents(self, qvalue, dq):
+    q_ty, s_ty = self.out_aval
+    if isinstance(dq, Zero):
+      return Zero(q_ty.to_tangent_aval()), Zero(s_ty.to_tangent_aval())
+    ds = jnp.sum(scale_tangent_weights(qvalue) * dq, axis=-1)
+    return Zero(q_ty.to_tangent_aval()), ds
+
+  def jvp(self, primals, tangents):
+    (q,), (dq,) = primals, tangents
+    qvalue, scale = self(q)
+    return (qvalue, scale), self._tangents(qvalue, dq)
+
+  def vjp_fwd(self, nzs_in, q):
+    qvalue, scale = self(q)
+    return (qvalue, scale), qvalue
+
+  def vjp_bwd_retval(self, qvalue, g):
+    q_aval = self.in_avals[0]
+    _, gs = g
+    if isinstance(gs, Zero):
+      return (Zero(q_aval.to_ct_aval()),)
+    gq = scale_tangent_weights(qvalue) * gs[..., None]
+    return (shd.match_vma(gq, q_aval),)
+
+  def batch(self, axis_data, args, dims):
+    (q,), (d,) = args, dims
+    if d is None:
+      return qarray_parts(q), (None, None)
+    if not isinstance(d, QArraySpec):
+      raise TypeError(f"a quantized array is mapped with hx.QArraySpec(), got {d!r}")
+    return qarray_parts(q), (0, 0)
+
+
+@register_to_lojax(QArrayParts)
+def _qarray_parts_rule(prim, q):
+  return (q.qvalue, q.scale)
+
+
 # --- user functions ----------------------------------------------------------
 
 def quantize(x) -> QArray:
@@ -444,3 +624,58 @@ def matmul_q(x, qw) -> jax.Array:
   contraction axis.
   """
   return MatmulQ(jax.typeof(x), jax.typeof(qw))(x, qw)
+
+
+def make_qarray(qvalue, scale) -> QArray:
+  """The quantized array ``q8[*l, n]`` with components ``qvalue: i8[*l, n]``, ``scale: f32[*l]``.
+
+  Stands for ``qvalue * scale[..., None]``; nothing is computed or checked
+  beyond the types (the values are taken as they are, ``-128`` included). Use it
+  wherever the components are JAX values -- inside ``jit``, ``grad``, ``vmap``,
+  ``scan``, ``shard_map`` (for example weights kept as separate int8 and f32
+  arrays in a checkpoint). The result is sharded like ``qvalue``; ``scale`` must
+  be sharded like ``qvalue``'s leading axes.
+
+  Differentiable in ``scale``: the tangent is the dense ``f32`` array
+  ``qvalue * d(scale)[..., None]`` and the cotangent of ``scale`` is
+  ``sum(ct * qvalue, -1)``. ``qvalue`` is integer: no tangent, a zero ``float0``
+  cotangent. Raises ``TypeError`` naming both operand types on wrong dtypes,
+  shapes or shardings.
+  """
+  qvalue, scale = _lo_operand(qvalue), _lo_operand(scale)
+  s_aval = jax.typeof(scale)
+  if isinstance(s_aval, ShapedArray) and s_aval.weak_type and s_aval.dtype == F32:
+    scale = jax.lax.convert_element_type(scale, F32)  # a Python float's weak type
+  return MakeQArray(jax.typeof(qvalue), jax.typeof(scale))(qvalue, scale)
+
+
+def qarray_parts(q) -> tuple[jax.Array, jax.Array]:
+  """The components ``(qvalue: i8[*l, n], scale: f32[*l])`` of ``q: q8[*l, n]``.
+
+  The inverse of :func:`make_qarray` (bit for bit both ways). Under ``vmap``
+  both components are mapped along axis 0; shardings are those of ``q``'s
+  components.
+
+  Gradients: ``qvalue`` is integer and has none. The tangent of ``q`` is a
+  dense ``f32`` array ``dX`` (of the value ``qvalue * scale``) with no unique
+  split into a scale tangent, so ``qvalue`` is held fixed and the scale's
+  tangent is read at the elements of largest ``|qvalue|`` in each row:
+  ``d(scale) = dX_j / qvalue_j`` for such ``j`` (averaged over ties; ``0`` for a
+  row of zeros). Then ``qarray_parts(make_qarray(qvalue, s))`` differentiates
+  as the identity in ``s``, and ``qarray_parts(quantize(x))``'s scale has the
+  derivative of ``max(|x|) / 127`` (``quantize`` is straight-through) where
+  the row's largest element is unique. The cotangent of ``q`` is that
+  read-out's transpose: ``ct_scale / qvalue_j`` at those elements, zero
+  elsewhere. Raises ``TypeError`` unless ``q`` is a quantized array.
+  """
+  return QArrayParts(jax.typeof(q))(q)
+
+
+def _lo_operand(x):
+  """``x`` as a JAX value: arrays and tracers unchanged, numpy and Python values converted."""
+  try:
+    ty = jax.typeof(x)
+  except TypeError:
+    return jnp.asarray(x)
+  return x if isinstance(ty, HiType) or isinstance(x, (jax.Array, jax.core.Tracer)) \
+      else jnp.asarray(x)
