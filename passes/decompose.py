@@ -39,11 +39,11 @@ class DecomposePass(HxPass):
              if irutil.is_hx_composite(op)]
       if not ops:
         break
-      funcs = irutil.func_ops(module)
+      scopes: dict = {}  # module -> its functions (a module may nest others)
       progress = False
       for op in ops:
         sym = irutil.symbol_ref(irutil.attr_or_none(op, "decomposition") or ir.UnitAttr.get())
-        fn = funcs.get(sym) if sym else None
+        fn = irutil.scope_funcs(op, module, scopes).get(sym) if sym else None
         if fn is None or not fn.regions[0].blocks:
           diags.error(op, f"'{irutil.composite_name(op)}' cannot be inlined: decomposition "
                       f"@{sym} is not a func.func with a body in this module")
@@ -55,8 +55,16 @@ class DecomposePass(HxPass):
       if not progress:
         break
     else:
-      diags.error(module, "hx composites are still present after inlining "
-                  f"{_MAX_ROUNDS} levels: a decomposition uses itself")
+      seen = set()
+      for op in irutil.walk(module, frozenset({"stablehlo.composite"})):
+        if not irutil.is_hx_composite(op):
+          continue
+        where = irutil.location_str(op.location)  # inlined copies share their origin's
+        if where in seen:
+          continue
+        seen.add(where)
+        diags.error(op, f"'{irutil.composite_name(op)}' is still present after inlining "
+                    f"{_MAX_ROUNDS} levels: its decomposition uses itself")
     removed = irutil.erase_unused_functions(module, used_decomps)
     stats = {"composites inlined": inlined, "functions removed": removed}
     return PassResult(changed=inlined > 0, stats=stats)

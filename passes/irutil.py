@@ -257,6 +257,27 @@ def enclosing_func(op: ir.Operation) -> ir.Operation | None:
   return parent
 
 
+def enclosing_module(op: ir.Operation) -> ir.Operation | None:
+  """The nearest ``builtin.module`` holding ``op`` (the symbol table its symbols resolve in)."""
+  parent = op.parent
+  while parent is not None and parent.name != "builtin.module":
+    parent = parent.parent
+  return None if parent is None else parent.operation
+
+
+def scope_funcs(op: ir.Operation, top: ir.Operation, cache: dict) -> dict[str, ir.Operation]:
+  """:func:`func_ops` of the module ``op``'s symbols resolve in: ``top`` itself unless
+  ``op`` sits in a module nested in it. ``cache`` (a dict the caller keeps) holds
+  one entry per module."""
+  scope = enclosing_module(op) if len(ops_named(top, "builtin.module")) > 1 else None
+  if scope is None:
+    scope = top.operation if hasattr(top, "operation") else top
+  funcs = cache.get(scope)
+  if funcs is None:
+    funcs = cache[scope] = func_ops(scope)
+  return funcs
+
+
 def func_ops(module: ir.Operation) -> dict[str, ir.Operation]:
   """The module's top-level ``func.func`` ops keyed by symbol name."""
   out = {}

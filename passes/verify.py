@@ -66,8 +66,11 @@ class VerifyPass(HxPass):
   analysis: ClassVar[bool] = True
 
   def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
-    funcs = irutil.func_ops(module)
-    plain_cache: dict[str, str | None] = {}
+    # Per symbol table (module; one unless modules nest): its functions and which
+    # of them are plain StableHLO.
+    scopes: dict = {}
+    plain_caches: dict = {}
+    nested = len(irutil.ops_named(module, "builtin.module")) > 1
     # Composites equal in everything the check reads get the same verdict: a
     # model's repeated layers are checked once. The key holds the attributes the
     # contract is about and the operand shardings; operand and result types need
@@ -85,10 +88,15 @@ class VerifyPass(HxPass):
       attrs = op.attributes
       key = (len(attrs), *[attrs[k] if k in attrs else None for k in _KEY_ATTRS],
              *([sharding(v) for v in op.operands] if sharded else [len(op.operands)]))
+      scope = irutil.enclosing_module(op) if nested else None
+      if nested:
+        key = (scope, *key)
       problems = verdicts.get(key, verdicts)  # (the dict itself: not seen yet)
       if problems is verdicts:
-        problems = verdicts[key] = (_check_composite(op, funcs, plain_cache)
-                                    if irutil.is_hx_composite(op) else None)
+        problems = verdicts[key] = (
+            _check_composite(op, irutil.scope_funcs(op, module, scopes),
+                             plain_caches.setdefault(scope, {}))
+            if irutil.is_hx_composite(op) else None)
       if problems is not None:
         checked += 1
         for problem in problems:

@@ -135,3 +135,24 @@ func.func @identity_decomposition(%c: tensor<4xf32>, %r: tensor<5xf32>) -> (tens
 func.func private @outer(%c: tensor<4xf32>, %r: tensor<5xf32>) -> (tensor<4xf32>, tensor<5xf32>) {
   return %c, %r : tensor<4xf32>, tensor<5xf32>
 }
+
+// -----
+
+// A composite in a nested module resolves its decomposition in that module.
+// CHECK-LABEL: module @outer
+// CHECK: module @inner
+// CHECK: func.func @nested(%[[X:.*]]: tensor<4xf32>)
+// CHECK-NEXT: %[[E:.*]] = stablehlo.exponential %[[X]]
+// CHECK-NEXT: return %[[E]]
+module @outer {
+  module @inner {
+    func.func @nested(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %0 = stablehlo.composite "hx.wrapped" %x {decomposition = @impl, version = 1 : i32} : (tensor<4xf32>) -> tensor<4xf32>
+      return %0 : tensor<4xf32>
+    }
+    func.func private @impl(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %0 = stablehlo.exponential %x : tensor<4xf32>
+      return %0 : tensor<4xf32>
+    }
+  }
+}

@@ -513,3 +513,30 @@ func.func private @mr1(%x: tensor<2x4xf32>, %c: tensor<4xf32>, %r: tensor<5xf32>
   %0 = stablehlo.constant dense<0.0> : tensor<2x5xf32>
   return %0 : tensor<2x5xf32>
 }
+
+// -----
+
+// Symbols resolve in the nearest module: a composite in a nested module finds its
+// decomposition there, and the same name in the outer module is another function.
+module @outer_scope {
+  module @inner_scope {
+    func.func @nested_ok(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+      %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+      return %0 : tensor<4x8xf32>
+    }
+    func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+      %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+      return %0 : tensor<4x8xf32>
+    }
+  }
+  func.func @outer_bad(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+    // expected-error @+1 {{'hx.matmul_q' decomposition @mm is not plain StableHLO: it contains 'chlo.erf'}}
+    %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+    return %0 : tensor<4x8xf32>
+  }
+  func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+    %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+    %1 = chlo.erf %0 : tensor<4x8xf32> -> tensor<4x8xf32>
+    return %1 : tensor<4x8xf32>
+  }
+}
