@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 from test_passes_support import without_locations
 
@@ -136,33 +135,27 @@ def test_other_dots_are_left_alone(name, f):
 
 # Dots outside hx.matmul_q's contract (lowering/schema.py) that JAX still lowers:
 # the stage must leave each of them, and install must not change what they compute.
+def _left_alone_and_unchanged(*args):
+  """The stage leaves ``dequant_dot(*args)`` as it is, and install does not change its result."""
+  closed = _lo_jaxpr(dequant_dot, *args)
+  assert fold_closed_jaxpr(closed) == (closed, 0)
+  want = np.asarray(jax.jit(dequant_dot)(*args))
+  with hx.installed():
+    got = np.asarray(jax.jit(dequant_dot)(*args))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
 def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
   x, qw = _data()
-  x = x.astype(dtype)
-  closed = _lo_jaxpr(dequant_dot, x, qw)
-  assert fold_closed_jaxpr(closed) == (closed, 0)
-  want = np.asarray(jax.jit(dequant_dot)(x, qw))
-  with hx.installed():
-    got = np.asarray(jax.jit(dequant_dot)(x, qw))
-  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  _left_alone_and_unchanged(x.astype(dtype), qw)
 
 
 @pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])
-def test_dots_with_a_sharded_contraction_are_left_alone(xspec, wspec):
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+def test_dots_with_a_sharded_contraction_are_left_alone(on_mesh, xspec, wspec):
   x, qw = _data(m=8, k=16, n=8)
-  with jax.set_mesh(mesh):
-    xs = jax.device_put(x, xspec)
-    qws = hx.quantize(jax.device_put(hx.dequantize(qw), wspec))
-    closed = _lo_jaxpr(dequant_dot, xs, qws)
-    assert fold_closed_jaxpr(closed) == (closed, 0)
-    want = np.asarray(jax.jit(dequant_dot)(xs, qws))
-    with hx.installed():
-      got = np.asarray(jax.jit(dequant_dot)(xs, qws))
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  _left_alone_and_unchanged(jax.device_put(x, xspec),
+                            hx.quantize(jax.device_put(hx.dequantize(qw), wspec)))
 
 
 def test_dots_with_symbolic_shapes_are_left_alone():
@@ -247,20 +240,16 @@ def test_nested_jit_scan_and_cond_are_rewritten_once_per_body():
                              rtol=1e-5, atol=1e-5)
 
 
-def test_explicit_sharding_folds_to_the_same_sharded_matmul_q():
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+def test_explicit_sharding_folds_to_the_same_sharded_matmul_q(on_mesh):
   x, qw = _data(m=8, k=8, n=4)
-  with jax.set_mesh(mesh):
-    xs = jax.device_put(x, P("i"))
-    qws = hx.quantize(jax.device_put(hx.dequantize(qw), P(None, "j")))
+  xs = jax.device_put(x, P("i"))
+  qws = hx.quantize(jax.device_put(hx.dequantize(qw), P(None, "j")))
 
-    def direct(x, qw):
-      return hx.matmul_q(x, qw)
-    _same_as_direct(dequant_dot, direct, xs, qws)
-    text = _lowered_text(dequant_dot, xs, qws)
-    assert 'stablehlo.composite "hx.matmul_q"' in text and "sdy.sharding" in text
+  def direct(x, qw):
+    return hx.matmul_q(x, qw)
+  _same_as_direct(dequant_dot, direct, xs, qws)
+  text = _lowered_text(dequant_dot, xs, qws)
+  assert 'stablehlo.composite "hx.matmul_q"' in text and "sdy.sharding" in text
 
 
 # --- which pipelines have a jaxpr stage ---------------------------------------------------

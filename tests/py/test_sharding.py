@@ -13,25 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 import hxmlir as hx
 
 get = hx.get_tuple_element
-
-
-@pytest.fixture(scope="module")
-def mesh():
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-  return jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
-
-
-@pytest.fixture
-def on_mesh(mesh):
-  with jax.set_mesh(mesh):
-    yield mesh
 
 
 ROWS = np.arange(24., dtype=np.float32).reshape(8, 3) - 7.
