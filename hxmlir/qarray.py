@@ -228,6 +228,8 @@ class QArrayTy(HiType):
 
   def unshard(self, mesh, check_vma, spec) -> QArrayTy:
     qspec = self._check_pspec(spec)
+    # both components take qspec: what JAX checks for a plain P, for the pair
+    shd.check_out_vma(str(self), spec, mesh, check_vma, shd.spec_axes(qspec), self.mat)
     qty = self.lo_ty()[0].unshard(mesh, check_vma, qspec)
     return QArrayTy(qty.shape, qty.sharding, qty.mat)
 

@@ -184,7 +184,12 @@ class Rank1Ty(HiType):
     return Rank1Ty(d.shape, d.sharding, d.mat)
 
   def unshard(self, mesh, check_vma, spec) -> Rank1Ty:
-    d = self._dense().unshard(mesh, check_vma, self._check_pspec(spec))
+    dspec = self._check_pspec(spec)
+    # checked on the dense spec: both factors share one manual-axis type, so a
+    # factor whose own spec omits an axis the other factor varies over is
+    # indistinguishable from one that varies over it itself
+    shd.check_out_vma(str(self), spec, mesh, check_vma, shd.spec_axes(dspec), self.mat)
+    d = self._dense().unshard(mesh, check_vma, dspec)
     return Rank1Ty(d.shape, d.sharding, d.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> Rank1P:

@@ -86,3 +86,36 @@ def match_vma(ct, aval):
   if not extra:
     return ct
   return jax.lax.psum(ct, tuple(a for a in jax.typeof(ct).sharding.mesh.axis_names if a in extra))
+
+
+def spec_axes(spec: PartitionSpec) -> frozenset:
+  """The mesh axes a ``PartitionSpec`` names: its partitions', unreduced and reduced."""
+  return frozenset(a for p in spec.partitions if p is not None
+                   for a in (p if isinstance(p, tuple) else (p,))) | spec.unreduced | spec.reduced
+
+
+def check_out_vma(what: str, spec, mesh, check_vma: bool, named: frozenset, mat) -> None:
+  """Refuse a ``shard_map`` output that varies over a manual axis its ``out_specs`` omits.
+
+  JAX's own rule (``_check_mats`` in ``jax/_src/shard_map.py``), which it applies
+  to plain ``PartitionSpec`` outputs only: with ``check_vma`` every mesh axis the
+  spec does not name (``named``), and that is not already manual outside this
+  ``shard_map``, must be one the value (``mat``) does not vary over; else the
+  output would silently be one device's block. A hi type's ``unshard`` calls this
+  with its own ``what`` (its type) and the axes its spec names.
+  """
+  if not check_vma:
+    return
+  outer_manual = set(getattr(mesh, "manual_axes", ()))
+  bad = [a for a in mesh.axis_names
+         if a not in named and a not in outer_manual and a in mat.vur]
+  if not bad:
+    return
+  got = ",".join(a for a in mesh.axis_names if a in mat.vur)
+  diff = ",".join(bad)
+  raise TypeError(
+      f"shard_map out_specs {spec!r} for {what} implies that the output is replicated "
+      f"across mesh axes {{{diff}}}, but it was inferred to be possibly varying over "
+      f"{{{got}}}; name {{{diff}}} in the out_specs, or reduce over them first "
+      "(jax.lax.psum / jax.lax.pmax of the arrays it is built from), or pass check_vma=False to jax.shard_map if the "
+      "value is replicated")

@@ -160,8 +160,12 @@ class TupTy(HiType):
                        for ty, s in zip(self.tys, self._check_pspec(spec))))
 
   def unshard(self, mesh, check_vma, spec) -> TupTy:
-    return TupTy(tuple(ty.unshard(mesh, check_vma, s)
-                       for ty, s in zip(self.tys, self._check_pspec(spec))))
+    specs = self._check_pspec(spec)
+    for i, (ty, s) in enumerate(zip(self.tys, specs)):
+      if not _is_hi(ty):  # hi elements check themselves in their unshard
+        shd.check_out_vma(f"element {i} ({shd.short(ty)}) of {self}", spec, mesh, check_vma,
+                          shd.spec_axes(s), ty.mat)
+    return TupTy(tuple(ty.unshard(mesh, check_vma, s) for ty, s in zip(self.tys, specs)))
 
   def nospec(self, mesh, check_vma, all_names) -> TupP:
     return TupP(tuple(ty.nospec(mesh, check_vma, all_names) for ty in self.tys))

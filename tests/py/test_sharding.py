@@ -373,3 +373,58 @@ def test_grad_through_shard_map(on_mesh):
   np.testing.assert_allclose(np.asarray(gq),
                              2 * np.asarray(hx.dequantize(hx.quantize(jnp.asarray(ROWS)))),
                              rtol=1e-6)
+
+
+# JAX checks that an output's out_specs names every manual axis it varies over only
+# for plain PartitionSpecs; each hi type's unshard applies the same rule, so a hi
+# output varying over an axis its spec omits is refused, never one device's block.
+VARYING = r"shard_map out_specs .* for {} implies that the output is replicated across mesh " \
+          r"axes \{{{}\}}, but it was inferred to be possibly varying over \{{{}\}}; name .* " \
+          r"in the out_specs, or reduce over them first \(jax\.lax\.psum / jax\.lax\.pmax"
+
+
+def test_shard_map_hi_output_varying_over_an_unnamed_axis(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  q8i = r"q8\[2,3\]\{V:i\}"
+  # QArray: from quantize, from make_qarray, and varying over j with a spec naming i only
+  with pytest.raises(TypeError, match=VARYING.format(q8i, "i", "i")):
+    jax.jit(jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P())))(rows)
+  qv = jax.device_put(ROWS.astype(np.int8), P("i"))
+  with pytest.raises(TypeError, match=VARYING.format(q8i, "i", "i")):
+    jax.jit(jax.shard_map(hx.make_qarray, in_specs=(P("i"), P()),
+                          out_specs=hx.QArrayP(P())))(qv, jnp.ones(2))
+  with pytest.raises(TypeError, match=VARYING.format(r"q8\[2,3\]\{V:\(i,j\)\}", "j", "i,j")):
+    jax.jit(jax.shard_map(hx.make_qarray, in_specs=(P("i"), P("j")),
+                          out_specs=hx.QArrayP(P("i"))))(qv, jax.device_put(ROWS[:4, 0], P("j")))
+  # Rank1: checked on the dense spec
+  col = jax.device_put(ROWS[:, 0], P("i"))
+  with pytest.raises(TypeError, match=VARYING.format(r"r1\[2,6\]\{V:i\}", "i", "i")):
+    jax.jit(jax.shard_map(hx.outer, in_specs=(P("i"), P()),
+                          out_specs=hx.Rank1P(P())))(col, jnp.ones(6))
+  # HiTup: array elements (which JAX does not check under a TupP) and nested hi elements
+  with pytest.raises(TypeError, match=VARYING.format(r"element 0 \(f32\[2,3\]\{V:i\}\) of "
+                                                     r"Tup\{.*\}", "i", "i")):
+    jax.jit(jax.shard_map(lambda x: hx.make_tup(x, 1.0), in_specs=P("i"),
+                          out_specs=hx.TupP((P(), P()))))(rows)
+  with pytest.raises(TypeError, match=VARYING.format(q8i, "i", "i")):
+    jax.jit(jax.shard_map(lambda x: hx.make_tup(x, hx.make_tup(hx.quantize(x))), in_specs=P("i"),
+                          out_specs=hx.TupP((P("i"), hx.TupP((hx.QArrayP(P()),))))))(rows)
+
+
+def test_shard_map_hi_output_replicated_or_unchecked_is_accepted(on_mesh):
+  rows = jax.device_put(ROWS, P("i"))
+  # reduced over i first: invariant, so a spec that does not name i fits
+  @jax.jit
+  @jax.shard_map(in_specs=P("i"), out_specs=hx.TupP((hx.QArrayP(P()), P())))
+  def total(x):
+    s = jax.lax.psum(x, "i")
+    return hx.make_tup(hx.quantize(s), s)
+
+  t = total(rows)
+  want = ROWS.reshape(4, 2, 3).sum(0)
+  assert short(t) == "Tup{q8[2,3],f32[2,3]}"
+  assert_same_q(get(t, 0), hx.quantize(jnp.asarray(want)))
+  # check_vma=False: the user vouches for replication, as for plain specs
+  f = jax.jit(jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P()),
+                            check_vma=False))
+  assert short(f(rows)) == "q8[2,3]"
