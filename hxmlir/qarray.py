@@ -524,11 +524,12 @@ def scale_tangent_weights(qvalue) -> jax.Array:
   The scale's tangent is read where the dequantized value is most precise, at
   the elements of largest ``|qvalue|`` in each row: ``dX_j / qvalue_j``
   averaged over those ``j`` (one for a row from :func:`quantize` unless
-  several values round to +-127). A row of zeros gets ``w = 0``.
+  several values round to +-127). A row of zeros, and every row of an empty
+  quantized axis (``n = 0``), gets ``w = 0``.
   """
   qf = qvalue.astype(F32)
   a = jnp.abs(qf)
-  top = jnp.max(a, axis=-1, keepdims=True)
+  top = jnp.max(a, axis=-1, keepdims=True, initial=0)  # initial: n = 0 has no maximum
   at_top = (a == top) & (top > 0)
   count = jnp.sum(at_top, axis=-1, keepdims=True).astype(F32)
   return jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
@@ -662,13 +663,21 @@ def qarray_parts(q) -> tuple[jax.Array, jax.Array]:
   dense ``f32`` array ``dX`` (of the value ``qvalue * scale``) with no unique
   split into a scale tangent, so ``qvalue`` is held fixed and the scale's
   tangent is read at the elements of largest ``|qvalue|`` in each row:
-  ``d(scale) = dX_j / qvalue_j`` for such ``j`` (averaged over ties; ``0`` for a
-  row of zeros). Then ``qarray_parts(make_qarray(qvalue, s))`` differentiates
-  as the identity in ``s``, and ``qarray_parts(quantize(x))``'s scale has the
-  derivative of ``max(|x|) / 127`` (``quantize`` is straight-through) where
-  the row's largest element is unique. The cotangent of ``q`` is that
-  read-out's transpose: ``ct_scale / qvalue_j`` at those elements, zero
-  elsewhere. Raises ``TypeError`` unless ``q`` is a quantized array.
+  ``d(scale) = dX_j / qvalue_j`` averaged over those ``j``; ``0`` for a row of
+  zeros and for an empty quantized axis (``n = 0``). Consequences:
+
+  * ``qarray_parts(make_qarray(qvalue, s))`` differentiates as the identity in
+    ``s``, except in rows where ``qvalue`` is all zeros: such a row's scale has
+    no effect on the value, so its tangent is ``0``.
+  * ``qarray_parts(quantize(x))``'s scale (``quantize`` is straight-through)
+    has the derivative of ``max(|x|) / 127`` only in rows where exactly one
+    element quantizes to +-127. Where several do, the derivative is shared
+    between them: ``x = [[1.0, 0.998, 0.1]]`` quantizes to ``[[127, 127, 13]]``
+    and gets ``[[1/254, 1/254, 0]]``, not ``[[1/127, 0, 0]]``.
+
+  The cotangent of ``q`` is that read-out's transpose: ``ct_scale /
+  (qvalue_j * count)`` at the ``count`` largest elements, zero elsewhere.
+  Raises ``TypeError`` unless ``q`` is a quantized array.
   """
   return QArrayParts(jax.typeof(q))(q)
 

@@ -241,6 +241,54 @@ def test_scale_of_quantize_has_the_absmax_derivative():
   np.testing.assert_allclose(np.asarray(g), expected, rtol=1e-6)
 
 
+def test_parts_of_make_zero_row_scale_has_a_zero_derivative():
+  # a row of zeros: its scale has no effect on the value, so its tangent is 0
+  # (the one exception to "identity in s")
+  s = jnp.asarray([0.5, 0.25, 3.0, 1.5], jnp.float32)
+
+  def f(s):
+    return hx.qarray_parts(hx.make_qarray(QV, s))[1]
+
+  assert not QV[2].any()
+  for jac in (jax.jacfwd, jax.jacrev):
+    np.testing.assert_allclose(np.asarray(jac(f)(s)), np.diag([1., 1., 0., 1.]), rtol=1e-6)
+
+
+def test_scale_of_quantize_with_tied_largest_values_shares_the_derivative():
+  # 1.0 and 0.998 both quantize to 127: d(scale) is averaged over them, so it is
+  # not the derivative of max(|x|) / 127 (which is [1/127, 0, 0])
+  x = jnp.asarray([[1.0, 0.998, 0.1], [1.0, 0.5, 0.1]], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(hx.quantize(x).qvalue), [[127, 127, 13], [127, 64, 13]])
+
+  def scale(x):
+    return hx.qarray_parts(hx.quantize(x))[1]
+
+  expected = np.array([[1 / 254, 1 / 254, 0], [1 / 127, 0, 0]], np.float32)
+  np.testing.assert_allclose(np.asarray(jax.grad(lambda x: scale(x).sum())(x)), expected,
+                             rtol=1e-6)
+  _, ds = jax.jvp(scale, (x,), (jnp.ones_like(x),))
+  np.testing.assert_allclose(np.asarray(ds), expected.sum(-1), rtol=1e-6)
+
+
+def test_parts_derivatives_with_an_empty_quantized_axis():
+  # n = 0: no largest element in any row; every scale tangent is 0 (was a ValueError
+  # from a max over the empty axis)
+  z = jnp.zeros((2, 0), jnp.int8)
+  s = jnp.ones(2, jnp.float32)
+
+  def f(s):
+    return hx.qarray_parts(hx.make_qarray(z, s))[1]
+
+  _, t = jax.jvp(f, (s,), (s,))
+  np.testing.assert_array_equal(np.asarray(t), [0., 0.])
+  np.testing.assert_array_equal(np.asarray(jax.grad(lambda s: f(s).sum())(s)), [0., 0.])
+  np.testing.assert_array_equal(np.asarray(jax.jit(jax.jacrev(f))(s)), np.zeros((2, 2)))
+  gq = jax.grad(lambda q: hx.qarray_parts(q)[1].sum())(hx.make_qarray(z, s))
+  assert short(gq) == "f32[2,0]"
+  gx = jax.grad(lambda x: hx.qarray_parts(hx.quantize(x))[1].sum())(jnp.zeros((2, 0)))
+  assert gx.shape == (2, 0)
+
+
 def test_linearize_and_transpose():
   s = jnp.ones(4, jnp.float32)
   y, f_lin = jax.linearize(lambda s: hx.dequantize(hx.make_qarray(QV, s)), s)
