@@ -58,7 +58,8 @@ class QArray:
   :func:`quantize`, or from its components with :func:`make_qarray`, which
   works everywhere (``jit``, ``grad``, ``vmap``, ``scan``, ``shard_map``) and
   checks the components' types. The constructor itself checks only when JAX
-  asks for the type, and is for concrete arrays (for example a checkpoint
+  asks for the type (the same rule: ``i8`` values, ``f32`` scales sharded like
+  the values' leading axes), and is for concrete arrays (for example a checkpoint
   loaded eagerly): inside traced code a ``QArray`` of traced arrays raises
   ``TypeError`` telling you to use :func:`make_qarray` as soon as it reaches a
   primitive (returned from ``jit``, JAX reports it as not a valid JAX type).
@@ -262,7 +263,9 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
       or tuple(sty.shape) != tuple(qty.shape[:-1])):
     raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
                     f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)}")
-  return QArrayTy(tuple(qty.shape), qty.sharding, qty.mat)
+  # the scale's sharding and manual axes: make_qarray's rule, so the type agrees
+  # with where the components live
+  return make_qarray_type(qty, sty, who="hx.QArray")
 
 
 register_hitype(QArray, _typeof_qarray)
@@ -442,25 +445,26 @@ def _same_parts(a: tuple, b: tuple) -> bool:
   return tuple(map(norm, a)) == tuple(map(norm, b))
 
 
-def make_qarray_type(q_aval, s_aval) -> QArrayTy:
+def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
   """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``.
 
   The result is sharded like ``qvalue``; the scale must be sharded like
   ``qvalue``'s leading axes (``f32[8@i]`` for ``i8[8@i,3]``). Inside
   ``shard_map`` the result varies over the manual axes either component varies
-  over. Raises ``TypeError`` naming both operand types otherwise.
+  over. Raises ``TypeError`` naming both operand types otherwise; ``who`` names
+  the caller in the message (``hx.QArray`` for the constructor's type).
   """
   got = f"{shd.short(q_aval)}, {shd.short(s_aval)}"
   if not (isinstance(q_aval, ShapedArray) and isinstance(s_aval, ShapedArray)
           and q_aval.dtype == I8 and s_aval.dtype == F32 and q_aval.ndim >= 1
           and tuple(s_aval.shape) == tuple(q_aval.shape[:-1])):
-    raise TypeError(f"hx.make_qarray expects qvalue: i8[*l, n] and scale: f32[*l], got {got}")
+    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}")
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
   sharded = any(p is not None for p in qp[:-1])
   if not _same_parts(sp, qp[:-1]) or (sharded and s_aval.sharding.mesh != q_aval.sharding.mesh):
     want = ShapedArray(s_aval.shape, F32, sharding=shd.with_partitions(q_aval.sharding, qp[:-1]))
-    raise TypeError(f"hx.make_qarray expects the scale sharded like qvalue's leading axes "
+    raise TypeError(f"{who} expects the scale sharded like qvalue's leading axes "
                     f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
                     "scale (jax.sharding.reshard) or the qvalue")
   return QArrayTy(tuple(q_aval.shape), q_aval.sharding, shd.join_mat(q_aval, s_aval))

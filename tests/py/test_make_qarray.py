@@ -392,6 +392,15 @@ def test_explicit_sharding_mismatch_is_a_type_error(on_mesh):
                        r"qvalue's leading axes \(f32\[8@i\] for i8\[8@i,3\]\), got i8\[8@i,3\], "
                        + got.replace("[", r"\[").replace("]", r"\]")):
       jax.jit(hx.make_qarray)(q.qvalue, s)
+    # the constructor's type follows the same rule: it would disagree with where the
+    # scale lives (q8[8@i,3] says f32[8@i])
+    with pytest.raises(TypeError, match=r"hx\.QArray expects the scale sharded like "
+                       r"qvalue's leading axes \(f32\[8@i\] for i8\[8@i,3\]\), got i8\[8@i,3\], "
+                       + got.replace("[", r"\[").replace("]", r"\]")):
+      jax.typeof(hx.QArray(q.qvalue, s))
+  again = hx.QArray(q.qvalue, jax.device_put(np.asarray(q.scale), P("i")))
+  assert short(again) == "q8[8@i,3]"
+  assert_parts(jax.jit(lambda q: hx.make_qarray(*hx.qarray_parts(q)))(again), q.qvalue, q.scale)
 
 
 def test_shard_map_joins_manual_axes(on_mesh):
