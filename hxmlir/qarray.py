@@ -458,7 +458,12 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
   if not (isinstance(q_aval, ShapedArray) and isinstance(s_aval, ShapedArray)
           and q_aval.dtype == I8 and s_aval.dtype == F32 and q_aval.ndim >= 1
           and tuple(s_aval.shape) == tuple(q_aval.shape[:-1])):
-    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}")
+    hint = ""
+    if (isinstance(q_aval, ShapedArray) and q_aval.dtype != I8
+        and jnp.issubdtype(q_aval.dtype, jnp.integer)):
+      hint = ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
+              "integers become int32/int64 arrays)")
+    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}{hint}")
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
   sharded = any(p is not None for p in qp[:-1])
@@ -641,7 +646,10 @@ def make_qarray(qvalue, scale) -> QArray:
   wherever the components are JAX values -- inside ``jit``, ``grad``, ``vmap``,
   ``scan``, ``shard_map`` (for example weights kept as separate int8 and f32
   arrays in a checkpoint). The result is sharded like ``qvalue``; ``scale`` must
-  be sharded like ``qvalue``'s leading axes.
+  be sharded like ``qvalue``'s leading axes. A weakly typed scale (a Python
+  ``float`` or ``int``, also under ``jax_enable_x64``) becomes ``f32``; a
+  strongly typed one must already be ``f32`` (``f16``, ``bf16``, ``f64`` arrays
+  are a ``TypeError``: convert them explicitly).
 
   Differentiable in ``scale``: the tangent is the dense ``f32`` array
   ``qvalue * d(scale)[..., None]`` and the cotangent of ``scale`` is
@@ -651,8 +659,12 @@ def make_qarray(qvalue, scale) -> QArray:
   """
   qvalue, scale = _lo_operand(qvalue), _lo_operand(scale)
   s_aval = jax.typeof(scale)
-  if isinstance(s_aval, ShapedArray) and s_aval.weak_type and s_aval.dtype == F32:
-    scale = jax.lax.convert_element_type(scale, F32)  # a Python float's weak type
+  if (isinstance(s_aval, ShapedArray) and s_aval.weak_type
+      and (jnp.issubdtype(s_aval.dtype, jnp.floating)
+           or jnp.issubdtype(s_aval.dtype, jnp.integer))):
+    # a Python float or int (weakly typed: f32, or f64 under jax_enable_x64, or i32/i64)
+    # takes the scale's dtype, as it would in arithmetic with an f32 array
+    scale = jax.lax.convert_element_type(scale, F32)
   return MakeQArray(jax.typeof(qvalue), jax.typeof(scale))(qvalue, scale)
 
 

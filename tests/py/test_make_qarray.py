@@ -128,6 +128,34 @@ def test_make_qarray_type_errors_name_both_operands(qvalue, scale, got):
     jax.jit(hx.make_qarray)(qvalue, scale)
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_weakly_typed_scales_become_f32(x64):
+  # a Python float or int scale converts as in arithmetic with an f32 array: also
+  # under jax_enable_x64 (weak f64, weak i64), eagerly and traced
+  qv = jnp.asarray(QV[0])
+  with jax.enable_x64(x64):
+    for scale in (0.5, 2):
+      for q in (hx.make_qarray(qv, scale), jax.jit(lambda qv, s=scale: hx.make_qarray(qv, s))(qv),
+                jax.jit(hx.make_qarray)(qv, scale)):
+        assert short(q) == "q8[3]"
+        assert_parts(q, QV[0], np.float32(scale))
+    q = jax.jit(lambda qv, s: hx.make_qarray(qv, s * 2.0))(qv, jnp.float32(0.25))
+    assert_parts(q, QV[0], np.float32(0.5))
+    # strongly typed scales are not converted
+    for dtype in ("float16", "bfloat16") + (("float64",) if x64 else ()):
+      with pytest.raises(TypeError, match=r"hx\.make_qarray expects qvalue: i8\[\*l, n\] and "
+                         r"scale: f32\[\*l\], got i8\[3\], "):
+        hx.make_qarray(qv, jnp.ones((), dtype))
+
+
+@pytest.mark.parametrize("qvalue", [[[1, 2, 3], [4, 5, 6]], np.ones((2, 3), np.int32),
+                                    jnp.ones((2, 3), jnp.int16)])
+def test_integer_qvalue_not_int8_says_astype(qvalue):
+  with pytest.raises(TypeError, match=r"got i(32|16)\[2,3\], f32\[2\]; convert the values with "
+                     r"\.astype\(jnp\.int8\)"):
+    hx.make_qarray(qvalue, jnp.ones(2, jnp.float32))
+
+
 def test_make_qarray_of_a_qarray_and_parts_of_an_array_are_type_errors():
   q = hx.make_qarray(QV, SC)
   with pytest.raises(TypeError, match=r"got q8\[4,3\], f32\[4\]"):
