@@ -10,6 +10,7 @@ registers each rule with :func:`register_to_lojax` when it is imported.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -239,8 +240,20 @@ def _matchaxis(axis_data, src, dst, x, sum_match=False):
   hint = ""
   if isinstance(ty, HiType) and src is None:
     hint = f"; its type maps with out_axes {ty.leading_axis_spec()!r}"
+  elif isinstance(src, MappingSpec):
+    hint = f"; pass out_axes={_spec_expr(src)}"
   raise TypeError(f"vmap output of (batched) type {shd.short(ty)} is {mapped}, which out_axes "
                   f"{dst!r} does not fit{hint}")
+
+
+def _spec_expr(spec) -> str:
+  """A mapping spec as the user writes it: ``hx.TupSpec((0, hx.QArraySpec()))``."""
+  if isinstance(spec, tuple):
+    return "(" + ", ".join(map(_spec_expr, spec)) + ("," if len(spec) == 1 else "") + ")"
+  if isinstance(spec, MappingSpec) and dataclasses.is_dataclass(spec):
+    args = ", ".join(_spec_expr(getattr(spec, f.name)) for f in dataclasses.fields(spec))
+    return f"hx.{type(spec).__name__}({args})"
+  return repr(spec)
 
 
 if vmap_batching.matchaxis is _MATCHAXIS:

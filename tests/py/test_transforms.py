@@ -247,6 +247,19 @@ def test_vmap_to_quantized_output(xs):
   assert_same_q(qxs, hx.quantize(xs))  # per-row scales: a batch is one bigger q8
 
 
+def test_vmap_hi_output_with_default_out_axes_says_which_spec(xs):
+  # a mapped hi output with the default out_axes=0: the message gives the out_axes that fits
+  with pytest.raises(TypeError, match=r"type q8\[4,2,3\] is mapped as QArraySpec\(\), which "
+                     r"out_axes 0 does not fit; pass out_axes=hx\.QArraySpec\(\)"):
+    jax.vmap(hx.quantize)(xs)
+  with pytest.raises(TypeError, match=r"pass out_axes=hx\.QArraySpec\(\)"):
+    jax.vmap(hx.make_qarray)(jnp.ones((4, 2, 3), jnp.int8), jnp.ones((4, 2), jnp.float32))
+  with pytest.raises(TypeError, match=r"pass out_axes=hx\.Rank1Spec\(\)"):
+    jax.vmap(hx.outer)(xs[:, 0], xs[:, 1])
+  with pytest.raises(TypeError, match=r"pass out_axes=hx\.TupSpec\(\(0, hx\.QArraySpec\(\)\)\)"):
+    jax.vmap(lambda x: hx.make_tup(x, hx.quantize(x)))(xs)
+
+
 def test_vmap_mapped_axis_not_leading(xs):
   qxs = jax.vmap(hx.quantize, in_axes=1, out_axes=hx.QArraySpec())(xs)
   assert str(jax.typeof(qxs)) == "q8[2,4,3]"
