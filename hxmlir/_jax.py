@@ -41,6 +41,32 @@ attribute) to bring each ``vmap`` output to its ``out_axes``; hiprim wraps it so
 unmapped hi output is broadcast to a hi spec, as JAX does for arrays."""
 
 
+# --- hi types: where a plain PartitionSpec for a hi value came from (hiprim.py) --
+import sys as _sys  # noqa: E402
+
+from jax._src import pmap as _pmap  # noqa: E402
+from jax._src import shard_map as _shard_map  # noqa: E402
+
+
+def plain_spec_origin() -> str | None:
+  """Why a hi type's ``shard``/``unshard`` is being handed a plain ``PartitionSpec``.
+
+  ``"eager"`` inside JAX's un-jitted ``shard_map`` (``_shard_map_impl``, which
+  reshards with plain specs whatever the user wrote), ``"pmap"`` inside
+  ``jax.pmap`` (built on ``shard_map`` with plain specs), else ``None``: the
+  user's own spec. Read off the Python stack: only called to word an error.
+  """
+  f = _sys._getframe(1)
+  while f is not None:
+    file, name = f.f_code.co_filename, f.f_code.co_name
+    if file == _pmap.__file__:
+      return "pmap"
+    if file == _shard_map.__file__ and name == "_shard_map_impl":
+      return "eager"
+    f = f.f_back
+  return None
+
+
 # --- lowering: lo primitives --------------------------------------------------
 from jax._src import dispatch as _dispatch  # noqa: E402
 

@@ -19,7 +19,13 @@ from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
 from hxmlir import shardings as shd
-from hxmlir._jax import GradAccum, MappingSpec, stage_value, vmap_batching
+from hxmlir._jax import (
+    GradAccum,
+    MappingSpec,
+    plain_spec_origin,
+    stage_value,
+    vmap_batching,
+)
 
 
 class HxPrimitive(VJPHiPrimitive):
@@ -84,11 +90,21 @@ class NeedsJitShardMap:
 
 
 def shard_map_spec_hint(spec) -> str:
-  """The tail of a wrong-``shard_map``-spec message: a plain ``P`` may come from JAX's eager path."""
-  if isinstance(spec, PartitionSpec):
-    return ("; if the shard_map names the hx spec, it ran un-jitted: JAX 0.10.2 runs an "
-            "un-jitted shard_map on PartitionSpecs of arrays only, so wrap it in jax.jit. "
-            "jax.pmap (built on shard_map, with plain specs) cannot take hx values as "
+  """The tail of a wrong-``shard_map``-spec message when the plain ``P`` is not the user's.
+
+  JAX's un-jitted ``shard_map`` and ``jax.pmap`` hand every type plain
+  ``PartitionSpec`` s, whatever the user wrote; a plain spec the user wrote needs
+  no tail (the message already says which hx spec the type takes).
+  """
+  if not isinstance(spec, PartitionSpec):
+    return ""
+  origin = plain_spec_origin()
+  if origin == "eager":
+    return (f"; {spec} came from JAX, not from you: this shard_map ran un-jitted, and JAX "
+            "0.10.2 runs an un-jitted shard_map on PartitionSpecs of arrays only, so wrap "
+            "it in jax.jit")
+  if origin == "pmap":
+    return ("; jax.pmap (built on shard_map, with plain specs) cannot take hx values as "
             "arguments: close over them, or use jax.shard_map with the hx partition spec")
   return ""
 

@@ -88,6 +88,12 @@ class TupTy(HiType):
   def lo_ty(self) -> list:
     return [lo for ty in self.tys for lo in _lo_tys(ty)]
 
+  @property
+  def mat(self):
+    """The manual axes any element varies over (JAX reads ``mat`` off every
+    ``shard_map`` output given a plain ``P``, before the type sees the spec)."""
+    return shd.join_mat(*self.tys)
+
   # type equality up to weak types, as for arrays (``core.typematch``)
   def normalize(self) -> TupTy:
     return TupTy(tuple(ty.normalize() for ty in self.tys))

@@ -241,7 +241,8 @@ def test_unjitted_shard_map_with_hi_specs_says_use_jit(on_mesh):
       jax.shard_map(lambda v: 0 * jnp.sum(jnp.ones(1)), in_specs=spec, out_specs=P())(arg)
   # a hi output of an un-jitted shard_map: JAX hands the type a plain P(); the message says why
   with pytest.raises(TypeError, match=r"crosses shard_map with hx\.QArrayP\(P\(\.\.\.\)\), got "
-                     r"P\(\); if the shard_map names the hx spec, it ran un-jitted.*jax\.jit"):
+                     r"P\(\); P\(\) came from JAX, not from you: this shard_map ran "
+                     r"un-jitted.*wrap it in jax\.jit"):
     jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P("i")))(rows)
 
 
@@ -317,8 +318,15 @@ def test_shard_map_tuples(on_mesh):
 def test_shard_map_bad_specs(on_mesh):
   rows = jax.device_put(ROWS, P("i"))
   qrows = hx.quantize(rows)
-  with pytest.raises(TypeError, match=r"q8\[8@i,3\] crosses shard_map with hx\.QArrayP"):
+  # a plain P the user wrote, in a jitted shard_map: no word of un-jitted shard_map or pmap
+  with pytest.raises(TypeError, match=r"q8\[8@i,3\] crosses shard_map with hx\.QArrayP\(P\(\.\.\.\)\), "
+                     r"got P\('i',\)(\n|$)"):
     jax.jit(jax.shard_map(hx.dequantize, in_specs=P("i"), out_specs=P("i")))(qrows)
+  with pytest.raises(TypeError, match=r"q8\[2,3\] crosses shard_map with hx\.QArrayP\(P\(\.\.\.\)\), "
+                     r"got P\('i',\)(\n|$)"):
+    jax.jit(jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=P("i")))(rows)
+  with pytest.raises(TypeError, match=r"crosses shard_map with hx\.TupP of 2 specs, got P\(\)(\n|$)"):
+    jax.jit(jax.shard_map(lambda x: hx.make_tup(x, x), in_specs=P(), out_specs=P()))(jnp.asarray(ROWS))
   with pytest.raises(TypeError, match=r"partitions the quantized \(last\) axis of q8\[8@i,3\]"):
     jax.jit(jax.shard_map(hx.dequantize, in_specs=hx.QArrayP(P("i", "j")),
                           out_specs=P("i")))(qrows)
