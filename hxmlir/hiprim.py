@@ -173,10 +173,10 @@ class BroadcastHi(HxPrimitive):
   def __init__(self, aval, size: int, axis: int):
     parts = shd.partitions(aval.sharding, aval.ndim)
     self.in_avals = (aval,)
-    self.out_aval = type(aval)((*aval.shape[:axis], size, *aval.shape[axis:]),
-                               shd.with_partitions(aval.sharding,
-                                                   (*parts[:axis], None, *parts[axis:])),
-                               aval.mat)
+    # the type's manual-axis fields (one per component for r1) stay as they are
+    self.out_aval = dataclasses.replace(
+        aval, shape=(*aval.shape[:axis], size, *aval.shape[axis:]),
+        sharding=shd.with_partitions(aval.sharding, (*parts[:axis], None, *parts[axis:])))
     self.params = dict(size=size, axis=axis)
     super().__init__()
 

@@ -99,13 +99,17 @@ class Rank1Ty(HiType):
 
   ``shape`` is the dense shape represented and ``sharding`` its
   ``NamedSharding``; ``col`` is sharded like the ``(*b, m)`` axes, ``row`` like
-  ``(*b, n)``. ``mat`` is the manual-axis type inside ``shard_map`` (empty
-  elsewhere), shared by both factors. The tangent type is the dense ``f32``
-  array of the same shape, sharding and ``mat``.
+  ``(*b, n)``. ``col_mat`` and ``row_mat`` are the factors' manual-axis types
+  inside ``shard_map`` (the mesh axes each varies over; empty elsewhere): one
+  per factor, so that ``shard_map`` checks each factor against its own entries
+  of an ``hx.Rank1P``. ``mat``, what a value computed from the matrix varies
+  over, is their join, and is what the type prints (``r1[2,3]{V:(i,j)}``). The
+  tangent type is the dense ``f32`` array of the same shape, sharding and ``mat``.
   """
   shape: tuple[int, ...]
   sharding: NamedSharding
-  mat: ManualAxisType = empty_mat
+  col_mat: ManualAxisType = empty_mat
+  row_mat: ManualAxisType = empty_mat
 
   def __post_init__(self):
     if len(self.shape) < 2:
@@ -119,17 +123,24 @@ class Rank1Ty(HiType):
   def dtype(self):
     return F32
 
+  @property
+  def mat(self) -> ManualAxisType:
+    """The manual axes either factor varies over (JAX and the typing rules read
+    ``mat`` off every operand; the dense tangent varies over these)."""
+    return shd.join_mats(self.col_mat, self.row_mat)
+
   def _parts(self) -> tuple:
     return shd.partitions(self.sharding, len(self.shape))
 
   def lo_ty(self) -> list[ShapedArray]:
-    """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one."""
+    """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one and
+    each factor's own manual-axis type."""
     p = self._parts()
     return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1]),
-                        manual_axis_type=self.mat),
+                        manual_axis_type=self.col_mat),
             ShapedArray((*self.shape[:-2], self.shape[-1]), F32,
                         sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])),
-                        manual_axis_type=self.mat)]
+                        manual_axis_type=self.row_mat)]
 
   def lower_val(self, r: Rank1) -> list:
     return [r.col, r.row]
@@ -149,13 +160,13 @@ class Rank1Ty(HiType):
     if len(self.shape) < 3 or self.shape[0] != size:
       raise ValueError(f"cannot map {self} over a leading axis of size {size}")
     return Rank1Ty(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]),
-                   self.mat)
+                   self.col_mat, self.row_mat)
 
   def inc_rank(self, size, spec) -> Rank1Ty:
     if not isinstance(spec, Rank1Spec):
       raise TypeError(f"an {self} is mapped with hx.Rank1Spec(), got {spec!r}")
     return Rank1Ty((size, *self.shape), shd.with_partitions(self.sharding, (None, *self._parts())),
-                   self.mat)
+                   self.col_mat, self.row_mat)
 
   def leading_axis_spec(self) -> Rank1Spec:
     return Rank1Spec()
@@ -179,18 +190,35 @@ class Rank1Ty(HiType):
                       "one per dense axis")
     return spec.spec
 
+  def _factor_specs(self, dspec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    """The factors' specs within the dense ``dspec``: ``(*b, m)`` and ``(*b, n)`` entries
+    (what ``Rank1P.to_lo`` gives JAX), each with ``dspec``'s unreduced and reduced axes."""
+    parts = tuple(dspec) + (None,) * (self.ndim - len(dspec))
+    return (PartitionSpec(*parts[:-1], unreduced=dspec.unreduced, reduced=dspec.reduced),
+            PartitionSpec(*parts[:-2], parts[-1], unreduced=dspec.unreduced,
+                          reduced=dspec.reduced))
+
   def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
-    d = self._dense().shard(mesh, manual_axes, check_vma, self._check_pspec(spec))
-    return Rank1Ty(d.shape, d.sharding, d.mat)
+    dspec = self._check_pspec(spec)
+    d = self._dense().shard(mesh, manual_axes, check_vma, dspec)
+    # inside, each factor varies over the axes of its own entries (and what it did)
+    c, r = (ty.shard(mesh, manual_axes, check_vma, s)
+            for ty, s in zip(self.lo_ty(), self._factor_specs(dspec)))
+    return Rank1Ty(d.shape, d.sharding, c.mat, r.mat)
 
   def unshard(self, mesh, check_vma, spec) -> Rank1Ty:
     dspec = self._check_pspec(spec)
-    # checked on the dense spec: both factors share one manual-axis type, so a
-    # factor whose own spec omits an axis the other factor varies over is
-    # indistinguishable from one that varies over it itself
-    shd.check_out_vma(str(self), spec, mesh, check_vma, shd.spec_axes(dspec), self.mat)
+    # each factor against its own entries: the dense spec names the other factor's
+    # axes too, and a factor varying over an axis only those name would come out as
+    # one device's block
+    lo = self.lo_ty()
+    for name, ty, s in zip(("col", "row"), lo, self._factor_specs(dspec)):
+      entries = PartitionSpec(*s)  # as the user reads them, without unreduced/reduced
+      shd.check_out_vma(f"the {name} factor {shd.short(ty)} (its entries: {entries}) of {self}",
+                        spec, mesh, check_vma, shd.spec_axes(s), ty.mat)
     d = self._dense().unshard(mesh, check_vma, dspec)
-    return Rank1Ty(d.shape, d.sharding, d.mat)
+    c, r = (ty.unshard(mesh, check_vma, s) for ty, s in zip(lo, self._factor_specs(dspec)))
+    return Rank1Ty(d.shape, d.sharding, c.mat, r.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> Rank1P:
     return Rank1P(self._dense().nospec(mesh, check_vma, all_names))
@@ -215,8 +243,7 @@ def _typeof_rank1(r: Rank1) -> Rank1Ty:
   cp = shd.partitions(cs, r.col.ndim)
   rp = shd.partitions(rs, r.row.ndim)
   base = shd.pick_mesh_sharding(cs, rs)
-  return Rank1Ty(r.shape, shd.with_partitions(base, (*cp, rp[-1])),
-                 shd.join_mat(jax.typeof(r.col), jax.typeof(r.row)))
+  return Rank1Ty(r.shape, shd.with_partitions(base, (*cp, rp[-1])), ct.mat, rt.mat)
 
 
 register_hitype(Rank1, _typeof_rank1)
@@ -242,7 +269,7 @@ class Outer(HxPrimitive):
     self.in_avals = (col_aval, row_aval)
     self.out_aval = Rank1Ty((*col_aval.shape, row_aval.shape[-1]),
                             shd.with_partitions(base, (*batch, cp[-1], rp[-1])),
-                            shd.join_mat(col_aval, row_aval))
+                            col_aval.mat, row_aval.mat)
     self.params = {}
     super().__init__()
 

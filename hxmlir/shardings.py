@@ -67,7 +67,11 @@ def join_mat(*avals):
   mesh axes any of its operands varies over, as for JAX's own primitives;
   outside ``shard_map`` every ``mat`` is empty and so is the result.
   """
-  mats = [a.mat for a in avals if getattr(a, "mat", None) is not None]
+  return join_mats(*(a.mat for a in avals if getattr(a, "mat", None) is not None))
+
+
+def join_mats(*mats):
+  """The manual-axis type varying over the axes any of ``mats`` varies over (see :func:`join_mat`)."""
   varying = frozenset().union(*(m.varying for m in mats))
   if not varying:
     return empty_mat
