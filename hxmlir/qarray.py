@@ -387,8 +387,8 @@ class MatmulQ(HxPrimitive):
     w = dequantize(qw)  # rules are traced code: primitives, not attributes
     x_aval, q_aval = self.in_avals
     # cotangents live where their primals live: pin the sharded contractions
-    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=x_aval.sharding)
-    gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=q_aval.sharding)
+    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
+    gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=shd.out_sharding(q_aval.sharding))
     return shd.match_vma(gx, x_aval), shd.match_vma(gw, q_aval)
 
   def transpose(self, ct, x, qw):
@@ -398,7 +398,7 @@ class MatmulQ(HxPrimitive):
     if is_linear_operand(x) and not isinstance(ct, jax.experimental.hijax.Zero):
       x_aval = self.in_avals[0]
       w = dequantize(qw)
-      gx = jnp.matmul(ct, jnp.swapaxes(w, -1, -2), out_sharding=x_aval.sharding)
+      gx = jnp.matmul(ct, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
       accumulate(x, shd.match_vma(gx, x_aval))
 
   def jvp(self, primals, tangents):
@@ -409,7 +409,7 @@ class MatmulQ(HxPrimitive):
     if not isinstance(dx, zero):
       terms.append(matmul_q(dx, qw))
     if not isinstance(dqw, zero):
-      terms.append(jnp.matmul(x, dqw, out_sharding=self.out_aval.sharding))
+      terms.append(jnp.matmul(x, dqw, out_sharding=shd.out_sharding(self.out_aval.sharding)))
     if not terms:
       return out, instantiate(dx, self.out_aval)
     return out, sum(terms[1:], terms[0])

@@ -280,8 +280,8 @@ class Outer(HxPrimitive):
     col, row = res
     c_aval, r_aval = self.in_avals
     # cotangents live where their primals live: pin the (maybe sharded) contractions
-    gc = jnp.einsum("...mn,...n->...m", g, row, out_sharding=c_aval.sharding)
-    gr = jnp.einsum("...m,...mn->...n", col, g, out_sharding=r_aval.sharding)
+    gc = jnp.einsum("...mn,...n->...m", g, row, out_sharding=shd.out_sharding(c_aval.sharding))
+    gr = jnp.einsum("...m,...mn->...n", col, g, out_sharding=shd.out_sharding(r_aval.sharding))
     return shd.match_vma(gc, c_aval), shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
@@ -375,10 +375,9 @@ class MatmulR1(HxPrimitive):
   def _ct_x(self, g, col, row):
     """Cotangent of the dense operand: ``(g @ row) ⊗ col``, never forming ``col ⊗ row``."""
     x_aval = self.in_avals[0]
+    parts = shd.partitions(x_aval.sharding, x_aval.ndim)[:-1]
     gp = jnp.einsum("...pn,...n->...p", g, row,
-                    out_sharding=shd.with_partitions(x_aval.sharding,
-                                                     shd.partitions(x_aval.sharding,
-                                                                    x_aval.ndim)[:-1]))
+                    out_sharding=shd.out_sharding(shd.with_partitions(x_aval.sharding, parts)))
     return shd.match_vma(gp[..., :, None] * col[..., None, :], x_aval)
 
   def transpose(self, ct, x, r):
@@ -392,7 +391,7 @@ class MatmulR1(HxPrimitive):
     x, col, row = res
     x_aval, r_aval = self.in_avals
     gx = self._ct_x(g, col, row)
-    gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=r_aval.sharding)
+    gr = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=shd.out_sharding(r_aval.sharding))
     return gx, shd.match_vma(gr, r_aval)
 
   def jvp(self, primals, tangents):
@@ -401,7 +400,7 @@ class MatmulR1(HxPrimitive):
     if not isinstance(dx, Zero):
       terms.append(matmul_r1(dx, r))
     if not isinstance(dr, Zero):
-      terms.append(jnp.matmul(x, dr, out_sharding=self.out_aval.sharding))
+      terms.append(jnp.matmul(x, dr, out_sharding=shd.out_sharding(self.out_aval.sharding)))
     out_t = sum(terms[1:], terms[0]) if terms else jnp.zeros(self.out_aval.shape, F32)
     return self(x, r), out_t
 

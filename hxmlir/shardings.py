@@ -28,6 +28,17 @@ def with_partitions(sharding: NamedSharding, parts: Sequence) -> NamedSharding:
   return sharding.update(spec=PartitionSpec(*parts))
 
 
+def out_sharding(sharding: NamedSharding):
+  """What to pass as JAX's ``out_sharding=`` for a result typed ``sharding``.
+
+  The sharding itself when it lives on a mesh; its ``PartitionSpec`` when its
+  mesh is empty (a value made outside ``jax.set_mesh``), which JAX resolves on
+  the current mesh: JAX ignores an ``out_sharding`` on no mesh, and a
+  contraction over a sharded axis then fails for want of an output sharding.
+  """
+  return sharding.spec if sharding.mesh.empty else sharding
+
+
 def pick_mesh_sharding(*shardings: NamedSharding) -> NamedSharding:
   """The first sharding whose mesh is not empty (else the first one).
 

@@ -305,6 +305,22 @@ def _reference_builder(ctx: mlir.LoweringRuleContext, reference: Callable,
   return build
 
 
+def _open_where_unknown(shardings: list, avals) -> list:
+  """Result shardings with ``None`` entries (avals on no mesh: values made outside
+  ``jax.set_mesh`` meeting values on one) made fully open on the others' mesh.
+
+  ``sdy.sharding_per_value`` needs one sharding per result; an open sharding
+  (``[{?}, ...]``) constrains nothing, as JAX emits nothing for such a value.
+  """
+  known = next((s for s in shardings if s is not None), None)
+  if known is None or all(s is not None for s in shardings):
+    return shardings
+  mesh = sdy.TensorShardingAttr(known).mesh_or_ref
+  return [s if s is not None else sdy.TensorShardingAttr.get(
+      mesh, [sdy.DimensionShardingAttr.get([], is_closed=False)] * len(a.shape))
+      for s, a in zip(shardings, avals)]
+
+
 def lower_composite(ctx: mlir.LoweringRuleContext, name: str, *operands: ir.Value,
                     reference: Callable | None = None,
                     builder: DecompositionBuilder | None = None,
@@ -350,6 +366,7 @@ def lower_composite(ctx: mlir.LoweringRuleContext, name: str, *operands: ir.Valu
                              symbol_table=mctx.symbol_table, module=mctx.module.operation)
     mctx.cached_primitive_lowerings[key] = fn
   in_sh = [_jax.sdy_sharding_attr(mctx, a) for a in ctx.avals_in]
-  out_sh = [_jax.sdy_sharding_attr(mctx, a) for a in ctx.avals_out]
+  out_sh = _open_where_unknown([_jax.sdy_sharding_attr(mctx, a) for a in ctx.avals_out],
+                               ctx.avals_out)
   return emit_composite(name, operands, out_types, fn, attributes=attributes,
                         version=version, operand_shardings=in_sh, result_shardings=out_sh)

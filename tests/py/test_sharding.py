@@ -536,3 +536,52 @@ def test_shard_map_hi_output_replicated_or_unchecked_is_accepted(on_mesh):
   f = jax.jit(jax.shard_map(hx.quantize, in_specs=P("i"), out_specs=hx.QArrayP(P()),
                             check_vma=False))
   assert short(f(rows)) == "q8[2,3]"
+
+
+# --- values made outside the mesh meet values on it ----------------------------------------
+# An array made outside jax.set_mesh has a sharding on no mesh; JAX lets it meet arrays
+# on the mesh. Every hi op, its lowering and its derivatives must accept the mix.
+
+def _mixed_cases():
+  rng = np.random.default_rng(11)
+  x = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)  # made outside any mesh
+  c = jnp.asarray(rng.standard_normal(6), jnp.float32)
+  w = rng.standard_normal((6, 8)).astype(np.float32)  # sharded below, or not
+  row = rng.standard_normal(8).astype(np.float32)
+
+  def q8(x, w):
+    return jnp.sum(hx.matmul_q(x, hx.quantize(w)) ** 2)
+
+  def q8_dense(x, w):
+    return jnp.sum((x @ hx.dequantize(hx.quantize(w))) ** 2)
+
+  def r1(x, c, row):
+    return jnp.sum(hx.matmul_r1(x, hx.outer(c, row)) ** 2)
+
+  def r1_dense(x, c, row):
+    return jnp.sum((x @ jnp.outer(c, row)) ** 2)
+  # (contraction axes stay unsharded: sharding one is a TypeError by design)
+  return [("matmul_q", q8, q8_dense, (x, w), {1: P(None, "j")}),
+          ("matmul_q", q8, q8_dense, (x, w), {0: P("i")}),
+          ("matmul_r1", r1, r1_dense, (x, c, row), {2: P("j")}),
+          ("matmul_r1", r1, r1_dense, (x, c, row), {0: P("i"), 2: P("j")})]
+
+
+_MIXED = _mixed_cases()  # made at import: outside any mesh
+
+
+@pytest.mark.parametrize("case", range(len(_MIXED)))
+def test_values_from_outside_the_mesh_mix_with_sharded_ones(on_mesh, case):
+  name, f, dense, args, specs = _MIXED[case]
+  assert all(jax.typeof(a).sharding.mesh.empty for a in args if isinstance(a, jax.Array))
+  args = [jax.device_put(a, specs[i]) if i in specs else a for i, a in enumerate(args)]
+  argnums = tuple(range(len(args)))
+  want_v = dense(*[np.asarray(a) for a in args])
+  want_g = jax.grad(dense, argnums)(*[jnp.asarray(np.asarray(a)) for a in args])
+  for how, fn in (("eager", f), ("jit", jax.jit(f))):
+    np.testing.assert_allclose(np.asarray(fn(*args)), np.asarray(want_v), rtol=1e-5,
+                               err_msg=f"{name} {how}")
+    grad = jax.grad(fn, argnums) if how == "eager" else jax.jit(jax.grad(f, argnums))
+    for g, want in zip(grad(*args), want_g):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=1e-4,
+                                 err_msg=f"{name} {how} grad")
