@@ -31,12 +31,15 @@ def with_partitions(sharding: NamedSharding, parts: Sequence) -> NamedSharding:
 def out_sharding(sharding: NamedSharding):
   """What to pass as JAX's ``out_sharding=`` for a result typed ``sharding``.
 
-  The sharding itself when it lives on a mesh; its ``PartitionSpec`` when its
-  mesh is empty (a value made outside ``jax.set_mesh``), which JAX resolves on
-  the current mesh: JAX ignores an ``out_sharding`` on no mesh, and a
-  contraction over a sharded axis then fails for want of an output sharding.
+  The sharding itself when it lives on a mesh or no mesh is current; its
+  ``PartitionSpec`` when its mesh is empty (a value made outside
+  ``jax.set_mesh``) but a mesh is current, which JAX then resolves on that mesh:
+  JAX ignores an ``out_sharding`` on no mesh, and a contraction over a sharded
+  axis then fails for want of an output sharding.
   """
-  return sharding.spec if sharding.mesh.empty else sharding
+  if sharding.mesh.empty and not jax.sharding.get_abstract_mesh().empty:
+    return sharding.spec
+  return sharding
 
 
 def pick_mesh_sharding(*shardings: NamedSharding) -> NamedSharding:
