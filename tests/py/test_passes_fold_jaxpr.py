@@ -135,7 +135,7 @@ def test_other_dots_are_left_alone(name, f):
 
 # Dots outside hx.matmul_q's contract (lowering/schema.py) that JAX still lowers:
 # the stage must leave each of them, and install must not change what they compute.
-def _left_alone_and_unchanged(*args):
+def _assert_left_alone_and_unchanged(*args):
   """The stage leaves ``dequant_dot(*args)`` as it is, and install does not change its result."""
   closed = _lo_jaxpr(dequant_dot, *args)
   assert fold_closed_jaxpr(closed) == (closed, 0)
@@ -148,13 +148,13 @@ def _left_alone_and_unchanged(*args):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
 def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
   x, qw = _data()
-  _left_alone_and_unchanged(x.astype(dtype), qw)
+  _assert_left_alone_and_unchanged(x.astype(dtype), qw)
 
 
 @pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])
 def test_dots_with_a_sharded_contraction_are_left_alone(on_mesh, xspec, wspec):
   x, qw = _data(m=8, k=16, n=8)
-  _left_alone_and_unchanged(jax.device_put(x, xspec),
+  _assert_left_alone_and_unchanged(jax.device_put(x, xspec),
                             hx.quantize(jax.device_put(hx.dequantize(qw), wspec)))
 
 

@@ -66,3 +66,20 @@ print_ir("tuple", lambda a, b: hx.get_tuple_element(hx.make_tup(a, hx.quantize(b
 # CHECK: return %[[Q]]#0, %[[Q]]#1 : tensor<3x4xi8>, tensor<3xf32>
 # CHECK-NOT: stablehlo.composite
 # CHECK: func.func private @hx.quantize.impl(
+
+
+# hx.make_qarray and hx.qarray_parts leave no composite (like tuples): the q8 built
+# from an int8 and an f32 argument is those arguments, and taking one apart returns
+# its components.
+qv, sc = jnp.ones((3, 4), jnp.int8), jnp.ones(3, jnp.float32)
+print_ir("make_qarray", lambda qv, s, x: hx.matmul_q(x, hx.make_qarray(qv, s)), qv, sc, x)
+# CHECK-LABEL: TEST: make_qarray i8[3,4] f32[3] f32[2,3]
+# CHECK: func.func public @main(%[[QV:[a-z0-9]+]]: tensor<3x4xi8>, %[[S:[a-z0-9]+]]: tensor<3xf32>, %[[X:[a-z0-9]+]]: tensor<2x3xf32>)
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[QV]], %[[S]]
+# CHECK-NEXT: return %[[Y]]
+# CHECK-NOT: hx.make_qarray
+
+print_ir("qarray_parts", hx.qarray_parts, hx.quantize(w))
+# CHECK-LABEL: TEST: qarray_parts q8[3,4]
+# CHECK: func.func public @main(%[[QV:[a-z0-9]+]]: tensor<3x4xi8>, %[[S:[a-z0-9]+]]: tensor<3xf32>)
+# CHECK-NEXT: return %[[QV]], %[[S]] : tensor<3x4xi8>, tensor<3xf32>
