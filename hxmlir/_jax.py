@@ -73,6 +73,20 @@ from jax._src import dispatch as _dispatch  # noqa: E402
 apply_primitive = _dispatch.apply_primitive
 
 
+# --- hi rules: zeros of a type, as JAX makes them (hiprim.zeros) --------------
+from jax._src import ad_util as _ad_util  # noqa: E402
+
+zeros_like_aval = _ad_util.zeros_like_aval
+"""Zeros of an aval exactly as JAX's AD makes them: a hi type's ``vspace_zero()``; an
+array of the aval's sharding, also on no mesh under ``jax.set_mesh``, varying over
+its manual axes."""
+
+
+typematch = core.typematch
+"""JAX's type equivalence (``core.typematch``): arrays match up to weak type, and up to
+sharding when either is on no mesh; what its AD accepts as a cotangent's type."""
+
+
 # --- hi types: manual-axis (shard_map check_vma) type component ---------------
 ManualAxisType = core.ManualAxisType
 empty_mat = core.empty_mat

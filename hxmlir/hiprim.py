@@ -14,7 +14,6 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
@@ -25,6 +24,7 @@ from hxmlir._jax import (
     plain_spec_origin,
     stage_value,
     vmap_batching,
+    zeros_like_aval,
 )
 
 
@@ -123,13 +123,12 @@ def accumulate(acc, ct) -> None:
 def zeros(aval):
   """Zeros of type ``aval``, for rules that must make a symbolic zero concrete.
 
-  A hi type gives its ``vspace_zero()``; an array type gives ``jnp.zeros`` of its
-  shape and dtype, sharded like ``aval`` under an explicit mesh.
+  A hi type gives its ``vspace_zero()``; an array type gives zeros exactly of
+  ``aval``'s type, as JAX's AD makes them: its sharding (on a mesh, or on none:
+  an array made outside ``jax.set_mesh`` stays off the current mesh) and its
+  manual axes (``shard_map``).
   """
-  if isinstance(aval, HiType):
-    return aval.vspace_zero()
-  sharding = aval.sharding if not aval.sharding.mesh.empty else None
-  return jnp.zeros(aval.shape, aval.dtype, out_sharding=sharding)
+  return zeros_like_aval(aval)
 
 
 def instantiate(t, aval):

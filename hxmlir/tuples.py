@@ -11,7 +11,8 @@ their elements and leave no composite in the IR.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ from jax.experimental.hijax import HiPspec, HiType, Zero, register_hitype
 from jax.sharding import PartitionSpec
 
 from hxmlir import shardings as shd
-from hxmlir._jax import MappingSpec, mapped_aval, unmapped_aval
+from hxmlir._jax import MappingSpec, mapped_aval, typematch, unmapped_aval
 from hxmlir.hiprim import (
     HxPrimitive,
     NeedsJitShardMap,
@@ -34,8 +35,15 @@ from hxmlir.hiprim import (
 
 @dataclass(frozen=True)
 class HiTup:
-  """A tuple value; ``elts`` are JAX values (arrays or hi values)."""
+  """A tuple value; ``elts`` are JAX values (arrays or hi values).
+
+  ``ty``: its ``TupTy`` when it was built as a value of a given type (by
+  ``raise_val`` or ``make_tup`` lowered); else the elements' types. The two
+  differ only as JAX's AD lets a cotangent's type differ from its primal's
+  (``typematch``), and the tuple keeps the type AD expects.
+  """
   elts: tuple
+  ty: Any = field(default=None, compare=False, repr=False)
 
   def __len__(self) -> int:
     return len(self.elts)
@@ -113,18 +121,21 @@ class TupTy(HiType):
         elts.append(ty.raise_val(*itertools.islice(it, len(ty.lo_ty()))))
       else:
         elts.append(next(it))
-    return HiTup(tuple(elts))
+    # JAX also raises values of another rank than self (scan stacks ys): the tuple then
+    # takes its elements' types
+    fits = all(typematch(jax.typeof(e), t) for e, t in zip(elts, self.tys))
+    return HiTup(tuple(elts), self if fits else None)
 
   # autodiff: a tuple of tangents is itself a (hi) vector space
   def to_tangent_aval(self) -> TupTy:
     return TupTy(tuple(ty.to_tangent_aval() for ty in self.tys))
 
   def vspace_zero(self) -> HiTup:
-    return make_tup(*(zeros(ty) for ty in self.tys))
+    return _make_tup_as(self, [zeros(ty) for ty in self.tys])
 
   def vspace_add(self, x, y) -> HiTup:
-    return make_tup(*(_add(ty, get_tuple_element(x, i), get_tuple_element(y, i))
-                      for i, ty in enumerate(self.tys)))
+    return _make_tup_as(self, [_add(ty, get_tuple_element(x, i), get_tuple_element(y, i))
+                               for i, ty in enumerate(self.tys)])
 
   # vmap / scan
   def _check_spec(self, spec) -> tuple:
@@ -186,7 +197,8 @@ class TupTy(HiType):
     return self.str_short()
 
 
-register_hitype(HiTup, lambda t: TupTy(tuple(jax.typeof(e) for e in t.elts)))
+register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
+                TupTy(tuple(jax.typeof(e) for e in t.elts)))
 
 
 def _add(ty, a, b):
@@ -196,9 +208,9 @@ def _add(ty, a, b):
 class MakeTup(HxPrimitive):
   """``make_tup: t0, t1, ... -> Tup{t0,t1,...}``; see :func:`make_tup`."""
 
-  def __init__(self, elt_avals):
+  def __init__(self, elt_avals, tys=None):
     self.in_avals = tuple(elt_avals)
-    self.out_aval = TupTy(tuple(elt_avals))
+    self.out_aval = TupTy(tuple(elt_avals) if tys is None else tuple(tys))
     self.params = {}
     super().__init__()
 
@@ -210,7 +222,7 @@ class MakeTup(HxPrimitive):
 
   def jvp(self, primals, tangents):
     ts = [instantiate(t, a.to_tangent_aval()) for t, a in zip(tangents, self.in_avals)]
-    return self(*primals), make_tup(*ts)
+    return self(*primals), _make_tup_as(self.out_aval.to_tangent_aval(), ts)
 
   def transpose(self, ct, *elts):  # linear in every element
     if isinstance(ct, Zero):
@@ -252,7 +264,7 @@ class GetTupElt(HxPrimitive):
   def vjp_bwd_retval(self, _res, g):
     tys = self.in_avals[0].tys
     elts = [g if i == self.idx else zeros(ty.to_ct_aval()) for i, ty in enumerate(tys)]
-    return (make_tup(*elts),)
+    return (_make_tup_as(TupTy(tuple(ty.to_ct_aval() for ty in tys)), elts),)
 
   def transpose(self, ct, tup):  # linear
     if is_linear_operand(tup) and not isinstance(ct, Zero):
@@ -279,6 +291,18 @@ def make_tup(*elts) -> HiTup:
   """
   elts = tuple(e if _is_hi(jax.typeof(e)) else jnp.asarray(e) for e in elts)
   return MakeTup(tuple(jax.typeof(e) for e in elts))(*elts)
+
+
+def _make_tup_as(ty: TupTy, elts) -> HiTup:
+  """``make_tup(*elts)`` typed ``ty``: for tangents and cotangents, whose type is the
+  primal's. An element may differ from its entry in ``ty`` as JAX's AD lets an
+  array's cotangent differ (``typematch``: on a mesh where the primal, made outside
+  ``jax.set_mesh``, is on none); the tuple's type then stays the one AD expects."""
+  avals = tuple(jax.typeof(e) for e in elts)
+  if not all(typematch(a, t) for a, t in zip(avals, ty.tys)):
+    raise TypeError(f"hx tuple elements {', '.join(map(shd.short, avals))} do not match "
+                    f"{ty}")
+  return MakeTup(avals, ty.tys)(*elts)
 
 
 def get_tuple_element(tup, idx: int):

@@ -55,7 +55,7 @@ def _matmul_r1(prim, x, r1):
 
 @register_to_lojax(MakeTup)
 def _make_tup(prim, *elts):
-  return HiTup(tuple(elts))
+  return HiTup(tuple(elts), prim.out_aval)
 
 
 @register_to_lojax(GetTupElt)

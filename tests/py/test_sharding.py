@@ -585,3 +585,36 @@ def test_values_from_outside_the_mesh_mix_with_sharded_ones(on_mesh, case):
     for g, want in zip(grad(*args), want_g):
       np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=1e-4,
                                  err_msg=f"{name} {how} grad")
+
+
+_OFF = jnp.asarray(np.random.default_rng(12).standard_normal((8, 6)), jnp.float32)  # no mesh
+
+
+@pytest.mark.parametrize("first, second", [("on", "off"), ("off", "on"), ("off", "off"),
+                                           ("on", "q_off"), ("off", "q_on"), ("off", "r_on")])
+def test_tuples_mixing_values_from_outside_the_mesh_differentiate(on_mesh, first, second):
+  # the cotangent of a tuple element made outside the mesh lands on it (JAX's AD
+  # lets an array's cotangent do so); the tuple's cotangent keeps the tuple's type
+  on = jax.device_put(_OFF, P("i"))
+  vals = {"on": on, "off": _OFF, "q_off": _OFF, "q_on": jax.device_put(_OFF, P(None, "j")),
+          "r_on": jax.device_put(_OFF, P(None, "j"))}
+  wrap = {"q_off": hx.quantize, "q_on": hx.quantize,
+          "r_on": lambda w: hx.outer(jnp.ones(8, jnp.float32), w[0])}
+
+  def f(a, b):
+    t = hx.make_tup(a, wrap.get(second, lambda v: v)(b))
+    e = hx.get_tuple_element(t, 1)
+    dense = (hx.dequantize(e) if second.startswith("q") else
+             hx.matmul_r1(jnp.eye(8, dtype=jnp.float32), e) if second.startswith("r") else e)
+    return jnp.sum(hx.get_tuple_element(t, 0) * 2.0) + jnp.sum(dense)
+
+  def f_dense(a, b):
+    dense = (hx.dequantize(hx.quantize(b)) if second.startswith("q") else
+             jnp.outer(jnp.ones(8, jnp.float32), b[0]) if second.startswith("r") else b)
+    return jnp.sum(a * 2.0) + jnp.sum(dense)
+
+  args = (vals[first], vals[second])
+  want = jax.grad(f_dense, (0, 1))(*[jnp.asarray(np.asarray(a)) for a in args])
+  for grad in (jax.grad(f, (0, 1)), jax.jit(jax.grad(f, (0, 1)))):
+    for g, w in zip(grad(*args), want):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
