@@ -263,11 +263,17 @@ def _run(module: ir.Module, module_name: str, pipeline: str,
           f"without {name} (now {pipeline!r}), or hx.uninstall().") from e
     counters = result.stats
   finally:
-    with _lock:
-      for name, seconds in ran:
-        mine = counters.get(name, {})
-        rewrites = _rewrites(name, mine)
-        _count(name, {**mine, "modules": 1, "rewrites": rewrites, "seconds": seconds})
+    _record(ran, counters, modules=1)
+
+
+def _record(ran: list[tuple[str, float]], counters: dict[str, dict[str, int]],
+            modules: int) -> None:
+  """Adds to :func:`stats` what the passes in ``ran`` (``(name, seconds)``) did."""
+  with _lock:
+    for name, seconds in ran:
+      mine = counters.get(name, {})
+      _count(name, {**mine, "modules": modules, "rewrites": _rewrites(name, mine),
+                    "seconds": seconds})
 
 
 REWRITE_COUNTERS: dict[str, str | None] = {
@@ -301,11 +307,7 @@ def _jaxpr_stage(pipeline: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]
   else:
     return args, kwargs
   new, counters, ran = _parsed(pipeline).run_jaxpr(jaxpr)
-  if ran:
-    with _lock:
-      for name, seconds in ran:
-        mine = counters.get(name, {})
-        _count(name, {**mine, "rewrites": _rewrites(name, mine), "seconds": seconds})
+  _record(ran, counters, modules=0)
   if new is jaxpr:
     return args, kwargs
   if len(args) > 1:

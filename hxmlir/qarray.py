@@ -277,6 +277,11 @@ def _check_dense_f32(op: str, aval, min_rank: int) -> None:
     raise TypeError(f"hx.{op} expects a dense {want} array, got {shd.short(aval)}")
 
 
+def _check_quantized(op: str, aval) -> None:
+  if not isinstance(aval, QArrayTy):
+    raise TypeError(f"hx.{op} expects a quantized array q8[..., n], got {shd.short(aval)}")
+
+
 # --- primitives --------------------------------------------------------------
 
 class Quantize(HxPrimitive):
@@ -311,9 +316,7 @@ class Dequantize(HxPrimitive):
   """``dequantize: q8[*lead, n] -> f32[*lead, n]``; see :func:`dequantize`."""
 
   def __init__(self, q_aval):
-    if not isinstance(q_aval, QArrayTy):
-      raise TypeError(f"hx.dequantize expects a quantized array q8[..., n], "
-                      f"got {shd.short(q_aval)}")
+    _check_quantized("dequantize", q_aval)
     self.in_avals = (q_aval,)
     self.out_aval = ShapedArray(q_aval.shape, F32, sharding=q_aval.sharding,
                                 manual_axis_type=q_aval.mat)
@@ -548,9 +551,7 @@ class QArrayParts(HxPrimitive):
   """``qarray_parts: q8[*l, n] -> (i8[*l, n], f32[*l])``; see :func:`qarray_parts`."""
 
   def __init__(self, q_aval):
-    if not isinstance(q_aval, QArrayTy):
-      raise TypeError(f"hx.qarray_parts expects a quantized array q8[..., n], "
-                      f"got {shd.short(q_aval)}")
+    _check_quantized("qarray_parts", q_aval)
     self.in_avals = (q_aval,)
     self.out_aval = tuple(q_aval.lo_ty())
     self.params = {}
