@@ -1,0 +1,144 @@
+"""Print the StableHLO your functions lower to, for lit and FileCheck tests.
+
+A lit test is a Python file that prints modules and checks them::
+
+  # RUN: %python %s | filecheck %s
+  import hxmlir as hx
+  from hxmlir.testing import print_ir
+
+  def layer(x, w):
+    return hx.matmul_q(x, w)
+
+  print_ir("layer", layer, "f32[2,6]", "q8[6,5]")
+  # CHECK-LABEL: TEST: layer f32[2,6] q8[6,5]
+  # CHECK: stablehlo.composite "hx.matmul_q"
+
+as JAX's own ``tests/filecheck`` helpers do: each module is preceded by a
+stable ``TEST: <name> <argument types>`` line to anchor ``CHECK-LABEL``.
+Arguments are values (arrays, ``QArray``, ...), types (``jax.ShapeDtypeStruct``,
+``ShapedArray``, hi types such as ``hx.QArrayTy``), type strings
+(:mod:`hxmlir.typestr`: ``"f32[8@i,512]"``, ``"q8[512,256]"``,
+``"{w: q8[4,3], b: f32[3]}"``), or tuples, lists and dicts of them.
+
+``hxmlir lower MODULE:FUNCTION --arg TYPE ...`` prints the same module
+(:func:`lowered_text`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.experimental.hijax import HiType, ShapedArray
+from jax.sharding import AbstractMesh
+
+from hxmlir import typestr
+
+
+def abstract_args(args: Sequence, mesh: AbstractMesh | None = None) -> list:
+  """``args`` with type strings parsed (on ``mesh``) and ``ShapedArray`` leaves made
+  ``jax.ShapeDtypeStruct`` (what ``jax.jit(...).trace`` accepts); values and hi types
+  stay as they are. Raises :class:`hxmlir.typestr.TypeStrError` on bad type text."""
+  def conv(x):
+    if isinstance(x, ShapedArray) and not isinstance(x, HiType):
+      s = x.sharding if x.sharding is not None and not x.sharding.mesh.empty else None
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=s)
+    return x
+
+  out = [typestr.parse_arg(a, mesh, f"argument {i}") if isinstance(a, str) else a
+         for i, a in enumerate(args)]
+  return jax.tree.map(conv, out, is_leaf=lambda x: isinstance(x, (HiType, ShapedArray)))
+
+
+def types_label(args: Sequence) -> str:
+  """The argument types as the label prints them: ``f32[2,6] q8[6,5]``; a pytree argument
+  as ``{b:f32[3],w:q8[4,3]}`` (one word per argument)."""
+  def one(a) -> str:
+    if isinstance(a, dict):
+      return "{" + ",".join(f"{k}:{one(v)}" for k, v in a.items()) + "}"
+    if isinstance(a, tuple):
+      return "(" + ",".join(map(one, a)) + ")"
+    if isinstance(a, list):
+      return "[" + ",".join(map(one, a)) + "]"
+    if a is None:
+      return "None"
+    if isinstance(a, jax.ShapeDtypeStruct):
+      a = ShapedArray(a.shape, a.dtype, sharding=a.sharding)
+    return typestr.type_str(a if isinstance(a, (HiType, ShapedArray)) else jax.typeof(a))
+  return " ".join(one(a) for a in args)
+
+
+def bind_static(fn: Callable, static: dict[str, Any] | None) -> Callable:
+  """``fn`` with keyword arguments ``static`` bound (Python values, not traced), keeping its
+  name (JAX names the module ``jit_<name>``); ``fn`` itself when there are none."""
+  if not static:
+    return fn
+
+  def bound(*a, **kw):
+    return fn(*a, **static, **kw)
+  bound.__name__ = bound.__qualname__ = getattr(fn, "__name__", "fn")
+  return bound
+
+
+def lowered_text(fn: Callable, *args, passes: bool | str = False,
+                 platforms: Sequence[str] | None = None, mesh: AbstractMesh | None = None,
+                 debug_info: bool = False, static: dict[str, Any] | None = None) -> str:
+  """The StableHLO module ``jax.jit(fn)`` lowers to for ``args``, as text.
+
+  ``args``: see the module docstring (type strings are parsed on ``mesh``).
+  ``passes``: ``False`` lowers in the current state (hxmlir installed or not),
+  ``True`` with ``hx.install()``'s default pipeline, a string with that pass
+  pipeline (``"hx-verify,hx-fold-scales"``). ``platforms`` lowers for those
+  platforms (``("cuda", "tpu")`` works on any machine; default: the default
+  backend). ``mesh``: a device-free mesh (:func:`hxmlir.typestr.parse_mesh`)
+  current while tracing, for sharded arguments without devices. ``static``:
+  keyword arguments bound as Python values (``fn(*args, **static)``), not
+  traced. ``debug_info`` keeps the locations (``loc(...)``).
+
+  Raises :class:`hxmlir.typestr.TypeStrError` on bad type text, and what
+  tracing or the pipeline raises (``TypeError`` naming operand types,
+  ``hx.VerificationError``, ``PipelineError``).
+  """
+  from hxmlir.install import installed
+  abstract = abstract_args(args, mesh)
+  target = bind_static(fn, static)
+  if mesh is not None and platforms is None:
+    platforms = (jax.default_backend(),)
+
+  def lower() -> str:
+    traced = jax.jit(target).trace(*abstract)
+    lowered = traced.lower() if platforms is None else \
+        traced.lower(lowering_platforms=tuple(platforms))
+    return lowered.as_text(debug_info=debug_info)
+
+  def in_mesh() -> str:
+    if mesh is None:
+      return lower()
+    with jax.sharding.use_abstract_mesh(mesh):
+      return lower()
+
+  if passes is False:
+    return in_mesh()
+  with installed(None if passes is True else passes):
+    return in_mesh()
+
+
+def print_ir(name: str, fn: Callable, *args, **kw) -> None:
+  """Prints ``TEST: <name> <argument types>`` and the module :func:`lowered_text` gives
+  (keywords as there; locations left out unless ``debug_info=True``)."""
+  mesh = kw.get("mesh")
+  print(f"\nTEST: {name} {types_label(abstract_args(args, mesh))}".rstrip())
+  print(lowered_text(fn, *args, **kw))
+
+
+def print_exported(name: str, exported) -> None:
+  """Prints ``TEST: <name> <platforms>`` and an exported artifact's module (no locations).
+
+  ``exported``: a ``jax.export.Exported`` or an :class:`hxmlir.export.Exported`.
+  """
+  from jax.interpreters import mlir
+  print(f"\nTEST: {name} {','.join(exported.platforms)}")
+  with mlir.make_ir_context():
+    module = mlir.ir.Module.parse(exported.mlir_module())
+    print(module.operation.get_asm(enable_debug_info=False))
