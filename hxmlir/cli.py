@@ -352,13 +352,13 @@ def _cmd_run(args) -> int:
   import jax
   import numpy as np
 
-  from hxmlir import npzio, typestr
+  from hxmlir import npzio
   output = _npz_path(args.output, "--output") if args.output else None
   _, exp = _read_artifact(args.artifact)
   a, kw = _load_inputs(args.inputs, exp)
   out = exp.call(*a, **kw)
   jax.block_until_ready(out)
-  types = ", ".join(map(typestr.type_str, exp.out_types))
+  types = ", ".join(map(str, exp.out_types))
   if output:
     paths = npzio.leaf_paths(exp.out_tree, results=True)
     leaves = npzio.tree_leaves(exp.out_tree, out)
@@ -426,7 +426,8 @@ def _expected_arrays(exp) -> list[tuple[str, Any, list[tuple[str, Any]]]]:
       raise InputsError(f"{exp.fun_name}: argument {p} has type {typestr.type_str(ty)}: {e}; "
                         "`hxmlir run` cannot read it from an .npz") from None
     los = ty.lo_ty() if isinstance(ty, HiType) else [ty]
-    out.append((f"argument {p} ({typestr.type_str(ty)})", ty,
+    # "argument 1" / "argument 1['w']" (positional: index and path), "argument kw['name']"
+    out.append((f"argument {p[1:] if p.startswith('a') else p} ({typestr.type_str(ty)})", ty,
                 [(p + k, lo) for k, lo in zip(keys, los, strict=True)]))
   return out
 
