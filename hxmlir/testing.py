@@ -92,7 +92,10 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   pipeline (``"hx-verify,hx-fold-scales"``). ``platforms`` lowers for those
   platforms (``("cuda", "tpu")`` works on any machine; default: the default
   backend). ``mesh``: a device-free mesh (:func:`hxmlir.typestr.parse_mesh`)
-  current while tracing, for sharded arguments without devices. ``static``:
+  current while tracing, for sharded arguments without devices; hi *types* on
+  a mesh are lowered as :func:`hxmlir.export.export` lowers them (JAX would
+  give each of their components the hi type's sharding), so the module's
+  ``main`` calls the function's body (``call @fn``). ``static``:
   keyword arguments bound as Python values (``fn(*args, **static)``), not
   traced. ``debug_info`` keeps the locations (``loc(...)``).
 
@@ -107,6 +110,8 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
     platforms = (jax.default_backend(),)
 
   def lower() -> str:
+    if _hi_on_mesh(abstract):
+      return _lowered_via_export(target, abstract, platforms, debug_info)
     traced = jax.jit(target).trace(*abstract)
     lowered = traced.lower() if platforms is None else \
         traced.lower(lowering_platforms=tuple(platforms))
@@ -122,6 +127,31 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
     return in_mesh()
   with installed(None if passes is True else passes):
     return in_mesh()
+
+
+def _hi_on_mesh(args) -> bool:
+  """Whether a hi *type* (not a value) among ``args`` is placed on a mesh.
+
+  ``jax.jit(f).trace(hi_type)`` gives every lo component of a hi argument the
+  hi type's own sharding (``_lojax_expand_params`` in ``jax/_src/pjit.py``): a
+  ``q8[6,4@j]``'s ``f32[6]`` scale would get the spec ``P(None, 'j')``. Such
+  arguments are lowered through :func:`hxmlir.export.export`, whose lo
+  function takes each component with its own sharding.
+  """
+  return any(isinstance(x, HiType) and x.sharding is not None and not x.sharding.mesh.empty
+             for x in jax.tree.leaves(args, is_leaf=lambda x: isinstance(x, HiType))
+             if hasattr(x, "sharding"))
+
+
+def _lowered_via_export(fn, args, platforms, debug_info: bool) -> str:
+  """The module of ``hxmlir.export.export(jax.jit(fn), platforms)(*args)``, as text."""
+  from jax.interpreters import mlir
+
+  from hxmlir.export import export
+  exp = export(jax.jit(fn), platforms=platforms)(*args)
+  with mlir.make_ir_context():
+    module = mlir.ir.Module.parse(exp.mlir_module())
+    return module.operation.get_asm(enable_debug_info=debug_info)
 
 
 def print_ir(name: str, fn: Callable, *args, **kw) -> None:
