@@ -36,6 +36,19 @@ from jax.sharding import AbstractMesh
 from hxmlir import typestr
 
 
+def mesh(axes: str) -> jax.sharding.Mesh:
+  """The mesh ``axes`` (``"i=4,j=2"``, :func:`hxmlir.typestr.parse_mesh`; explicit axes by
+  default) over this process's devices, for ``jax.set_mesh`` around values.
+
+  On CPU, run with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set
+  before JAX starts) for 8 devices. Raises ``ValueError`` when there are fewer
+  devices than the mesh needs; use ``mesh=`` of :func:`lowered_text` with type
+  strings to lower for a mesh without devices.
+  """
+  m = typestr.parse_mesh(axes)
+  return jax.make_mesh(m.axis_sizes, m.axis_names, axis_types=m.axis_types)
+
+
 def abstract_args(args: Sequence, mesh: AbstractMesh | None = None) -> list:
   """``args`` with type strings parsed (on ``mesh``) and ``ShapedArray`` leaves made
   ``jax.ShapeDtypeStruct`` (what ``jax.jit(...).trace`` accepts); values and hi types
