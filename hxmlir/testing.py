@@ -95,7 +95,7 @@ def bind_static(fn: Callable, static: dict[str, Any] | None) -> Callable:
 
 
 def lowered_text(fn: Callable, *args, passes: bool | str = False,
-                 platforms: Sequence[str] | None = None, mesh: AbstractMesh | None = None,
+                 platforms: Sequence[str] | None = None, mesh: AbstractMesh | str | None = None,
                  debug_info: bool = False, static: dict[str, Any] | None = None) -> str:
   """The StableHLO module ``jax.jit(fn)`` lowers to for ``args``, as text.
 
@@ -104,7 +104,8 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   ``True`` with ``hx.install()``'s default pipeline, a string with that pass
   pipeline (``"hx-verify,hx-fold-scales"``). ``platforms`` lowers for those
   platforms (``("cuda", "tpu")`` works on any machine; default: the default
-  backend). ``mesh``: a device-free mesh (:func:`hxmlir.typestr.parse_mesh`)
+  backend). ``mesh``: a device-free mesh (``"i=4,j=2"`` or
+  :func:`hxmlir.typestr.parse_mesh`'s result)
   current while tracing, for sharded arguments without devices; hi *types* on
   a mesh are lowered as :func:`hxmlir.export.export` lowers them (JAX would
   give each of their components the hi type's sharding), so the module's
@@ -117,6 +118,8 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   ``hx.VerificationError``, ``PipelineError``).
   """
   from hxmlir.install import installed
+  if isinstance(mesh, str):
+    mesh = typestr.parse_mesh(mesh)
   abstract = abstract_args(args, mesh)
   target = bind_static(fn, static)
   if mesh is not None and platforms is None:
@@ -171,6 +174,7 @@ def print_ir(name: str, fn: Callable, *args, **kw) -> None:
   """Prints ``TEST: <name> <argument types>`` and the module :func:`lowered_text` gives
   (keywords as there; locations left out unless ``debug_info=True``)."""
   mesh = kw.get("mesh")
+  mesh = typestr.parse_mesh(mesh) if isinstance(mesh, str) else mesh
   print(f"\nTEST: {name} {types_label(abstract_args(args, mesh))}".rstrip())
   print(lowered_text(fn, *args, **kw))
 
