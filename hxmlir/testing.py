@@ -126,7 +126,7 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
     platforms = (jax.default_backend(),)
 
   def lower() -> str:
-    if _hi_on_mesh(abstract):
+    if _hi_types_on_mesh(abstract, mesh):
       return _lowered_via_export(target, abstract, platforms, debug_info)
     traced = jax.jit(target).trace(*abstract)
     lowered = traced.lower() if platforms is None else \
@@ -145,18 +145,18 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
     return in_mesh()
 
 
-def _hi_on_mesh(args) -> bool:
-  """Whether a hi *type* (not a value) among ``args`` is placed on a mesh.
+def _hi_types_on_mesh(args, mesh) -> bool:
+  """Whether ``args`` hold a hi *type* (not a value) while a mesh is given.
 
   ``jax.jit(f).trace(hi_type)`` gives every lo component of a hi argument the
   hi type's own sharding (``_lojax_expand_params`` in ``jax/_src/pjit.py``): a
-  ``q8[6,4@j]``'s ``f32[6]`` scale would get the spec ``P(None, 'j')``. Such
-  arguments are lowered through :func:`hxmlir.export.export`, whose lo
-  function takes each component with its own sharding.
+  ``q8[6,4@j]``'s ``f32[6]`` scale would get the spec ``P(None, 'j')``, and a
+  ``Tup``'s elements none. Such arguments are lowered through
+  :func:`hxmlir.export.export`, whose lo function takes each component with its
+  own sharding.
   """
-  return any(isinstance(x, HiType) and x.sharding is not None and not x.sharding.mesh.empty
-             for x in jax.tree.leaves(args, is_leaf=lambda x: isinstance(x, HiType))
-             if hasattr(x, "sharding"))
+  return mesh is not None and any(
+      isinstance(x, HiType) for x in jax.tree.leaves(args, is_leaf=lambda x: isinstance(x, HiType)))
 
 
 def _lowered_via_export(fn, args, platforms, debug_info: bool) -> str:

@@ -1,3 +1,4 @@
+# ruff: noqa: F821  (lit provides `config`)
 # lit configuration for your project's IR tests (copied from hxmlir's examples/lit).
 # RUN lines use %python, and find hxmlir, hxmlir-opt and filecheck on PATH: the bin
 # directory of the Python environment that runs lit (`pip install hxmlir lit filecheck`).

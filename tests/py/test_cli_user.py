@@ -117,6 +117,16 @@ def test_lower_a_sharded_argument(user, capsys):
                    out), out
 
 
+def test_lower_a_sharded_tuple(user, capsys):
+  rc, out, err = _run(capsys, "lower", f"{user}/mylayer.py:swap", "--mesh", "i=4",
+                      "--arg", "Tup{f32[8@i],q8[4@i,3]}")
+  assert rc == 0, err
+  assert re.search(r'@main\(%arg0: tensor<8xf32> \{sdy.sharding = #sdy.sharding<@mesh, '
+                   r'\[\{"i"\}\]>\}, %arg1: tensor<4x3xi8> \{sdy.sharding = '
+                   r'#sdy.sharding<@mesh, \[\{"i"\}, \{\}\]>\}, %arg2: tensor<4xf32> '
+                   r'\{sdy.sharding = #sdy.sharding<@mesh, \[\{"i"\}\]>\}\)', out), out
+
+
 @pytest.mark.parametrize("fn, args, want", [
     ("swap", ["Tup{f32[3],q8[2,4]}"], r"@main\(%arg0: tensor<3xf32>, %arg1: tensor<2x4xi8>, "
                                       r"%arg2: tensor<2xf32>\)"),
