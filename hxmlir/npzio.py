@@ -66,35 +66,18 @@ def leaf_paths(tree, results: bool = False) -> list[str]:
   ``tree`` is an ``in_tree`` (``((args...), {kwargs})``) or, with
   ``results=True``, an ``out_tree``. Raises ``ValueError`` on a malformed tree.
   """
-  out: list[str] = []
-
-  def walk(t, path):
-    if t is None:
-      return
-    if t == "*":
-      out.append(path)
-      return
-    kind, v = _node(t)
-    for k, e in (v if kind == "dict" else enumerate(v)):
-      walk(e, f"{path}[{k!r}]")
-
   if results:
     kind, v = _node(tree) if isinstance(tree, dict) else (None, None)
-    if kind in ("tuple", "list"):
-      for i, e in enumerate(v):
-        walk(e, f"a{i}")
-    else:
-      walk(tree, "a0")
-    return out
-  kind, v = _node(tree)
-  if kind != "tuple" or len(v) != 2:
-    raise ValueError(f"bad argument tree {tree!r}: expected ((args...), {{kwargs}})")
-  (_, args), (_, kwargs) = _node(v[0]), _node(v[1])
-  for i, e in enumerate(args):
-    walk(e, f"a{i}")
-  for k, e in kwargs:
-    walk(e, f"kw[{k!r}]")
-  return out
+    roots = [(e, f"a{i}") for i, e in enumerate(v)] if kind in ("tuple", "list") \
+        else [(tree, "a0")]
+  else:
+    kind, v = _node(tree)
+    if kind != "tuple" or len(v) != 2:
+      raise ValueError(f"bad argument tree {tree!r}: expected ((args...), {{kwargs}})")
+    (_, args), (_, kwargs) = _node(v[0]), _node(v[1])
+    roots = [(e, f"a{i}") for i, e in enumerate(args)] + \
+        [(e, f"kw[{k!r}]") for k, e in kwargs]
+  return [p for t, prefix in roots for p, _ in _walk(t, prefix)]
 
 
 def build_tree(tree, leaves: Sequence) -> Any:
@@ -117,27 +100,29 @@ def tree_leaves(tree, value) -> list:
   """The leaves of ``value``, a Python container structured as ``tree`` (hi values are
   leaves), in the order :func:`leaf_paths` names them. Raises ``ValueError`` when
   ``value`` does not have that structure."""
-  out: list = []
+  return [x for _, x in _walk(tree, "", value)]
 
-  def walk(t, v):
-    if t is None:
-      return
-    if t == "*":
-      out.append(v)
-      return
-    kind, elts = _node(t)
-    if kind == "dict":
-      if not isinstance(v, dict) or sorted(v) != [k for k, _ in elts]:
-        raise ValueError(f"expected a dict with keys {[k for k, _ in elts]}, got {v!r}")
-      for k, e in elts:
-        walk(e, v[k])
-      return
-    if not isinstance(v, (tuple, list)) or len(v) != len(elts):
-      raise ValueError(f"expected a {kind} of {len(elts)} elements, got {v!r}")
-    for e, x in zip(elts, v):
-      walk(e, x)
-  walk(tree, value)
-  return out
+
+_PATHS_ONLY = object()
+
+
+def _walk(t, path: str, value: Any = _PATHS_ONLY):
+  """``(path, leaf)`` for each leaf of tree ``t`` under ``path``; leaves are taken from
+  ``value`` (structured as ``t``, checked) when given."""
+  if t is None:
+    return
+  if t == "*":
+    yield path, value
+    return
+  kind, elts = _node(t)
+  items = elts if kind == "dict" else list(enumerate(elts))
+  if value is not _PATHS_ONLY:
+    if kind == "dict" and (not isinstance(value, dict) or sorted(value) != [k for k, _ in elts]):
+      raise ValueError(f"expected a dict with keys {[k for k, _ in elts]}, got {value!r}")
+    if kind != "dict" and (not isinstance(value, (tuple, list)) or len(value) != len(elts)):
+      raise ValueError(f"expected a {kind} of {len(elts)} elements, got {value!r}")
+  for k, e in items:
+    yield from _walk(e, f"{path}[{k!r}]", _PATHS_ONLY if value is _PATHS_ONLY else value[k])
 
 
 def _node(t) -> tuple[str, list]:
