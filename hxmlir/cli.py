@@ -300,6 +300,8 @@ def _cmd_lower(args) -> int:
 
 
 def _cmd_export(args) -> int:
+  from contextlib import nullcontext
+
   import jax
   import numpy as np
 
@@ -312,7 +314,7 @@ def _cmd_export(args) -> int:
     from hxmlir.testing import abstract_args, bind_static
     leaves = abstract_args(types, mesh)
     fn = bind_static(fn, static)
-    with installed(), (jax.sharding.use_abstract_mesh(mesh) if mesh else _nothing()):
+    with installed(), (jax.sharding.use_abstract_mesh(mesh) if mesh else nullcontext()):
       blob = export(jax.jit(fn), platforms=args.platforms)(*leaves).serialize()
   else:
     m = _quantized_model(_model_target(args))
@@ -331,11 +333,6 @@ def _cmd_export(args) -> int:
   print(f"wrote {args.output}: {len(blob)} bytes, platforms {','.join(args.platforms)}, "
         f"{len(leaves)} arguments" + (f"; inputs {inputs_out}" if inputs_out else ""))
   return 0
-
-
-def _nothing():
-  import contextlib
-  return contextlib.nullcontext()
 
 
 def _read_artifact(path: str):
