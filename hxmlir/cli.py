@@ -1,20 +1,38 @@
-"""The ``hxmlir`` command: ``demo``, ``lower``, ``export`` and ``run``.
+"""The ``hxmlir`` command: ``demo``, ``lower``, ``export``, ``run`` and ``inspect``.
 
 ::
 
   hxmlir demo [--model builtin|minilm] [--json] [--out DIR] [--repeats N] [--pipeline P]
-  hxmlir lower [--model M] [--pipeline P | --no-passes] [-o FILE]
-  hxmlir export [--model M] [--platforms cpu,cuda,tpu] -o FILE [--inputs-out NPZ]
+  hxmlir lower MODULE:FUNCTION --arg TYPE ... [--args-json FILE] [--mesh i=8,...]
+               [--static NAME=VALUE ...] [--platforms P] [--pipeline P | --no-passes] [-o FILE]
+  hxmlir lower --model M [--naive] [--pipeline P | --no-passes] [-o FILE]
+  hxmlir export MODULE:FUNCTION --arg TYPE ... [--mesh ...] [--static ...]
+                [--platforms cpu,cuda,tpu] -o FILE
+  hxmlir export --model M [--platforms cpu,cuda,tpu] -o FILE [--inputs-out NPZ]
   hxmlir run ARTIFACT --inputs NPZ [--output NPZ]
+  hxmlir inspect ARTIFACT [--json]
 
-``demo`` runs the plugin end to end on a model (see :mod:`hxmlir.demo`);
-``lower`` prints the int8 model's StableHLO after the pass pipeline;
-``export`` writes the int8 model as a serialized multi-platform artifact;
+``lower`` prints the StableHLO JAX emits for a function (yours, or a built-in
+model's) through the installed pass pipeline; ``export`` writes the artifact
+``hxmlir.export.export(fn, platforms)(*types).serialize()`` gives. The
+function is ``MODULE:FUNCTION``, ``MODULE`` an importable module (the current
+directory is searched first, as ``python -m`` does) or a path to a ``.py``
+file; each ``--arg`` is one positional argument, a type as JAX and hxmlir
+print it or a pytree of types (:mod:`hxmlir.typestr`: ``f32[8,512]``,
+``q8[512,256]``, ``Tup{f32[3],r1[6,5]}``, ``f32[8@i,512]`` with ``--mesh
+i=8``, ``{w: q8[512,256], b: f32[256]}``); ``--args-json FILE`` gives them
+as a JSON list instead, leaves being type strings. ``--static NAME=VALUE``
+passes a keyword argument as a Python value (``VALUE`` a Python literal, else
+the string), bound before tracing.
+
 ``run`` loads an artifact (``hxmlir.export.deserialize``) and calls it on the
-arrays of an ``.npz`` file, named ``a0, a1, ...`` in argument order, with a
-``q8`` argument ``i`` given as ``a<i>.qvalue`` (int8) and ``a<i>.scale`` (f32),
-each with exactly the shape and dtype the artifact expects (no casts);
-outputs are written the same way. ``.npz`` output paths (``run --output``,
+arrays of an ``.npz`` file, keyed as :mod:`hxmlir.npzio` documents (``a0``,
+``a1.qvalue`` and ``a1.scale`` for a ``q8``, ``a2['w']`` for a dict entry,
+``a0.1`` for a ``Tup`` element), each with exactly the shape and dtype the
+artifact expects (no casts); results are written the same way (``a0``, or
+``a<i>`` for element ``i`` of returned tuples; ``Tup`` and ``r1`` results as
+their components). ``inspect`` prints what an artifact holds
+(:mod:`hxmlir.artifact_info`). ``.npz`` output paths (``run --output``,
 ``export --inputs-out``) get ``.npz`` appended when they lack it, as
 ``numpy.savez`` does, and the path actually written is printed. Errors are one
 line on stderr and exit status 1 (2 for a bad command line).
@@ -54,8 +72,26 @@ def _positive(text: str) -> int:
   return n
 
 
+def _add_target(p: argparse.ArgumentParser, models: Sequence[str]) -> None:
+  p.add_argument("function", nargs="?", metavar="MODULE:FUNCTION",
+                 help="your function: MODULE importable or a path to a .py file")
+  p.add_argument("--model", choices=models,
+                 help="a built-in model instead of a function (default builtin)")
+  p.add_argument("--arg", action="append", default=[], metavar="TYPE",
+                 help="one positional argument's type, e.g. f32[8,512], q8[512,256], "
+                 "Tup{f32[3],r1[6,5]}, f32[8@i,512] (with --mesh), {w: q8[4,3], b: f32[3]}; "
+                 "repeat in argument order")
+  p.add_argument("--args-json", metavar="FILE",
+                 help="the arguments as a JSON list (objects, lists, null; type strings as leaves)")
+  p.add_argument("--mesh", metavar="AXES",
+                 help="device-free mesh for sharded types: i=8 or i=4,j=2 (an axis type as "
+                 "i=4:auto; default explicit)")
+  p.add_argument("--static", action="append", default=[], metavar="NAME=VALUE",
+                 help="keyword argument passed as a Python value (a literal, else a string)")
+
+
 def make_parser() -> argparse.ArgumentParser:
-  """The argument parser of the ``hxmlir`` command (subcommands demo, lower, export, run)."""
+  """The argument parser of the ``hxmlir`` command (demo, lower, export, run, inspect)."""
   from hxmlir.demo import EXPORT_PLATFORMS, MODELS
   p = argparse.ArgumentParser(
       prog="hxmlir",
@@ -79,29 +115,40 @@ def make_parser() -> argparse.ArgumentParser:
                  help="export platforms (default cpu,cuda,tpu)")
   d.add_argument("--pipeline", help="pass pipeline to install (default: hx.install()'s)")
 
-  lo = sub.add_parser("lower", help="print the int8 model's StableHLO after the pass pipeline")
-  lo.add_argument("--model", choices=MODELS, default="builtin")
+  lo = sub.add_parser("lower", help="print the StableHLO of a function (or a built-in model) "
+                      "after the pass pipeline")
+  _add_target(lo, MODELS)
+  lo.add_argument("--platforms", type=_platforms,
+                  help="lower for these platforms (default: the default backend's)")
   g = lo.add_mutually_exclusive_group()
   g.add_argument("--pipeline", help="pass pipeline (default: hx.install()'s)")
   g.add_argument("--no-passes", action="store_true", help="the IR as JAX emits it, no passes")
   lo.add_argument("--naive", action="store_true",
-                  help="the naive model: x @ hx.dequantize(w) instead of hx.matmul_q")
+                  help="with --model: x @ hx.dequantize(w) instead of hx.matmul_q")
   lo.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
 
-  ex = sub.add_parser("export", help="export the int8 model as a serialized artifact")
-  ex.add_argument("--model", choices=MODELS, default="builtin")
-  ex.add_argument("--platforms", type=_platforms, default=EXPORT_PLATFORMS)
+  ex = sub.add_parser("export", help="export a function (or a built-in model) as a serialized "
+                      "artifact")
+  _add_target(ex, MODELS)
+  ex.add_argument("--platforms", type=_platforms, default=EXPORT_PLATFORMS,
+                  help="platforms to export for (default cpu,cuda,tpu)")
   ex.add_argument("-o", "--output", metavar="FILE", required=True, help="artifact file")
   ex.add_argument("--inputs-out", metavar="NPZ",
-                  help="also write the model's example arguments, for `hxmlir run` "
-                  "(.npz is appended if missing)")
+                  help="with --model: also write the model's example arguments, for "
+                  "`hxmlir run` (.npz is appended if missing)")
 
   r = sub.add_parser("run", help="load an artifact and run it on arrays from an .npz file")
   r.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's serialize()")
   r.add_argument("--inputs", metavar="NPZ", required=True,
-                 help="arguments a0, a1, ... (a q8 argument as a<i>.qvalue and a<i>.scale)")
+                 help="arguments keyed a0, a1, ... (a q8 as a<i>.qvalue and a<i>.scale, a dict "
+                 "entry as a<i>['key']; `hxmlir inspect` lists them)")
   r.add_argument("--output", metavar="NPZ",
-                 help="write the results here (a0, a1, ...; .npz is appended if missing)")
+                 help="write the results here, keyed the same way (.npz is appended if missing)")
+
+  ins = sub.add_parser("inspect", help="show what an artifact holds: signature, platforms, "
+                       "hx ops, custom calls, versions, size")
+  ins.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's serialize()")
+  ins.add_argument("--json", action="store_true", help="print the report as JSON")
   return p
 
 
@@ -140,41 +187,145 @@ def _quantized_model(name: str):
   return m
 
 
+class UsageError(ValueError):
+  """A command line whose options do not go together (``--model`` with ``--arg``)."""
+
+
+def load_function(spec: str):
+  """The function ``MODULE:FUNCTION`` names (``MODULE`` importable or a ``.py`` path).
+
+  An importable ``MODULE`` is looked up with the current directory first on
+  ``sys.path`` (as ``python -m`` does); a ``.py`` file is run as a module named
+  after it, its directory on ``sys.path`` so it imports its siblings. Raises
+  ``UsageError`` for a spec without ``:``, ``ImportError`` naming the module,
+  and ``AttributeError``/``TypeError`` naming what the module has instead.
+  """
+  import importlib.util
+  import pkgutil
+  module, sep, name = spec.rpartition(":")
+  if not sep or not module or not name:
+    raise UsageError(f"expected MODULE:FUNCTION (a module or .py path, a colon, a function "
+                     f"name), got {spec!r}")
+  if module.endswith(".py") or os.sep in module:
+    path = os.path.abspath(module)
+    if not os.path.isfile(path):
+      raise ImportError(f"{module}: no such file")
+    mod_name = os.path.splitext(os.path.basename(path))[0]
+    spec_ = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec_)
+    sys.path.insert(0, os.path.dirname(path))
+    sys.modules[mod_name] = mod
+    spec_.loader.exec_module(mod)
+  else:
+    if os.getcwd() not in sys.path:
+      sys.path.insert(0, os.getcwd())
+    try:
+      mod = pkgutil.resolve_name(module)
+    except ImportError as e:
+      raise ImportError(f"cannot import module {module!r}: {e} (give an importable module "
+                        "or a path to a .py file)") from None
+  fn = getattr(mod, name, None)
+  if fn is None:
+    have = sorted(k for k, v in vars(mod).items() if callable(v) and not k.startswith("_")
+                  and getattr(v, "__module__", None) == mod.__name__)
+    raise AttributeError(f"module {module!r} has no function {name!r}; it defines: "
+                         f"{', '.join(have) or 'no public functions'}")
+  if not callable(fn):
+    raise TypeError(f"{spec}: {name} is a {type(fn).__name__}, not a function")
+  return fn
+
+
+def _static_value(text: str) -> tuple[str, Any]:
+  import ast
+  key, sep, value = text.partition("=")
+  if not sep or not key.isidentifier():
+    raise UsageError(f"--static {text!r}: expected NAME=VALUE")
+  try:
+    return key, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return key, value
+
+
+def _user_target(args):
+  """``(fn, argument types, mesh, static)`` from the command line of a MODULE:FUNCTION run."""
+  import json
+
+  from hxmlir import typestr
+  if args.model is not None:
+    raise UsageError(f"give either MODULE:FUNCTION ({args.function}) or --model {args.model}, "
+                     "not both")
+  for flag, given in (("--naive", getattr(args, "naive", False)),
+                      ("--inputs-out", getattr(args, "inputs_out", None))):
+    if given:
+      raise UsageError(f"{flag} goes with --model, not with a MODULE:FUNCTION")
+  mesh = typestr.parse_mesh(args.mesh) if args.mesh else None
+  types = [typestr.parse_arg(t, mesh, f"--arg {i + 1}") for i, t in enumerate(args.arg)]
+  if args.args_json:
+    if types:
+      raise UsageError("give the arguments with --arg or with --args-json, not both")
+    with open(args.args_json) as f:
+      try:
+        data = json.load(f)
+      except ValueError as e:
+        raise typestr.TypeStrError(f"--args-json {args.args_json}: not JSON: {e}") from None
+    types = typestr.parse_json_args(data, mesh, f"--args-json {args.args_json}")
+  static = dict(_static_value(t) for t in args.static)
+  return load_function(args.function), types, mesh, static
+
+
+def _model_target(args) -> str:
+  used = [f for f, v in (("--arg", args.arg), ("--args-json", args.args_json),
+                         ("--mesh", args.mesh), ("--static", args.static)) if v]
+  if used:
+    raise UsageError(f"{', '.join(used)} go with MODULE:FUNCTION, not with --model")
+  return args.model or "builtin"
+
+
 def _cmd_lower(args) -> int:
   from functools import partial
 
-  import jax
-
-  from hxmlir.install import installed
+  from hxmlir.testing import lowered_text
   _check_pipeline(args.pipeline)
-  m = _quantized_model(args.model)
-  fn = jax.jit(partial(m.apply, naive=args.naive))
-  if args.no_passes:
-    text = fn.lower(m.qparams, *m.inputs).as_text()
+  passes = False if args.no_passes else (args.pipeline or True)
+  if args.function is not None:
+    fn, types, mesh, static = _user_target(args)
+    text = lowered_text(fn, *types, passes=passes, platforms=args.platforms, mesh=mesh,
+                        static=static)
   else:
-    with installed(args.pipeline):
-      text = fn.lower(m.qparams, *m.inputs).as_text()
+    m = _quantized_model(_model_target(args))
+    text = lowered_text(partial(m.apply, naive=args.naive), m.qparams, *m.inputs,
+                        passes=passes, platforms=args.platforms)
   _write_text(args.output, text)
   return 0
 
 
 def _cmd_export(args) -> int:
+  from contextlib import nullcontext
+
   import jax
   import numpy as np
 
-  from hxmlir.demo import flatten_values
   from hxmlir.export import export
-  inputs_out = _npz_path(args.inputs_out, "--inputs-out") if args.inputs_out else None
-  m = _quantized_model(args.model)
-  leaves, treedef = jax.tree.flatten((m.qparams, m.inputs))
-
-  def flat(*a):
-    qparams, inputs = jax.tree.unflatten(treedef, a)
-    return m.apply(qparams, *inputs)
-
   from hxmlir.install import installed
-  with installed():
-    blob = export(jax.jit(flat), platforms=args.platforms)(*leaves).serialize()
+  from hxmlir.npzio import flatten_values
+  inputs_out = _npz_path(args.inputs_out, "--inputs-out") if args.inputs_out else None
+  if args.function is not None:
+    fn, types, mesh, static = _user_target(args)
+    from hxmlir.testing import abstract_args, bind_static
+    leaves = abstract_args(types, mesh)
+    fn = bind_static(fn, static)
+    with installed(), (jax.sharding.use_abstract_mesh(mesh) if mesh else nullcontext()):
+      blob = export(jax.jit(fn), platforms=args.platforms)(*leaves).serialize()
+  else:
+    m = _quantized_model(_model_target(args))
+    leaves, treedef = jax.tree.flatten((m.qparams, m.inputs))
+
+    def flat(*a):
+      qparams, inputs = jax.tree.unflatten(treedef, a)
+      return m.apply(qparams, *inputs)
+
+    with installed():
+      blob = export(jax.jit(flat), platforms=args.platforms)(*leaves).serialize()
   with open(args.output, "wb") as f:
     f.write(blob)
   if inputs_out:
@@ -184,28 +335,49 @@ def _cmd_export(args) -> int:
   return 0
 
 
+def _read_artifact(path: str):
+  from hxmlir.export import ArtifactError, deserialize
+  with open(path, "rb") as f:
+    blob = f.read()
+  try:
+    return blob, deserialize(blob)
+  except ArtifactError as e:
+    raise ArtifactError(f"{path}: {e}") from None
+
+
 def _cmd_run(args) -> int:
   import jax
   import numpy as np
 
-  from hxmlir.demo import flatten_values
-  from hxmlir.export import ArtifactError, deserialize
+  from hxmlir import npzio
   output = _npz_path(args.output, "--output") if args.output else None
+  _, exp = _read_artifact(args.artifact)
+  a, kw = _load_inputs(args.inputs, exp)
+  out = exp.call(*a, **kw)
+  jax.block_until_ready(out)
+  types = ", ".join(map(str, exp.out_types))
+  if output:
+    paths = npzio.leaf_paths(exp.out_tree, results=True)
+    leaves = npzio.tree_leaves(exp.out_tree, out)
+    np.savez(output, **npzio.to_arrays(paths, exp.out_types, leaves))
+  print(f"ran {args.artifact} on {len(exp.in_types)} arguments: {types}"
+        + (f" -> {output}" if output else ""))
+  return 0
+
+
+def _cmd_inspect(args) -> int:
+  import json
+
+  from hxmlir.artifact_info import artifact_info, format_info
+  from hxmlir.export import ArtifactError
   with open(args.artifact, "rb") as f:
     blob = f.read()
   try:
-    exp = deserialize(blob)
+    info = artifact_info(blob)
   except ArtifactError as e:
     raise ArtifactError(f"{args.artifact}: {e}") from None
-  inputs = _load_inputs(args.inputs, exp)
-  out = exp.call(*inputs)
-  outs = list(out) if isinstance(out, list | tuple) else [out]
-  jax.block_until_ready(outs)
-  types = ", ".join(str(jax.typeof(o)) for o in outs)
-  if output:
-    np.savez(output, **flatten_values(outs))
-  print(f"ran {args.artifact} on {len(inputs)} arguments: {types}"
-        + (f" -> {output}" if output else ""))
+  sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json
+                   else format_info(info, args.artifact))
   return 0
 
 
@@ -221,72 +393,90 @@ class InputsError(ValueError):
   """An ``--inputs`` file that does not hold the arguments the artifact expects."""
 
 
-def _load_inputs(path: str, exp) -> list:
-  """The arguments of ``exp`` from the ``.npz`` at ``path``: ``a<i>`` arrays, ``q8`` as two.
+def _load_inputs(path: str, exp) -> tuple[tuple, dict]:
+  """The ``(args, kwargs)`` of ``exp`` from the ``.npz`` at ``path``, keyed as
+  :mod:`hxmlir.npzio` documents.
 
   Every array must have exactly the shape and dtype of the lo component the
   artifact expects. Raises :class:`InputsError` naming the file, the argument,
   its key and the expected type (or ``FileNotFoundError``).
   """
+  from hxmlir import npzio
+  expected = _expected_arrays(exp)
+  with _open_npz(path) as z:
+    _check_keys(path, exp, expected, set(z.files))
+    values = [npzio.from_arrays(ty, [_read_array(z, path, where, key, lo) for key, lo in parts])
+              for where, ty, parts in expected]
+  return npzio.build_tree(exp.in_tree, values)
+
+
+def _expected_arrays(exp) -> list[tuple[str, Any, list[tuple[str, Any]]]]:
+  """Per flat argument: ``(what, type, [(npz key, lo type), ...])``."""
+  from jax.experimental.hijax import HiType
+
+  from hxmlir import npzio, typestr
+  out = []
+  for p, ty in zip(npzio.leaf_paths(exp.in_tree), exp.in_types):
+    try:
+      keys = npzio.component_keys(ty)
+    except TypeError as e:
+      raise InputsError(f"{exp.fun_name}: argument {p} has type {typestr.type_str(ty)}: {e}; "
+                        "`hxmlir run` cannot read it from an .npz") from None
+    los = ty.lo_ty() if isinstance(ty, HiType) else [ty]
+    # "argument 1" / "argument 1['w']" (positional: index and path), "argument kw['name']"
+    out.append((f"argument {p[1:] if p.startswith('a') else p} ({typestr.type_str(ty)})", ty,
+                [(p + k, lo) for k, lo in zip(keys, los, strict=True)]))
+  return out
+
+
+def _open_npz(path: str):
+  """``numpy.load(path)`` of an ``.npz``, refusing other files with :class:`InputsError`."""
   import zipfile
 
-  import jax.numpy as jnp
   import numpy as np
-
-  from hxmlir.export import _is_hi, _lo_tys, _short
-  from hxmlir.qarray import QArray, QArrayTy
   if not os.path.isfile(path):
     open(path, "rb").close()  # FileNotFoundError / IsADirectoryError with the path
   if not zipfile.is_zipfile(path):
     raise InputsError(f"--inputs {path}: not an .npz file (write one with numpy.savez, or "
                       "`hxmlir export --inputs-out`)")
-  sig = exp.signature()
-  if len(sig) > 160:
-    sig = f"({_brief([_short(t) for t in exp.in_types], 6)})"
-  expected: list[tuple[int, Any, list[tuple[str, Any]]]] = []
-  for i, ty in enumerate(exp.in_types):
-    if isinstance(ty, QArrayTy):
-      qv, sc = _lo_tys(ty)
-      expected.append((i, ty, [(f"a{i}.qvalue", qv), (f"a{i}.scale", sc)]))
-    elif _is_hi(ty):
-      raise InputsError(f"{exp.fun_name}: argument {i} has type {_short(ty)}, which `hxmlir "
-                        "run` cannot read from an .npz (only arrays and q8 values)")
-    else:
-      expected.append((i, ty, [(f"a{i}", ty)]))
-  want_keys = {k for _, _, parts in expected for k, _ in parts}
   try:
-    z = np.load(path, allow_pickle=False)
+    return np.load(path, allow_pickle=False)
   except Exception as e:  # a zip that numpy cannot read as .npz
     raise InputsError(f"--inputs {path}: not an .npz file: {type(e).__name__}: {e}") from None
-  with z:
-    have = set(z.files)
-    extra = sorted(have - want_keys)
-    if extra:
-      raise InputsError(f"--inputs {path}: unexpected arrays {extra}; {exp.fun_name} takes "
-                        f"{len(expected)} arguments {sig}, named "
-                        f"{_brief([k for _, _, ps in expected for k, _ in ps])}")
-    values = []
-    for i, ty, parts in expected:
-      arrays = []
-      for key, lo in parts:
-        if key not in have:
-          raise InputsError(f"--inputs {path}: argument {i} ({_short(ty)}) is missing: no "
-                            f"array {key!r}; {exp.fun_name} takes {len(expected)} arguments "
-                            f"{sig}, named {_brief([k for _, _, ps in expected for k, _ in ps])}")
-        try:
-          a = z[key]
-        except Exception as e:
-          raise InputsError(f"--inputs {path}: array {key!r} cannot be read: "
-                            f"{type(e).__name__}: {e}") from None
-        want = f"{np.dtype(lo.dtype).name}[{','.join(map(str, lo.shape))}]"
-        got = f"{a.dtype.name if a.dtype.kind not in 'OUSV' else a.dtype.str}" \
-              f"[{','.join(map(str, a.shape))}]"
-        if a.dtype != np.dtype(lo.dtype) or tuple(a.shape) != tuple(lo.shape):
-          raise InputsError(f"--inputs {path}: argument {i} ({_short(ty)}): array {key!r} is "
-                            f"{got}, expected {want}")
-        arrays.append(jnp.asarray(a))
-      values.append(QArray(*arrays) if isinstance(ty, QArrayTy) else arrays[0])
-  return values
+
+
+def _check_keys(path: str, exp, expected, have: set[str]) -> None:
+  """Refuses arrays the artifact does not take, and missing ones, listing the expected keys."""
+  from hxmlir import typestr
+  sig = exp.signature()
+  if len(sig) > 160:
+    sig = f"({_brief([typestr.type_str(t) for t in exp.in_types], 6)})"
+  want = [k for _, _, parts in expected for k, _ in parts]
+  takes = (f"{exp.fun_name} takes {len(expected)} arguments {sig}, named "
+           f"{_brief(want)}")
+  extra = sorted(have - set(want))
+  if extra:
+    raise InputsError(f"--inputs {path}: unexpected arrays {extra}; {takes}")
+  for where, _, parts in expected:
+    for key, _ in parts:
+      if key not in have:
+        raise InputsError(f"--inputs {path}: {where} is missing: no array {key!r}; {takes}")
+
+
+def _read_array(z, path: str, where: str, key: str, lo):
+  """Array ``key`` of the open ``.npz`` ``z``, which must be exactly ``lo``'s shape and dtype."""
+  import numpy as np
+  try:
+    a = z[key]
+  except Exception as e:
+    raise InputsError(f"--inputs {path}: array {key!r} cannot be read: "
+                      f"{type(e).__name__}: {e}") from None
+  want = f"{np.dtype(lo.dtype).name}[{','.join(map(str, lo.shape))}]"
+  got = f"{a.dtype.name if a.dtype.kind not in 'OUSV' else a.dtype.str}" \
+        f"[{','.join(map(str, a.shape))}]"
+  if a.dtype != np.dtype(lo.dtype) or tuple(a.shape) != tuple(lo.shape):
+    raise InputsError(f"--inputs {path}: {where}: array {key!r} is {got}, expected {want}")
+  return a
 
 
 def _write_text(path: str | None, text: str) -> None:
@@ -300,7 +490,8 @@ def _write_text(path: str | None, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the ``hxmlir`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
   args = make_parser().parse_args(argv)
-  cmd = {"demo": _cmd_demo, "lower": _cmd_lower, "export": _cmd_export, "run": _cmd_run}
+  cmd = {"demo": _cmd_demo, "lower": _cmd_lower, "export": _cmd_export, "run": _cmd_run,
+         "inspect": _cmd_inspect}
   try:
     return cmd[args.command](args)
   except KeyboardInterrupt:

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hxmlir.models import _nn
+from hxmlir.npzio import flatten_values, unflatten_values  # noqa: F401  (demo's API)
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 ARTIFACT_NAME = "model.hxa"
@@ -260,42 +261,6 @@ def _verify_text(ir_text: str) -> tuple[bool, list[str]]:
     except PassError as e:
       return False, [str(d) for d in e.diagnostics] or [str(e)]
   return True, []
-
-
-# --- hi values <-> npz (the artifact runner's input and output files) -------
-
-def flatten_values(values: Sequence[Any]) -> dict[str, np.ndarray]:
-  """``{"a0": ..., "a1.qvalue": ..., "a1.scale": ...}`` for a list of arrays and ``q8`` values."""
-  from hxmlir.qarray import QArray
-  out = {}
-  for i, v in enumerate(values):
-    if isinstance(v, QArray):
-      out[f"a{i}.qvalue"], out[f"a{i}.scale"] = np.asarray(v.qvalue), np.asarray(v.scale)
-    else:
-      out[f"a{i}"] = np.asarray(v)
-  return out
-
-
-def unflatten_values(arrays: dict[str, np.ndarray]) -> list[Any]:
-  """Inverse of :func:`flatten_values`; raises ``ValueError`` on a missing or unknown key."""
-  from hxmlir.qarray import QArray
-  idx = {}
-  for key in arrays:
-    m = re.fullmatch(r"a(\d+)(?:\.(qvalue|scale))?", key)
-    if not m:
-      raise ValueError(f"unexpected array name {key!r}: expected a<i>, a<i>.qvalue, a<i>.scale")
-    idx.setdefault(int(m.group(1)), set()).add(m.group(2))
-  if sorted(idx) != list(range(len(idx))):
-    raise ValueError(f"argument numbers must be 0..{len(idx) - 1}, got {sorted(idx)}")
-  out = []
-  for i in range(len(idx)):
-    if idx[i] == {None}:
-      out.append(jnp.asarray(arrays[f"a{i}"]))
-    elif idx[i] == {"qvalue", "scale"}:
-      out.append(QArray(jnp.asarray(arrays[f"a{i}.qvalue"]), jnp.asarray(arrays[f"a{i}.scale"])))
-    else:
-      raise ValueError(f"argument {i} needs a{i}, or both a{i}.qvalue and a{i}.scale")
-  return out
 
 
 # --- the demo ----------------------------------------------------------------

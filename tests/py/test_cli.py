@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import hxmlir as hx
-from hxmlir import cli, demo
+from hxmlir import cli, demo, npzio
 from hxmlir import export as hxe
 
 
@@ -25,7 +25,7 @@ def files(tmp_path_factory):
   x = jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3) - 2.5
   qw = hx.quantize(jnp.arange(12.0, dtype=jnp.float32).reshape(3, 4) / 7 - 0.8)
   (d / "mm.hxa").write_bytes(bytes(hxe.export(hx.matmul_q)(x, qw).serialize()))
-  np.savez(d / "in.npz", **demo.flatten_values([x, qw]))
+  np.savez(d / "in.npz", **npzio.flatten_values([x, qw]))
   return d, d / "mm.hxa", d / "in.npz", np.asarray(hx.matmul_q(x, qw))
 
 

@@ -8,11 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
-
-
-def show(name, f, *args):
-  print(f"TEST: {name} " + " ".join(str(jax.typeof(a)) for a in args))
-  print(jax.jit(f).lower(*args).as_text())
+from hxmlir.testing import print_ir
 
 
 def dequant_dot(x, qw):
@@ -24,23 +20,23 @@ x = jnp.asarray(rng.standard_normal((2, 3)), jnp.float32)
 qw = hx.quantize(jnp.asarray(rng.standard_normal((3, 4)), jnp.float32))
 xb = jnp.asarray(rng.standard_normal((5, 2, 3)), jnp.float32)
 
-show("plain", dequant_dot, x, qw)
-# CHECK-LABEL: TEST: plain float32[2,3] q8[3,4]
+print_ir("plain", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: plain f32[2,3] q8[3,4]
 # CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
 # CHECK-NEXT: %[[D:.*]] = stablehlo.composite "hx.dequantize" %[[Q]], %[[S]]
 # CHECK-NEXT: %[[Y:.*]] = stablehlo.dot_general %[[X]], %[[D]], contracting_dims = [1] x [0]
 # CHECK-NEXT: return %[[Y]]
 
 hx.install()
-show("installed", dequant_dot, x, qw)
-# CHECK-LABEL: TEST: installed float32[2,3] q8[3,4]
+print_ir("installed", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: installed f32[2,3] q8[3,4]
 # CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
 # CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {decomposition = @[[IMPL:[^,]*]], version = 1 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
 # CHECK-NEXT: return %[[Y]] : tensor<2x4xf32>
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x4xi8>, %{{.*}}: tensor<3xf32>) -> tensor<2x4xf32>
 
-show("installed_batched_x", dequant_dot, xb, qw)
-# CHECK-LABEL: TEST: installed_batched_x float32[5,2,3] q8[3,4]
+print_ir("installed_batched_x", dequant_dot, xb, qw)
+# CHECK-LABEL: TEST: installed_batched_x f32[5,2,3] q8[3,4]
 # CHECK: func.func public @main(%[[X:.*]]: tensor<5x2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
 # CHECK-NOT: "hx.dequantize"
 # CHECK-DAG: %[[QF:.*]] = stablehlo.convert %[[Q]] : (tensor<3x4xi8>) -> tensor<3x4xf32>
@@ -51,8 +47,8 @@ show("installed_batched_x", dequant_dot, xb, qw)
 
 folded = np.asarray(jax.jit(dequant_dot)(x, qw))
 hx.uninstall()
-show("uninstalled", dequant_dot, x, qw)
-# CHECK-LABEL: TEST: uninstalled float32[2,3] q8[3,4]
+print_ir("uninstalled", dequant_dot, x, qw)
+# CHECK-LABEL: TEST: uninstalled f32[2,3] q8[3,4]
 # CHECK: func.func public @main
 # CHECK-NEXT: stablehlo.composite "hx.dequantize"
 # CHECK-NEXT: stablehlo.dot_general

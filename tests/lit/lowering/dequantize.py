@@ -1,15 +1,11 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # hx.dequantize: (i8[*l, n], f32[*l]) -> f32[*l, n], no attributes.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from lowering_util import mesh, print_ir
 
 import hxmlir as hx
+from hxmlir.testing import mesh, print_ir
 
 qx = hx.quantize(jnp.ones((4, 6), "float32"))
 print_ir("dequantize", hx.dequantize, qx)
@@ -25,7 +21,7 @@ print_ir("dequantize", hx.dequantize, qx)
 # CHECK-NEXT: %[[R:[0-9]+]] = stablehlo.multiply %[[QF]], %[[S2]] : tensor<4x6xf32>
 # CHECK-NEXT: return %[[R]] : tensor<4x6xf32>
 
-with jax.set_mesh(mesh()):
+with jax.set_mesh(mesh("i=4,j=2")):
   qs = hx.quantize(jax.device_put(jnp.ones((8, 6), "float32"), P("i", None)))
   print_ir("dequantize_sharded", hx.dequantize, qs)
 # The scale is sharded like the values without their last axis; the result like the values.

@@ -2,16 +2,12 @@
 # jax.export for cpu, cuda and tpu at once (on this CPU machine): the lowering adds a
 # platform-index argument to main, but never to a composite's decomposition, whose
 # signature stays the composite's. The composites survive serialize/deserialize.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax import export
-from lowering_util import print_exported
 
 import hxmlir as hx
+from hxmlir.testing import print_exported
 
 
 def f(x, w, col, row):

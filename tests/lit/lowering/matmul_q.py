@@ -1,15 +1,11 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # hx.matmul_q: (f32[*b, m, k], i8[*b, k, n], f32[*b, k]) -> f32[*b, m, n], no attributes.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from lowering_util import mesh, print_ir
 
 import hxmlir as hx
+from hxmlir.testing import mesh, print_ir
 
 x = jnp.ones((2, 6), "float32")
 qw = hx.quantize(jnp.ones((6, 5), "float32"))
@@ -27,7 +23,7 @@ print_ir("matmul_q", hx.matmul_q, x, qw)
 # CHECK-NEXT: %[[R:[0-9]+]] = stablehlo.dot_general %[[XS]], %[[QF]], contracting_dims = [1] x [0]{{.*}} : (tensor<2x6xf32>, tensor<6x5xf32>) -> tensor<2x5xf32>
 # CHECK-NEXT: return %[[R]] : tensor<2x5xf32>
 
-with jax.set_mesh(mesh()):
+with jax.set_mesh(mesh("i=4,j=2")):
   xs = jax.device_put(jnp.ones((4, 8, 6), "float32"), P("i", "j", None))
   qws = hx.quantize(jax.device_put(jnp.ones((4, 6, 5), "float32"), P("i", None, None)))
   print_ir("matmul_q_sharded", hx.matmul_q, xs, qws)

@@ -1,15 +1,11 @@
 # RUN: %python %s | filecheck %s
 # hx.matmul_q on CPU: the composite is unchanged, its decomposition streams the
 # int8 weight through a stablehlo.while (lowering/matmul_q_impl.py).
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import numpy as np
-from lowering_util import print_ir
 
 import hxmlir as hx
 from hxmlir.lowering import matmul_q_impl
+from hxmlir.testing import print_ir
 
 # Small shapes keep this file readable: N-block weights above 64K elements
 # (by default weights of up to 1M elements are converted whole when m > 32).

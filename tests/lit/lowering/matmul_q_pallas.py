@@ -2,15 +2,11 @@
 # hx.matmul_q exported for cuda and tpu while hxmlir is installed: the composite's
 # decomposition calls the registered Pallas kernel hx_matmul_q_v1
 # (lowering/matmul_q_pallas.py); without install, the reference decomposition.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import numpy as np
-from lowering_util import print_exported
 
 import hxmlir as hx
+from hxmlir.testing import print_exported
 
 x = np.ones((3, 40), np.float32)
 qw = hx.quantize(np.ones((40, 50), np.float32))

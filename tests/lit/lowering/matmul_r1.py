@@ -1,15 +1,11 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # hx.matmul_r1: (f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]: x @ (col ⊗ row).
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from lowering_util import mesh, print_ir
 
 import hxmlir as hx
+from hxmlir.testing import mesh, print_ir
 
 x = jnp.ones((2, 3), "float32")
 r1 = hx.outer(jnp.ones((3,), "float32"), jnp.ones((5,), "float32"))
@@ -26,7 +22,7 @@ print_ir("matmul_r1", hx.matmul_r1, x, r1)
 # CHECK: %[[R2:[0-9]+]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<2x5xf32>
 # CHECK-NEXT: return %[[R2]] : tensor<2x5xf32>
 
-with jax.set_mesh(mesh()):
+with jax.set_mesh(mesh("i=4,j=2")):
   xs = jax.device_put(jnp.ones((4, 8), "float32"), P("i", None))
   r1s = hx.outer(jax.device_put(jnp.ones((8,), "float32"), P(None)),
                  jax.device_put(jnp.ones((6,), "float32"), P("j")))

@@ -1,15 +1,11 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # hx.outer: (f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n]): marks where a rank-1 value is formed.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from lowering_util import mesh, print_ir
 
 import hxmlir as hx
+from hxmlir.testing import mesh, print_ir
 
 col, row = jnp.ones((3,), "float32"), jnp.ones((5,), "float32")
 print_ir("outer", hx.outer, col, row)
@@ -21,7 +17,7 @@ print_ir("outer", hx.outer, col, row)
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<3xf32>, %[[B:[a-z0-9]+]]: tensor<5xf32>) -> (tensor<3xf32>, tensor<5xf32>)
 # CHECK-NEXT: return %[[A]], %[[B]] : tensor<3xf32>, tensor<5xf32>
 
-with jax.set_mesh(mesh()):
+with jax.set_mesh(mesh("i=4,j=2")):
   cs = jax.device_put(jnp.ones((8,), "float32"), P(None))
   rs = jax.device_put(jnp.ones((6,), "float32"), P("j"))
   print_ir("outer_sharded", hx.outer, cs, rs)

@@ -1,15 +1,11 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # hx.quantize: (f32[*l, n]) -> (i8[*l, n], f32[*l]), composite_attributes {qmax = 127 : i64}.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
-from lowering_util import mesh, print_ir
 
 import hxmlir as hx
+from hxmlir.testing import mesh, print_ir
 
 x = jnp.ones((4, 6), "float32")
 print_ir("quantize", hx.quantize, x)
@@ -32,7 +28,7 @@ print_ir("quantize", hx.quantize, x)
 # CHECK: %[[QV:[0-9]+]] = stablehlo.convert %{{.*}} : (tensor<4x6xf32>) -> tensor<4x6xi8>
 # CHECK-NEXT: return %[[QV]], %[[S]] : tensor<4x6xi8>, tensor<4xf32>
 
-with jax.set_mesh(mesh()):
+with jax.set_mesh(mesh("i=4,j=2")):
   xs = jax.device_put(jnp.ones((8, 6), "float32"), P("i", None))
   print_ir("quantize_sharded", hx.quantize, xs)
 # Rows sharded over "i": the values keep the operand's sharding, the scale drops the last axis.

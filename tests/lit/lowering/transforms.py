@@ -1,14 +1,10 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
 # The composites survive grad, vmap and scan, and tuples leave none.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import jax
 import jax.numpy as jnp
-from lowering_util import print_ir
 
 import hxmlir as hx
+from hxmlir.testing import print_ir
 
 x, w = jnp.ones((2, 3), "float32"), jnp.ones((3, 4), "float32")
 
