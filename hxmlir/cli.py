@@ -145,7 +145,7 @@ def _cmd_lower(args) -> int:
 
   import jax
 
-  from hxmlir.install import installed
+  from hxmlir.installation import installed
   _check_pipeline(args.pipeline)
   m = _quantized_model(args.model)
   fn = jax.jit(partial(m.apply, naive=args.naive))
@@ -172,7 +172,7 @@ def _cmd_export(args) -> int:
     qparams, inputs = jax.tree.unflatten(treedef, a)
     return m.apply(qparams, *inputs)
 
-  from hxmlir.install import installed
+  from hxmlir.installation import installed
   with installed():
     blob = export(jax.jit(flat), platforms=args.platforms)(*leaves).serialize()
   with open(args.output, "wb") as f:

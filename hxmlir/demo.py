@@ -431,7 +431,7 @@ class _Demo:
         "int8_lower_compile_seconds": round(t_int8, 3)}
 
   def ir(self):
-    from hxmlir.install import stats
+    from hxmlir.installation import stats
     before, after = self.state["before"], self.state["after"]
     for k in ("int8", "naive"):
       self._write(f"{k}_before_passes.mlir", before[k])
@@ -577,7 +577,7 @@ class _Demo:
       self.step("export", self.export, needs=["quantize", "install"])
     finally:
       if not installed_before and _is_installed():
-        from hxmlir.install import uninstall
+        from hxmlir.installation import uninstall
         uninstall()
     if self.out is not None:
       self._write("report.json", json.dumps(self.report.to_json(), indent=1) + "\n")
@@ -596,7 +596,7 @@ def _stats_delta(before: dict, after: dict) -> dict:
 
 def _is_installed() -> bool:
   try:
-    from hxmlir.install import is_installed
+    from hxmlir.installation import is_installed
   except ImportError:
     return False
   return is_installed()

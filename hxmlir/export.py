@@ -387,8 +387,8 @@ def _digest_v1(lo: jax_export.Exported, size: int) -> str:
       lo.calling_convention_version, list(lo.module_kept_var_idx),
       bool(lo.uses_global_constants), len(lo.ordered_effects), len(lo.unordered_effects),
       [sharding(s) for s in lo.in_shardings_hlo], [sharding(s) for s in lo.out_shardings_hlo],
-      [sharding(s) for s in getattr(lo, "_in_named_shardings", ())],
-      [sharding(s) for s in getattr(lo, "_out_named_shardings", ())],
+      [sharding(s) for s in _jax.in_named_shardings(lo)],
+      [sharding(s) for s in _jax.out_named_shardings(lo)],
       [str(c) for c in _plain_checks(lo)]])
   return hashlib.sha256(bytes(lo.mlir_module_serialized) + b"\0" + fields.encode()).hexdigest()
 

@@ -17,14 +17,18 @@ import jax
 from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
+from hxmlir import _jax
 from hxmlir import shardings as shd
 from hxmlir._jax import (
-    GradAccum,
-    MappingSpec,
-    plain_spec_origin,
-    stage_value,
-    vmap_batching,
-    zeros_like_aval,
+  GradAccum,
+  MappingSpec,
+  SpecMatchError,
+  jax_matchaxis,
+  plain_spec_origin,
+  stage_value,
+  vmap_infer,
+  vmap_sum_axis,
+  zeros_like_aval,
 )
 
 
@@ -218,9 +222,6 @@ def broadcast_unmapped(x, size: int):
   return BroadcastHi(jax.typeof(x), size, 0)(x)
 
 
-_MATCHAXIS = vmap_batching.matchaxis  # JAX's
-
-
 def _is_hi_match(src, dst, x) -> bool:
   if isinstance(src, MappingSpec) or isinstance(dst, MappingSpec):
     return True
@@ -232,9 +233,9 @@ def _is_hi_match(src, dst, x) -> bool:
 
 def _matchaxis(axis_data, src, dst, x, sum_match=False):
   """JAX's ``matchaxis``, first offering hi values with a hi spec to their type's rule."""
-  if (src == dst or dst is None or dst is vmap_batching.infer or dst is vmap_batching.sum_axis
+  if (src == dst or dst is None or dst is vmap_infer or dst is vmap_sum_axis
       or not _is_hi_match(src, dst, x)):
-    return _MATCHAXIS(axis_data, src, dst, x, sum_match)
+    return jax_matchaxis(axis_data, src, dst, x, sum_match)
   ty = jax.typeof(x)
   rule = getattr(ty, "hx_matchaxis", None)
   if rule is not None:
@@ -248,8 +249,8 @@ def _matchaxis(axis_data, src, dst, x, sum_match=False):
       return out
   if not isinstance(ty, HiType):  # an array with a hi spec on one side
     try:
-      return _MATCHAXIS(axis_data, src, dst, x, sum_match)
-    except vmap_batching.SpecMatchError:
+      return jax_matchaxis(axis_data, src, dst, x, sum_match)
+    except SpecMatchError:
       pass
   mapped = "not mapped" if src is None else f"mapped as {src!r}"
   hint = ""
@@ -271,5 +272,6 @@ def _spec_expr(spec) -> str:
   return repr(spec)
 
 
-if vmap_batching.matchaxis is _MATCHAXIS:
-  vmap_batching.matchaxis = _matchaxis
+# Importing hxmlir makes this JAX's vmap output rule for good (see _jax.patch_matchaxis):
+# calls without a hi value or spec reach JAX's own rule unchanged.
+_jax.patch_matchaxis(_matchaxis)

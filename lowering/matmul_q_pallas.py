@@ -16,7 +16,7 @@ Its kernel name is ``hx_matmul_q_v1`` (:data:`KERNEL_VERSION`), registered in
 ``jax.export`` accepts it once ``hx.install()`` has run. The platform-specific
 lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.install.is_installed`, part of JAX's cache keys);
+installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys);
 otherwise they emit the default composite with the reference decomposition.
 
 The kernel. Grid ``(batch, cdiv(m, block_m), cdiv(n, block_n))``, all
@@ -47,7 +47,6 @@ documented edge-block behaviour; checked here in interpret mode only).
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Sequence
 
 import jax
@@ -56,6 +55,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from hxmlir import targets
+from hxmlir.install_state import is_installed
 from hxmlir.lowering import reference
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
@@ -206,9 +206,9 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
 # --- lowering rules of hx_matmul_q_p for cuda, rocm and tpu ---------------------
 
 def _installed() -> bool:
-  """Whether hxmlir is installed for the lowering in progress (read late: install is
-  downstream of lowering; its state is part of JAX's cache keys)."""
-  return importlib.import_module("hxmlir.install").is_installed()
+  """Whether hxmlir is installed for the lowering in progress (its state is part of
+  JAX's cache keys)."""
+  return is_installed()
 
 
 def _pallas_reference(backend: str):
