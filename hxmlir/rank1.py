@@ -75,10 +75,6 @@ class Rank1P(NeedsJitShardMap, HiPspec):
   """
   spec: PartitionSpec = PartitionSpec()
 
-  def _parts(self, ndim: int) -> tuple:
-    parts = tuple(self.spec) + (None,) * (ndim - len(self.spec))
-    return parts
-
   def to_lo(self) -> tuple[PartitionSpec, PartitionSpec]:
     # rank unknown here: specs are padded to the dense rank by the caller's type
     parts = tuple(self.spec)

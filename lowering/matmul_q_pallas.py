@@ -56,7 +56,7 @@ from jax.interpreters import mlir
 
 from hxmlir import targets
 from hxmlir.install_state import is_installed
-from hxmlir.lowering import reference
+from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -161,9 +161,7 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
     raise ValueError(f"matmul_q_pallas: unknown backend {backend!r}; expected one of {BACKENDS}")
   x, q, s = (jnp.asarray(v) if not isinstance(v, jax.core.Tracer) else v for v in (x, q, s))
   types = ", ".join(jax.typeof(v).str_short(short_dtypes=True) for v in (x, q, s))
-  if (x.dtype != jnp.float32 or q.dtype != jnp.int8 or s.dtype != jnp.float32 or x.ndim < 2
-      or q.ndim != x.ndim or s.shape != q.shape[:-1] or x.shape[:-2] != q.shape[:-2]
-      or x.shape[-1] != q.shape[-2]):
+  if schema.SCHEMAS["hx.matmul_q"].check_operands([schema.TensorType.of(v) for v in (x, q, s)]):
     raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], i8[*b, k, n], f32[*b, k], "
                     f"got {types}")
   *batch, m, k = x.shape
