@@ -69,7 +69,8 @@ from jax.experimental.hijax import HiType, ShapedArray, Zero
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, typedesc
-from hxmlir.hiprim import HxPrimitive, register_to_lojax, zeros
+from hxmlir import shardings as shd
+from hxmlir.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
 
 ARTIFACT_FORMAT = 2
 """Version of the artifact layout (the ``hx.*`` module attributes and the digest); readers
@@ -154,14 +155,6 @@ def _count_leaves(tree) -> int:
 
 # --- types -------------------------------------------------------------------
 
-def _is_hi(ty) -> bool:
-  return isinstance(ty, HiType)
-
-
-def _lo_tys(ty) -> list:
-  return list(ty.lo_ty()) if _is_hi(ty) else [ty]
-
-
 def _typeof(x):
   if isinstance(x, (HiType, ShapedArray)):
     return x
@@ -171,10 +164,6 @@ def _typeof(x):
       return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type)
     return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type, sharding=s)
   return jax.typeof(x)
-
-
-def _short(ty) -> str:
-  return ty.str_short(short_dtypes=True) if hasattr(ty, "str_short") else repr(ty)
 
 
 def _key(ty):
@@ -188,9 +177,9 @@ def _key(ty):
 
 
 def _differentiable(ty) -> bool:
-  if _is_hi(ty):
-    return all(_differentiable(t) for t in _lo_tys(ty.to_tangent_aval())) \
-        if _is_hi(ty.to_tangent_aval()) else _differentiable(ty.to_tangent_aval())
+  if is_hi(ty):
+    return all(_differentiable(t) for t in lo_types(ty.to_tangent_aval())) \
+        if is_hi(ty.to_tangent_aval()) else _differentiable(ty.to_tangent_aval())
   return jnp.issubdtype(ty.dtype, jnp.inexact)
 
 
@@ -229,7 +218,7 @@ def _lower_rule(prim, v):
 def _lower_flat(tys, vals, traced: bool) -> list:
   out = []
   for ty, v in zip(tys, vals):
-    if not _is_hi(ty):
+    if not is_hi(ty):
       out.append(v)
     elif traced:
       out.extend(_LowerHi(ty)(v))
@@ -242,7 +231,7 @@ def _raise_flat(tys, los, traced: bool) -> list:
   it = iter(los)
   out = []
   for ty in tys:
-    if not _is_hi(ty):
+    if not is_hi(ty):
       out.append(next(it))
       continue
     parts = [next(it) for _ in ty.lo_ty()]
@@ -281,8 +270,8 @@ class Exported:
 
   def signature(self) -> str:
     """``(f32[2,3], q8[3,4]) -> (f32[2,4])``: the flat hi argument and result types."""
-    return (f"({', '.join(map(_short, self.in_types))}) -> "
-            f"({', '.join(map(_short, self.out_types))})")
+    return (f"({', '.join(map(shd.short, self.in_types))}) -> "
+            f"({', '.join(map(shd.short, self.out_types))})")
 
   def __repr__(self) -> str:
     return f"hxmlir.export.Exported({self.fun_name}: {self.signature()}, " \
@@ -306,14 +295,14 @@ class Exported:
     leaves, tree = _flatten((args, kwargs), "arguments")
     if tree != self.in_tree:
       raise TypeError(f"{self.fun_name} was exported for arguments structured as "
-                      f"{_unflatten(self.in_tree, [_short(t) for t in self.in_types])}, "
-                      f"called with {_unflatten(tree, [_short(_typeof(x)) for x in leaves])}")
-    vals = [x if _is_hi(jax.typeof(x)) else jnp.asarray(x) for x in leaves]
+                      f"{_unflatten(self.in_tree, [shd.short(t) for t in self.in_types])}, "
+                      f"called with {_unflatten(tree, [shd.short(_typeof(x)) for x in leaves])}")
+    vals = [x if is_hi(jax.typeof(x)) else jnp.asarray(x) for x in leaves]
     tys = [jax.typeof(v) for v in vals]
     for i, (want, got) in enumerate(zip(self.in_types, tys)):
       if _key(want) != _key(got):
         raise TypeError(f"{self.fun_name} was exported for {self.signature()}; argument {i} "
-                        f"has type {_short(got)}, expected {_short(want)}")
+                        f"has type {shd.short(got)}, expected {shd.short(want)}")
     outs = _CallExported(self, tuple(tys))(*vals)
     return _unflatten(self.out_tree, list(outs))
 
@@ -470,7 +459,7 @@ class _CallExported(HxPrimitive):
   def vjp_bwd(self, res, outgrad, *arg_accums):
     exp = self.exported
     vjp = exp.vjp()
-    cts = [zeros(ty.to_tangent_aval() if _is_hi(ty) else ty) if isinstance(g, Zero) else g
+    cts = [zeros(ty.to_tangent_aval() if is_hi(ty) else ty) if isinstance(g, Zero) else g
            for ty, g in zip(exp.out_types, outgrad) if _differentiable(ty)]
     grads = iter(vjp.call(*res, *cts))
     for ty, acc in zip(exp.in_types, arg_accums):
@@ -510,7 +499,7 @@ def export(fn: Callable, platforms: Sequence[str] | None = None, *,
     leaves, in_tree = _flatten((args, kwargs), "arguments")
     in_tys = [_typeof(x) for x in leaves]
     in_tys = [_checked_type(t, f"argument {i}") for i, t in enumerate(in_tys)]
-    lo_avals = [lo for t in in_tys for lo in _lo_tys(t)]
+    lo_avals = [lo for t in in_tys for lo in lo_types(t)]
     out_info: dict[str, Any] = {}
 
     def lo_fun(*los):
@@ -540,7 +529,7 @@ def _checked_type(ty, what: str):
   try:
     typedesc.to_json(ty)
   except typedesc.DescriptorError as e:
-    raise TypeError(f"hxmlir.export: {what} has type {_short(ty)}, which cannot be "
+    raise TypeError(f"hxmlir.export: {what} has type {shd.short(ty)}, which cannot be "
                     f"exported: {e}") from None
   return ty
 
@@ -574,7 +563,7 @@ def _export_vjp(fn, lo, in_tree, in_tys, out_tree, out_tys, platforms, disabled_
     return list(pullback(tuple(cts)))
 
   vjp_fun.__name__ = f"{lo.fun_name}_vjp"
-  ct_tys = [out_tys[i].to_tangent_aval() if _is_hi(out_tys[i]) else out_tys[i]
+  ct_tys = [out_tys[i].to_tangent_aval() if is_hi(out_tys[i]) else out_tys[i]
             for i in diff_out]
   return export(vjp_fun, platforms=platforms or lo.platforms,
                 disabled_checks=disabled_checks)(*in_tys, *ct_tys)
@@ -721,7 +710,7 @@ def _from_parts(lo, sig_text: str, vjp_b64: str | None, composites, sealed_as: i
 def _check_matches(lo, in_tys, out_tys) -> None:
   def los(tys):
     return [(tuple(int(n) for n in a.shape), np.dtype(a.dtype).name)
-            for t in tys for a in _lo_tys(t)]
+            for t in tys for a in lo_types(t)]
 
   def module_side(avals):
     return [(tuple(int(n) for n in a.shape), np.dtype(a.dtype).name) for a in avals]
@@ -729,7 +718,7 @@ def _check_matches(lo, in_tys, out_tys) -> None:
   for what, tys, avals in (("arguments", in_tys, lo.in_avals), ("results", out_tys, lo.out_avals)):
     want, have = los(tys), module_side(avals)
     if want != have:
-      sig = ", ".join(map(_short, tys))
+      sig = ", ".join(map(shd.short, tys))
       mod = ", ".join(f"{d}[{','.join(map(str, s))}]" for s, d in have)
       raise ArtifactError(f"artifact of {lo.fun_name!r}: hi signature {what} ({sig}) do not "
                           f"match the module's {what} ({mod})")

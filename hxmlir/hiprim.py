@@ -140,6 +140,17 @@ def instantiate(t, aval):
   return zeros(aval) if isinstance(t, Zero) else t
 
 
+def is_hi(ty) -> bool:
+  """Whether type ``ty`` is a hi type (``q8[...]``, ``r1[...]``, ``Tup{...}``), not an array type."""
+  return isinstance(ty, HiType)
+
+
+def lo_types(ty) -> list:
+  """The lo (array) types a value of type ``ty`` is made of: ``ty.lo_ty()`` for a hi
+  type (``q8[m,n]`` -> ``[i8[m,n], f32[m]]``), ``[ty]`` for an array type."""
+  return list(ty.lo_ty()) if is_hi(ty) else [ty]
+
+
 def register_to_lojax(prim_cls: type[HxPrimitive]) -> Callable[[Callable], Callable]:
   """Decorator registering ``fn(prim, *args)`` as ``prim_cls``'s to_lojax rule.
 

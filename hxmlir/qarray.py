@@ -365,9 +365,8 @@ def matmul_q_result_type(x_aval, q_aval) -> ShapedArray:
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   if xp[-1] is not None or qp[-2] is not None:
     raise TypeError(f"hx.matmul_q requires unsharded contraction axes, got {sig}")
-  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
-  base = shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding)
-  out_sharding = shd.with_partitions(base, (*batch, xp[-2], qp[-1]))
+  out_sharding = shd.product_sharding(x_aval.sharding, xp[:-2], xp[-2],
+                                      q_aval.sharding, qp[:-2], qp[-1])
   return ShapedArray((*x_aval.shape[:-1], q_aval.shape[-1]), F32, sharding=out_sharding,
                      manual_axis_type=shd.join_mat(x_aval, q_aval))
 
@@ -387,22 +386,25 @@ class MatmulQ(HxPrimitive):
 
   def vjp_bwd_retval(self, res, g):
     x, qw = res
-    w = dequantize(qw)  # rules are traced code: primitives, not attributes
-    x_aval, q_aval = self.in_avals
+    q_aval = self.in_avals[1]
     # cotangents live where their primals live: pin the sharded contractions
-    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
     gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=shd.out_sharding(q_aval.sharding))
-    return shd.match_vma(gx, x_aval), shd.match_vma(gw, q_aval)
+    return self._x_cotangent(g, qw), shd.match_vma(gw, q_aval)
+
+  def _x_cotangent(self, g, qw):
+    """``g @ dequantize(qw)^T``, placed and varying like ``x`` (rules are traced code:
+    primitives, not attributes)."""
+    x_aval = self.in_avals[0]
+    w = dequantize(qw)
+    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
+    return shd.match_vma(gx, x_aval)
 
   def transpose(self, ct, x, qw):
     # the jvp rule applies matmul_q to tangents of x only (a q8's tangent is dense)
     if is_linear_operand(qw):
       raise NotImplementedError("hx.matmul_q is linear in its dense operand only")
     if is_linear_operand(x) and not isinstance(ct, jax.experimental.hijax.Zero):
-      x_aval = self.in_avals[0]
-      w = dequantize(qw)
-      gx = jnp.matmul(ct, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
-      accumulate(x, shd.match_vma(gx, x_aval))
+      accumulate(x, self._x_cotangent(ct, qw))
 
   def jvp(self, primals, tangents):
     (x, qw), (dx, dqw) = primals, tangents

@@ -260,11 +260,10 @@ class Outer(HxPrimitive):
       raise TypeError(f"hx.outer factors have different batch dimensions: {sig}")
     cp = shd.partitions(col_aval.sharding, col_aval.ndim)
     rp = shd.partitions(row_aval.sharding, row_aval.ndim)
-    batch = tuple(a if a is not None else b for a, b in zip(cp[:-1], rp[:-1]))
-    base = shd.pick_mesh_sharding(col_aval.sharding, row_aval.sharding)
     self.in_avals = (col_aval, row_aval)
     self.out_aval = Rank1Ty((*col_aval.shape, row_aval.shape[-1]),
-                            shd.with_partitions(base, (*batch, cp[-1], rp[-1])),
+                            shd.product_sharding(col_aval.sharding, cp[:-1], cp[-1],
+                                                 row_aval.sharding, rp[:-1], rp[-1]),
                             col_aval.mat, row_aval.mat)
     self.params = {}
     super().__init__()
@@ -355,11 +354,10 @@ class MatmulR1(HxPrimitive):
     rp = shd.partitions(r_aval.sharding, r_aval.ndim)
     if xp[-1] is not None or rp[-2] is not None:
       raise TypeError(f"hx.matmul_r1 requires unsharded contraction axes, got {sig}")
-    base = shd.pick_mesh_sharding(x_aval.sharding, r_aval.sharding)
-    batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-2]))
     self.in_avals = (x_aval, r_aval)
     self.out_aval = ShapedArray((*x_aval.shape[:-1], r_aval.shape[-1]), F32,
-                                sharding=shd.with_partitions(base, (*batch, xp[-2], rp[-1])),
+                                sharding=shd.product_sharding(x_aval.sharding, xp[:-2], xp[-2],
+                                                              r_aval.sharding, rp[:-2], rp[-1]),
                                 manual_axis_type=shd.join_mat(x_aval, r_aval))
     self.params = {}
     super().__init__()
