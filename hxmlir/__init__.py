@@ -75,7 +75,10 @@ from hxmlir.tuples import (
 )
 
 # isort: split
-from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
+# The lo primitives and every rule that lowers the types above: to_lojax rules
+# (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
+# per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
+from hxmlir import lowering as lowering  # noqa: E402
 
 __version__ = "0.1.0"
 

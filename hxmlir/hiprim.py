@@ -4,8 +4,9 @@ A hi primitive (``jax.experimental.hijax.VJPHiPrimitive``) declares its input
 and output types and its autodiff and batching rules in ``hxmlir``; its
 ``to_lojax`` rule -- the ``expand`` method that JAX calls when it lowers a hi
 jaxpr to ordinary (lo) arrays -- lives in ``hxmlir.lowering`` and binds lo
-primitives there. The dependency runs types -> lowering: ``hxmlir.lowering``
-registers each rule with :func:`register_to_lojax` when it is imported.
+primitives there (``lowering/to_lojax.py``, every rule of the types' primitives). The
+dependency runs types -> lowering: ``hxmlir.lowering`` registers each rule with
+:func:`register_to_lojax` when it is imported (``import hxmlir`` does).
 """
 
 from __future__ import annotations
@@ -194,14 +195,11 @@ class BroadcastHi(HxPrimitive):
     self.params = dict(size=size, axis=axis)
     super().__init__()
 
-  def _bcast(self, x, out_aval):
+  def broadcast_lo(self, x, out_aval):
+    """Lo component ``x`` broadcast to ``out_aval`` (the new axis at ``self.axis``)."""
     dims = tuple(i for i in range(out_aval.ndim) if i != self.axis)
     sharding = out_aval.sharding if not out_aval.sharding.mesh.empty else None
     return jax.lax.broadcast_in_dim(x, out_aval.shape, dims, out_sharding=sharding)
-
-  def expand(self, x):  # lo components only: nothing for hxmlir.lowering to add
-    ty, out = self.in_avals[0], self.out_aval
-    return out.raise_val(*(self._bcast(lo, o) for lo, o in zip(ty.lower_val(x), out.lo_ty())))
 
   def vjp_fwd(self, nzs_in, x):
     return self(x), None
@@ -218,7 +216,7 @@ class BroadcastHi(HxPrimitive):
     t_aval = self.out_aval.to_tangent_aval()
     if isinstance(dx, Zero):
       return self(x), jax.numpy.zeros(t_aval.shape, t_aval.dtype)
-    return self(x), self._bcast(dx, t_aval)
+    return self(x), self.broadcast_lo(dx, t_aval)
 
   def batch(self, axis_data, args, dims):
     (x,), (d,) = args, dims

@@ -41,7 +41,6 @@ from hxmlir.hiprim import (
     broadcast_unmapped,
     instantiate,
     is_linear_operand,
-    register_to_lojax,
     shard_map_spec_hint,
     zeros,
 )
@@ -518,20 +517,6 @@ class MakeQArray(HxPrimitive):
     return make_qarray(lead(qvalue, dq), lead(scale, ds)), QArraySpec()
 
 
-@register_to_lojax(MakeQArray)
-def _make_qarray_rule(prim, qvalue, scale):
-  # no lo primitive and no composite (as for tuples): the components are the value.
-  # Inside shard_map a component invariant over an axis the other varies over is
-  # made varying, so both match the result type's manual-axis type.
-  varying = prim.out_aval.mat.varying
-  def vary(x, aval):
-    missing = tuple(a for a in aval.sharding.mesh.axis_names
-                    if a in varying and a not in aval.mat.varying)
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-  q_aval, s_aval = prim.in_avals
-  return QArray(vary(qvalue, q_aval), vary(scale, s_aval))
-
-
 def scale_tangent_weights(qvalue) -> jax.Array:
   """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts``.
 
@@ -590,11 +575,6 @@ class QArrayParts(HxPrimitive):
     if not isinstance(d, QArraySpec):
       raise TypeError(f"a quantized array is mapped with hx.QArraySpec(), got {d!r}")
     return qarray_parts(q), (0, 0)
-
-
-@register_to_lojax(QArrayParts)
-def _qarray_parts_rule(prim, q):
-  return (q.qvalue, q.scale)
 
 
 # --- user functions ----------------------------------------------------------
