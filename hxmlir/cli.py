@@ -233,7 +233,9 @@ def _load_inputs(path: str, exp) -> list:
   import jax.numpy as jnp
   import numpy as np
 
-  from hxmlir.export import _is_hi, _lo_tys, _short
+  from hxmlir.hiprim import is_hi as _is_hi
+  from hxmlir.hiprim import lo_types as _lo_tys
+  from hxmlir.shardings import short as _short
   from hxmlir.qarray import QArray, QArrayTy
   if not os.path.isfile(path):
     open(path, "rb").close()  # FileNotFoundError / IsADirectoryError with the path
