@@ -235,8 +235,8 @@ def _load_inputs(path: str, exp) -> list:
 
   from hxmlir.hiprim import is_hi as _is_hi
   from hxmlir.hiprim import lo_types as _lo_tys
-  from hxmlir.shardings import short as _short
   from hxmlir.qarray import QArray, QArrayTy
+  from hxmlir.shardings import short as _short
   if not os.path.isfile(path):
     open(path, "rb").close()  # FileNotFoundError / IsADirectoryError with the path
   if not zipfile.is_zipfile(path):
