@@ -24,6 +24,7 @@ from jaxlib.mlir import ir
 import hxmlir as hx
 from hxmlir import _jax, targets
 from hxmlir import export as hxe
+from hxmlir.export import _artifact as hxe_artifact
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +223,7 @@ def _reseal(blob: bytes, edit) -> bytes:
     sig = json.loads(ir.StringAttr(module.operation.attributes[hxe.SIGNATURE_ATTR]).value)
     edit(module, sig)
     lo = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module))
-  return bytes(hxe._seal(lo, {hxe.SIGNATURE_ATTR: json.dumps(sig)}))
+  return bytes(hxe_artifact.seal(lo, {hxe.SIGNATURE_ATTR: json.dumps(sig)}))
 
 
 def test_reseal_without_edits_is_accepted(data, mm_blob):
