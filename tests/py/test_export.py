@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
@@ -197,9 +197,9 @@ def test_multi_platform_export_runs_here(data):
   _assert_same(jax.jit(back.call)(x, qw), hx.matmul_q(x, qw))
 
 
-def test_sharded_signature_round_trip(data):
+def test_sharded_signature_round_trip(data, mesh_2x4):
   _, w, _ = data
-  mesh = jax.make_mesh((2, 4), ("i", "j"), axis_types=(AxisType.Explicit,) * 2)
+  mesh = mesh_2x4
   with jax.set_mesh(mesh):
     xs = jax.device_put(jnp.arange(24.0, dtype="float32").reshape(8, 3),
                         NamedSharding(mesh, P("i")))

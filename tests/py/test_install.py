@@ -18,13 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import plain_corpus
 import pytest
+from hx_testing import without_locations
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.dialects import stablehlo
-from test_passes_support import without_locations
 
 import hxmlir as hx
 from hxmlir import _jax, hiprim, targets
@@ -55,15 +55,12 @@ NEGATE = NegateResults.name
 
 
 @pytest.fixture(autouse=True)
-def clean():
+def clean(uninstalled, monkeypatch):
   """Each test starts and ends uninstalled, with the test pass registered and fresh stats."""
-  PASS_REGISTRY[NEGATE] = lambda: NegateResults
-  hx.uninstall()
-  hx.stats(reset=True)
+  monkeypatch.setitem(PASS_REGISTRY, NEGATE, lambda: NegateResults)
   yield
   hx.uninstall()
-  PASS_REGISTRY.pop(NEGATE, None)
-  inst._pipelines.clear()
+  inst._pipelines.clear()  # parsed pipelines that hold the test pass
 
 
 def _x():
@@ -419,20 +416,17 @@ class Crash(HxPass):
     return 1 // 0
 
 
-def test_a_crashing_pass_is_named_and_the_plugin_stays_usable():
-  PASS_REGISTRY[Crash.name] = lambda: Crash
-  try:
-    x, w = _x(), _w()
-    hx.install(Crash.name)
-    with pytest.raises(RuntimeError, match=r"pass test-crash failed on module jit\(qmlp\) "
-                       r"with ZeroDivisionError") as info:
-      jax.jit(qmlp).lower(x, w)
-    assert isinstance(info.value.__cause__, ZeroDivisionError)
-    assert hx.stats()["hx-verify"]["modules"] == 1  # the passes before it ran
-    hx.install("hx-verify")
-    np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
-  finally:
-    PASS_REGISTRY.pop(Crash.name, None)
+def test_a_crashing_pass_is_named_and_the_plugin_stays_usable(monkeypatch):
+  monkeypatch.setitem(PASS_REGISTRY, Crash.name, lambda: Crash)
+  x, w = _x(), _w()
+  hx.install(Crash.name)
+  with pytest.raises(RuntimeError, match=r"pass test-crash failed on module jit\(qmlp\) "
+                     r"with ZeroDivisionError") as info:
+    jax.jit(qmlp).lower(x, w)
+  assert isinstance(info.value.__cause__, ZeroDivisionError)
+  assert hx.stats()["hx-verify"]["modules"] == 1  # the passes before it ran
+  hx.install("hx-verify")
+  np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
 
 
 def test_verify_false_lets_the_bad_module_through():

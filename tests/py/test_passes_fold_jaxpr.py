@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import without_locations
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from test_passes_support import without_locations
 
 import hxmlir as hx
 from hxmlir import installation as inst  # noqa: E402
@@ -24,13 +24,7 @@ from hxmlir.lowering.primitives import hx_matmul_q_p
 from hxmlir.passes import parse_pipeline
 from hxmlir.passes.fold_scales_jaxpr import fold_closed_jaxpr
 
-
-@pytest.fixture(autouse=True)
-def clean():
-  hx.uninstall()
-  hx.stats(reset=True)
-  yield
-  hx.uninstall()
+pytestmark = pytest.mark.usefixtures("uninstalled")
 
 
 def _data(m=4, k=8, n=3, seed=0):
