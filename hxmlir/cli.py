@@ -32,10 +32,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from hxmlir import __version__
+from hxmlir.targets import PLATFORMS
 
 
 def _platforms(text: str) -> tuple[str, ...]:
-  known = ("cpu", "cuda", "rocm", "tpu")
+  known = PLATFORMS
   ps = tuple(p.strip() for p in text.split(",") if p.strip())
   bad = [p for p in ps if p not in known]
   if not ps or bad:

@@ -56,7 +56,7 @@ import numpy as np
 from hxmlir import export as hx_export
 from hxmlir import installation
 from hxmlir.install_state import current_pipeline, is_installed
-from hxmlir.models import _nn
+from hxmlir.models import _nn, minilm
 from hxmlir.models.registry import (
     BUILTIN_MAX_REL_ERR,
     MINILM_SENTENCES,
@@ -183,7 +183,6 @@ class _Demo:
   # steps -------------------------------------------------------------------
 
   def load(self):
-    from hxmlir.models import minilm
     try:
       self.m = build_model(self.model_name, self.progress)
     except minilm.ModelNotInstalledError as e:

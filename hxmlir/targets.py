@@ -41,6 +41,7 @@ MOSAIC_GPU = "mosaic_gpu_v2"
 """Custom-call target of Pallas Mosaic GPU kernels (stable in JAX)."""
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+"""The platform names JAX lowers for (``jax.export``'s ``platforms``) that hxmlir knows."""
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IR_NAME_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_v(?P<version>[0-9]+)$")
 
