@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
+from jax.experimental.hijax import HiType, ShapedArray, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
 from hxmlir import _jax
@@ -77,6 +77,36 @@ def _stage_lo_outputs(aval, out):
   if isinstance(aval, HiType) or isinstance(out, jax.core.Tracer):
     return out
   return stage_value(out)
+
+
+class DenseValuedType:
+  """Mixin of hi types that stand for a dense ``f32[*shape]`` array (``q8``, ``r1``).
+
+  Needs ``shape``, ``sharding`` (a ``NamedSharding`` of the dense array) and ``mat``
+  (the manual-axis type). Gives the rank and dtype JAX reads off every operand, the
+  partition entries padded to the rank, and the tangent and cotangent type: the dense
+  ``f32`` array of the same shape, sharding and ``mat`` (straight-through gradients).
+  """
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def dtype(self):
+    return _F32
+
+  def _parts(self) -> tuple:
+    return shd.partitions(self.sharding, len(self.shape))
+
+  def to_tangent_aval(self) -> ShapedArray:
+    return ShapedArray(self.shape, _F32, sharding=self.sharding, manual_axis_type=self.mat)
+
+  def to_ct_aval(self) -> ShapedArray:
+    return self.to_tangent_aval().to_ct_aval()
+
+
+_F32 = jax.numpy.dtype("float32")
 
 
 class NeedsJitShardMap:

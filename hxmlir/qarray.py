@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
+    DenseValuedType,
     HxPrimitive,
     NeedsJitShardMap,
     accumulate,
@@ -124,7 +125,7 @@ class QArrayP(NeedsJitShardMap, HiPspec):
 
 
 @dataclass(frozen=True)
-class QArrayTy(HiType):
+class QArrayTy(DenseValuedType, HiType):
   """The type ``q8[*lead, n]`` of a quantized array (printed ``q8[8@i,3]`` when sharded).
 
   ``shape`` is the dense shape; ``sharding`` is the ``NamedSharding`` of the
@@ -142,21 +143,10 @@ class QArrayTy(HiType):
     if len(self.shape) < 1:
       raise TypeError("a quantized array needs at least one axis, got q8[]")
 
-  @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  @property
-  def dtype(self):
-    return F32
-
   # ``q.qvalue`` and ``q.scale`` of a traced ``q`` (a tracer of this type):
   # ``hx.qarray_parts(q)``, so code reading components works traced as eagerly
   qvalue = aval_property(lambda q: qarray_parts(q)[0])
   scale = aval_property(lambda q: qarray_parts(q)[1])
-
-  def _parts(self) -> tuple:
-    return shd.partitions(self.sharding, len(self.shape))
 
   def _dims(self) -> str:
     return shd.dims_str(self.shape, shd.partitions(self.sharding, len(self.shape)))
@@ -176,13 +166,6 @@ class QArrayTy(HiType):
 
   def raise_val(self, qvalue, scale) -> QArray:
     return QArray(qvalue, scale)
-
-  # autodiff
-  def to_tangent_aval(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
-
-  def to_ct_aval(self) -> ShapedArray:
-    return self.to_tangent_aval().to_ct_aval()
 
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.hiprim import (
+    DenseValuedType,
     HxPrimitive,
     NeedsJitShardMap,
     accumulate,
@@ -90,7 +91,7 @@ class Rank1P(NeedsJitShardMap, HiPspec):
 
 
 @dataclass(frozen=True)
-class Rank1Ty(HiType):
+class Rank1Ty(DenseValuedType, HiType):
   """The type ``r1[*b, m, n]`` of a rank-1 matrix (``r1[6@i,5]`` when sharded).
 
   ``shape`` is the dense shape represented and ``sharding`` its
@@ -112,21 +113,10 @@ class Rank1Ty(HiType):
       raise TypeError(f"a rank-1 matrix has at least two axes, got shape {self.shape}")
 
   @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  @property
-  def dtype(self):
-    return F32
-
-  @property
   def mat(self) -> ManualAxisType:
     """The manual axes either factor varies over (JAX and the typing rules read
     ``mat`` off every operand; the dense tangent varies over these)."""
     return shd.join_mats(self.col_mat, self.row_mat)
-
-  def _parts(self) -> tuple:
-    return shd.partitions(self.sharding, len(self.shape))
 
   def lo_ty(self) -> list[ShapedArray]:
     """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one and
@@ -143,12 +133,6 @@ class Rank1Ty(HiType):
 
   def raise_val(self, col, row) -> Rank1:
     return Rank1(col, row)
-
-  def to_tangent_aval(self) -> ShapedArray:
-    return self._dense()
-
-  def to_ct_aval(self) -> ShapedArray:
-    return self._dense().to_ct_aval()
 
   def dec_rank(self, size, spec) -> Rank1Ty:
     if not isinstance(spec, Rank1Spec):
@@ -173,9 +157,6 @@ class Rank1Ty(HiType):
       return broadcast_unmapped(r, size)
     return NotImplemented
 
-  def _dense(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
-
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, Rank1P):
       raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), "
@@ -196,7 +177,7 @@ class Rank1Ty(HiType):
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
     dspec = self._check_pspec(spec)
-    d = self._dense().shard(mesh, manual_axes, check_vma, dspec)
+    d = self.to_tangent_aval().shard(mesh, manual_axes, check_vma, dspec)
     # inside, each factor varies over the axes of its own entries (and what it did)
     c, r = (ty.shard(mesh, manual_axes, check_vma, s)
             for ty, s in zip(self.lo_ty(), self._factor_specs(dspec)))
@@ -212,16 +193,16 @@ class Rank1Ty(HiType):
       entries = PartitionSpec(*s)  # as the user reads them, without unreduced/reduced
       shd.check_out_vma(f"the {name} factor {shd.short(ty)} (its entries: {entries}) of {self}",
                         spec, mesh, check_vma, shd.spec_axes(s), ty.mat)
-    d = self._dense().unshard(mesh, check_vma, dspec)
+    d = self.to_tangent_aval().unshard(mesh, check_vma, dspec)
     c, r = (ty.unshard(mesh, check_vma, s) for ty, s in zip(lo, self._factor_specs(dspec)))
     return Rank1Ty(d.shape, d.sharding, c.mat, r.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> Rank1P:
-    return Rank1P(self._dense().nospec(mesh, check_vma, all_names))
+    return Rank1P(self.to_tangent_aval().nospec(mesh, check_vma, all_names))
 
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
     # the dense type prints dims, shardings and {V:...} exactly like JAX
-    return "r1" + self._dense().str_short(True, mesh_axis_types).removeprefix("f32")
+    return "r1" + self.to_tangent_aval().str_short(True, mesh_axis_types).removeprefix("f32")
 
   def __repr__(self) -> str:
     return self.str_short()
