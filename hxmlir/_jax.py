@@ -276,6 +276,9 @@ class _ThreadScopedTargets(set):
   def __len__(self) -> int:
     return len(self.__copy__())
 
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}({sorted(self.__copy__())!r})"
+
   def add(self, target) -> None:
     self._base.add(target)
 

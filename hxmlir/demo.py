@@ -331,6 +331,24 @@ class _Demo:
     custom_calls = dict(sorted(Counter(_CUSTOM_CALL_RE.findall(module)).items()))
     self._write("exported_module.mlir", module)
     expected = np.asarray(exp.call(*leaves))
+    got = self._run_in_fresh_process(blob, leaves, expected)
+    same = got.shape == expected.shape and np.array_equal(got, expected)
+    vs_jit = rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
+    data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
+            "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
+            "identical": bool(same), "relative_error_vs_jit": vs_jit,
+            "composites": composites, "custom_calls": custom_calls}
+    where = f" -> {data['artifact']}" if self.out else ""
+    calls = "".join(f", {k} x{v}" for k, v in custom_calls.items())
+    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where} "
+            f"({fmt_counts(composites)}{calls}); "
+            f"fresh process output {'identical' if same else 'DIFFERS'} "
+            f"({got.dtype}{list(got.shape)})")
+    return ("ok" if same else "failed"), line, data
+
+  def _run_in_fresh_process(self, blob: bytes, leaves: list, expected: np.ndarray) -> np.ndarray:
+    """Writes the artifact and its inputs (to the output folder, else a temporary one), runs
+    ``python -m hxmlir.cli run`` on them and returns its output; StepFailed when it fails."""
     tmp = None
     out = self.out
     if out is None:
@@ -354,19 +372,7 @@ class _Demo:
     finally:
       if tmp is not None:
         tmp.cleanup()
-    same = got.shape == expected.shape and np.array_equal(got, expected)
-    vs_jit = rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
-    data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
-            "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
-            "identical": bool(same), "relative_error_vs_jit": vs_jit,
-            "composites": composites, "custom_calls": custom_calls}
-    where = f" -> {data['artifact']}" if self.out else ""
-    calls = "".join(f", {k} x{v}" for k, v in custom_calls.items())
-    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where} "
-            f"({fmt_counts(composites)}{calls}); "
-            f"fresh process output {'identical' if same else 'DIFFERS'} "
-            f"({got.dtype}{list(got.shape)})")
-    return ("ok" if same else "failed"), line, data
+    return got
 
   def run(self) -> Report:
     if self.out is not None:
