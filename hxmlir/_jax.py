@@ -1,8 +1,19 @@
-"""The one module that imports JAX's private API (``jax._src``).
+"""The one module that imports JAX's private API (``jax._src``) and changes JAX's state.
 
 Every other hxmlir module reaches private JAX through the names re-exported
 here, so a JAX upgrade touches this file alone. Names are grouped by the part of
 hxmlir that needs them. Pinned to the JAX 0.10.x line.
+
+Every change hxmlir makes to JAX's state is a named function here:
+
+- :func:`patch_matchaxis`: ``vmap``'s output rule takes hi values (at import, for good;
+  arrays reach JAX's own rule unchanged);
+- :func:`wrap_lower_jaxpr_to_module` / :func:`unwrap_lower_jaxpr_to_module`: the hook
+  ``hx.install()`` puts into JAX's lowering, and takes out;
+- :func:`scope_export_allow_list` / :func:`unscope_export_allow_list`: ``jax.export``'s
+  custom-call allow-list widened per exporting thread, and put back;
+- :func:`cached_lowering`: a composite's decomposition kept in the ``ModuleContext``'s
+  cache of the module being lowered (JAX's cache, used as JAX uses it).
 """
 
 from jax._src import core as core
