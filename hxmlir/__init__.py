@@ -75,14 +75,17 @@ from hxmlir.tuples import (
 )
 
 # isort: split
-from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
+# The lo primitives and every rule that lowers the types above: to_lojax rules
+# (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
+# per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
+from hxmlir import lowering as lowering  # noqa: E402
 
 __version__ = "0.1.0"
 
 # isort: split
-from hxmlir.install import VerificationError as VerificationError  # noqa: E402
-from hxmlir.install import install as install  # noqa: E402
-from hxmlir.install import installed as installed  # noqa: E402
-from hxmlir.install import is_installed as is_installed  # noqa: E402
-from hxmlir.install import stats as stats  # noqa: E402
-from hxmlir.install import uninstall as uninstall  # noqa: E402
+from hxmlir.installation import VerificationError as VerificationError  # noqa: E402
+from hxmlir.installation import install as install  # noqa: E402
+from hxmlir.installation import installed as installed  # noqa: E402
+from hxmlir.installation import is_installed as is_installed  # noqa: E402
+from hxmlir.installation import stats as stats  # noqa: E402
+from hxmlir.installation import uninstall as uninstall  # noqa: E402

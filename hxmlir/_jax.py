@@ -1,8 +1,19 @@
-"""The one module that imports JAX's private API (``jax._src``).
+"""The one module that imports JAX's private API (``jax._src``) and changes JAX's state.
 
 Every other hxmlir module reaches private JAX through the names re-exported
 here, so a JAX upgrade touches this file alone. Names are grouped by the part of
 hxmlir that needs them. Pinned to the JAX 0.10.x line.
+
+Every change hxmlir makes to JAX's state is a named function here:
+
+- :func:`patch_matchaxis`: ``vmap``'s output rule takes hi values (at import, for good;
+  arrays reach JAX's own rule unchanged);
+- :func:`wrap_lower_jaxpr_to_module` / :func:`unwrap_lower_jaxpr_to_module`: the hook
+  ``hx.install()`` puts into JAX's lowering, and takes out;
+- :func:`scope_export_allow_list` / :func:`unscope_export_allow_list`: ``jax.export``'s
+  custom-call allow-list widened per exporting thread, and put back;
+- :func:`cached_lowering`: a composite's decomposition kept in the ``ModuleContext``'s
+  cache of the module being lowered (JAX's cache, used as JAX uses it).
 """
 
 from jax._src import core as core
@@ -35,10 +46,37 @@ def is_hi_level_tracer(x) -> bool:
 # --- hi types: vmap outputs that are not mapped (hiprim.py) --------------------
 from jax._src.interpreters import batching as _batching  # noqa: E402
 
-vmap_batching = _batching
-"""``jax._src.interpreters.batching``: ``from_elt`` calls its ``matchaxis`` (by
-attribute) to bring each ``vmap`` output to its ``out_axes``; hiprim wraps it so an
-unmapped hi output is broadcast to a hi spec, as JAX does for arrays."""
+vmap_infer = _batching.infer
+vmap_sum_axis = _batching.sum_axis
+SpecMatchError = _batching.SpecMatchError
+jax_matchaxis = _batching.matchaxis
+"""JAX's own ``batching.matchaxis`` (as imported, before :func:`patch_matchaxis`)."""
+
+
+def patch_matchaxis(wrapper) -> None:
+  """Makes ``wrapper`` JAX's ``batching.matchaxis`` (idempotent).
+
+  JAX's ``from_elt`` calls ``batching.matchaxis`` (by attribute) to bring each
+  ``vmap`` output to its ``out_axes``; JAX has that rule for arrays only. hxmlir's
+  wrapper (``hiprim._matchaxis``) takes hi values and hi specs, and hands every other
+  call to :data:`jax_matchaxis` unchanged -- same result, same errors -- so programs
+  of arrays see JAX's behaviour. Patched once, when ``hxmlir`` is imported, for as
+  long as the process lives (hi types map under ``vmap`` with or without
+  ``hx.install()``). Not patched over a ``matchaxis`` someone else put there.
+  """
+  if _batching.matchaxis is jax_matchaxis:
+    _batching.matchaxis = wrapper
+
+
+def unpatch_matchaxis(wrapper) -> None:
+  """Puts JAX's own ``matchaxis`` back if ``wrapper`` is the one in place (tests)."""
+  if _batching.matchaxis is wrapper:
+    _batching.matchaxis = jax_matchaxis
+
+
+def current_matchaxis():
+  """The ``batching.matchaxis`` JAX's ``vmap`` calls now."""
+  return _batching.matchaxis
 
 
 # --- hi types: where a plain PartitionSpec for a hi value came from (hiprim.py) --
@@ -96,15 +134,42 @@ GradAccum = _hi_ad.GradAccum
 """What a hi primitive's ``transpose`` receives for its linear operands (``.accum(ct)``)."""
 
 
-# --- install: the hook where a jaxpr becomes a StableHLO module ---------------
+# --- install: the hook where a jaxpr becomes a StableHLO module (installation.py)
 from jax._src import config as _config  # noqa: E402
 from jax._src.interpreters import mlir as _mlir  # noqa: E402
 
-jax_mlir = _mlir
-"""``jax._src.interpreters.mlir``: ``pxla`` calls its ``lower_jaxpr_to_module``
-(by attribute) for ``jit``, ``.lower()`` and ``jax.export``; install wraps it."""
 ConfigState = _config.State
 """JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""
+jax_lower_jaxpr_to_module = _mlir.lower_jaxpr_to_module
+"""JAX's own ``mlir.lower_jaxpr_to_module``, as imported."""
+
+
+def wrap_lower_jaxpr_to_module(wrapper):
+  """Makes ``wrapper`` what JAX's ``pxla`` calls to turn a jaxpr into a module.
+
+  ``pxla`` calls ``mlir.lower_jaxpr_to_module`` by attribute for ``jit``,
+  ``.lower()`` and ``jax.export``. Returns the function ``wrapper`` replaces
+  (JAX's, or a wrapper someone installed before), which ``wrapper`` must call.
+  """
+  inner = _mlir.lower_jaxpr_to_module
+  _mlir.lower_jaxpr_to_module = wrapper
+  return inner
+
+
+def unwrap_lower_jaxpr_to_module(wrapper, inner) -> bool:
+  """Puts ``inner`` back if ``wrapper`` is still the hook; ``False`` (nothing changed)
+  when someone wrapped it after us (``wrapper`` then stays in their chain)."""
+  if _mlir.lower_jaxpr_to_module is not wrapper:
+    return False
+  _mlir.lower_jaxpr_to_module = inner
+  return True
+
+
+def current_lower_jaxpr_to_module():
+  """The ``mlir.lower_jaxpr_to_module`` JAX's ``pxla`` calls now."""
+  return _mlir.lower_jaxpr_to_module
+
+
 from jax._src import source_info_util as _source_info_util  # noqa: E402
 from jax._src import traceback_util as _traceback_util  # noqa: E402
 
@@ -116,8 +181,6 @@ def exclude_from_tracebacks(path: str) -> None:
 
 
 # --- lowering: hx composites (lowering/composite.py) --------------------------
-from jax._src.interpreters import mlir as _composite_mlir  # noqa: E402
-
 
 def single_platform_module_context(module_ctx, platform: str):
   """``module_ctx`` lowering for ``platform`` alone: no platform-index or dim-var arguments.
@@ -127,8 +190,22 @@ def single_platform_module_context(module_ctx, platform: str):
   """
   return module_ctx.replace(
       platforms=(platform,),
-      shape_poly_state=_composite_mlir.ShapePolyLoweringState((), (platform,)),
+      shape_poly_state=_mlir.ShapePolyLoweringState((), (platform,)),
       lowering_cache={}, cached_primitive_lowerings={})
+
+
+def cached_lowering(module_ctx, key, build):
+  """The function ``build()`` made for ``key`` in the module being lowered, made once.
+
+  Kept in the ``ModuleContext``'s ``cached_primitive_lowerings`` (JAX's cache of
+  per-primitive functions, one per module), so equal composites in one module
+  share their decomposition function, and none outlives the module.
+  """
+  fn = module_ctx.cached_primitive_lowerings.get(key)
+  if fn is None:
+    fn = build()
+    module_ctx.cached_primitive_lowerings[key] = fn
+  return fn
 
 
 def sdy_sharding_attr(module_ctx, aval):
@@ -146,16 +223,95 @@ def sdy_sharding_attr(module_ctx, aval):
 
 
 # --- passes: the MLIR context JAX lowers into (passes/, hxmlir/opt.py) ---------
-from jax._src.interpreters import mlir as _passes_mlir  # noqa: E402
-
-make_ir_context = _passes_mlir.make_ir_context
+make_ir_context = _mlir.make_ir_context
 """A fresh ``ir.Context`` with every dialect JAX emits (stablehlo, chlo, mhlo, sdy, func)."""
 
 
-# --- export: portable artifacts and the custom-call allow-list (export.py, targets.py)
+# --- export: portable artifacts and the custom-call allow-list (export/, installation.py)
+import copy as _copy  # noqa: E402
+
 from jax._src.export import _export as _export_internal  # noqa: E402
 
 module_to_portable_bytecode = _export_internal._module_to_bytecode
 """Serializes an ``ir.Module`` as ``jax.export`` does (VHLO portable artifact, 4-week target)."""
-stable_custom_call_targets = _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE
-"""The (mutable) set of custom-call targets ``jax.export`` accepts; ``targets.activate`` adds to it."""
+
+
+def in_named_shardings(exported) -> tuple:
+  """The ``NamedSharding`` s (or ``None`` s) of a ``jax.export.Exported``'s arguments,
+  as ``jax.export`` recorded them (empty when it recorded none)."""
+  return tuple(getattr(exported, "_in_named_shardings", ()))
+
+
+def out_named_shardings(exported) -> tuple:
+  """Like :func:`in_named_shardings`, for the results."""
+  return tuple(getattr(exported, "_out_named_shardings", ()))
+
+
+_JAX_STABLE = _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE  # JAX's set
+
+
+def jax_stable_custom_call_targets() -> frozenset[str]:
+  """The custom-call targets JAX itself guarantees stable (what ``jax.export`` accepts
+  by default), never with what :func:`scope_export_allow_list` adds."""
+  return frozenset(_JAX_STABLE)
+
+
+def export_allowed_custom_call_targets() -> frozenset[str]:
+  """What ``jax.export`` accepts in this thread now: JAX's targets plus those a
+  scoped allow-list adds for this thread."""
+  return frozenset(_copy.copy(_export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE))
+
+
+class _ThreadScopedTargets(set):
+  """JAX's allow-list with targets added per thread (stands in for JAX's set).
+
+  ``jax.export``'s ``_check_module`` reads ``copy.copy(<the set>)`` in the
+  exporting thread, after lowering; ``__copy__`` answers there with JAX's targets
+  plus ``extra()`` (evaluated in that thread). JAX's own set stays the storage:
+  additions and removals go to it, so nothing is lost when it is put back.
+  """
+
+  def __init__(self, base: set, extra):
+    super().__init__()
+    self._base, self._extra = base, extra
+
+  def __copy__(self) -> set:
+    return set(self._base) | set(self._extra())
+
+  def __contains__(self, target) -> bool:
+    return target in self._base or target in self._extra()
+
+  def __iter__(self):
+    return iter(self.__copy__())
+
+  def __len__(self) -> int:
+    return len(self.__copy__())
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}({sorted(self.__copy__())!r})"
+
+  def add(self, target) -> None:
+    self._base.add(target)
+
+  def discard(self, target) -> None:
+    self._base.discard(target)
+
+  def remove(self, target) -> None:
+    self._base.remove(target)
+
+
+def scope_export_allow_list(extra) -> None:
+  """Widens ``jax.export``'s custom-call allow-list by ``extra()``, per exporting thread.
+
+  ``extra``: a function of no arguments returning the targets to accept in the
+  thread that calls it (``hx.install`` answers with hxmlir's registered kernel
+  targets in threads where it is installed, nothing elsewhere). Replaces JAX's
+  set by a stand-in that delegates to it (:class:`_ThreadScopedTargets`); a
+  second call replaces ``extra``. Undone by :func:`unscope_export_allow_list`.
+  """
+  _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE = _ThreadScopedTargets(_JAX_STABLE, extra)
+
+
+def unscope_export_allow_list() -> None:
+  """Puts JAX's own allow-list back (idempotent)."""
+  _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE = _JAX_STABLE

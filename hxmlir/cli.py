@@ -50,10 +50,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from hxmlir import __version__
+from hxmlir.targets import PLATFORMS
 
 
 def _platforms(text: str) -> tuple[str, ...]:
-  known = ("cpu", "cuda", "rocm", "tpu")
+  known = PLATFORMS
   ps = tuple(p.strip() for p in text.split(",") if p.strip())
   bad = [p for p in ps if p not in known]
   if not ps or bad:
@@ -306,7 +307,7 @@ def _cmd_export(args) -> int:
   import numpy as np
 
   from hxmlir.export import export
-  from hxmlir.install import installed
+  from hxmlir.installation import installed
   from hxmlir.npzio import flatten_values
   inputs_out = _npz_path(args.inputs_out, "--inputs-out") if args.inputs_out else None
   if args.function is not None:

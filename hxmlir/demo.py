@@ -24,6 +24,9 @@
    (``python -m hxmlir.cli run``) and checks its outputs are identical to the
    exported function's outputs in this process.
 
+The parts live beside it: the models by name in :mod:`hxmlir.models.registry`, the
+report, its terminal line and what it reads off IR text in :mod:`hxmlir.report`.
+
 Every step yields one :class:`Step` (status ``ok``, ``info``, ``failed`` or
 ``skipped``) with a readable line and its data; :class:`Report` collects them
 and is printed as text or JSON. The demo passes only when no step failed or was
@@ -32,7 +35,6 @@ skipped. A failing step is one line; set ``HXMLIR_DEBUG=1`` for its traceback.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -43,224 +45,42 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from hxmlir.models import _nn
+from hxmlir import export as hx_export
+from hxmlir import installation
+from hxmlir.install_state import current_pipeline, is_installed
+from hxmlir.models import _nn, minilm
+from hxmlir.models.registry import (
+  BUILTIN_MAX_REL_ERR,
+  MINILM_SENTENCES,
+  MODELS,
+  DemoModel,
+  build_model,
+  rel_err,
+)
 from hxmlir.npzio import flatten_values, unflatten_values  # noqa: F401  (demo's API)
+from hxmlir.report import (
+  ProgressLine,
+  Report,
+  Step,
+  StepFailed,
+  StepSkipped,
+  count_composites,
+  fmt_counts,
+  verify_text,
+)
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 ARTIFACT_NAME = "model.hxa"
-_COMPOSITE_RE = re.compile(r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"')
 _CUSTOM_CALL_RE = re.compile(r'stablehlo\.custom_call\s+@([^\s(]+)\(')
 
 
-# --- report ------------------------------------------------------------------
-
-@dataclass
-class Step:
-  """One demo step: ``status`` is ``ok`` / ``failed`` (a check) or ``info`` / ``skipped``."""
-  name: str
-  status: str
-  line: str
-  data: dict[str, Any] = field(default_factory=dict)
-
-  def text(self) -> str:
-    mark = {"ok": "ok  ", "info": "    ", "failed": "FAIL", "skipped": "skip"}[self.status]
-    return f"[{mark}] {self.name:<9} {self.line}"
-
-
-@dataclass
-class Report:
-  """All steps of one demo run; ``ok`` when none failed or was skipped."""
-  model: str
-  steps: list[Step] = field(default_factory=list)
-
-  @property
-  def ok(self) -> bool:
-    return all(s.status in ("ok", "info") for s in self.steps)
-
-  def to_json(self) -> dict[str, Any]:
-    return {"model": self.model, "ok": self.ok,
-            "steps": [{"name": s.name, "status": s.status, "line": s.line, **s.data}
-                      for s in self.steps]}
-
-  def summary(self) -> str:
-    c = Counter(s.status for s in self.steps)
-    checks = c["ok"] + c["failed"] + c["skipped"]
-    verdict = "PASSED" if self.ok else "FAILED"
-    extra = "".join(f", {c[k]} {k}" for k in ("failed", "skipped") if c[k])
-    return f"demo {verdict}: {c['ok']}/{checks} checks passed{extra}"
-
-
-class _StepFailed(Exception):
-  """Raised inside a step to end it as ``failed`` with a message (no traceback)."""
-
-
-class _StepSkipped(Exception):
-  """Raised inside a step to end it as ``skipped`` with the reason."""
-
-
-# --- models ------------------------------------------------------------------
-
-@dataclass
-class DemoModel:
-  """What the demo needs from a model.
-
-  ``apply(params, *inputs, naive=False)`` is the model; ``params`` holds f32
-  arrays, ``qparams`` the same tree with ``q8`` dense weights (set by the
-  quantize step); ``compare(y, ref)`` returns ``(data, line, ok)`` for the int8
-  output ``y`` against the f32 output ``ref``.
-  """
-  name: str
-  description: str
-  params: Any
-  inputs: tuple
-  apply: Callable[..., Any]
-  quantize: Callable[[Any], Any]
-  compare: Callable[[np.ndarray, np.ndarray], tuple[dict, str, bool]]
-  qparams: Any = None
-
-
-def _rel_err(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-  d = np.asarray(y, np.float64) - np.asarray(ref, np.float64)
-  return float(np.abs(d).max()), float(np.linalg.norm(d) / np.linalg.norm(ref))
-
-
-BUILTIN_MAX_REL_ERR = 0.05
-MINILM_MIN_COSINE = 0.99
-
-
-def _builtin_model() -> DemoModel:
-  from hxmlir.models import builtin
-  cfg = builtin.Config()
-  params = builtin.as_jax(builtin.init_params(cfg))
-  x = jnp.asarray(builtin.example_input(cfg))
-  n_dense = cfg.layers * len(builtin.DENSE_WEIGHTS)
-
-  def compare(y, ref):
-    mx, rel = _rel_err(y, ref)
-    ok = rel <= BUILTIN_MAX_REL_ERR
-    line = (f"int8 vs f32: max abs error {mx:.3g}, relative error {rel:.3g} "
-            f"({'<=' if ok else '>'} {BUILTIN_MAX_REL_ERR})")
-    return {"max_abs_error": mx, "relative_error": rel, "max_relative_error": BUILTIN_MAX_REL_ERR}, line, ok
-
-  return DemoModel(
-      name="builtin",
-      description=(f"built-in transformer: {cfg.layers} pre-LN blocks, d_model {cfg.d_model}, "
-                   f"{cfg.heads} heads, d_ff {cfg.d_ff}, {n_dense} dense weights; "
-                   f"input f32[{cfg.batch},{cfg.seq},{cfg.d_model}]"),
-      params=params, inputs=(x,),
-      apply=partial(_apply_builtin, cfg.heads),
-      quantize=builtin.quantize_params, compare=compare)
-
-
-def _apply_builtin(heads, params, x, *, naive=False):
-  from hxmlir.models import builtin
-  return builtin.forward(params, x, heads=heads, naive=naive)
-
-
-MINILM_SENTENCES = (
-    "A man is eating food.",
-    "A man is eating a piece of bread.",
-    "The girl is carrying a baby.",
-    "A woman is holding an infant in her arms.",
-    "A man is riding a horse.",
-    "A cowboy rides his horse across the plain.",
-    "The stock market fell sharply on Tuesday.",
-    "Quantum computers use qubits instead of classical bits.",
-)
-
-
-# pairs of MINILM_SENTENCES with well-separated similarities (0.76 ... 0.07)
-MINILM_PAIRS = ((0, 1), (4, 5), (2, 3), (0, 4), (6, 7))
-
-
-def build_model(name: str, progress: Callable[[str], None] | None = None) -> DemoModel:
-  """The :class:`DemoModel` called ``name`` (``"builtin"`` or ``"minilm"``), not yet quantized.
-
-  Raises ``ValueError`` for an unknown name and
-  :class:`hxmlir.models.minilm.ModelNotInstalledError` when MiniLM's files are missing.
-  """
-  if name == "builtin":
-    return _builtin_model()
-  if name == "minilm":
-    return _minilm_model(progress or (lambda m: None))
-  raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
-
-
-def _minilm_model(progress: Callable[[str], None]) -> DemoModel:
-  from hxmlir.models import minilm
-  progress("reading model.safetensors")
-  cfg, params = minilm.load_params()
-  tok = minilm.Tokenizer()
-  ids, mask = tok(list(MINILM_SENTENCES))
-  params = jax.tree.map(jnp.asarray, params)
-
-  def compare(y, ref):
-    mx, rel = _rel_err(y, ref)
-    cos = np.sum(y * ref, -1) / (np.linalg.norm(y, axis=-1) * np.linalg.norm(ref, axis=-1))
-    rank = lambda e: [int(i) for i in np.argsort([-(e[a] @ e[b]) for a, b in MINILM_PAIRS])]
-    same_rank = rank(y) == rank(ref)
-    ok = bool(cos.min() >= MINILM_MIN_COSINE) and same_rank
-    line = (f"int8 vs f32 embeddings: cosine min {cos.min():.5f} "
-            f"({'>=' if cos.min() >= MINILM_MIN_COSINE else '<'} {MINILM_MIN_COSINE}), "
-            f"ranking of {len(MINILM_PAIRS)} sentence pairs "
-            f"{'unchanged' if same_rank else 'CHANGED'}, max abs error {mx:.3g}, "
-            f"relative error {rel:.3g}")
-    return {"max_abs_error": mx, "relative_error": rel, "cosine_min": float(cos.min()),
-            "cosines": [float(c) for c in cos], "min_cosine_required": MINILM_MIN_COSINE,
-            "pair_ranking_f32": rank(ref), "pair_ranking_int8": rank(y)}, line, ok
-
-  n_tok = int(mask.sum())
-  return DemoModel(
-      name="minilm",
-      description=(f"all-MiniLM-L6-v2: BERT {cfg.layers} layers, hidden {cfg.hidden}, "
-                   f"{cfg.heads} heads, {6 * cfg.layers} dense weights; "
-                   f"{len(MINILM_SENTENCES)} sentences, {n_tok} tokens, "
-                   f"ids i32[{ids.shape[0]},{ids.shape[1]}]"),
-      params=params, inputs=(jnp.asarray(ids), jnp.asarray(mask)),
-      apply=partial(_apply_minilm, cfg),
-      quantize=minilm.quantize_params, compare=compare)
-
-
-def _apply_minilm(cfg, params, ids, mask, *, naive=False):
-  from hxmlir.models import minilm
-  return minilm.encode(params, ids, mask, cfg=cfg, naive=naive)
-
-
-MODELS = ("builtin", "minilm")
-
-
-# --- IR helpers --------------------------------------------------------------
-
-def count_composites(ir_text: str) -> dict[str, int]:
-  """``{"hx.matmul_q": 24, ...}``: the ``hx.*`` composite ops in a module's text."""
-  return dict(sorted(Counter(_COMPOSITE_RE.findall(ir_text)).items()))
-
-
-def _fmt_counts(counts: dict[str, int]) -> str:
-  return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "no hx.* composites"
-
-
-def _verify_text(ir_text: str) -> tuple[bool, list[str]]:
-  """Runs ``hx-verify`` on a module's text: ``(passed, problems)``."""
-  from hxmlir.passes import PassError, parse_pipeline
-  from hxmlir.passes.irutil import make_context, parse_module
-  ctx = make_context(allow_unregistered=True)
-  with ctx:
-    module = parse_module(ir_text, ctx, "<demo>")
-    try:
-      parse_pipeline("hx-verify").run(module)
-    except PassError as e:
-      return False, [str(d) for d in e.diagnostics] or [str(e)]
-  return True, []
 
 
 # --- the demo ----------------------------------------------------------------
@@ -286,14 +106,6 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
   return {k: float(np.median(v)) for k, v in ts.items()}
 
 
-def _load_optional(module: str, attr: str, why: str):
-  """``module.attr``, or raise :class:`_StepSkipped` saying that ``why`` is not available yet."""
-  try:
-    return getattr(importlib.import_module(module), attr)
-  except (ImportError, AttributeError) as e:
-    raise _StepSkipped(f"{why} ({module}.{attr} not available: {e})") from None
-
-
 class _Demo:
   def __init__(self, model: str, out: Path | None, repeats: int, platforms: Sequence[str],
                pipeline: str | None, emit: Callable[[Step], None], progress: Callable[[str], None]):
@@ -313,9 +125,9 @@ class _Demo:
       t0 = time.perf_counter()
       try:
         status, line, data = fn()
-      except _StepSkipped as e:
+      except StepSkipped as e:
         status, line, data = "skipped", f"skipped: {e}", {}
-      except _StepFailed as e:
+      except StepFailed as e:
         status, line, data = "failed", str(e), {}
       except Exception as e:  # report, don't crash: the other steps still run
         if os.environ.get("HXMLIR_DEBUG"):
@@ -337,11 +149,10 @@ class _Demo:
   # steps -------------------------------------------------------------------
 
   def load(self):
-    from hxmlir.models import minilm
     try:
       self.m = build_model(self.model_name, self.progress)
     except minilm.ModelNotInstalledError as e:
-      raise _StepFailed(" ".join(str(e).split())) from None
+      raise StepFailed(" ".join(str(e).split())) from None
     self.state["load"] = True
     return "info", self.m.description, {"description": self.m.description}
 
@@ -353,7 +164,7 @@ class _Demo:
     qmax = max(int(np.abs(np.asarray(w.qvalue)).max())
                for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w))
     if n == 0 or qmax > 127:
-      raise _StepFailed(f"expected q8 dense weights in [-127, 127], got {n} weights, max |q| {qmax}")
+      raise StepFailed(f"expected q8 dense weights in [-127, 127], got {n} weights, max |q| {qmax}")
     # the IR JAX emits without the plugin: hx.* composites, no passes run yet
     self.progress("lowering without the plugin")
     self.state["before"] = {
@@ -367,13 +178,10 @@ class _Demo:
     return "ok", f"{n} dense weights -> q8 (int8 values + one f32 scale per row)", {"weights": n}
 
   def install(self):
-    install = _load_optional("hxmlir.install", "install", "hx.install() is not built yet")
-    stats = _load_optional("hxmlir.install", "stats", "hx.stats() is not built yet")
-    current = _load_optional("hxmlir.install", "current_pipeline", "hx.install() is not built yet")
-    install(self.pipeline)
-    self.state["stats0"] = stats()  # the ir step reports the difference
+    installation.install(self.pipeline)
+    self.state["stats0"] = installation.stats()  # the ir step reports the difference
     self.state["install"] = True
-    pipe, pipe_x = current(), current(for_export=True)
+    pipe, pipe_x = current_pipeline(), current_pipeline(for_export=True)
     return "ok", f"hx.install(): pipeline {pipe!r} (for export: {pipe_x!r})", {
         "pipeline": pipe, "export_pipeline": pipe_x}
 
@@ -396,7 +204,7 @@ class _Demo:
         "int8_lower_compile_seconds": round(t_int8, 3)}
 
   def ir(self):
-    from hxmlir.install import stats
+    stats = installation.stats
     before, after = self.state["before"], self.state["after"]
     for k in ("int8", "naive"):
       self._write(f"{k}_before_passes.mlir", before[k])
@@ -409,8 +217,8 @@ class _Demo:
     counters = ", ".join(f"{int(v)} {k}" for k, v in fold.items()
                          if k not in ("modules", "rewrites", "seconds", "scales folded") and v)
     ver = st.get("hx-verify", {})
-    ok_int8, probs_int8 = _verify_text(after["int8"])
-    ok_naive, probs_naive = _verify_text(after["naive"])
+    ok_int8, probs_int8 = verify_text(after["int8"])
+    ok_naive, probs_naive = verify_text(after["naive"])
     n_dense = sum(1 for w in jax.tree.leaves(self.m.qparams) if _nn.is_quantized(w))
     data = {"composites_before": cb, "composites_after": ca,
             "naive_composites_before": nb, "naive_composites_after": na,
@@ -419,8 +227,8 @@ class _Demo:
                        "modules_verified_while_installed": int(ver.get("modules", 0)),
                        "problems": probs_int8 + probs_naive},
             "pipeline_stats": st}
-    line = (f"int8 model: {_fmt_counts(cb)} -> {_fmt_counts(ca)}; naive model: "
-            f"{_fmt_counts(nb)} -> {_fmt_counts(na)} ({folds} scales folded"
+    line = (f"int8 model: {fmt_counts(cb)} -> {fmt_counts(ca)}; naive model: "
+            f"{fmt_counts(nb)} -> {fmt_counts(na)} ({folds} scales folded"
             f"{', ' + counters if counters else ''}); hx-verify "
             + ("passed" if ok_int8 and ok_naive else
                f"FAILED ({len(probs_int8) + len(probs_naive)} problems)"))
@@ -431,7 +239,7 @@ class _Demo:
     if not (ok_int8 and ok_naive):
       problems.append("hx-verify failed: " + "; ".join((probs_int8 + probs_naive)[:3]))
     if problems:
-      raise _StepFailed(line + " -- " + "; ".join(problems))
+      raise StepFailed(line + " -- " + "; ".join(problems))
     return "ok", line, data
 
   def accuracy(self):
@@ -441,7 +249,7 @@ class _Demo:
     self.state["int8_out"] = y
     data, line, ok = m.compare(y, ref)
     yn = np.asarray(self.state["naive_folded"](m.qparams, *m.inputs))
-    mx, rel = _rel_err(yn, y)
+    mx, rel = rel_err(yn, y)
     data["naive_folded_vs_int8_relative_error"] = rel
     if not np.isfinite(y).all():
       ok, line = False, line + "; int8 output has non-finite values"
@@ -474,7 +282,7 @@ class _Demo:
 
   def export(self):
     m = self.m
-    export = _load_optional("hxmlir.export", "export", "hxmlir.export is not built yet")
+    export = hx_export.export
     leaves, treedef = jax.tree.flatten((m.qparams, m.inputs))
 
     def flat(*args):
@@ -489,6 +297,24 @@ class _Demo:
     custom_calls = dict(sorted(Counter(_CUSTOM_CALL_RE.findall(module)).items()))
     self._write("exported_module.mlir", module)
     expected = np.asarray(exp.call(*leaves))
+    got = self._run_in_fresh_process(blob, leaves, expected)
+    same = got.shape == expected.shape and np.array_equal(got, expected)
+    vs_jit = rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
+    data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
+            "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
+            "identical": bool(same), "relative_error_vs_jit": vs_jit,
+            "composites": composites, "custom_calls": custom_calls}
+    where = f" -> {data['artifact']}" if self.out else ""
+    calls = "".join(f", {k} x{v}" for k, v in custom_calls.items())
+    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where} "
+            f"({fmt_counts(composites)}{calls}); "
+            f"fresh process output {'identical' if same else 'DIFFERS'} "
+            f"({got.dtype}{list(got.shape)})")
+    return ("ok" if same else "failed"), line, data
+
+  def _run_in_fresh_process(self, blob: bytes, leaves: list, expected: np.ndarray) -> np.ndarray:
+    """Writes the artifact and its inputs (to the output folder, else a temporary one), runs
+    ``python -m hxmlir.cli run`` on them and returns its output; StepFailed when it fails."""
     tmp = None
     out = self.out
     if out is None:
@@ -505,31 +331,19 @@ class _Demo:
                             env={**os.environ, "JAX_PLATFORMS": "cpu"})
       if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise _StepFailed(f"fresh process failed (exit {proc.returncode}): {tail}")
+        raise StepFailed(f"fresh process failed (exit {proc.returncode}): {tail}")
       with np.load(out / "outputs.npz") as z:
         got = z["a0"]
       np.savez(out / "expected.npz", a0=expected)
     finally:
       if tmp is not None:
         tmp.cleanup()
-    same = got.shape == expected.shape and np.array_equal(got, expected)
-    vs_jit = _rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
-    data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
-            "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
-            "identical": bool(same), "relative_error_vs_jit": vs_jit,
-            "composites": composites, "custom_calls": custom_calls}
-    where = f" -> {data['artifact']}" if self.out else ""
-    calls = "".join(f", {k} x{v}" for k, v in custom_calls.items())
-    line = (f"{'/'.join(self.platforms)} artifact, {len(blob) / 2**20:.2f} MiB{where} "
-            f"({_fmt_counts(composites)}{calls}); "
-            f"fresh process output {'identical' if same else 'DIFFERS'} "
-            f"({got.dtype}{list(got.shape)})")
-    return ("ok" if same else "failed"), line, data
+    return got
 
   def run(self) -> Report:
     if self.out is not None:
       self.out.mkdir(parents=True, exist_ok=True)
-    installed_before = _is_installed()
+    installed_before = is_installed()
     try:
       self.step("load", self.load)
       self.step("quantize", self.quantize, needs=["load"])
@@ -541,9 +355,8 @@ class _Demo:
       self.step("weights", self.weights, needs=["quantize"])
       self.step("export", self.export, needs=["quantize", "install"])
     finally:
-      if not installed_before and _is_installed():
-        from hxmlir.install import uninstall
-        uninstall()
+      if not installed_before and is_installed():
+        installation.uninstall()
     if self.out is not None:
       self._write("report.json", json.dumps(self.report.to_json(), indent=1) + "\n")
     return self.report
@@ -557,14 +370,6 @@ def _stats_delta(before: dict, after: dict) -> dict:
     out[name] = {k: (v - prev.get(k, 0)) if isinstance(v, int | float) else v
                  for k, v in counters.items()}
   return out
-
-
-def _is_installed() -> bool:
-  try:
-    from hxmlir.install import is_installed
-  except ImportError:
-    return False
-  return is_installed()
 
 
 def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, repeats: int = 10,
@@ -589,28 +394,6 @@ def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, re
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   return _Demo(model, Path(out) if out is not None else None, repeats, platforms, pipeline,
                emit or (lambda s: None), progress or (lambda m: None)).run()
-
-
-class ProgressLine:
-  """Progress messages on a terminal: one line rewritten in place; silent otherwise."""
-
-  def __init__(self, stream: TextIO):
-    self.stream = stream
-    self.tty = stream.isatty()
-    self.width = 0
-
-  def __call__(self, msg: str) -> None:
-    if self.tty:
-      text = f"  ... {msg}"
-      self.stream.write("\r" + text.ljust(self.width))
-      self.stream.flush()
-      self.width = len(text)
-
-  def clear(self) -> None:
-    if self.tty and self.width:
-      self.stream.write("\r" + " " * self.width + "\r")
-      self.stream.flush()
-      self.width = 0
 
 
 def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
@@ -645,4 +428,5 @@ def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
 
 
 __all__ = ["Report", "Step", "DemoModel", "build_model", "run_demo", "main_demo", "count_composites",
-           "flatten_values", "unflatten_values", "MODELS", "EXPORT_PLATFORMS"]
+           "flatten_values", "unflatten_values", "MODELS", "EXPORT_PLATFORMS", "BUILTIN_MAX_REL_ERR",
+           "MINILM_SENTENCES", "ProgressLine"]

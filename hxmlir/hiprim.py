@@ -4,8 +4,9 @@ A hi primitive (``jax.experimental.hijax.VJPHiPrimitive``) declares its input
 and output types and its autodiff and batching rules in ``hxmlir``; its
 ``to_lojax`` rule -- the ``expand`` method that JAX calls when it lowers a hi
 jaxpr to ordinary (lo) arrays -- lives in ``hxmlir.lowering`` and binds lo
-primitives there. The dependency runs types -> lowering: ``hxmlir.lowering``
-registers each rule with :func:`register_to_lojax` when it is imported.
+primitives there (``lowering/to_lojax.py``, every rule of the types' primitives). The
+dependency runs types -> lowering: ``hxmlir.lowering`` registers each rule with
+:func:`register_to_lojax` when it is imported (``import hxmlir`` does).
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-from jax.experimental.hijax import HiType, VJPHiPrimitive, Zero
+from jax.experimental.hijax import HiType, ShapedArray, VJPHiPrimitive, Zero
 from jax.sharding import PartitionSpec
 
+from hxmlir import _jax
 from hxmlir import shardings as shd
 from hxmlir._jax import (
-    GradAccum,
-    MappingSpec,
-    plain_spec_origin,
-    stage_value,
-    vmap_batching,
-    zeros_like_aval,
+  GradAccum,
+  MappingSpec,
+  SpecMatchError,
+  jax_matchaxis,
+  plain_spec_origin,
+  stage_value,
+  vmap_infer,
+  vmap_sum_axis,
+  zeros_like_aval,
 )
 
 
@@ -72,6 +77,36 @@ def _stage_lo_outputs(aval, out):
   if isinstance(aval, HiType) or isinstance(out, jax.core.Tracer):
     return out
   return stage_value(out)
+
+
+class DenseValuedType:
+  """Mixin of hi types that stand for a dense ``f32[*shape]`` array (``q8``, ``r1``).
+
+  Needs ``shape``, ``sharding`` (a ``NamedSharding`` of the dense array) and ``mat``
+  (the manual-axis type). Gives the rank and dtype JAX reads off every operand, the
+  partition entries padded to the rank, and the tangent and cotangent type: the dense
+  ``f32`` array of the same shape, sharding and ``mat`` (straight-through gradients).
+  """
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  @property
+  def dtype(self):
+    return _F32
+
+  def _parts(self) -> tuple:
+    return shd.partitions(self.sharding, len(self.shape))
+
+  def to_tangent_aval(self) -> ShapedArray:
+    return ShapedArray(self.shape, _F32, sharding=self.sharding, manual_axis_type=self.mat)
+
+  def to_ct_aval(self) -> ShapedArray:
+    return self.to_tangent_aval().to_ct_aval()
+
+
+_F32 = jax.numpy.dtype("float32")
 
 
 class NeedsJitShardMap:
@@ -136,6 +171,17 @@ def instantiate(t, aval):
   return zeros(aval) if isinstance(t, Zero) else t
 
 
+def is_hi(ty) -> bool:
+  """Whether type ``ty`` is a hi type (``q8[...]``, ``r1[...]``, ``Tup{...}``), not an array type."""
+  return isinstance(ty, HiType)
+
+
+def lo_types(ty) -> list:
+  """The lo (array) types a value of type ``ty`` is made of: ``ty.lo_ty()`` for a hi
+  type (``q8[m,n]`` -> ``[i8[m,n], f32[m]]``), ``[ty]`` for an array type."""
+  return list(ty.lo_ty()) if is_hi(ty) else [ty]
+
+
 def register_to_lojax(prim_cls: type[HxPrimitive]) -> Callable[[Callable], Callable]:
   """Decorator registering ``fn(prim, *args)`` as ``prim_cls``'s to_lojax rule.
 
@@ -179,14 +225,11 @@ class BroadcastHi(HxPrimitive):
     self.params = dict(size=size, axis=axis)
     super().__init__()
 
-  def _bcast(self, x, out_aval):
+  def broadcast_lo(self, x, out_aval):
+    """Lo component ``x`` broadcast to ``out_aval`` (the new axis at ``self.axis``)."""
     dims = tuple(i for i in range(out_aval.ndim) if i != self.axis)
     sharding = out_aval.sharding if not out_aval.sharding.mesh.empty else None
     return jax.lax.broadcast_in_dim(x, out_aval.shape, dims, out_sharding=sharding)
-
-  def expand(self, x):  # lo components only: nothing for hxmlir.lowering to add
-    ty, out = self.in_avals[0], self.out_aval
-    return out.raise_val(*(self._bcast(lo, o) for lo, o in zip(ty.lower_val(x), out.lo_ty())))
 
   def vjp_fwd(self, nzs_in, x):
     return self(x), None
@@ -203,7 +246,7 @@ class BroadcastHi(HxPrimitive):
     t_aval = self.out_aval.to_tangent_aval()
     if isinstance(dx, Zero):
       return self(x), jax.numpy.zeros(t_aval.shape, t_aval.dtype)
-    return self(x), self._bcast(dx, t_aval)
+    return self(x), self.broadcast_lo(dx, t_aval)
 
   def batch(self, axis_data, args, dims):
     (x,), (d,) = args, dims
@@ -218,9 +261,6 @@ def broadcast_unmapped(x, size: int):
   return BroadcastHi(jax.typeof(x), size, 0)(x)
 
 
-_MATCHAXIS = vmap_batching.matchaxis  # JAX's
-
-
 def _is_hi_match(src, dst, x) -> bool:
   if isinstance(src, MappingSpec) or isinstance(dst, MappingSpec):
     return True
@@ -232,9 +272,9 @@ def _is_hi_match(src, dst, x) -> bool:
 
 def _matchaxis(axis_data, src, dst, x, sum_match=False):
   """JAX's ``matchaxis``, first offering hi values with a hi spec to their type's rule."""
-  if (src == dst or dst is None or dst is vmap_batching.infer or dst is vmap_batching.sum_axis
+  if (src == dst or dst is None or dst is vmap_infer or dst is vmap_sum_axis
       or not _is_hi_match(src, dst, x)):
-    return _MATCHAXIS(axis_data, src, dst, x, sum_match)
+    return jax_matchaxis(axis_data, src, dst, x, sum_match)
   ty = jax.typeof(x)
   rule = getattr(ty, "hx_matchaxis", None)
   if rule is not None:
@@ -248,8 +288,8 @@ def _matchaxis(axis_data, src, dst, x, sum_match=False):
       return out
   if not isinstance(ty, HiType):  # an array with a hi spec on one side
     try:
-      return _MATCHAXIS(axis_data, src, dst, x, sum_match)
-    except vmap_batching.SpecMatchError:
+      return jax_matchaxis(axis_data, src, dst, x, sum_match)
+    except SpecMatchError:
       pass
   mapped = "not mapped" if src is None else f"mapped as {src!r}"
   hint = ""
@@ -271,5 +311,6 @@ def _spec_expr(spec) -> str:
   return repr(spec)
 
 
-if vmap_batching.matchaxis is _MATCHAXIS:
-  vmap_batching.matchaxis = _matchaxis
+# Importing hxmlir makes this JAX's vmap output rule for good (see _jax.patch_matchaxis):
+# calls without a hi value or spec reach JAX's own rule unchanged.
+_jax.patch_matchaxis(_matchaxis)

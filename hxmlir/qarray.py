@@ -35,13 +35,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
+    DenseValuedType,
     HxPrimitive,
     NeedsJitShardMap,
     accumulate,
     broadcast_unmapped,
     instantiate,
     is_linear_operand,
-    register_to_lojax,
     shard_map_spec_hint,
     zeros,
 )
@@ -125,7 +125,7 @@ class QArrayP(NeedsJitShardMap, HiPspec):
 
 
 @dataclass(frozen=True)
-class QArrayTy(HiType):
+class QArrayTy(DenseValuedType, HiType):
   """The type ``q8[*lead, n]`` of a quantized array (printed ``q8[8@i,3]`` when sharded).
 
   ``shape`` is the dense shape; ``sharding`` is the ``NamedSharding`` of the
@@ -143,21 +143,10 @@ class QArrayTy(HiType):
     if len(self.shape) < 1:
       raise TypeError("a quantized array needs at least one axis, got q8[]")
 
-  @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  @property
-  def dtype(self):
-    return F32
-
   # ``q.qvalue`` and ``q.scale`` of a traced ``q`` (a tracer of this type):
   # ``hx.qarray_parts(q)``, so code reading components works traced as eagerly
   qvalue = aval_property(lambda q: qarray_parts(q)[0])
   scale = aval_property(lambda q: qarray_parts(q)[1])
-
-  def _parts(self) -> tuple:
-    return shd.partitions(self.sharding, len(self.shape))
 
   def _dims(self) -> str:
     return shd.dims_str(self.shape, shd.partitions(self.sharding, len(self.shape)))
@@ -177,13 +166,6 @@ class QArrayTy(HiType):
 
   def raise_val(self, qvalue, scale) -> QArray:
     return QArray(qvalue, scale)
-
-  # autodiff
-  def to_tangent_aval(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
-
-  def to_ct_aval(self) -> ShapedArray:
-    return self.to_tangent_aval().to_ct_aval()
 
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
@@ -365,9 +347,8 @@ def matmul_q_result_type(x_aval, q_aval) -> ShapedArray:
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   if xp[-1] is not None or qp[-2] is not None:
     raise TypeError(f"hx.matmul_q requires unsharded contraction axes, got {sig}")
-  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
-  base = shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding)
-  out_sharding = shd.with_partitions(base, (*batch, xp[-2], qp[-1]))
+  out_sharding = shd.product_sharding(x_aval.sharding, xp[:-2], xp[-2],
+                                      q_aval.sharding, qp[:-2], qp[-1])
   return ShapedArray((*x_aval.shape[:-1], q_aval.shape[-1]), F32, sharding=out_sharding,
                      manual_axis_type=shd.join_mat(x_aval, q_aval))
 
@@ -387,22 +368,25 @@ class MatmulQ(HxPrimitive):
 
   def vjp_bwd_retval(self, res, g):
     x, qw = res
-    w = dequantize(qw)  # rules are traced code: primitives, not attributes
-    x_aval, q_aval = self.in_avals
+    q_aval = self.in_avals[1]
     # cotangents live where their primals live: pin the sharded contractions
-    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
     gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=shd.out_sharding(q_aval.sharding))
-    return shd.match_vma(gx, x_aval), shd.match_vma(gw, q_aval)
+    return self._x_cotangent(g, qw), shd.match_vma(gw, q_aval)
+
+  def _x_cotangent(self, g, qw):
+    """``g @ dequantize(qw)^T``, placed and varying like ``x`` (rules are traced code:
+    primitives, not attributes)."""
+    x_aval = self.in_avals[0]
+    w = dequantize(qw)
+    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
+    return shd.match_vma(gx, x_aval)
 
   def transpose(self, ct, x, qw):
     # the jvp rule applies matmul_q to tangents of x only (a q8's tangent is dense)
     if is_linear_operand(qw):
       raise NotImplementedError("hx.matmul_q is linear in its dense operand only")
     if is_linear_operand(x) and not isinstance(ct, jax.experimental.hijax.Zero):
-      x_aval = self.in_avals[0]
-      w = dequantize(qw)
-      gx = jnp.matmul(ct, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
-      accumulate(x, shd.match_vma(gx, x_aval))
+      accumulate(x, self._x_cotangent(ct, qw))
 
   def jvp(self, primals, tangents):
     (x, qw), (dx, dqw) = primals, tangents
@@ -516,20 +500,6 @@ class MakeQArray(HxPrimitive):
     return make_qarray(lead(qvalue, dq), lead(scale, ds)), QArraySpec()
 
 
-@register_to_lojax(MakeQArray)
-def _make_qarray_rule(prim, qvalue, scale):
-  # no lo primitive and no composite (as for tuples): the components are the value.
-  # Inside shard_map a component invariant over an axis the other varies over is
-  # made varying, so both match the result type's manual-axis type.
-  varying = prim.out_aval.mat.varying
-  def vary(x, aval):
-    missing = tuple(a for a in aval.sharding.mesh.axis_names
-                    if a in varying and a not in aval.mat.varying)
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
-  q_aval, s_aval = prim.in_avals
-  return QArray(vary(qvalue, q_aval), vary(scale, s_aval))
-
-
 def scale_tangent_weights(qvalue) -> jax.Array:
   """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts``.
 
@@ -588,11 +558,6 @@ class QArrayParts(HxPrimitive):
     if not isinstance(d, QArraySpec):
       raise TypeError(f"a quantized array is mapped with hx.QArraySpec(), got {d!r}")
     return qarray_parts(q), (0, 0)
-
-
-@register_to_lojax(QArrayParts)
-def _qarray_parts_rule(prim, q):
-  return (q.qvalue, q.scale)
 
 
 # --- user functions ----------------------------------------------------------

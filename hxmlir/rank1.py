@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.hiprim import (
+    DenseValuedType,
     HxPrimitive,
     NeedsJitShardMap,
     accumulate,
@@ -75,10 +76,6 @@ class Rank1P(NeedsJitShardMap, HiPspec):
   """
   spec: PartitionSpec = PartitionSpec()
 
-  def _parts(self, ndim: int) -> tuple:
-    parts = tuple(self.spec) + (None,) * (ndim - len(self.spec))
-    return parts
-
   def to_lo(self) -> tuple[PartitionSpec, PartitionSpec]:
     # rank unknown here: specs are padded to the dense rank by the caller's type
     parts = tuple(self.spec)
@@ -94,7 +91,7 @@ class Rank1P(NeedsJitShardMap, HiPspec):
 
 
 @dataclass(frozen=True)
-class Rank1Ty(HiType):
+class Rank1Ty(DenseValuedType, HiType):
   """The type ``r1[*b, m, n]`` of a rank-1 matrix (``r1[6@i,5]`` when sharded).
 
   ``shape`` is the dense shape represented and ``sharding`` its
@@ -116,21 +113,10 @@ class Rank1Ty(HiType):
       raise TypeError(f"a rank-1 matrix has at least two axes, got shape {self.shape}")
 
   @property
-  def ndim(self) -> int:
-    return len(self.shape)
-
-  @property
-  def dtype(self):
-    return F32
-
-  @property
   def mat(self) -> ManualAxisType:
     """The manual axes either factor varies over (JAX and the typing rules read
     ``mat`` off every operand; the dense tangent varies over these)."""
     return shd.join_mats(self.col_mat, self.row_mat)
-
-  def _parts(self) -> tuple:
-    return shd.partitions(self.sharding, len(self.shape))
 
   def lo_ty(self) -> list[ShapedArray]:
     """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one and
@@ -147,12 +133,6 @@ class Rank1Ty(HiType):
 
   def raise_val(self, col, row) -> Rank1:
     return Rank1(col, row)
-
-  def to_tangent_aval(self) -> ShapedArray:
-    return self._dense()
-
-  def to_ct_aval(self) -> ShapedArray:
-    return self._dense().to_ct_aval()
 
   def dec_rank(self, size, spec) -> Rank1Ty:
     if not isinstance(spec, Rank1Spec):
@@ -177,9 +157,6 @@ class Rank1Ty(HiType):
       return broadcast_unmapped(r, size)
     return NotImplemented
 
-  def _dense(self) -> ShapedArray:
-    return ShapedArray(self.shape, F32, sharding=self.sharding, manual_axis_type=self.mat)
-
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, Rank1P):
       raise TypeError(f"an {self} crosses shard_map with hx.Rank1P(P(...)), "
@@ -200,7 +177,7 @@ class Rank1Ty(HiType):
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> Rank1Ty:
     dspec = self._check_pspec(spec)
-    d = self._dense().shard(mesh, manual_axes, check_vma, dspec)
+    d = self.to_tangent_aval().shard(mesh, manual_axes, check_vma, dspec)
     # inside, each factor varies over the axes of its own entries (and what it did)
     c, r = (ty.shard(mesh, manual_axes, check_vma, s)
             for ty, s in zip(self.lo_ty(), self._factor_specs(dspec)))
@@ -216,16 +193,16 @@ class Rank1Ty(HiType):
       entries = PartitionSpec(*s)  # as the user reads them, without unreduced/reduced
       shd.check_out_vma(f"the {name} factor {shd.short(ty)} (its entries: {entries}) of {self}",
                         spec, mesh, check_vma, shd.spec_axes(s), ty.mat)
-    d = self._dense().unshard(mesh, check_vma, dspec)
+    d = self.to_tangent_aval().unshard(mesh, check_vma, dspec)
     c, r = (ty.unshard(mesh, check_vma, s) for ty, s in zip(lo, self._factor_specs(dspec)))
     return Rank1Ty(d.shape, d.sharding, c.mat, r.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> Rank1P:
-    return Rank1P(self._dense().nospec(mesh, check_vma, all_names))
+    return Rank1P(self.to_tangent_aval().nospec(mesh, check_vma, all_names))
 
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
     # the dense type prints dims, shardings and {V:...} exactly like JAX
-    return "r1" + self._dense().str_short(True, mesh_axis_types).removeprefix("f32")
+    return "r1" + self.to_tangent_aval().str_short(True, mesh_axis_types).removeprefix("f32")
 
   def __repr__(self) -> str:
     return self.str_short()
@@ -264,11 +241,10 @@ class Outer(HxPrimitive):
       raise TypeError(f"hx.outer factors have different batch dimensions: {sig}")
     cp = shd.partitions(col_aval.sharding, col_aval.ndim)
     rp = shd.partitions(row_aval.sharding, row_aval.ndim)
-    batch = tuple(a if a is not None else b for a, b in zip(cp[:-1], rp[:-1]))
-    base = shd.pick_mesh_sharding(col_aval.sharding, row_aval.sharding)
     self.in_avals = (col_aval, row_aval)
     self.out_aval = Rank1Ty((*col_aval.shape, row_aval.shape[-1]),
-                            shd.with_partitions(base, (*batch, cp[-1], rp[-1])),
+                            shd.product_sharding(col_aval.sharding, cp[:-1], cp[-1],
+                                                 row_aval.sharding, rp[:-1], rp[-1]),
                             col_aval.mat, row_aval.mat)
     self.params = {}
     super().__init__()
@@ -359,11 +335,10 @@ class MatmulR1(HxPrimitive):
     rp = shd.partitions(r_aval.sharding, r_aval.ndim)
     if xp[-1] is not None or rp[-2] is not None:
       raise TypeError(f"hx.matmul_r1 requires unsharded contraction axes, got {sig}")
-    base = shd.pick_mesh_sharding(x_aval.sharding, r_aval.sharding)
-    batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-2]))
     self.in_avals = (x_aval, r_aval)
     self.out_aval = ShapedArray((*x_aval.shape[:-1], r_aval.shape[-1]), F32,
-                                sharding=shd.with_partitions(base, (*batch, xp[-2], rp[-1])),
+                                sharding=shd.product_sharding(x_aval.sharding, xp[:-2], xp[-2],
+                                                              r_aval.sharding, rp[:-2], rp[-1]),
                                 manual_axis_type=shd.join_mat(x_aval, r_aval))
     self.params = {}
     super().__init__()

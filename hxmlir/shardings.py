@@ -54,6 +54,22 @@ def pick_mesh_sharding(*shardings: NamedSharding) -> NamedSharding:
   return shardings[0]
 
 
+def product_sharding(lhs: NamedSharding, lhs_batch: Sequence, lhs_rows,
+                     rhs: NamedSharding, rhs_batch: Sequence, rhs_cols) -> NamedSharding:
+  """The typing rule "dense @ structured" for result sharding, written once.
+
+  The result ``f32[*b, m, n]`` of ``lhs[*b, m, ...] . rhs[*b, ..., n]`` (``f32[*b, m, k]
+  @ q8[*b, k, n]``, ``@ r1[*b, k, n]``, and ``outer(f32[*b, m], f32[*b, n])``) is
+  sharded: each batch axis like whichever operand shards it (``lhs`` first), rows
+  like ``lhs_rows``, columns like ``rhs_cols``; on the first operand mesh that is not
+  empty. ``*_batch``: the operands' batch partition entries; ``lhs_rows`` /
+  ``rhs_cols``: the entries of the row and column axes. Checked on the IR by the
+  composite schema's sharding invariants (``hx-verify``).
+  """
+  batch = tuple(a if a is not None else b for a, b in zip(lhs_batch, rhs_batch))
+  return with_partitions(pick_mesh_sharding(lhs, rhs), (*batch, lhs_rows, rhs_cols))
+
+
 def dims_str(shape: Sequence[int], parts: Sequence) -> str:
   """Comma-separated dims with their mesh axes, e.g. ``8@i,3`` or ``8@(i,j),3``."""
   out = []

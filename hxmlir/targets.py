@@ -13,13 +13,12 @@ How the name appears depends on the backend (see :func:`kernel_name_of`): the
 ``kernel_name`` attribute for Mosaic (``tpu_custom_call``, ``mosaic_gpu_v2``),
 the ``name`` entry of the ``mhlo.backend_config`` dictionary for Triton.
 
-:func:`activate` (called by ``hx.install()``) adds the registered kernels'
-targets that JAX does not already list to JAX's allow-list, so plain
-``jax.export.export`` accepts them; :func:`deactivate` (``hx.uninstall()``)
-removes exactly what was added. JAX checks targets only, so while installed the
-``hx-check-export`` pass (run on every export lowering) refuses the custom calls
-of a shared target whose kernel name is not registered -- for example a user's
-own Triton kernel. Users register their kernels with :func:`register_kernel`,
+This module only keeps the records. ``hx.install()`` makes plain
+``jax.export.export`` accept the registered kernels' targets (:func:`registered_targets`)
+in the threads where hxmlir is installed (:mod:`hxmlir.installation`). JAX checks
+targets only, so there the ``hx-check-export`` pass (run on every export lowering)
+refuses the custom calls of a shared target whose kernel name is not registered --
+for example a user's own Triton kernel. Users register their kernels with :func:`register_kernel`,
 under the same checks.
 """
 
@@ -29,6 +28,8 @@ import re
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from jaxlib.mlir import ir
 
 from hxmlir import _jax
 
@@ -40,6 +41,7 @@ MOSAIC_GPU = "mosaic_gpu_v2"
 """Custom-call target of Pallas Mosaic GPU kernels (stable in JAX)."""
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+"""The platform names JAX lowers for (``jax.export``'s ``platforms``) that hxmlir knows."""
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IR_NAME_RE = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*?)_v(?P<version>[0-9]+)$")
 
@@ -72,8 +74,6 @@ class Kernel:
 
 _lock = threading.RLock()
 _kernels: dict[tuple[str, str, int], Kernel] = {}
-_active = False
-_added: set[str] = set()  # targets activate() put on JAX's list (and only those)
 
 
 def _check(target, name, version, platforms) -> tuple[str, ...]:
@@ -102,8 +102,8 @@ def register_kernel(target: str, name: str, version: int, platforms: Iterable[st
   the same platforms returns the existing record. Raises ``ValueError`` on a bad
   target, name (not an identifier), version (not an int >= 1) or platform, and
   when the same ``(target, name, version)`` is already registered with other
-  platforms or another owner. While hxmlir is installed the target is added to
-  ``jax.export``'s allow-list at once.
+  platforms or another owner. Where hxmlir is installed, ``jax.export`` accepts
+  the target from then on.
   """
   platforms = _check(target, name, version, platforms)
   k = Kernel(target, name, version, platforms, owner)
@@ -115,22 +115,16 @@ def register_kernel(target: str, name: str, version: int, platforms: Iterable[st
                          f"by {old.owner}; bump the version to change it")
       return old
     _kernels[(target, name, version)] = k
-    if _active:
-      _allow(target)
   return k
 
 
 def unregister_kernel(kernel: Kernel) -> None:
-  """Removes ``kernel`` from the registry (and its target from JAX's list if hxmlir put it
-  there and no other registered kernel uses it). Raises ``KeyError`` if not registered."""
+  """Removes ``kernel`` from the registry. Raises ``KeyError`` if not registered."""
   with _lock:
     key = (kernel.target, kernel.name, kernel.version)
     if _kernels.get(key) != kernel:
       raise KeyError(f"kernel {kernel} is not registered")
     del _kernels[key]
-    if kernel.target in _added and not any(k.target == kernel.target for k in _kernels.values()):
-      _jax.stable_custom_call_targets.discard(kernel.target)
-      _added.discard(kernel.target)
 
 
 def registered_kernels() -> tuple[Kernel, ...]:
@@ -161,7 +155,6 @@ def kernel_name_of(op) -> str | None:
   attribute; Pallas Triton calls in the ``name`` entry of their
   ``mhlo.backend_config`` dictionary (``pallas_call(..., name=...)`` in both).
   """
-  from jaxlib.mlir import ir
   attrs = op.attributes
   if "kernel_name" in attrs:
     a = attrs["kernel_name"]
@@ -176,48 +169,12 @@ def kernel_name_of(op) -> str | None:
   return None
 
 
+def registered_targets() -> frozenset[str]:
+  """The custom-call targets of the registered kernels."""
+  with _lock:
+    return frozenset(k.target for k in _kernels.values())
+
+
 def jax_stable_targets() -> frozenset[str]:
-  """The custom-call targets JAX itself guarantees stable (without what :func:`activate` added)."""
-  with _lock:
-    return frozenset(_jax.stable_custom_call_targets - _added)
-
-
-def _allow(target: str) -> None:
-  if target not in _jax.stable_custom_call_targets:
-    _jax.stable_custom_call_targets.add(target)
-    _added.add(target)
-
-
-def activate() -> None:
-  """Lets plain ``jax.export`` accept the registered kernels' targets (idempotent).
-
-  Adds each registered target that JAX does not list to JAX's allow-list and
-  remembers which; ``hx.install()`` calls this.
-  """
-  global _active
-  with _lock:
-    _active = True
-    for k in _kernels.values():
-      _allow(k.target)
-
-
-def deactivate() -> None:
-  """Removes exactly the targets :func:`activate` added (idempotent); ``hx.uninstall()`` calls it."""
-  global _active
-  with _lock:
-    _active = False
-    for t in _added:
-      _jax.stable_custom_call_targets.discard(t)
-    _added.clear()
-
-
-def widened() -> bool:
-  """Whether :func:`activate` put any target on JAX's list (so ``jax.export`` alone no longer
-  tells registered kernels from others on that target, and ``hx-check-export`` must run)."""
-  with _lock:
-    return bool(_added)
-
-
-def is_active() -> bool:
-  """Whether :func:`activate` is in effect."""
-  return _active
+  """The custom-call targets JAX itself guarantees stable (never what hxmlir adds)."""
+  return _jax.jax_stable_custom_call_targets()

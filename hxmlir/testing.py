@@ -117,7 +117,7 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   tracing or the pipeline raises (``TypeError`` naming operand types,
   ``hx.VerificationError``, ``PipelineError``).
   """
-  from hxmlir.install import installed
+  from hxmlir.installation import installed
   if isinstance(mesh, str):
     mesh = typestr.parse_mesh(mesh)
   abstract = abstract_args(args, mesh)

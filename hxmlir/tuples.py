@@ -23,13 +23,15 @@ from jax.sharding import PartitionSpec
 from hxmlir import shardings as shd
 from hxmlir._jax import MappingSpec, mapped_aval, typematch, unmapped_aval
 from hxmlir.hiprim import (
-    HxPrimitive,
-    NeedsJitShardMap,
-    accumulate,
-    instantiate,
-    is_linear_operand,
-    shard_map_spec_hint,
-    zeros,
+  HxPrimitive,
+  NeedsJitShardMap,
+  accumulate,
+  instantiate,
+  is_hi,
+  is_linear_operand,
+  lo_types,
+  shard_map_spec_hint,
+  zeros,
 )
 
 
@@ -77,14 +79,6 @@ class TupP(NeedsJitShardMap, HiPspec):
     return TupP(tuple(s.to_ct_spec() if isinstance(s, HiPspec) else s for s in self.specs))
 
 
-def _lo_tys(ty) -> list:
-  return ty.lo_ty() if isinstance(ty, HiType) else [ty]
-
-
-def _is_hi(ty) -> bool:
-  return isinstance(ty, HiType)
-
-
 @dataclass(frozen=True)
 class TupTy(HiType):
   """The type ``Tup{t0,t1,...}`` of a tuple whose element types are ``tys``.
@@ -94,7 +88,7 @@ class TupTy(HiType):
   tys: tuple
 
   def lo_ty(self) -> list:
-    return [lo for ty in self.tys for lo in _lo_tys(ty)]
+    return [lo for ty in self.tys for lo in lo_types(ty)]
 
   @property
   def mat(self):
@@ -111,13 +105,13 @@ class TupTy(HiType):
 
   def lower_val(self, tup: HiTup) -> list:
     return [lo for ty, e in zip(self.tys, tup.elts)
-            for lo in (ty.lower_val(e) if _is_hi(ty) else [e])]
+            for lo in (ty.lower_val(e) if is_hi(ty) else [e])]
 
   def raise_val(self, *los) -> HiTup:
     it = iter(los)
     elts = []
     for ty in self.tys:
-      if _is_hi(ty):
+      if is_hi(ty):
         elts.append(ty.raise_val(*itertools.islice(it, len(ty.lo_ty()))))
       else:
         elts.append(next(it))
@@ -163,7 +157,7 @@ class TupTy(HiType):
                       for i, (s, d) in enumerate(zip(srcs, dsts))))
 
   def leading_axis_spec(self) -> TupSpec:
-    return TupSpec(tuple(ty.leading_axis_spec() if _is_hi(ty) else 0 for ty in self.tys))
+    return TupSpec(tuple(ty.leading_axis_spec() if is_hi(ty) else 0 for ty in self.tys))
 
   # shard_map
   def _check_pspec(self, spec) -> tuple:
@@ -179,7 +173,7 @@ class TupTy(HiType):
   def unshard(self, mesh, check_vma, spec) -> TupTy:
     specs = self._check_pspec(spec)
     for i, (ty, s) in enumerate(zip(self.tys, specs)):
-      if not _is_hi(ty):  # hi elements check themselves in their unshard
+      if not is_hi(ty):  # hi elements check themselves in their unshard
         shd.check_out_vma(f"element {i} ({shd.short(ty)}) of {self}", spec, mesh, check_vma,
                           shd.spec_axes(s), ty.mat)
     return TupTy(tuple(ty.unshard(mesh, check_vma, s) for ty, s in zip(self.tys, specs)))
@@ -202,7 +196,7 @@ register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
 
 
 def _add(ty, a, b):
-  return ty.vspace_add(a, b) if _is_hi(ty) else a + b
+  return ty.vspace_add(a, b) if is_hi(ty) else a + b
 
 
 class MakeTup(HxPrimitive):
@@ -289,7 +283,7 @@ def make_tup(*elts) -> HiTup:
 
   Python scalars become weakly typed arrays, as everywhere in JAX.
   """
-  elts = tuple(e if _is_hi(jax.typeof(e)) else jnp.asarray(e) for e in elts)
+  elts = tuple(e if is_hi(jax.typeof(e)) else jnp.asarray(e) for e in elts)
   return MakeTup(tuple(jax.typeof(e) for e in elts))(*elts)
 
 

@@ -358,13 +358,12 @@ def lower_composite(ctx: mlir.LoweringRuleContext, name: str, *operands: ir.Valu
   key = ("hxmlir.composite", name, version, tuple(sorted((attributes or {}).items())),
          tuple(map(str, in_types)), tuple(map(str, out_types)),
          reference if builder is None else builder)
-  fn = mctx.cached_primitive_lowerings.get(key)
-  if fn is None:
-    if builder is None:
-      builder = _reference_builder(ctx, reference, ctx.avals_in)
-    fn = build_decomposition(name, in_types, out_types, builder,
-                             symbol_table=mctx.symbol_table, module=mctx.module.operation)
-    mctx.cached_primitive_lowerings[key] = fn
+
+  def build():
+    body = builder if builder is not None else _reference_builder(ctx, reference, ctx.avals_in)
+    return build_decomposition(name, in_types, out_types, body,
+                               symbol_table=mctx.symbol_table, module=mctx.module.operation)
+  fn = _jax.cached_lowering(mctx, key, build)
   in_sh = [_jax.sdy_sharding_attr(mctx, a) for a in ctx.avals_in]
   out_sh = _open_where_unknown([_jax.sdy_sharding_attr(mctx, a) for a in ctx.avals_out],
                                ctx.avals_out)

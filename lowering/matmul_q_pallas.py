@@ -16,7 +16,7 @@ Its kernel name is ``hx_matmul_q_v1`` (:data:`KERNEL_VERSION`), registered in
 ``jax.export`` accepts it once ``hx.install()`` has run. The platform-specific
 lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.install.is_installed`, part of JAX's cache keys);
+installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys);
 otherwise they emit the default composite with the reference decomposition.
 
 The kernel. Grid ``(batch, cdiv(m, block_m), cdiv(n, block_n))``, all
@@ -47,7 +47,6 @@ documented edge-block behaviour; checked here in interpret mode only).
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Sequence
 
 import jax
@@ -56,7 +55,8 @@ from jax import lax
 from jax.interpreters import mlir
 
 from hxmlir import targets
-from hxmlir.lowering import reference
+from hxmlir.install_state import is_installed
+from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -161,9 +161,7 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
     raise ValueError(f"matmul_q_pallas: unknown backend {backend!r}; expected one of {BACKENDS}")
   x, q, s = (jnp.asarray(v) if not isinstance(v, jax.core.Tracer) else v for v in (x, q, s))
   types = ", ".join(jax.typeof(v).str_short(short_dtypes=True) for v in (x, q, s))
-  if (x.dtype != jnp.float32 or q.dtype != jnp.int8 or s.dtype != jnp.float32 or x.ndim < 2
-      or q.ndim != x.ndim or s.shape != q.shape[:-1] or x.shape[:-2] != q.shape[:-2]
-      or x.shape[-1] != q.shape[-2]):
+  if schema.SCHEMAS["hx.matmul_q"].check_operands([schema.TensorType.of(v) for v in (x, q, s)]):
     raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], i8[*b, k, n], f32[*b, k], "
                     f"got {types}")
   *batch, m, k = x.shape
@@ -206,9 +204,9 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
 # --- lowering rules of hx_matmul_q_p for cuda, rocm and tpu ---------------------
 
 def _installed() -> bool:
-  """Whether hxmlir is installed for the lowering in progress (read late: install is
-  downstream of lowering; its state is part of JAX's cache keys)."""
-  return importlib.import_module("hxmlir.install").is_installed()
+  """Whether hxmlir is installed for the lowering in progress (its state is part of
+  JAX's cache keys)."""
+  return is_installed()
 
 
 def _pallas_reference(backend: str):

@@ -56,6 +56,11 @@ def _arr(shape, dtype, base, parts, *operands) -> ShapedArray:
                      manual_axis_type=shd.join_mat(*operands))
 
 
+def _f32(shape, sharding, *operands) -> ShapedArray:
+  """An f32 result typed ``sharding``, varying over its operands' manual axes."""
+  return ShapedArray(tuple(shape), F32, sharding=sharding, manual_axis_type=shd.join_mat(*operands))
+
+
 @hx_quantize_p.def_abstract_eval
 def _quantize_abstract_eval(x):
   p = _parts(x)
@@ -70,9 +75,9 @@ def _dequantize_abstract_eval(q, s):
 @hx_matmul_q_p.def_abstract_eval
 def _matmul_q_abstract_eval(x, q, s):
   xp, qp = _parts(x), _parts(q)
-  base = shd.pick_mesh_sharding(x.sharding, q.sharding)
-  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], qp[:-2]))
-  return _arr((*x.shape[:-1], q.shape[-1]), F32, base, (*batch, xp[-2], qp[-1]), x, q, s)
+  return _f32((*x.shape[:-1], q.shape[-1]),
+              shd.product_sharding(x.sharding, xp[:-2], xp[-2], q.sharding, qp[:-2], qp[-1]),
+              x, q, s)
 
 
 @hx_outer_p.def_abstract_eval
@@ -83,9 +88,9 @@ def _outer_abstract_eval(col, row):
 @hx_matmul_r1_p.def_abstract_eval
 def _matmul_r1_abstract_eval(x, col, row):
   xp, rp = _parts(x), _parts(row)
-  base = shd.pick_mesh_sharding(x.sharding, row.sharding)
-  batch = tuple(a if a is not None else b for a, b in zip(xp[:-2], rp[:-1]))
-  return _arr((*x.shape[:-1], row.shape[-1]), F32, base, (*batch, xp[-2], rp[-1]), x, col, row)
+  return _f32((*x.shape[:-1], row.shape[-1]),
+              shd.product_sharding(x.sharding, xp[:-2], xp[-2], row.sharding, rp[:-1], rp[-1]),
+              x, col, row)
 
 
 # --- batching: every lo primitive takes leading batch dims natively ----------

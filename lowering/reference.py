@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-QMAX = 127.0  # symmetric int8 range [-127, 127]; -128 is never produced
+from hxmlir.lowering.schema import QMAX
+
 # The scale is amax times the f32 reciprocal of QMAX, written as a multiply: XLA
 # rewrites a division by a constant into this multiply in some fusion contexts
 # and not in others; spelling it out removes that source of 1-ulp differences

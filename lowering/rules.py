@@ -41,14 +41,15 @@ from hxmlir.lowering.primitives import (
   hx_quantize_p,
 )
 
-# lo primitive -> (composite name, reference function, composite_attributes)
-COMPOSITES: dict[Primitive, tuple[str, Callable, dict]] = {
-    hx_quantize_p: ("hx.quantize", reference.quantize, {"qmax": schema.QMAX}),
-    hx_dequantize_p: ("hx.dequantize", reference.dequantize, {}),
-    hx_matmul_q_p: ("hx.matmul_q", reference.matmul_q, {}),
-    hx_outer_p: ("hx.outer", reference.outer, {}),
-    hx_matmul_r1_p: ("hx.matmul_r1", reference.matmul_r1, {}),
+REFERENCES: dict[Primitive, Callable] = {
+    hx_quantize_p: reference.quantize,
+    hx_dequantize_p: reference.dequantize,
+    hx_matmul_q_p: reference.matmul_q,
+    hx_outer_p: reference.outer,
+    hx_matmul_r1_p: reference.matmul_r1,
 }
+"""Each lo primitive's reference function: its composite's decomposition. The
+composite's name, version and attributes are the schema's (:func:`schema.for_primitive`)."""
 
 
 def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
@@ -59,5 +60,6 @@ def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
   return rule
 
 
-for _prim, (_name, _ref, _attrs) in COMPOSITES.items():
-  mlir.register_lowering(_prim, composite_rule(_name, _ref, _attrs))
+for _prim, _ref in REFERENCES.items():
+  _op = schema.for_primitive(_prim.name)
+  mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))

@@ -30,6 +30,15 @@ class TensorType:
   def __str__(self) -> str:
     return f"{self.dtype}[{','.join(map(str, self.shape))}]"
 
+  @classmethod
+  def of(cls, value) -> TensorType:
+    """The type of anything with ``shape`` and numpy ``dtype`` (a JAX aval or array):
+    ``f32[2,3]``; dtypes outside the schema keep numpy's name."""
+    return cls(tuple(value.shape), _DTYPE_NAMES.get(str(value.dtype), str(value.dtype)))
+
+
+_DTYPE_NAMES = {"float32": "f32", "int8": "i8"}  # numpy -> MLIR spelling
+
 
 # Sharding of one value: for each dimension, the tuple of mesh axis names it is
 # split over (empty = replicated along that dim). ``None`` for a whole value
@@ -42,7 +51,10 @@ class OpSchema:
   """What one ``hx.*`` composite is.
 
   ``check_types(operands, results)`` returns a list of problems (empty when the
-  types are right). ``result_shardings(operand_shardings)`` gives the sharding
+  types are right); ``check_operands(operands)`` the problems of the operands alone
+  (what a kernel of the op checks before it runs). ``primitive``: the name of the lo
+  primitive that lowers to the op; ``attribute_values``: the ``composite_attributes``
+  the lowering emits. ``result_shardings(operand_shardings)`` gives the sharding
   each result must have, given its operands' (``None`` entries unknown);
   ``check_shardings`` returns the problems with a full set of shardings.
   """
@@ -51,12 +63,15 @@ class OpSchema:
   num_operands: int
   num_results: int
   signature: str  # human-readable, for docs and diagnostics
+  primitive: str = ""
   attributes: dict[str, type] = field(default_factory=dict)
+  attribute_values: dict[str, object] = field(default_factory=dict)
   accepted_versions: tuple[int, ...] = ()
   check_types: Callable[[Sequence[TensorType], Sequence[TensorType]], list[str]] = \
       lambda ops, res: []
   check_shardings: Callable[[Sequence[DimSharding | None], Sequence[DimSharding | None]],
                             list[str]] = lambda ops, res: []
+  check_operands: Callable[[Sequence[TensorType]], list[str]] = lambda ops: []
 
   @property
   def versions(self) -> tuple[int, ...]:
@@ -105,14 +120,20 @@ def _check_dequantize(ops, res):
   return errs
 
 
-def _check_matmul_q(ops, res):
-  (x, q, s), (y,) = ops, res
+def _matmul_q_operands(ops) -> list[str]:
+  x, q, s = ops
   errs = _quantized_pair(q, s, "weight")
   if x.dtype != "f32" or not _rank_at_least(x, 2) or len(x.shape) != len(q.shape):
     errs.append(f"expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}")
-    return errs
-  if x.shape[:-2] != q.shape[:-2] or x.shape[-1] != q.shape[-2]:
+  elif x.shape[:-2] != q.shape[:-2] or x.shape[-1] != q.shape[-2]:
     errs.append(f"operand shapes do not match f32[*b, m, k] x i8[*b, k, n]: {_fmt(ops)}")
+  return errs
+
+
+def _check_matmul_q(ops, res):
+  (x, q, _), (y,) = ops, res
+  errs = _matmul_q_operands(ops)
+  if errs:
     return errs
   want = (*x.shape[:-1], q.shape[-1])
   if y.dtype != "f32" or y.shape != want:
@@ -149,10 +170,6 @@ def _check_matmul_r1(ops, res):
 
 
 # --- sharding invariants -----------------------------------------------------
-
-def _axes(sh: DimSharding | None, dim: int):
-  return None if sh is None else sh[dim]
-
 
 def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) -> list[str]:
   if q is None or s is None:
@@ -228,23 +245,38 @@ def fmt_sharding(sh: DimSharding | None) -> str:
 
 # --- the ops -----------------------------------------------------------------
 
+QMAX = 127
+"""Symmetric int8 range ``[-QMAX, QMAX]`` (-128 is never produced); ``hx.quantize``'s
+``qmax`` attribute."""
+
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
     OpSchema("hx.quantize", 1, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
-             attributes={"qmax": int},
+             primitive="hx_quantize", attributes={"qmax": int}, attribute_values={"qmax": QMAX},
              check_types=_check_quantize, check_shardings=_shard_quantize),
     OpSchema("hx.dequantize", 1, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
+             primitive="hx_dequantize",
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
     OpSchema("hx.matmul_q", 1, 3, 1,
              "(f32[*b, m, k], i8[*b, k, n], f32[*b, k]) -> f32[*b, m, n]",
-             check_types=_check_matmul_q, check_shardings=_shard_matmul_q),
+             primitive="hx_matmul_q", check_types=_check_matmul_q,
+             check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands),
     OpSchema("hx.outer", 1, 2, 2, "(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])",
-             check_types=_check_outer),
+             primitive="hx_outer", check_types=_check_outer),
     OpSchema("hx.matmul_r1", 1, 3, 1,
              "(f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]",
+             primitive="hx_matmul_r1",
              check_types=_check_matmul_r1, check_shardings=_shard_matmul_r1),
 ]}
 
-QMAX = 127  # value of hx.quantize's ``qmax`` attribute
+
+def for_primitive(primitive: str) -> OpSchema:
+  """The schema of the composite lo primitive ``primitive`` (``"hx_matmul_q"``) lowers to.
+  Raises ``KeyError`` naming the known primitives when there is none."""
+  for op in SCHEMAS.values():
+    if op.primitive == primitive:
+      return op
+  raise KeyError(f"no hx composite for lo primitive {primitive!r}; known: "
+                 f"{', '.join(op.primitive for op in SCHEMAS.values())}")
 
 
 def lookup(name: str) -> OpSchema | None:

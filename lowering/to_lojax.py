@@ -3,20 +3,28 @@
 JAX calls these when it lowers a hi jaxpr: hi operands arrive as their value
 classes (``QArray``, ``Rank1``, ``HiTup``) holding lo arrays, and the rule binds
 lo primitives on the components. Tuples bind nothing: they exist only in the
-hi jaxpr.
+hi jaxpr; nor do the rules that only take a value apart or build it from its
+components (``make_qarray``, ``qarray_parts``, ``factors``, a ``vmap`` broadcast).
+
+This module is the home of every ``to_lojax`` rule of the types' primitives
+(``hxmlir.qarray``, ``hxmlir.rank1``, ``hxmlir.tuples``, ``hxmlir.hiprim``). The
+export package's primitives, which sit above the lowering, register theirs beside
+them (``hxmlir/export/``).
 """
 
 from __future__ import annotations
 
-from hxmlir.hiprim import register_to_lojax
+import jax
+
+from hxmlir.hiprim import BroadcastHi, register_to_lojax
 from hxmlir.lowering.primitives import (
-    hx_dequantize_p,
-    hx_matmul_q_p,
-    hx_matmul_r1_p,
-    hx_outer_p,
-    hx_quantize_p,
+  hx_dequantize_p,
+  hx_matmul_q_p,
+  hx_matmul_r1_p,
+  hx_outer_p,
+  hx_quantize_p,
 )
-from hxmlir.qarray import Dequantize, MatmulQ, QArray, Quantize
+from hxmlir.qarray import Dequantize, MakeQArray, MatmulQ, QArray, QArrayParts, Quantize
 from hxmlir.rank1 import Factors, MatmulR1, Outer, Rank1
 from hxmlir.tuples import GetTupElt, HiTup, MakeTup
 
@@ -61,3 +69,29 @@ def _make_tup(prim, *elts):
 @register_to_lojax(GetTupElt)
 def _get_tuple_element(prim, tup):
   return tup.elts[prim.idx]
+
+
+@register_to_lojax(MakeQArray)
+def _make_qarray_rule(prim, qvalue, scale):
+  # no lo primitive and no composite (as for tuples): the components are the value.
+  # Inside shard_map a component invariant over an axis the other varies over is
+  # made varying, so both match the result type's manual-axis type.
+  varying = prim.out_aval.mat.varying
+  def vary(x, aval):
+    missing = tuple(a for a in aval.sharding.mesh.axis_names
+                    if a in varying and a not in aval.mat.varying)
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+  q_aval, s_aval = prim.in_avals
+  return QArray(vary(qvalue, q_aval), vary(scale, s_aval))
+
+
+@register_to_lojax(QArrayParts)
+def _qarray_parts_rule(prim, q):
+  return (q.qvalue, q.scale)
+
+
+@register_to_lojax(BroadcastHi)
+def _broadcast_hi(prim, x):
+  # lo components only: each gets the new axis
+  ty, out = prim.in_avals[0], prim.out_aval
+  return out.raise_val(*(prim.broadcast_lo(lo, o) for lo, o in zip(ty.lower_val(x), out.lo_ty())))

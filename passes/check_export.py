@@ -3,7 +3,7 @@
 A ``stablehlo.custom_call`` passes when
 
 - its ``call_target_name`` is on JAX's own list of stable targets (the list
-  ``jax.export`` checks, without the targets ``hxmlir.targets.activate`` added),
+  ``jax.export`` checks, without the targets ``hx.install()`` adds),
   for example ``tpu_custom_call`` or ``lapack_sgetrf_ffi``; or
 - its target *and* kernel name are a kernel registered in
   :mod:`hxmlir.targets` (the name, ``<name>_v<version>``, carries the version;

@@ -150,7 +150,7 @@ def walk(op: ir.Operation, names: frozenset[str] | None = None) -> list[ir.Opera
 
 
 # The platforms the module is being lowered for, when the pipeline runs inside a
-# JAX lowering (hxmlir.install sets them); ``None`` when unknown (hxmlir-opt).
+# JAX lowering (hxmlir.installation sets them); ``None`` when unknown (hxmlir-opt).
 _target_platforms: ContextVar[tuple[str, ...] | None] = ContextVar(
     "hxmlir_target_platforms", default=None)
 

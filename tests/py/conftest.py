@@ -1,5 +1,6 @@
 """pytest setup: 8 host CPU devices for the sharding tests, set before JAX is imported,
-and the ``mesh`` / ``on_mesh`` fixtures those tests share."""
+and the fixtures the test modules share (meshes, example operands, a clean install
+state). Shared helper functions live in ``hx_testing.py``."""
 
 import os
 
@@ -7,16 +8,27 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (after the environment above)
+import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import AxisType  # noqa: E402
+
+
+def _explicit_mesh(shape):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+  return jax.make_mesh(shape, ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
 
 
 @pytest.fixture(scope="session")
 def mesh():
   """The 4 x 2 mesh ``("i", "j")`` with explicit axes; skips without 8 devices."""
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-  return jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+  return _explicit_mesh((4, 2))
+
+
+@pytest.fixture(scope="session")
+def mesh_2x4():
+  """The 2 x 4 mesh ``("i", "j")`` with explicit axes; skips without 8 devices."""
+  return _explicit_mesh((2, 4))
 
 
 @pytest.fixture
@@ -24,3 +36,19 @@ def on_mesh(mesh):
   """``mesh``, set as the current mesh (``jax.set_mesh``) for the test."""
   with jax.set_mesh(mesh):
     yield mesh
+
+
+@pytest.fixture
+def x():
+  """``f32[2,3]`` with a negative entry."""
+  return jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
+
+
+@pytest.fixture
+def uninstalled():
+  """hxmlir uninstalled, with fresh ``hx.stats()``, before and after the test."""
+  import hxmlir as hx
+  hx.uninstall()
+  hx.stats(reset=True)
+  yield
+  hx.uninstall()

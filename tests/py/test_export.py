@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -16,13 +17,14 @@ import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
 import hxmlir as hx
 from hxmlir import _jax, targets
 from hxmlir import export as hxe
+from hxmlir.export import _artifact as hxe_artifact
 
 
 @pytest.fixture(scope="module")
@@ -195,9 +197,9 @@ def test_multi_platform_export_runs_here(data):
   _assert_same(jax.jit(back.call)(x, qw), hx.matmul_q(x, qw))
 
 
-def test_sharded_signature_round_trip(data):
+def test_sharded_signature_round_trip(data, mesh_2x4):
   _, w, _ = data
-  mesh = jax.make_mesh((2, 4), ("i", "j"), axis_types=(AxisType.Explicit,) * 2)
+  mesh = mesh_2x4
   with jax.set_mesh(mesh):
     xs = jax.device_put(jnp.arange(24.0, dtype="float32").reshape(8, 3),
                         NamedSharding(mesh, P("i")))
@@ -221,7 +223,7 @@ def _reseal(blob: bytes, edit) -> bytes:
     sig = json.loads(ir.StringAttr(module.operation.attributes[hxe.SIGNATURE_ATTR]).value)
     edit(module, sig)
     lo = dataclasses.replace(lo, mlir_module_serialized=_jax.module_to_portable_bytecode(module))
-  return bytes(hxe._seal(lo, {hxe.SIGNATURE_ATTR: json.dumps(sig)}))
+  return bytes(hxe_artifact.seal(lo, {hxe.SIGNATURE_ATTR: json.dumps(sig)}))
 
 
 def test_reseal_without_edits_is_accepted(data, mm_blob):
@@ -399,13 +401,12 @@ def _triton_fn(name: str):
 
 @pytest.fixture
 def clean_targets():
-  before = set(_jax.stable_custom_call_targets)
+  before = _jax.export_allowed_custom_call_targets()
   yield
   for k in targets.registered_kernels():
     if k.owner == "test":
       targets.unregister_kernel(k)
-  targets.deactivate()
-  assert set(_jax.stable_custom_call_targets) == before
+  assert _jax.export_allowed_custom_call_targets() == before
 
 
 def test_register_kernel_checks_its_arguments(clean_targets):
@@ -425,24 +426,44 @@ def test_register_kernel_checks_its_arguments(clean_targets):
   assert targets.lookup(targets.TRITON, "hx_test_double") is None
 
 
-def test_activate_is_reversible_and_scoped_to_registered_targets(clean_targets):
+def test_install_widens_the_allow_list_only_where_installed(clean_targets):
+  """``jax.export`` accepts a registered Triton kernel only in a thread where hxmlir is
+  installed; a thread without hxmlir, while another sits inside ``hx.installed()``,
+  exports against JAX's own list (an unregistered kernel is refused there, as before
+  and after), and nothing is left on JAX's list afterwards."""
   x = jnp.ones((8, 128), "float32")
-  f = _triton_fn("hx_test_double_v1")
-  with pytest.raises(ValueError, match="custom calls whose targets have no compatibility"):
-    jax.export.export(f, platforms=["cuda"])(x)
-  targets.activate()
-  # allowed exactly when some kernel is registered for it (hxmlir's own hx_matmul_q is)
-  assert (targets.TRITON in _jax.stable_custom_call_targets) == any(
-      k.target == targets.TRITON for k in targets.registered_kernels())
+  ours, theirs = _triton_fn("hx_test_double_v1"), _triton_fn("not_registered")
+  refused = "custom calls whose targets have no compatibility"
   targets.register_kernel(targets.TRITON, "hx_test_double", 1, ("cuda",), owner="test")
-  assert targets.TRITON in _jax.stable_custom_call_targets
+  assert targets.TRITON in targets.registered_targets()
   assert targets.TRITON not in targets.jax_stable_targets()
-  exp = jax.export.export(f, platforms=["cuda"])(x)
-  assert "hx_test_double_v1" in exp.mlir_module()
-  targets.deactivate()
-  assert targets.TRITON not in _jax.stable_custom_call_targets
-  with pytest.raises(ValueError, match="custom calls whose targets have no compatibility"):
-    jax.export.export(f, platforms=["cuda"])(x)
+  with pytest.raises(ValueError, match=refused):
+    jax.export.export(ours, platforms=["cuda"])(x)
+  inside, done, seen = threading.Event(), threading.Event(), {}
+
+  def installed_thread():
+    with hx.installed():
+      seen["allowed"] = targets.TRITON in _jax.export_allowed_custom_call_targets()
+      seen["ours"] = jax.export.export(ours, platforms=["cuda"])(x).mlir_module()
+      inside.set()
+      done.wait(60)
+
+  t = threading.Thread(target=installed_thread)
+  t.start()
+  try:
+    assert inside.wait(60)
+    assert seen["allowed"] and "hx_test_double_v1" in seen["ours"]
+    assert targets.TRITON not in _jax.export_allowed_custom_call_targets()  # this thread
+    with pytest.raises(ValueError, match=refused):
+      jax.export.export(theirs, platforms=["cuda"])(x)
+    with pytest.raises(ValueError, match=refused):
+      jax.export.export(ours, platforms=["cuda"])(x)
+  finally:
+    done.set()
+    t.join()
+  with pytest.raises(ValueError, match=refused):
+    jax.export.export(theirs, platforms=["cuda"])(x)
+  assert targets.TRITON not in _jax.export_allowed_custom_call_targets()
 
 
 def test_check_export_pass_tells_registered_from_user_kernels(clean_targets):
@@ -485,7 +506,7 @@ def test_install_refuses_user_triton_kernels_in_exports(clean_targets, data):
       jax.export.export(jax.jit(lambda x: f(x, True)), platforms=["cuda"])(x)
   finally:
     hx.uninstall()
-  assert targets.TRITON not in _jax.stable_custom_call_targets
+  assert targets.TRITON not in _jax.export_allowed_custom_call_targets()
 
 
 def test_install_refuses_user_triton_kernels_without_hx_ops(clean_targets):

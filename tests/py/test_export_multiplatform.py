@@ -89,8 +89,7 @@ def test_serialize_deserialize_round_trip_runs_on_cpu():
   assert back.serialize() == blob
 
 
-def test_sharded_export_keeps_sdy_annotations():
-  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+def test_sharded_export_keeps_sdy_annotations(mesh):
   x, w, col, row = _args()
   with jax.set_mesh(mesh):
     args = (jax.device_put(np.tile(x, (4, 1)), NamedSharding(mesh, P("i", None))),

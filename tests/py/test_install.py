@@ -9,7 +9,6 @@ lowerings went through the pipeline.
 from __future__ import annotations
 
 import inspect
-import sys
 import threading
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,20 +18,19 @@ import jax.numpy as jnp
 import numpy as np
 import plain_corpus
 import pytest
+from hx_testing import without_locations
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.dialects import stablehlo
-from test_passes_support import without_locations
 
 import hxmlir as hx
-from hxmlir import _jax, targets
+from hxmlir import _jax, hiprim, targets
+from hxmlir import installation as inst  # noqa: E402
 from hxmlir.passes import PASS_REGISTRY, PipelineError
 from hxmlir.passes.base import HxPass, PassResult
-
-inst = sys.modules["hxmlir.install"]  # the module; ``hx.install`` is the function
 
 
 @dataclass(frozen=True)
@@ -57,15 +55,12 @@ NEGATE = NegateResults.name
 
 
 @pytest.fixture(autouse=True)
-def clean():
+def clean(uninstalled, monkeypatch):
   """Each test starts and ends uninstalled, with the test pass registered and fresh stats."""
-  PASS_REGISTRY[NEGATE] = lambda: NegateResults
-  hx.uninstall()
-  hx.stats(reset=True)
+  monkeypatch.setitem(PASS_REGISTRY, NEGATE, lambda: NegateResults)
   yield
   hx.uninstall()
-  PASS_REGISTRY.pop(NEGATE, None)
-  inst._pipelines.clear()
+  inst._pipelines.clear()  # parsed pipelines that hold the test pass
 
 
 def _x():
@@ -180,18 +175,62 @@ def test_export_checks_plain_modules_on_targets_hxmlir_allowed():
 # --- install / uninstall semantics ----------------------------------------------
 
 def test_install_is_idempotent_and_uninstall_restores_jax():
-  original = _jax.jax_mlir.lower_jaxpr_to_module
+  original = _jax.current_lower_jaxpr_to_module()
   hx.uninstall()  # without install: no-op
-  assert not hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is original
+  assert not hx.is_installed() and _jax.current_lower_jaxpr_to_module() is original
   hx.install(NEGATE)
   hx.install(NEGATE)
-  assert hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is not original
+  assert hx.is_installed() and _jax.current_lower_jaxpr_to_module() is not original
   x, w = _x(), _w()
   np.testing.assert_array_equal(jax.jit(qmlp)(x, w), -_ref(x, w))  # negated once, not twice
   hx.uninstall()
-  assert not hx.is_installed() and _jax.jax_mlir.lower_jaxpr_to_module is original
+  assert not hx.is_installed() and _jax.current_lower_jaxpr_to_module() is original
   hx.uninstall()
-  assert _jax.jax_mlir.lower_jaxpr_to_module is original
+  assert _jax.current_lower_jaxpr_to_module() is original
+
+
+def test_uninstall_restores_the_export_allow_list():
+  """The stand-in for JAX's allow-list goes while nothing is installed, JAX's own set is back."""
+  before = _jax.export_allowed_custom_call_targets()
+  hx.install()
+  with hx.installed():
+    assert _jax.export_allowed_custom_call_targets() >= before
+  hx.uninstall()
+  assert _jax.export_allowed_custom_call_targets() == before
+  assert _jax.jax_stable_custom_call_targets() == before
+
+
+def test_import_patches_vmap_matchaxis_for_good_and_hands_arrays_to_jax(monkeypatch):
+  """What importing hxmlir changes in JAX for good (README, "Install"): ``vmap``'s
+  ``matchaxis`` is hxmlir's wrapper, before install and after uninstall, since hi types
+  map under vmap without install. Every call on arrays reaches JAX's own rule with the
+  same arguments and gives its result or its error."""
+  hx.install()
+  hx.uninstall()
+  assert _jax.current_matchaxis() is hiprim._matchaxis
+  calls = []
+
+  def spy(*args):
+    calls.append(args)
+    return _jax.jax_matchaxis(*args)
+  monkeypatch.setattr(hiprim, "jax_matchaxis", spy)
+  x = jnp.arange(6.0).reshape(2, 3)
+  rows, c = jax.vmap(lambda r, c: (r * 2, c), in_axes=(0, None), out_axes=(1, 0))(x, 1.0)
+  np.testing.assert_array_equal(rows, (2 * x).T)
+  np.testing.assert_array_equal(c, [1.0, 1.0])
+  assert len(calls) == 2
+  with pytest.raises(ValueError, match="got axis spec None but output was batched on axis 0"):
+    jax.vmap(lambda r: r, out_axes=None)(x)
+  assert len(calls) == 3
+  _jax.unpatch_matchaxis(hiprim._matchaxis)  # JAX alone gives the same answers
+  try:
+    assert _jax.current_matchaxis() is _jax.jax_matchaxis
+    rows2, c2 = jax.vmap(lambda r, c: (r * 2, c), in_axes=(0, None), out_axes=(1, 0))(x, 1.0)
+    np.testing.assert_array_equal(rows2, rows)
+    np.testing.assert_array_equal(c2, c)
+  finally:
+    _jax.patch_matchaxis(hiprim._matchaxis)
+  assert _jax.current_matchaxis() is hiprim._matchaxis
 
 
 def test_reinstall_replaces_the_pipeline():
@@ -265,16 +304,16 @@ def test_bad_pipeline_in_context_manager_raises_before_the_block():
 def test_wrapper_added_after_ours_survives_uninstall():
   seen = []
   hx.install(NEGATE)
-  ours = _jax.jax_mlir.lower_jaxpr_to_module
+  ours = _jax.current_lower_jaxpr_to_module()
 
   def theirs(*args, **kwargs):
     seen.append(args[0])
     return ours(*args, **kwargs)
 
-  _jax.jax_mlir.lower_jaxpr_to_module = theirs
+  _jax.wrap_lower_jaxpr_to_module(theirs)
   try:
     hx.uninstall()
-    assert _jax.jax_mlir.lower_jaxpr_to_module is theirs
+    assert _jax.current_lower_jaxpr_to_module() is theirs
     x, w = _x(), _w()
     np.testing.assert_array_equal(jax.jit(lambda x, w: qmlp(x, w))(x, w), _ref(x, w))
     assert seen  # lowered through their wrapper and ours, which passed it through
@@ -282,7 +321,7 @@ def test_wrapper_added_after_ours_survives_uninstall():
     np.testing.assert_array_equal(jax.jit(qmlp)(x, w), -_ref(x, w))
     hx.uninstall()
   finally:
-    _jax.jax_mlir.lower_jaxpr_to_module = inst._inner or inst._ORIGINAL
+    _jax.wrap_lower_jaxpr_to_module(inst._inner or _jax.jax_lower_jaxpr_to_module)
     inst._inner = None
 
 
@@ -324,7 +363,7 @@ def test_threads_jit_at_once_each_with_its_own_setting():
     for a in got:
       np.testing.assert_array_equal(a, ref if key == "off" else -ref)
   assert not hx.is_installed()
-  assert _jax.jax_mlir.lower_jaxpr_to_module is inst._ORIGINAL
+  assert _jax.current_lower_jaxpr_to_module() is _jax.jax_lower_jaxpr_to_module
 
 
 def test_process_wide_install_reaches_other_threads():
@@ -377,20 +416,17 @@ class Crash(HxPass):
     return 1 // 0
 
 
-def test_a_crashing_pass_is_named_and_the_plugin_stays_usable():
-  PASS_REGISTRY[Crash.name] = lambda: Crash
-  try:
-    x, w = _x(), _w()
-    hx.install(Crash.name)
-    with pytest.raises(RuntimeError, match=r"pass test-crash failed on module jit\(qmlp\) "
-                       r"with ZeroDivisionError") as info:
-      jax.jit(qmlp).lower(x, w)
-    assert isinstance(info.value.__cause__, ZeroDivisionError)
-    assert hx.stats()["hx-verify"]["modules"] == 1  # the passes before it ran
-    hx.install("hx-verify")
-    np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
-  finally:
-    PASS_REGISTRY.pop(Crash.name, None)
+def test_a_crashing_pass_is_named_and_the_plugin_stays_usable(monkeypatch):
+  monkeypatch.setitem(PASS_REGISTRY, Crash.name, lambda: Crash)
+  x, w = _x(), _w()
+  hx.install(Crash.name)
+  with pytest.raises(RuntimeError, match=r"pass test-crash failed on module jit\(qmlp\) "
+                     r"with ZeroDivisionError") as info:
+    jax.jit(qmlp).lower(x, w)
+  assert isinstance(info.value.__cause__, ZeroDivisionError)
+  assert hx.stats()["hx-verify"]["modules"] == 1  # the passes before it ran
+  hx.install("hx-verify")
+  np.testing.assert_allclose(jax.jit(qmlp)(x, w), _ref(x, w), rtol=1e-6, atol=1e-6)
 
 
 def test_verify_false_lets_the_bad_module_through():

@@ -263,10 +263,6 @@ def test_composite_location_is_the_users_line():
 
 # --- shardings ---------------------------------------------------------------
 
-def _mesh():
-  return jax.make_mesh((4, 2), ("i", "j"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
-
-
 def _sharded_program(order: str):
   """Every op on sharded values; ``order`` permutes the independent operations."""
   def f(x, xb, w, wb, col, row):
@@ -314,8 +310,8 @@ def _sharding_table(text: str) -> dict:
   return table
 
 
-def test_sharded_composites_satisfy_the_schema_and_the_hi_types():
-  with jax.set_mesh(_mesh()):
+def test_sharded_composites_satisfy_the_schema_and_the_hi_types(mesh):
+  with jax.set_mesh(mesh):
     args = _sharded_args()
     table = _sharding_table(_lower(_sharded_program(""), *args))
   assert {name for name, _ in table} == set(schema.SCHEMAS)
@@ -336,8 +332,8 @@ def test_sharded_composites_satisfy_the_schema_and_the_hi_types():
   assert res == ((("i",), ("j",)),)
 
 
-def test_sharding_annotations_do_not_depend_on_the_order_of_operations():
-  with jax.set_mesh(_mesh()):
+def test_sharding_annotations_do_not_depend_on_the_order_of_operations(mesh):
+  with jax.set_mesh(mesh):
     args = _sharded_args()
     a = _sharding_table(_lower(_sharded_program(""), *args))
     b = _sharding_table(_lower(_sharded_program("r,qb,q"), *args))
@@ -352,8 +348,8 @@ def _reference_program(x, xb, w, wb, col, row):
           reference.dequantize(qb, sb), reference.matmul_r1(x, c, r))
 
 
-def test_sharded_run_is_bit_identical_to_the_sharded_reference():
-  with jax.set_mesh(_mesh()):
+def test_sharded_run_is_bit_identical_to_the_sharded_reference(mesh):
+  with jax.set_mesh(mesh):
     args = _sharded_args()
     got = jax.jit(_sharded_program(""))(*args)
     want = jax.jit(_reference_program)(*args)
@@ -524,10 +520,10 @@ def test_lower_composite_needs_one_implementation():
     composite.lower_composite(None, "hx.dequantize")
 
 
-def test_composites_inside_shard_map_carry_no_shardings():
+def test_composites_inside_shard_map_carry_no_shardings(mesh):
   f = jax.shard_map(lambda x: hx.dequantize(hx.quantize(x)),
                     in_specs=P("i", None), out_specs=P("i", None))
-  with jax.set_mesh(_mesh()):
+  with jax.set_mesh(mesh):
     x = jax.device_put(_X[:4].repeat(2, axis=0), P("i", None))
     text = _lower(f, x)
     got = jax.jit(f)(x)

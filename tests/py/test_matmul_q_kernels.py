@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
 import hxmlir as hx
@@ -384,12 +385,7 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
 @pytest.mark.parametrize("m,xspec,wspec", [(4, ("i",), (None, "j")),      # K-streaming
                                            (64, ("i",), (None, "j")),     # N-blocking
                                            (8, (None,), (None, None))])
-def test_cpu_rule_under_explicit_sharding(m, xspec, wspec):
-  if jax.device_count() < 8:
-    pytest.skip("needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
-  from jax.sharding import AxisType
-  from jax.sharding import PartitionSpec as P
-  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(AxisType.Explicit, AxisType.Explicit))
+def test_cpu_rule_under_explicit_sharding(m, xspec, wspec, mesh):
   rng = np.random.default_rng(m)
   x = rng.standard_normal((m, 600)).astype(np.float32)
   w = rng.standard_normal((600, 300)).astype(np.float32)

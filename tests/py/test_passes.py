@@ -362,7 +362,7 @@ def test_passes_are_idempotent(name):
 
 
 def test_decompose_leaves_plain_stablehlo_with_same_values():
-  from test_passes_support import compile_and_run
+  from hx_testing import compile_and_run
 
   text = _hx_modules()[0]
   module = parse(text)

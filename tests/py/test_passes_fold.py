@@ -24,7 +24,7 @@ import itertools
 
 import numpy as np
 import pytest
-from test_passes_support import compile_and_run
+from hx_testing import compile_and_run
 
 from hxmlir.passes import irutil, parse_pipeline
 
@@ -276,15 +276,14 @@ def test_fold_on_modules_lowered_by_jax():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_fold_keeps_jax_shardings():
+def test_fold_keeps_jax_shardings(mesh_2x4):
   import jax
   import jax.numpy as jnp
-  from jax.sharding import AxisType
   from jax.sharding import PartitionSpec as P
 
   import hxmlir as hx
 
-  mesh = jax.make_mesh((2, 4), ("i", "j"), axis_types=(AxisType.Explicit,) * 2)
+  mesh = mesh_2x4
   with jax.set_mesh(mesh):
     x = jax.device_put(jnp.ones((4, 6), jnp.float32), P("i", None))
     qw = hx.quantize(jax.device_put(jnp.ones((6, 8), jnp.float32), P(None, "j")))

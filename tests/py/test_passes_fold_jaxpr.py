@@ -10,30 +10,21 @@ stage, whose result is checked too.
 
 from __future__ import annotations
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import without_locations
 from jax import lax
 from jax.sharding import PartitionSpec as P
-from test_passes_support import without_locations
 
 import hxmlir as hx
+from hxmlir import installation as inst  # noqa: E402
 from hxmlir.lowering.primitives import hx_matmul_q_p
 from hxmlir.passes import parse_pipeline
 from hxmlir.passes.fold_scales_jaxpr import fold_closed_jaxpr
 
-inst = sys.modules["hxmlir.install"]
-
-
-@pytest.fixture(autouse=True)
-def clean():
-  hx.uninstall()
-  hx.stats(reset=True)
-  yield
-  hx.uninstall()
+pytestmark = pytest.mark.usefixtures("uninstalled")
 
 
 def _data(m=4, k=8, n=3, seed=0):
@@ -60,17 +51,17 @@ def _prims(closed) -> list[str]:
 def _lo_jaxpr(f, *args):
   """The lo jaxpr JAX hands to the lowering for ``jax.jit(f)(*args)`` (captured by the hook)."""
   got = []
-  inner = inst._ORIGINAL
+  inner = inst._jax.jax_lower_jaxpr_to_module
 
   def spy(*a, **k):
     got.append(a[1])
     return inner(*a, **k)
-  inst._jax.jax_mlir.lower_jaxpr_to_module = spy
+  inst._jax.wrap_lower_jaxpr_to_module(spy)
   try:
     jax.clear_caches()  # lower afresh
     jax.jit(f).lower(*args)
   finally:
-    inst._jax.jax_mlir.lower_jaxpr_to_module = inner
+    inst._jax.wrap_lower_jaxpr_to_module(inner)
   return got[0]
 
 

@@ -23,11 +23,6 @@ def np_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture
-def x():
-  return jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
-
-
-@pytest.fixture
 def w():
   return jnp.arange(12., dtype=jnp.float32).reshape(3, 4) / 12.
 

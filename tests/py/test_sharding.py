@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import assert_same_q_values as assert_same_q
 from jax.sharding import PartitionSpec as P
 
 import hxmlir as hx
@@ -32,11 +33,6 @@ def spec(a, ndim=None) -> tuple:
   """The runtime partition spec of array ``a``, padded with ``None`` to its rank."""
   parts = tuple(a.sharding.spec)
   return parts + (None,) * ((ndim or a.ndim) - len(parts))
-
-
-def assert_same_q(a, b):
-  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
-  np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
 
 
 # --- explicit mode: typing rules propagate shardings ------------------------------------

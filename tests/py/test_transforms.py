@@ -11,13 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import assert_same_q
 
 import hxmlir as hx
-
-
-@pytest.fixture
-def x():
-  return jnp.array([[1., 2., 3.], [4., -5., 6.]], jnp.float32)
 
 
 @pytest.fixture
@@ -32,16 +28,6 @@ def xs():
 
 def roundtrip(x):
   return hx.dequantize(hx.quantize(x))
-
-
-def assert_same_q(a, b, scale_rtol=0.):
-  """Same type, same int8 values, same scales (to ``scale_rtol``; 0 means bitwise)."""
-  assert jax.typeof(a) == jax.typeof(b)
-  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
-  if scale_rtol:
-    np.testing.assert_allclose(np.asarray(a.scale), np.asarray(b.scale), rtol=scale_rtol)
-  else:
-    np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
 
 
 # --- reverse mode ------------------------------------------------------------------

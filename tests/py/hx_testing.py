@@ -1,6 +1,7 @@
-"""Helpers for the pass tests: compile an MLIR module with JAX's CPU backend and run it.
+"""Helpers shared by the test modules (not a test module: pytest does not collect it).
 
-Not a test module itself (it defines no tests); ``test_passes*.py`` import it.
+Compile and run an MLIR module with JAX's CPU backend, strip locations from IR text,
+compare quantized values. Fixtures live in ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -29,3 +30,19 @@ def without_locations(text: str) -> str:
   """MLIR text with its location aliases (``#loc...`` lines) and ``loc(...)`` suffixes removed."""
   lines = [line for line in text.splitlines() if not line.startswith("#loc")]
   return "\n".join(re.sub(r" loc\((?:[^()]|\([^()]*\))*\)", "", line) for line in lines)
+
+
+def assert_same_q_values(a, b) -> None:
+  """Same int8 values and bitwise-same scales of two ``q8`` values (types not compared)."""
+  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
+  np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
+
+
+def assert_same_q(a, b, scale_rtol=0.) -> None:
+  """Same type, same int8 values, same scales (to ``scale_rtol``; 0 means bitwise)."""
+  assert jax.typeof(a) == jax.typeof(b)
+  if not scale_rtol:
+    assert_same_q_values(a, b)
+    return
+  np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
+  np.testing.assert_allclose(np.asarray(a.scale), np.asarray(b.scale), rtol=scale_rtol)

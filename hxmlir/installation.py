@@ -15,13 +15,13 @@ for ``jax.jit(f)(...)``, ``jax.jit(f).lower(...)`` (and so ``.as_text()`` and
 
 How it hooks in: JAX's ``pxla`` turns a jaxpr into a module by calling
 ``jax._src.interpreters.mlir.lower_jaxpr_to_module``; while anything is
-installed that function is wrapped (reached through :mod:`hxmlir._jax`), and the
+installed that function is wrapped (through :func:`hxmlir._jax.wrap_lower_jaxpr_to_module`), and the
 wrapper runs the pipeline on the module it returns, in place. Before lowering,
 the wrapper runs the pipeline's jaxpr stage (``Pipeline.run_jaxpr``): passes
 that can do part of their work on the jaxpr, where it is cheaper, do it there
 (``hx-fold-scales`` turns ``x @ hx.dequantize(qw)`` into ``hx_matmul_q``). Lowering for
-``jax.export`` (``LoweringParameters.for_export``) also runs ``hx-check-export``
-when that pass is registered. Uninstalling restores the original function.
+``jax.export`` (``LoweringParameters.for_export``) also runs ``hx-check-export``.
+Uninstalling restores the original function.
 
 The installed pipeline is the value of a JAX config state that is part of JAX's
 trace context and jit cache key (like ``jax_enable_x64``). So every JAX cache
@@ -34,18 +34,29 @@ valid again after :func:`uninstall`.
 Modules that contain no ``hx.*`` composite are left untouched (one walk over
 the module's ops finds out), so plain JAX code lowers to byte-identical text
 with and without install. One exception, for export only: a module without
-``hx.*`` ops that calls a custom-call target which hxmlir put on JAX's export
+``hx.*`` ops that calls a custom-call target which hxmlir added to JAX's export
 allow-list (:mod:`hxmlir.targets`; e.g. the Triton target, shared by every
 Pallas GPU kernel) goes through ``hx-check-export`` alone, which accepts
 hxmlir's registered kernels on it and refuses the rest. It is checked, never
 rewritten.
+
+The export allow-list is widened per thread, like the setting: ``jax.export``
+accepts hxmlir's registered targets only in a thread where hxmlir is installed
+(:func:`hxmlir._jax.scope_export_allow_list`), and every export lowering in such a
+thread runs ``hx-check-export``; a thread without hxmlir exports against JAX's
+own list, so no thread exports a kernel hxmlir never registered.
+
+What importing hxmlir changes in JAX, installed or not: ``vmap``'s
+``batching.matchaxis`` becomes hxmlir's wrapper (:func:`hxmlir._jax.patch_matchaxis`),
+which hands every call without a hi value or hi spec to JAX's own, unchanged
+(same results, same errors); it stays after :func:`uninstall` because hi types
+map under ``vmap`` without install too. Everything else that :func:`install` changes
+(the lowering hook, the allow-list) is put back when nothing is installed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +64,13 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
-from hxmlir import _jax
+from hxmlir import _jax, targets
+from hxmlir.install_state import STATE as _state
+from hxmlir.install_state import Setting as _Setting
+from hxmlir.install_state import current_pipeline as current_pipeline
+from hxmlir.install_state import is_installed as is_installed
+from hxmlir.passes import PassError, parse_pipeline
+from hxmlir.passes.irutil import is_hx_composite
 
 DEFAULT_PIPELINE = "hx-verify,hx-fold-scales"
 """The pipeline :func:`install` runs when none is given."""
@@ -85,50 +102,16 @@ class VerificationError(ValueError):
     self.diagnostics = diagnostics
 
 
-@dataclasses.dataclass(frozen=True)
-class _Setting:
-  """What is installed: the pipelines for execution and for export (hashable).
-
-  ``check_pipeline``: what export lowerings of modules without ``hx.*`` ops run
-  when they call a custom-call target that hxmlir put on JAX's allow-list
-  (``"hx-check-export"``, or ``""`` when that pass is not registered).
-  """
-  pipeline: str
-  export_pipeline: str
-  check_pipeline: str
-
-
-# JAX config state holding the current ``_Setting`` (``None``: not installed).
-# ``include_in_trace_context`` / ``include_in_jit_key`` put it into the keys of
-# JAX's tracing, lowering and C++ dispatch caches.
-_state = _jax.ConfigState(
-    "hxmlir_install", None,
-    "The hxmlir pass pipeline run on every lowered module (set by hxmlir.install).",
-    include_in_jit_key=True, include_in_trace_context=True)
-
 # The wrapper's frame sits between the user's code and JAX's lowering; like JAX's
 # own frames it must not show in op locations (plain modules stay byte-identical)
 # or in tracebacks.
 _jax.exclude_from_tracebacks(__file__)
 
 _lock = threading.RLock()  # guards the hook, the counters below and _pipelines
-_ORIGINAL = _jax.jax_mlir.lower_jaxpr_to_module  # JAX's, as imported
 _inner: Callable | None = None  # what our wrapper calls; None while not wrapped
 _active_contexts = 0  # number of open ``installed()`` blocks, in all threads
-_targets_active = False
 _pipelines: dict[str, Any] = {}  # pipeline string -> parsed hxmlir.passes.Pipeline
 _stats: dict[str, dict[str, float]] = {}
-
-
-def _passes():
-  """The ``hxmlir.passes`` module (imported late: passes depend on lowering, not on us)."""
-  return importlib.import_module("hxmlir.passes")
-
-
-@functools.cache
-def _irutil():
-  """``hxmlir.passes.irutil`` (imported late, like :func:`_passes`)."""
-  return importlib.import_module("hxmlir.passes.irutil")
 
 
 # --- pipeline strings ----------------------------------------------------------
@@ -137,7 +120,7 @@ def _elements(pipeline: str) -> list[tuple[str, str]]:
   """``(name, pipeline text)`` of each element of ``pipeline``, parsed by the pass
   framework (so every pipeline error -- unknown pass or option, an empty name -- is
   its ``PipelineError``)."""
-  return [(p.name, p.pipeline_str()) for p in _passes().parse_pipeline(pipeline).passes]
+  return [(p.name, p.pipeline_str()) for p in parse_pipeline(pipeline).passes]
 
 
 def _effective(pipeline: str | None, verify: bool) -> str:
@@ -156,8 +139,7 @@ def _effective(pipeline: str | None, verify: bool) -> str:
 
 def _export_variant(pipeline: str) -> str:
   elements = _elements(pipeline) if pipeline else []
-  registry = getattr(_passes(), "PASS_REGISTRY", {})
-  if CHECK_EXPORT_PASS in registry and CHECK_EXPORT_PASS not in (n for n, _ in elements):
+  if CHECK_EXPORT_PASS not in (n for n, _ in elements):
     elements.append((CHECK_EXPORT_PASS, CHECK_EXPORT_PASS))
   return ",".join(text for _, text in elements)
 
@@ -171,7 +153,7 @@ def _parsed(pipeline: str):
   with _lock:
     got = _pipelines.get(pipeline)
   if got is None:
-    got = _passes().parse_pipeline(pipeline)
+    got = parse_pipeline(pipeline)
     with _lock:
       _pipelines[pipeline] = got
   return got
@@ -179,9 +161,7 @@ def _parsed(pipeline: str):
 
 def _make_setting(pipeline: str | None, verify: bool) -> _Setting:
   pipe = _effective(pipeline, verify)
-  check = CHECK_EXPORT_PASS if CHECK_EXPORT_PASS in getattr(_passes(), "PASS_REGISTRY", {}) \
-      else ""
-  setting = _Setting(pipe, _export_variant(pipe), check)
+  setting = _Setting(pipe, _export_variant(pipe), CHECK_EXPORT_PASS)
   for p in (setting.pipeline, setting.export_pipeline, setting.check_pipeline):
     if p:
       _parsed(p)
@@ -203,7 +183,7 @@ def _scan(module: ir.Module, *, targets: bool) -> tuple[bool, set[str]]:
     return False, set()
   found = False
   names: set[str] = set()
-  is_hx = _irutil().is_hx_composite
+  is_hx = is_hx_composite
 
   def visit(op) -> ir.WalkResult:
     nonlocal found
@@ -221,11 +201,15 @@ def _scan(module: ir.Module, *, targets: bool) -> tuple[bool, set[str]]:
 
 
 def _widened_targets() -> frozenset[str]:
-  """The custom-call targets hxmlir.targets added to JAX's export allow-list (maybe none)."""
-  if not _targets_active:
-    return frozenset()
-  targets = importlib.import_module("hxmlir.targets")
-  return frozenset(_jax.stable_custom_call_targets) - targets.jax_stable_targets()
+  """The registered kernel targets hxmlir adds to JAX's export allow-list where installed."""
+  return targets.registered_targets() - _jax.jax_stable_custom_call_targets()
+
+
+def _allowed_here() -> frozenset[str]:
+  """What ``jax.export`` accepts beyond JAX's list in the calling thread: the registered
+  kernel targets where hxmlir is installed (its export lowerings run hx-check-export),
+  nothing elsewhere."""
+  return _widened_targets() if _state.value is not None else frozenset()
 
 
 def _count(key: str, inc: dict[str, float]) -> None:
@@ -247,7 +231,7 @@ def _run(module: ir.Module, module_name: str, pipeline: str,
     try:
       result = pipe.run(module, after_pass=lambda name, _op, seconds: ran.append((name, seconds)),
                         platforms=platforms)
-    except _passes().PassError as e:
+    except PassError as e:
       diags = list(e.diagnostics)
       lines = [f"  {d}".replace("\n", "\n  ") for d in diags] or [f"  {e.summary}"]
       raise VerificationError(
@@ -318,7 +302,7 @@ def _jaxpr_stage(pipeline: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]
 def _lower_jaxpr_to_module(*args, **kwargs):
   """Wrapper of JAX's ``lower_jaxpr_to_module``: runs the pipeline's jaxpr stage, lowers,
   then runs the pipeline on the module."""
-  inner = _inner if _inner is not None else _ORIGINAL
+  inner = _inner if _inner is not None else _jax.jax_lower_jaxpr_to_module
   setting = _state.value
   if setting is None:
     return inner(*args, **kwargs)
@@ -336,7 +320,7 @@ def _lower_jaxpr_to_module(*args, **kwargs):
   platforms = tuple(platforms) if platforms is not None else None
   skipped = 1
   try:
-    widened = _widened_targets() if for_export and setting.check_pipeline else frozenset()
+    widened = _widened_targets() if for_export else frozenset()
     has_hx, called = _scan(module, targets=bool(widened))
     if has_hx:
       skipped = 0
@@ -354,40 +338,23 @@ def _lower_jaxpr_to_module(*args, **kwargs):
 
 
 def _wrap_locked() -> None:
+  """Hooks the wrapper into JAX's lowering (once) and scopes the export allow-list."""
   global _inner
-  if _inner is not None:  # in place (possibly under a wrapper someone added later)
-    return
-  mod = _jax.jax_mlir
-  _inner = mod.lower_jaxpr_to_module
-  mod.lower_jaxpr_to_module = _lower_jaxpr_to_module
+  if _inner is None:  # else in place (possibly under a wrapper someone added later)
+    _inner = _jax.wrap_lower_jaxpr_to_module(_lower_jaxpr_to_module)
+  _jax.scope_export_allow_list(_allowed_here)
 
 
 def _unwrap_if_idle_locked() -> None:
+  """Puts JAX's lowering function and allow-list back once nothing is installed anywhere."""
   global _inner
   if _state.get_global() is not None or _active_contexts:
     return
-  mod = _jax.jax_mlir
-  if _inner is not None and mod.lower_jaxpr_to_module is _lower_jaxpr_to_module:
-    mod.lower_jaxpr_to_module = _inner
+  if _inner is not None and _jax.unwrap_lower_jaxpr_to_module(_lower_jaxpr_to_module, _inner):
     _inner = None
   # else: someone wrapped it after us; our wrapper stays in their chain as a
   # pass-through (the setting is None) rather than dropping their wrapper.
-  _set_targets(False)
-
-
-def _set_targets(on: bool) -> None:
-  """Turns hxmlir.targets' jax.export allow-list on or off, if that module exists."""
-  global _targets_active
-  if on == _targets_active:
-    return
-  try:
-    targets = importlib.import_module("hxmlir.targets")
-  except ImportError:
-    return
-  fn = getattr(targets, "activate" if on else "deactivate", None)
-  if fn is not None:
-    fn()
-  _targets_active = on
+  _jax.unscope_export_allow_list()
 
 
 # --- public API -------------------------------------------------------------------
@@ -402,9 +369,9 @@ def install(pipeline: str | None = None, *, verify: bool = True) -> None:
     verify: if true, ``hx-verify`` runs first (added when the pipeline lacks
       it); if false, ``hx-verify`` is removed from the pipeline.
 
-  Lowerings for ``jax.export`` additionally run ``hx-check-export`` last (when
-  that pass is registered), and hxmlir's registered kernel targets become
-  acceptable to ``jax.export`` (:mod:`hxmlir.targets`). Calling ``install``
+  Lowerings for ``jax.export`` additionally run ``hx-check-export`` last, and
+  hxmlir's registered kernel targets become acceptable to ``jax.export``
+  (:mod:`hxmlir.targets`) in the threads where hxmlir is installed. Calling ``install``
   again replaces the pipeline; with the same arguments it changes nothing.
   Takes effect at the next lowering (JAX's caches key on the setting). An open
   :class:`installed` block overrides it in its own thread.
@@ -417,7 +384,6 @@ def install(pipeline: str | None = None, *, verify: bool = True) -> None:
   setting = _make_setting(pipeline, verify)
   with _lock:
     _wrap_locked()
-    _set_targets(True)
     _state.set_global(setting)
 
 
@@ -431,19 +397,6 @@ def uninstall() -> None:
   with _lock:
     _state.set_global(None)
     _unwrap_if_idle_locked()
-
-
-def is_installed() -> bool:
-  """Whether a pipeline runs on modules lowered now, in this thread."""
-  return _state.value is not None
-
-
-def current_pipeline(*, for_export: bool = False) -> str | None:
-  """The pipeline string lowerings in this thread run now (``None``: not installed)."""
-  setting = _state.value
-  if setting is None:
-    return None
-  return setting.export_pipeline if for_export else setting.pipeline
 
 
 class installed:  # noqa: N801  (a context manager, named like JAX's)
@@ -465,7 +418,6 @@ class installed:  # noqa: N801  (a context manager, named like JAX's)
     global _active_contexts
     with _lock:
       _wrap_locked()
-      _set_targets(True)
       _active_contexts += 1
     stack = self._prev.__dict__.setdefault("stack", [])
     stack.append(_state.swap_local(self._setting))

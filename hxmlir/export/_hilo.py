@@ -1,0 +1,132 @@
+"""The hi primitives of export: taking hi values apart into lo components, building them
+back, and calling an exported artifact on hi values (each with its ``to_lojax`` rule).
+
+They sit above the lowering (an artifact call is not an ``hx.*`` op), so their
+rules are registered here rather than in ``lowering/to_lojax.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.hijax import HiType, ShapedArray, Zero
+
+from hxmlir import typedesc
+from hxmlir.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
+
+
+def typeof(x):
+  if isinstance(x, (HiType, ShapedArray)):
+    return x
+  if isinstance(x, jax.ShapeDtypeStruct):
+    s = x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else None
+    if s is None:
+      return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type)
+    return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type, sharding=s)
+  return jax.typeof(x)
+
+
+def match_key(ty):
+  """What a call's argument must match: the descriptor without shardings and weak types."""
+  def strip(d):
+    d = {k: v for k, v in d.items() if k not in ("sharding", "weak_type")}
+    if "elts" in d:
+      d["elts"] = [strip(e) for e in d["elts"]]
+    return d
+  return json.dumps(strip(typedesc.to_json(ty)), sort_keys=True)
+
+
+def differentiable(ty) -> bool:
+  if is_hi(ty):
+    return all(differentiable(t) for t in lo_types(ty.to_tangent_aval())) \
+        if is_hi(ty.to_tangent_aval()) else differentiable(ty.to_tangent_aval())
+  return jnp.issubdtype(ty.dtype, jnp.inexact)
+
+
+class _RaiseHi(HxPrimitive):
+  """``raise: lo components of ty -> ty`` (the type's ``raise_val``), for traced code."""
+
+  def __init__(self, ty):
+    self.in_avals = tuple(ty.lo_ty())
+    self.out_aval = ty
+    self.params = {"ty": ty}
+    super().__init__()
+
+
+class _LowerHi(HxPrimitive):
+  """``lower: ty -> its lo components`` (the type's ``lower_val``), for traced code."""
+
+  def __init__(self, ty):
+    self.in_avals = (ty,)
+    self.out_aval = tuple(ty.lo_ty())
+    self.params = {"ty": ty}
+    super().__init__()
+
+
+@register_to_lojax(_RaiseHi)
+def _raise_rule(prim, *los):
+  return prim.ty.raise_val(*los)
+
+
+@register_to_lojax(_LowerHi)
+def _lower_rule(prim, v):
+  return tuple(prim.ty.lower_val(v))
+
+
+def lower_flat(tys, vals, traced: bool) -> list:
+  out = []
+  for ty, v in zip(tys, vals):
+    if not is_hi(ty):
+      out.append(v)
+    elif traced:
+      out.extend(_LowerHi(ty)(v))
+    else:
+      out.extend(ty.lower_val(v))
+  return out
+
+
+def raise_flat(tys, los, traced: bool) -> list:
+  it = iter(los)
+  out = []
+  for ty in tys:
+    if not is_hi(ty):
+      out.append(next(it))
+      continue
+    parts = [next(it) for _ in ty.lo_ty()]
+    out.append(_RaiseHi(ty)(*parts) if traced else ty.raise_val(*parts))
+  return out
+
+
+class CallExported(HxPrimitive):
+  """Calls an :class:`Exported` on hi values: ``in_types -> tuple(out_types)``."""
+
+  def __init__(self, exported, in_tys: tuple):
+    self.in_avals = in_tys
+    self.out_aval = tuple(exported.out_types)
+    self.params = {"exported": exported}
+    super().__init__()
+
+  def vjp_fwd(self, nzs_in, *args):
+    return self(*args), args
+
+  def vjp_bwd(self, res, outgrad, *arg_accums):
+    exp = self.exported
+    vjp = exp.vjp()
+    cts = [zeros(ty.to_tangent_aval() if is_hi(ty) else ty) if isinstance(g, Zero) else g
+           for ty, g in zip(exp.out_types, outgrad) if differentiable(ty)]
+    grads = iter(vjp.call(*res, *cts))
+    for ty, acc in zip(exp.in_types, arg_accums):
+      if differentiable(ty):
+        g = next(grads)
+        if hasattr(acc, "accum"):
+          acc.accum(g)
+
+
+@register_to_lojax(CallExported)
+def _call_exported_rule(prim, *args):
+  exp = prim.exported
+  los = lower_flat(exp.in_types, args, traced=False)
+  outs = exp.lo.call(*los)
+  return tuple(raise_flat(exp.out_types, outs, traced=False))

@@ -1,0 +1,64 @@
+"""Argument and result trees of exported functions, as JSON.
+
+``"*"`` a leaf, ``null`` None, ``{"tuple": [...]}``, ``{"list": [...]}``,
+``{"dict": [[key, tree], ...]}`` (string keys, sorted): what ``hx.signature``
+records as ``in_tree`` / ``out_tree``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+
+def flatten(tree, what: str) -> tuple[list, Any]:
+  leaves: list = []
+
+  def enc(t):
+    if t is None:
+      return None
+    if type(t) is tuple:
+      return {"tuple": [enc(e) for e in t]}
+    if type(t) is list:
+      return {"list": [enc(e) for e in t]}
+    if type(t) is dict:
+      if not all(isinstance(k, str) for k in t):
+        raise TypeError(f"hxmlir.export: {what} dicts must have string keys, got {list(t)}")
+      return {"dict": [[k, enc(t[k])] for k in sorted(t)]}
+    if isinstance(t, (tuple, list, dict)) or jax.tree.structure(t).num_nodes > 1:
+      raise TypeError(f"hxmlir.export: {what} may hold tuples, lists, dicts and None "
+                      f"around JAX values, not {type(t).__name__}")
+    leaves.append(t)
+    return "*"
+  return leaves, enc(tree)
+
+
+def unflatten(tree, leaves: Sequence) -> Any:
+  it = iter(leaves)
+
+  def dec(t):
+    if t is None:
+      return None
+    if t == "*":
+      return next(it)
+    if isinstance(t, dict) and len(t) == 1:
+      (kind, v), = t.items()
+      if kind == "tuple" and isinstance(v, list):
+        return tuple(dec(e) for e in v)
+      if kind == "list" and isinstance(v, list):
+        return [dec(e) for e in v]
+      if kind == "dict" and isinstance(v, list):
+        return {k: dec(e) for k, e in v}
+    raise ValueError(f"bad tree encoding {t!r}")
+  return dec(tree)
+
+
+def count_leaves(tree) -> int:
+  if tree == "*":
+    return 1
+  if tree is None:
+    return 0
+  (kind, v), = tree.items()
+  return sum(count_leaves(e[1] if kind == "dict" else e) for e in v)

@@ -1,0 +1,104 @@
+"""The demo's report: one :class:`Step` per step, collected in a :class:`Report`, and the
+progress line it rewrites on a terminal; plus what it reads off IR text (composite counts,
+``hx-verify``)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from hxmlir.passes import PassError, parse_pipeline
+from hxmlir.passes.irutil import make_context, parse_module
+
+_COMPOSITE_RE = re.compile(r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"')
+
+
+@dataclass
+class Step:
+  """One demo step: ``status`` is ``ok`` / ``failed`` (a check) or ``info`` / ``skipped``."""
+  name: str
+  status: str
+  line: str
+  data: dict[str, Any] = field(default_factory=dict)
+
+  def text(self) -> str:
+    mark = {"ok": "ok  ", "info": "    ", "failed": "FAIL", "skipped": "skip"}[self.status]
+    return f"[{mark}] {self.name:<9} {self.line}"
+
+
+@dataclass
+class Report:
+  """All steps of one demo run; ``ok`` when none failed or was skipped."""
+  model: str
+  steps: list[Step] = field(default_factory=list)
+
+  @property
+  def ok(self) -> bool:
+    return all(s.status in ("ok", "info") for s in self.steps)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"model": self.model, "ok": self.ok,
+            "steps": [{"name": s.name, "status": s.status, "line": s.line, **s.data}
+                      for s in self.steps]}
+
+  def summary(self) -> str:
+    c = Counter(s.status for s in self.steps)
+    checks = c["ok"] + c["failed"] + c["skipped"]
+    verdict = "PASSED" if self.ok else "FAILED"
+    extra = "".join(f", {c[k]} {k}" for k in ("failed", "skipped") if c[k])
+    return f"demo {verdict}: {c['ok']}/{checks} checks passed{extra}"
+
+
+class StepFailed(Exception):
+  """Raised inside a step to end it as ``failed`` with a message (no traceback)."""
+
+
+class StepSkipped(Exception):
+  """Raised inside a step to end it as ``skipped`` with the reason."""
+
+
+class ProgressLine:
+  """Progress messages on a terminal: one line rewritten in place; silent otherwise."""
+
+  def __init__(self, stream: TextIO):
+    self.stream = stream
+    self.tty = stream.isatty()
+    self.width = 0
+
+  def __call__(self, msg: str) -> None:
+    if self.tty:
+      text = f"  ... {msg}"
+      self.stream.write("\r" + text.ljust(self.width))
+      self.stream.flush()
+      self.width = len(text)
+
+  def clear(self) -> None:
+    if self.tty and self.width:
+      self.stream.write("\r" + " " * self.width + "\r")
+      self.stream.flush()
+      self.width = 0
+
+
+# --- what the report reads off IR text ----------------------------------------
+
+def count_composites(ir_text: str) -> dict[str, int]:
+  """``{"hx.matmul_q": 24, ...}``: the ``hx.*`` composite ops in a module's text."""
+  return dict(sorted(Counter(_COMPOSITE_RE.findall(ir_text)).items()))
+
+
+def fmt_counts(counts: dict[str, int]) -> str:
+  return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "no hx.* composites"
+
+
+def verify_text(ir_text: str) -> tuple[bool, list[str]]:
+  """Runs ``hx-verify`` on a module's text: ``(passed, problems)``."""
+  ctx = make_context(allow_unregistered=True)
+  with ctx:
+    module = parse_module(ir_text, ctx, "<demo>")
+    try:
+      parse_pipeline("hx-verify").run(module)
+    except PassError as e:
+      return False, [str(d) for d in e.diagnostics] or [str(e)]
+  return True, []
