@@ -32,6 +32,7 @@ from jax.experimental.hijax import (
 )
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hxmlir import _jax
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
@@ -248,9 +249,65 @@ class QArrayTy(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
+  # Pallas: a q8 operand or result of pl.pallas_call (see hxmlir.pallas)
+  QUANT_GROUP = None
+  """Elements per scale along the last axis: ``None``, one scale per row."""
+
+  def _pallas_layout(self) -> dict:
+    # values have every dense axis, the scale every axis but the quantized one
+    r = len(self.shape)
+    return dict(components=(tuple(range(r)), tuple(range(r - 1))), structural=(r - 1,),
+                group=self.QUANT_GROUP, raise_ty=self._pallas_raise_ty)
+
+  def _pallas_raise_ty(self, lo_avals) -> QArrayTy:
+    """The q8 type whose components have ``lo_avals`` (a block or an indexed ref: unsharded)."""
+    shape = tuple(lo_avals[0].shape)
+    return QArrayTy(shape, shd.with_partitions(self.sharding, (None,) * len(shape)), self.mat)
+
+  def update(self, shape=None, **_) -> QArrayTy:
+    """This type with dense shape ``shape``: Pallas' type for a block of a q8 array."""
+    from hxmlir import pallas
+    if shape is None:
+      return self
+    blk = self._pallas_raise_ty([ShapedArray(tuple(shape), I8)])
+    return pallas.note_block_of(blk, self.shape, self._pallas_layout()["structural"])
+
+  def lower_block_spec(self, block_spec) -> list:
+    """``pl.BlockSpec`` over the dense shape -> specs of ``(values, scale)``: the scale follows the rows.
+
+    Raises ``TypeError`` naming the type and block when the block squeezes the
+    quantized axis or (grouped formats) splits a quantization group.
+    """
+    from hxmlir import pallas
+    pallas.check_whole_groups(pallas.array_name(self), block_spec.block_shape, self.QUANT_GROUP)
+    return pallas.component_block_specs(block_spec, self._pallas_layout()["components"])
+
+  def ref_get_abstract_eval(self, ref_aval, *args, tree):
+    from hxmlir import pallas
+    return pallas.ref_get_abstract_eval(self, ref_aval, args, tree, **self._pallas_layout())
+
+  def ref_swap_abstract_eval(self, ref_aval, val_aval, *args, tree):
+    from hxmlir import pallas
+    return pallas.ref_swap_abstract_eval(self, ref_aval, val_aval, args, tree,
+                                         **self._pallas_layout())
+
+  def ref_get_to_lojax(self, ref, idx):
+    from hxmlir import pallas
+    return pallas.ref_get(self, ref, idx, self._pallas_layout()["components"])
+
+  def ref_swap_to_lojax(self, ref, val, idx):
+    from hxmlir import pallas
+    return pallas.ref_swap(self, ref, val, idx, self._pallas_layout()["components"])
+
+  def transform_ndindexer(self, idx) -> QArrayTy:
+    from hxmlir import pallas
+    return pallas.transform_type(self, idx, **self._pallas_layout())
+
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
   qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
+  if isinstance(qty, _jax.AbstractRef):  # the components of a q8 ref inside a Pallas kernel
+    return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)
   if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
     # JAX asks for the type of a value that is not a tracer (a QArray holding
     # traced components) when traced code hands it to a primitive or returns it:
@@ -269,6 +326,7 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
 
 
 register_hitype(QArray, _typeof_qarray)
+_jax.register_indexer_transform_type(QArrayTy)
 
 
 def _check_dense_f32(op: str, aval, min_rank: int) -> None:

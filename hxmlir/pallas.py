@@ -1,0 +1,239 @@
+"""Hi types inside Pallas kernels: what ``pl.pallas_call`` asks of ``q8``, ``r1`` and ``Tup``.
+
+JAX 0.10.2's ``pallas_call`` takes hi-typed operands and results
+(``_pallas_call_to_lojax`` in ``jax/_src/pallas/pallas_call.py``): each hi
+operand becomes its lo components, each ``BlockSpec`` -- written over the
+value's dense shape, as a user thinks of a weight -- is lowered per component
+by the type's ``lower_block_spec``, and inside the kernel a ref of a hi type is
+read (``ref[...]``, ``ref[0:8, :]``) and written (``ref[...] = v``) as hi
+values through the type's ``ref_get_*``/``ref_swap_*`` methods, which apply the
+index to each component. The protocol is JAX's (its ``PallasHiJaxTest`` toy
+types implement the same methods); this module holds the logic the hi types
+share, described per type by
+
+* ``components``: for each lo component (in ``lo_ty`` order), the dense axes
+  it has, in order. ``q8[*l, n]``: values all axes, scale ``*l`` (one scale
+  per row). ``r1[*b, m, n]``: ``col`` ``(*b, m)``, ``row`` ``(*b, n)``.
+* ``structural``: dense axes a component lacks. An index may slice them (a
+  slice of a row keeps the row's scale) but not pick one element (that would
+  leave no ``q8``), and a write must cover them whole (writing half a row with
+  its own scale would rescale the other half).
+* ``group``: elements per scale along the last axis (``None``: one scale per
+  row, today's only ``q8`` format). A block or slice along a grouped axis must
+  hold whole groups (:func:`check_whole_groups`); a grouped format passes its
+  ``g`` and maps the group axis in ``components``.
+
+Each component's block takes the dense block's entries on its axes and the
+index map's block indices on those axes: the scale's block follows the rows.
+Inside kernels hxmlir's lo primitives lower as their reference semantics
+(:func:`hxmlir._jax.activate_pallas_kernel_rules`, called here when a hi
+type first meets ``pallas_call``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from hxmlir import _jax
+
+Axes = tuple[int, ...]
+
+
+def _block_dim_size(d):
+  """The size of one block dim (``int``, ``pl.Blocked``, ``pl.Element``, ...); ``None`` when squeezed."""
+  if d is None or type(d).__name__ == "Squeezed":
+    return None
+  return getattr(d, "block_size", d)
+
+
+def array_name(ty) -> str:
+  """``ty``'s name with the dense shape of the array it is a block of (``q8[16,256]``), else ``str(ty)``."""
+  whole = getattr(ty, "_pallas_array_shape", None)
+  if whole is None:
+    return str(ty)
+  return f"{str(ty).split('[')[0]}[{','.join(map(str, whole))}]"
+
+
+def check_whole_groups(ty: str, block_shape: Sequence, group: int | None) -> None:
+  """Raises ``TypeError`` unless the block's last dim holds whole quantization groups.
+
+  ``ty`` names the type (``q8[16,256]``), ``block_shape`` is the dense block
+  (``(8, 96)``), ``group`` the elements per scale (``None``: per row, any block
+  holds whole rows' worth of scales). A squeezed last dim is an error for
+  every format: it would leave a value without its quantized axis.
+  """
+  last = block_shape[-1] if block_shape else None
+  size = _block_dim_size(last)
+  if size is None:
+    raise TypeError(f"a {ty} block {tuple(block_shape)} squeezes the quantized (last) axis; "
+                    "keep it as a block dim (for one element, a block of size 1)")
+  if group is not None and (not isinstance(size, int) or size % group
+                            or type(last).__name__ not in ("int", "Blocked")):
+    raise TypeError(f"a {ty} block {tuple(block_shape)} splits quantization groups of "
+                    f"size {group} along the last axis; make its last block dim a multiple "
+                    f"of {group} (pl.Blocked or an int)")
+
+
+def check_structural_blocks(ty: str, block_shape: Sequence, structural: Axes) -> None:
+  """Raises ``TypeError`` when the block squeezes an axis some component lacks (``r1``'s ``m``, ``n``)."""
+  for a in structural:
+    if _block_dim_size(block_shape[a]) is None:
+      raise TypeError(f"a {ty} block {tuple(block_shape)} squeezes axis {a}, which the "
+                      "type's structure needs; keep it as a block dim (size 1 for one element)")
+
+
+def component_block_specs(block_spec, components: Sequence[Axes]) -> list:
+  """One ``pl.BlockSpec`` per component: its axes' block dims and block indices."""
+  from jax.experimental import pallas as pl
+  _jax.activate_pallas_kernel_rules()
+  out = []
+  for axes in components:
+    def index_map(*args, _axes=axes, _f=block_spec.index_map):
+      idx = _f(*args)
+      return tuple(idx[a] for a in _axes)
+    out.append(pl.BlockSpec(tuple(block_spec.block_shape[a] for a in axes), index_map,
+                            memory_space=block_spec.memory_space,
+                            pipeline_mode=block_spec.pipeline_mode))
+  return out
+
+
+def _component_indexer(idx, axes: Axes):
+  return _jax.NDIndexer(tuple(idx.indices[a] for a in axes), tuple(idx.shape[a] for a in axes),
+                        idx.int_indexer_shape, validate=False)
+
+
+def _is_whole(index, size: int) -> bool:
+  if not isinstance(index, _jax.IndexSlice):
+    return False
+  try:
+    return int(index.start) == 0 and int(index.size) == size and index.stride == 1
+  except TypeError:  # a traced start
+    return False
+
+
+def check_index(ty: str, transforms: Sequence, structural: Axes, group: int | None,
+                write: bool) -> None:
+  """Raises ``TypeError`` for an index that would break the value's structure.
+
+  Every transform must be an index (``ref[...]``, ``ref.at[...]``); on the
+  ``structural`` axes it must slice (a read) or cover the axis whole (a write),
+  and with ``group`` a slice of the last axis must start and end on group
+  boundaries (static offsets only).
+  """
+  for t in transforms:
+    if not isinstance(t, _jax.NDIndexer):
+      raise TypeError(f"a ref of {ty} takes only indexing (ref[...], ref.at[...]), got {t}")
+    for a in structural:
+      index, size = t.indices[a], t.shape[a]
+      if write and not _is_whole(index, size):
+        raise TypeError(f"writing a {ty} through index {t.indices} covers part of axis {a}: "
+                        "one scale or factor holds the whole axis, so a write must cover it "
+                        "(write whole rows, or write the components of a lo result)")
+      if not isinstance(index, _jax.IndexSlice):
+        raise TypeError(f"indexing a ref of {ty} with an integer on axis {a} leaves no {ty[:2]}; "
+                        "slice it (ref[i:i+1]) and dequantize or take factors first")
+      if group is not None and a == len(t.shape) - 1:
+        try:
+          start, stop = int(index.start), int(index.start) + int(index.size)
+        except TypeError as e:
+          raise TypeError(f"a slice of {ty}'s grouped last axis needs a static start") from e
+        if start % group or stop % group or index.stride != 1:
+          raise TypeError(f"slice {start}:{stop} of {ty}'s last axis splits quantization "
+                          f"groups of size {group}")
+
+
+def split_transforms(transforms: Sequence, components: Sequence[Axes]) -> list[tuple]:
+  """Per component, the transforms restricted to its axes."""
+  return [tuple(_component_indexer(t, axes) for t in transforms) for axes in components]
+
+
+def ref_get_abstract_eval(ty, ref_aval, args, tree, *, components, structural, group,
+                          raise_ty: Callable):
+  """The hi type read through ``ref_aval`` with the flattened index ``args`` (``get``'s rule)."""
+  import jax
+  transforms = jax.tree.unflatten(tree, args)
+  check_index(str(ty), transforms, structural, group, write=False)
+  avals, effects = [], set()
+  for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, components)):
+    flat, t = jax.tree.flatten(ts)
+    aval, eff = _jax.ref_get_p.abstract_eval(ref_aval.update(inner_aval=lo), *flat, tree=t)
+    avals.append(aval)
+    effects |= set(eff)
+  return raise_ty(avals), effects
+
+
+def ref_swap_abstract_eval(ty, ref_aval, val_aval, args, tree, *, components, structural,
+                           group, raise_ty: Callable):
+  """``swap``'s rule: the old value's hi type; the value must have the indexed type."""
+  import jax
+  transforms = jax.tree.unflatten(tree, args)
+  check_index(str(ty), transforms, structural, group, write=True)
+  check_whole_block(ty)
+  out, _ = ref_get_abstract_eval(ty, ref_aval, args, tree, components=components,
+                                 structural=structural, group=group, raise_ty=raise_ty)
+  if type(val_aval) is not type(out) or val_aval.lo_ty() != out.lo_ty():
+    raise TypeError(f"writing {val_aval} to a ref of {ty} at {transforms[-1].indices}: the "
+                    f"indexed ref holds {out}")
+  effects = set()
+  for lo, lo_val, ts in zip(ty.lo_ty(), val_aval.lo_ty(), split_transforms(transforms, components)):
+    flat, t = jax.tree.flatten(ts)
+    _, eff = _jax.ref_swap_p.abstract_eval(ref_aval.update(inner_aval=lo), lo_val, *flat, tree=t)
+    effects |= set(eff)
+  return out, effects
+
+
+def check_whole_block(ty) -> None:
+  """Raises ``TypeError`` when ``ty`` is a result's block that splits an axis a write must cover.
+
+  Pallas gives a result's block type the array's dense type with the block's
+  shape (``update(shape=...)``); hxmlir notes the array's shape on it, so a
+  kernel writing a ``q8`` block of half a row is refused rather than leaving
+  the other half with a wrong scale.
+  """
+  whole = getattr(ty, "_pallas_array_shape", None)
+  if whole is None:
+    return
+  for a in getattr(ty, "_pallas_structural", ()):
+    if whole[a] != ty.shape[a]:
+      raise TypeError(f"writing a {ty} block of a result of dense shape {whole}: the "
+                      f"block splits axis {a} ({ty.shape[a]} of {whole[a]}), "
+                      "which one scale or factor spans; make the result's block hold the "
+                      "whole axis")
+
+
+def note_block_of(block_ty, array_shape, structural: Axes):
+  """``block_ty`` (a block of an array of dense ``array_shape``) marked for :func:`check_whole_block`."""
+  object.__setattr__(block_ty, "_pallas_array_shape", tuple(array_shape))
+  object.__setattr__(block_ty, "_pallas_structural", tuple(structural))
+  return block_ty
+
+
+def ref_get(ty, ref, idx, components) -> object:
+  """``ref[idx]`` of a hi ref (``ref``: a ``TransformedRef`` of it): each component indexed."""
+  import jax
+  lo_refs = ty.lower_val(ref.ref._refs)
+  outs = []
+  for lo_ref, ts in zip(lo_refs, split_transforms((*ref.transforms, idx), components)):
+    flat, t = jax.tree.flatten(ts)
+    outs.append(_jax.ref_get_p.bind(lo_ref, *flat, tree=t))
+  return ty.raise_val(*outs)
+
+
+def ref_swap(ty, ref, val, idx, components) -> object:
+  """``ref[idx] = val`` of a hi ref, returning the old value: each component swapped."""
+  import jax
+  lo_refs = ty.lower_val(ref.ref._refs)
+  lo_vals = jax.typeof(val).lower_val(val)
+  outs = []
+  for lo_ref, lo_val, ts in zip(lo_refs, lo_vals,
+                                split_transforms((*ref.transforms, idx), components)):
+    flat, t = jax.tree.flatten(ts)
+    outs.append(_jax.ref_swap_p.bind(lo_ref, lo_val, *flat, tree=t))
+  return ty.raise_val(*outs)
+
+
+def transform_type(ty, idx, components, structural, group, raise_ty: Callable):
+  """The hi type of ``ref.at[idx]`` for a ref of ``ty`` (JAX's ``transform_ndindexer``)."""
+  check_index(str(ty), (idx,), structural, group, write=False)
+  return raise_ty([t.transform_type(lo) for lo, (t,)
+                   in zip(ty.lo_ty(), split_transforms((idx,), components))])

@@ -1,0 +1,209 @@
+"""Hi types inside Pallas kernels: ``q8``, ``r1`` and ``Tup`` operands and results of ``pl.pallas_call``.
+
+Kernels run in interpret mode on CPU. Data are chosen so every result is exact
+in f32 (integer values, power-of-two scales, short sums of small integers), so
+results are compared for equality with numpy references computed from the
+components; the lowering tests export for ``tpu`` and ``cuda`` from this CPU
+machine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+import hxmlir as hx
+from hxmlir import pallas as hx_pallas
+
+
+def _q8(rng, shape):
+  """A q8 of integer values in [-127, 127] and power-of-two scales, with its dense numpy value."""
+  q = rng.integers(-127, 128, shape).astype(np.int8)
+  s = (2.0 ** rng.integers(-4, 3, shape[:-1])).astype(np.float32)
+  return hx.make_qarray(jnp.asarray(q), jnp.asarray(s)), q, s
+
+
+def _dense(q, s):
+  return q.astype(np.float32) * s[..., None]
+
+
+def _call(kernel, out_shape, in_specs, out_specs, grid, **kw):
+  return pl.pallas_call(kernel, out_shape=out_shape, in_specs=in_specs, out_specs=out_specs,
+                        grid=grid, interpret=True, **kw)
+
+
+def _dequantize_twice(q_ref, o_ref):
+  o_ref[...] = hx.dequantize(q_ref[...]) * 2
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_issue_example_exact(jit):
+  rng = np.random.default_rng(0)
+  qw, q, s = _q8(rng, (16, 256))
+  call = _call(_dequantize_twice, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+               [pl.BlockSpec((8, 256), lambda i: (i, 0))],
+               pl.BlockSpec((8, 256), lambda i: (i, 0)), (2,))
+  out = (jax.jit(call) if jit else call)(qw)
+  np.testing.assert_array_equal(np.asarray(out), _dense(q, s) * 2)
+
+
+def test_issue_example_from_quantize():
+  qw = hx.quantize(jnp.ones((16, 256)))
+  out = _call(_dequantize_twice, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+              [pl.BlockSpec((8, 256), lambda i: (i, 0))],
+              pl.BlockSpec((8, 256), lambda i: (i, 0)), (2,))(qw)
+  np.testing.assert_array_equal(np.asarray(out), np.full((16, 256), 2, np.float32))
+
+
+def test_grid_splits_quantized_axis():
+  # a 2-D grid: blocks of 8 rows x 128 of the 256 quantized columns; each
+  # block's scale block is its 8 rows' scales
+  rng = np.random.default_rng(1)
+  qw, q, s = _q8(rng, (16, 256))
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  out = _call(_dequantize_twice, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec], spec,
+              (2, 2))(qw)
+  np.testing.assert_array_equal(np.asarray(out), _dense(q, s) * 2)
+
+
+def test_slices_of_a_q8_ref_are_q8():
+  rng = np.random.default_rng(2)
+  qw, q, s = _q8(rng, (16, 256))
+
+  def kernel(q_ref, o_ref):
+    left = q_ref[:, 0:128]               # a q8[8,128]: the rows' scales, half the columns
+    top = q_ref.at[0:4][:, 128:256]      # a view, then an index
+    o_ref[:, 0:128] = hx.dequantize(left)
+    o_ref[0:4, 128:256] = hx.dequantize(top)
+    o_ref[4:8, 128:256] = jnp.zeros((4, 128), jnp.float32)
+
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+              [pl.BlockSpec((8, 256), lambda i: (i, 0))],
+              pl.BlockSpec((8, 256), lambda i: (i, 0)), (2,))(qw)
+  want = _dense(q, s)
+  want[4:8, 128:] = 0
+  want[12:16, 128:] = 0
+  np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_q8_result_quantize_in_kernel():
+  # per-row quantization is row-local: blocks of whole rows give hx.quantize's result
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.standard_normal((16, 256)).astype(np.float32))
+
+  def kernel(x_ref, q_ref):
+    q_ref[...] = hx.quantize(x_ref[...])
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  out_ty = jax.typeof(hx.quantize(x))
+  got = _call(kernel, out_ty, [spec], spec, (2,))(x)
+  want = hx.quantize(x)
+  assert jax.typeof(got) == out_ty
+  np.testing.assert_array_equal(np.asarray(got.qvalue), np.asarray(want.qvalue))
+  np.testing.assert_array_equal(np.asarray(got.scale), np.asarray(want.scale))
+
+
+def test_matmul_q_in_kernel():
+  rng = np.random.default_rng(4)
+  qw, q, s = _q8(rng, (32, 256))
+  x = rng.integers(-3, 4, (16, 32)).astype(np.float32)
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+              [pl.BlockSpec((8, 32), lambda i, j: (i, 0)),
+               pl.BlockSpec((32, 128), lambda i, j: (0, j))],
+              pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), qw)
+  np.testing.assert_array_equal(np.asarray(out), x @ _dense(q, s))
+
+
+def test_input_output_aliases_q8():
+  rng = np.random.default_rng(5)
+  qw, q, s = _q8(rng, (16, 256))
+
+  def kernel(q_ref, o_ref):
+    v = q_ref[...]
+    o_ref[...] = hx.make_qarray(v.qvalue, v.scale * 2)
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  got = jax.jit(_call(kernel, jax.typeof(qw), [spec], spec, (2,),
+                      input_output_aliases={0: 0}))(qw)
+  np.testing.assert_array_equal(np.asarray(got.qvalue), q)
+  np.testing.assert_array_equal(np.asarray(got.scale), s * 2)
+
+
+# --- errors: named types, blocks and the way out ------------------------------
+
+def test_block_squeezing_the_quantized_axis_is_a_type_error():
+  qw, _, _ = _q8(np.random.default_rng(6), (16, 256))
+  with pytest.raises(TypeError, match=r"q8\[16,256\] block .* squeezes the quantized"):
+    _call(lambda q_ref, o_ref: None, jax.ShapeDtypeStruct((16,), jnp.float32),
+          [pl.BlockSpec((16, pl.squeezed), lambda i: (0, i))],
+          pl.BlockSpec((16,), lambda i: (0,)), (256,))(qw)
+
+
+def test_integer_index_on_quantized_axis_is_a_type_error():
+  qw, _, _ = _q8(np.random.default_rng(7), (16, 256))
+
+  def kernel(q_ref, o_ref):
+    o_ref[...] = hx.dequantize(q_ref[:, 3])
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  with pytest.raises(TypeError, match=r"integer on axis 1 leaves no q8; slice it"):
+    _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec], spec, (2,))(qw)
+
+
+def test_writing_part_of_a_row_is_a_type_error():
+  x = jnp.ones((16, 256), jnp.float32)
+
+  def kernel(x_ref, q_ref):
+    q_ref[:, 0:128] = hx.quantize(x_ref[:, 0:128])
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  with pytest.raises(TypeError, match=r"writing a q8\[8,256\] through index .* covers part of "
+                                      r"axis 1"):
+    _call(kernel, jax.typeof(hx.quantize(x)), [spec], spec, (2,))(x)
+
+
+def test_result_block_splitting_rows_is_a_type_error():
+  x = jnp.ones((16, 256), jnp.float32)
+
+  def kernel(x_ref, q_ref):
+    q_ref[...] = hx.quantize(x_ref[...])
+
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  with pytest.raises(TypeError, match=r"result of dense shape \(16, 256\): the block splits "
+                                      r"axis 1 \(128 of 256\)"):
+    _call(kernel, jax.typeof(hx.quantize(x)), [spec], spec, (2, 2))(x)
+
+
+def test_wrong_value_type_written_is_a_type_error():
+  x = jnp.ones((16, 256), jnp.float32)
+
+  def kernel(x_ref, q_ref):
+    q_ref[:, :] = hx.quantize(x_ref[0:4, :])
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  with pytest.raises(TypeError, match=r"writing q8\[4,256\] to a ref of q8\[8,256\]"):
+    _call(kernel, jax.typeof(hx.quantize(x)), [spec], spec, (2,))(x)
+
+
+@pytest.mark.parametrize("block, ok", [((8, 128), True), ((8, 256), True), ((8, 96), False),
+                                       ((8, 32), True), ((8, 48), False)])
+def test_group_alignment_check(block, ok):
+  # today's q8 has one scale per row (group None: any block is whole); a grouped
+  # format (g elements per scale) passes its g -- here 32
+  hx_pallas.check_whole_groups("q8[16,256]", block, None)
+  check = functools.partial(hx_pallas.check_whole_groups, "q4g32[16,256]", block, 32)
+  if ok:
+    check()
+  else:
+    with pytest.raises(TypeError, match=rf"q4g32\[16,256\] block \(8, {block[1]}\) splits "
+                                        r"quantization groups of size 32"):
+      check()
