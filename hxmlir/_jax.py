@@ -215,3 +215,15 @@ def activate_pallas_kernel_rules() -> None:
     _triton_lowering.triton_lowering_rules.setdefault(
         prim, _triton_lowering.lower_fun(fn, multiple_results=prim.multiple_results))
     _pallas_kernel_rules_active.add(prim)
+
+
+def pallas_block_origin() -> str | None:
+  """The origin (``"outputs[0]"``, ``"x_ref"``...) of the Pallas block mapping being lowered
+  to lo blocks (``BlockMapping.to_lojax``), read off the Python stack; ``None`` elsewhere."""
+  from jax._src.pallas import core as _pallas_core
+  f = _sys._getframe(1)
+  while f is not None:
+    if f.f_code is _pallas_core.BlockMapping.to_lojax.__code__:
+      return f.f_locals["self"].origin
+    f = f.f_back
+  return None

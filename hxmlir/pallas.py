@@ -58,28 +58,46 @@ def check_whole_groups(ty: str, block_shape: Sequence, group: int | None) -> Non
   """Raises ``TypeError`` unless the block's last dim holds whole quantization groups.
 
   ``ty`` names the type (``q8[16,256]``), ``block_shape`` is the dense block
-  (``(8, 96)``), ``group`` the elements per scale (``None``: per row, any block
-  holds whole rows' worth of scales). A squeezed last dim is an error for
-  every format: it would leave a value without its quantized axis.
+  (``(8, 96)``), ``group`` the elements per scale (``None``: one scale per row,
+  which any block holds whole). The block dim must be a ``pl.Blocked`` size
+  (or an int) that ``group`` divides, so every block starts on a group.
   """
-  last = block_shape[-1] if block_shape else None
+  if group is None:
+    return
+  last = block_shape[-1]
   size = _block_dim_size(last)
-  if size is None:
-    raise TypeError(f"a {ty} block {tuple(block_shape)} squeezes the quantized (last) axis; "
-                    "keep it as a block dim (for one element, a block of size 1)")
-  if group is not None and (not isinstance(size, int) or size % group
-                            or type(last).__name__ not in ("int", "Blocked")):
+  if (not isinstance(size, int) or size % group
+      or not (isinstance(last, int) or type(last).__name__ == "Blocked")):
     raise TypeError(f"a {ty} block {tuple(block_shape)} splits quantization groups of "
                     f"size {group} along the last axis; make its last block dim a multiple "
                     f"of {group} (pl.Blocked or an int)")
 
 
-def check_structural_blocks(ty: str, block_shape: Sequence, structural: Axes) -> None:
-  """Raises ``TypeError`` when the block squeezes an axis some component lacks (``r1``'s ``m``, ``n``)."""
+def lower_block_spec(ty, block_spec, *, components, structural, group, raise_ty) -> list:
+  """The type's ``lower_block_spec``: checks the dense block, then one spec per component.
+
+  Raises ``TypeError`` naming the array's type and the block when the block
+  squeezes a ``structural`` axis, when a result's block splits one (each
+  program would write the shared scale or factor with its own part's value),
+  or when it splits quantization groups (:func:`check_whole_groups`).
+  """
+  del raise_ty
+  name, bs = array_name(ty), tuple(block_spec.block_shape)
   for a in structural:
-    if _block_dim_size(block_shape[a]) is None:
-      raise TypeError(f"a {ty} block {tuple(block_shape)} squeezes axis {a}, which the "
-                      "type's structure needs; keep it as a block dim (size 1 for one element)")
+    if _block_dim_size(bs[a]) is None:
+      raise TypeError(f"a {name} block {bs} squeezes axis {a}, which one scale or factor "
+                      "spans; keep it as a block dim (size 1 for one element)")
+  check_whole_groups(name, bs, group)
+  whole = getattr(ty, "_pallas_array_shape", None)
+  origin = _jax.pallas_block_origin() or ""
+  if whole is not None and origin.startswith("outputs"):
+    for a in structural:
+      if _block_dim_size(bs[a]) != whole[a]:
+        raise TypeError(f"the block {bs} of result {name} splits axis {a} "
+                        f"({_block_dim_size(bs[a])} of {whole[a]}), which one scale or factor "
+                        "spans, so each program would write it with its own part's value; "
+                        "make the result's block hold the whole axis")
+  return component_block_specs(block_spec, components)
 
 
 def component_block_specs(block_spec, components: Sequence[Axes]) -> list:
@@ -168,7 +186,6 @@ def ref_swap_abstract_eval(ty, ref_aval, val_aval, args, tree, *, components, st
   import jax
   transforms = jax.tree.unflatten(tree, args)
   check_index(str(ty), transforms, structural, group, write=True)
-  check_whole_block(ty)
   out, _ = ref_get_abstract_eval(ty, ref_aval, args, tree, components=components,
                                  structural=structural, group=group, raise_ty=raise_ty)
   if type(val_aval) is not type(out) or val_aval.lo_ty() != out.lo_ty():
@@ -182,29 +199,15 @@ def ref_swap_abstract_eval(ty, ref_aval, val_aval, args, tree, *, components, st
   return out, effects
 
 
-def check_whole_block(ty) -> None:
-  """Raises ``TypeError`` when ``ty`` is a result's block that splits an axis a write must cover.
+def note_block_of(block_ty, array_shape):
+  """``block_ty``, a block of an array of dense ``array_shape``, noting that shape.
 
-  Pallas gives a result's block type the array's dense type with the block's
-  shape (``update(shape=...)``); hxmlir notes the array's shape on it, so a
-  kernel writing a ``q8`` block of half a row is refused rather than leaving
-  the other half with a wrong scale.
+  Pallas makes a block's type with the array type's ``update(shape=...)`` and
+  then asks the block type to lower its ``BlockSpec``: the note lets that
+  check a result's block against the whole array and name the array in errors.
+  It is not part of the type (equality and hashing ignore it).
   """
-  whole = getattr(ty, "_pallas_array_shape", None)
-  if whole is None:
-    return
-  for a in getattr(ty, "_pallas_structural", ()):
-    if whole[a] != ty.shape[a]:
-      raise TypeError(f"writing a {ty} block of a result of dense shape {whole}: the "
-                      f"block splits axis {a} ({ty.shape[a]} of {whole[a]}), "
-                      "which one scale or factor spans; make the result's block hold the "
-                      "whole axis")
-
-
-def note_block_of(block_ty, array_shape, structural: Axes):
-  """``block_ty`` (a block of an array of dense ``array_shape``) marked for :func:`check_whole_block`."""
   object.__setattr__(block_ty, "_pallas_array_shape", tuple(array_shape))
-  object.__setattr__(block_ty, "_pallas_structural", tuple(structural))
   return block_ty
 
 

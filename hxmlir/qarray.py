@@ -253,9 +253,10 @@ class QArrayTy(HiType):
   QUANT_GROUP = None
   """Elements per scale along the last axis: ``None``, one scale per row."""
 
-  def _pallas_layout(self) -> dict:
-    # values have every dense axis, the scale every axis but the quantized one
-    r = len(self.shape)
+  def _pallas_layout(self, rank: int | None = None) -> dict:
+    # values have every dense axis, the scale every axis but the quantized one;
+    # a BlockSpec has the array's rank (a block type lacks its squeezed axes)
+    r = len(self.shape) if rank is None else rank
     return dict(components=(tuple(range(r)), tuple(range(r - 1))), structural=(r - 1,),
                 group=self.QUANT_GROUP, raise_ty=self._pallas_raise_ty)
 
@@ -270,17 +271,18 @@ class QArrayTy(HiType):
     if shape is None:
       return self
     blk = self._pallas_raise_ty([ShapedArray(tuple(shape), I8)])
-    return pallas.note_block_of(blk, self.shape, self._pallas_layout()["structural"])
+    return pallas.note_block_of(blk, self.shape)
 
   def lower_block_spec(self, block_spec) -> list:
     """``pl.BlockSpec`` over the dense shape -> specs of ``(values, scale)``: the scale follows the rows.
 
     Raises ``TypeError`` naming the type and block when the block squeezes the
-    quantized axis or (grouped formats) splits a quantization group.
+    quantized axis, when a result's block splits it (a row has one scale), or
+    (grouped formats) when a block splits a quantization group.
     """
     from hxmlir import pallas
-    pallas.check_whole_groups(pallas.array_name(self), block_spec.block_shape, self.QUANT_GROUP)
-    return pallas.component_block_specs(block_spec, self._pallas_layout()["components"])
+    return pallas.lower_block_spec(self, block_spec,
+                                   **self._pallas_layout(len(block_spec.block_shape)))
 
   def ref_get_abstract_eval(self, ref_aval, *args, tree):
     from hxmlir import pallas
