@@ -55,8 +55,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from hxmlir import targets
-from hxmlir.lowering import reference
+from hxmlir import _jax, targets
+from hxmlir.lowering import reference, rules
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -237,3 +237,12 @@ for _platform in ("cuda", "rocm", "tpu"):
   mlir.register_lowering(hx_matmul_q_p,
                          functools.partial(lower_matmul_q_accelerator, platform=_platform),
                          platform=_platform)
+
+
+# --- hxmlir's lo primitives inside Pallas kernels ------------------------------
+# A kernel over hi refs (hxmlir.pallas) calls hx.dequantize, hx.matmul_q, ...:
+# inside a Mosaic or Triton kernel each lo primitive lowers as its reference
+# semantics, the composite's decomposition, written inline (Pallas has no
+# composites). Registered with Pallas when a hi type first meets pallas_call.
+for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
+  _jax.add_pallas_kernel_rule(_prim, _ref)
