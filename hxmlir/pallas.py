@@ -32,7 +32,7 @@ type first meets ``pallas_call``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from hxmlir import _jax
 
@@ -73,7 +73,7 @@ def check_whole_groups(ty: str, block_shape: Sequence, group: int | None) -> Non
                     f"of {group} (pl.Blocked or an int)")
 
 
-def lower_block_spec(ty, block_spec, *, components, structural, group, raise_ty) -> list:
+def _lower_block_spec(ty, block_spec, *, components, structural, group) -> list:
   """The type's ``lower_block_spec``: checks the dense block, then one spec per component.
 
   Raises ``TypeError`` naming the array's type and the block when the block
@@ -81,7 +81,6 @@ def lower_block_spec(ty, block_spec, *, components, structural, group, raise_ty)
   program would write the shared scale or factor with its own part's value),
   or when it splits quantization groups (:func:`check_whole_groups`).
   """
-  del raise_ty
   name, bs = array_name(ty), tuple(block_spec.block_shape)
   for a in structural:
     if _block_dim_size(bs[a]) is None:
@@ -165,8 +164,15 @@ def split_transforms(transforms: Sequence, components: Sequence[Axes]) -> list[t
   return [tuple(_component_indexer(t, axes) for t in transforms) for axes in components]
 
 
-def ref_get_abstract_eval(ty, ref_aval, args, tree, *, components, structural, group,
-                          raise_ty: Callable):
+def _dense_shape(avals, components: Sequence[Axes]) -> tuple[int, ...]:
+  """The dense shape whose component shapes are ``avals``' (each dense axis read off a component)."""
+  dims: dict[int, int] = {}
+  for aval, axes in zip(avals, components):
+    dims.update(zip(axes, aval.shape))
+  return tuple(dims[a] for a in range(len(dims)))
+
+
+def ref_get_abstract_eval(ty, ref_aval, args, tree, *, components, structural, group):
   """The hi type read through ``ref_aval`` with the flattened index ``args`` (``get``'s rule)."""
   import jax
   transforms = jax.tree.unflatten(tree, args)
@@ -177,17 +183,17 @@ def ref_get_abstract_eval(ty, ref_aval, args, tree, *, components, structural, g
     aval, eff = _jax.ref_get_p.abstract_eval(ref_aval.update(inner_aval=lo), *flat, tree=t)
     avals.append(aval)
     effects |= set(eff)
-  return raise_ty(avals), effects
+  return ty._pallas_block_ty(_dense_shape(avals, components)), effects
 
 
 def ref_swap_abstract_eval(ty, ref_aval, val_aval, args, tree, *, components, structural,
-                           group, raise_ty: Callable):
+                           group):
   """``swap``'s rule: the old value's hi type; the value must have the indexed type."""
   import jax
   transforms = jax.tree.unflatten(tree, args)
   check_index(str(ty), transforms, structural, group, write=True)
   out, _ = ref_get_abstract_eval(ty, ref_aval, args, tree, components=components,
-                                 structural=structural, group=group, raise_ty=raise_ty)
+                                 structural=structural, group=group)
   if type(val_aval) is not type(out) or val_aval.lo_ty() != out.lo_ty():
     raise TypeError(f"writing {val_aval} to a ref of {ty} at {transforms[-1].indices}: the "
                     f"indexed ref holds {out}")
@@ -235,8 +241,57 @@ def ref_swap(ty, ref, val, idx, components) -> object:
   return ty.raise_val(*outs)
 
 
-def transform_type(ty, idx, components, structural, group, raise_ty: Callable):
-  """The hi type of ``ref.at[idx]`` for a ref of ``ty`` (JAX's ``transform_ndindexer``)."""
+def _transform_type(ty, idx, components, structural, group):
   check_index(str(ty), (idx,), structural, group, write=False)
-  return raise_ty([t.transform_type(lo) for lo, (t,)
-                   in zip(ty.lo_ty(), split_transforms((idx,), components))])
+  avals = [t.transform_type(lo) for lo, (t,) in zip(ty.lo_ty(), split_transforms((idx,), components))]
+  return ty._pallas_block_ty(_dense_shape(avals, components))
+
+
+# --- the methods JAX's Pallas calls on a hi type ------------------------------
+# Each hi type assigns these in its class body and defines
+# ``_pallas_layout(rank=None) -> dict(components=, structural=, group=)`` and
+# ``_pallas_block_ty(shape)`` (its unsharded type of dense ``shape``).
+
+def update(self, shape=None, **_):
+  """The type of a block of dense ``shape`` of an array of this type (Pallas' ``aval.update``)."""
+  if shape is None:
+    return self
+  return note_block_of(self._pallas_block_ty(tuple(shape)), self.shape)
+
+
+def lower_block_spec(self, block_spec) -> list:
+  """``pl.BlockSpec`` over the dense shape -> one spec per lo component.
+
+  A component's block takes the dense block's dims on its axes and the index
+  map's block indices there (a ``q8``'s scale block follows the rows).
+  Raises ``TypeError`` naming the array's type and the block when the block
+  squeezes an axis a scale or factor spans, when a result's block splits such
+  an axis, or when it splits quantization groups.
+  """
+  layout = self._pallas_layout(len(block_spec.block_shape))
+  return _lower_block_spec(self, block_spec, **layout)
+
+
+def ref_get_abstract_eval_method(self, ref_aval, *args, tree):
+  """Type of ``ref[idx]`` for a ref of this type: this type, indexed (a slice of a ``q8`` is a ``q8``)."""
+  return ref_get_abstract_eval(self, ref_aval, args, tree, **self._pallas_layout())
+
+
+def ref_swap_abstract_eval_method(self, ref_aval, val_aval, *args, tree):
+  """Type of ``ref[idx] = v``'s old value; ``v`` must have the indexed type."""
+  return ref_swap_abstract_eval(self, ref_aval, val_aval, args, tree, **self._pallas_layout())
+
+
+def ref_get_to_lojax(self, ref, idx):
+  """``ref[idx]`` on the components: each indexed on its axes."""
+  return ref_get(self, ref, idx, self._pallas_layout()["components"])
+
+
+def ref_swap_to_lojax(self, ref, val, idx):
+  """``ref[idx] = val`` on the components: each swapped on its axes."""
+  return ref_swap(self, ref, val, idx, self._pallas_layout()["components"])
+
+
+def transform_ndindexer(self, idx):
+  """The type of ``ref.at[idx]`` for a ref of this type."""
+  return _transform_type(self, idx, **self._pallas_layout())

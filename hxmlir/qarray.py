@@ -33,6 +33,7 @@ from jax.experimental.hijax import (
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hxmlir import _jax
+from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
@@ -249,7 +250,7 @@ class QArrayTy(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
-  # Pallas: a q8 operand or result of pl.pallas_call (see hxmlir.pallas)
+  # Pallas: a q8 operand or result of pl.pallas_call (hxmlir.pallas)
   QUANT_GROUP = None
   """Elements per scale along the last axis: ``None``, one scale per row."""
 
@@ -258,52 +259,19 @@ class QArrayTy(HiType):
     # a BlockSpec has the array's rank (a block type lacks its squeezed axes)
     r = len(self.shape) if rank is None else rank
     return dict(components=(tuple(range(r)), tuple(range(r - 1))), structural=(r - 1,),
-                group=self.QUANT_GROUP, raise_ty=self._pallas_raise_ty)
+                group=self.QUANT_GROUP)
 
-  def _pallas_raise_ty(self, lo_avals) -> QArrayTy:
-    """The q8 type whose components have ``lo_avals`` (a block or an indexed ref: unsharded)."""
-    shape = tuple(lo_avals[0].shape)
-    return QArrayTy(shape, shd.with_partitions(self.sharding, (None,) * len(shape)), self.mat)
+  def _pallas_block_ty(self, shape) -> QArrayTy:
+    return QArrayTy(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
+                    self.mat)
 
-  def update(self, shape=None, **_) -> QArrayTy:
-    """This type with dense shape ``shape``: Pallas' type for a block of a q8 array."""
-    from hxmlir import pallas
-    if shape is None:
-      return self
-    blk = self._pallas_raise_ty([ShapedArray(tuple(shape), I8)])
-    return pallas.note_block_of(blk, self.shape)
-
-  def lower_block_spec(self, block_spec) -> list:
-    """``pl.BlockSpec`` over the dense shape -> specs of ``(values, scale)``: the scale follows the rows.
-
-    Raises ``TypeError`` naming the type and block when the block squeezes the
-    quantized axis, when a result's block splits it (a row has one scale), or
-    (grouped formats) when a block splits a quantization group.
-    """
-    from hxmlir import pallas
-    return pallas.lower_block_spec(self, block_spec,
-                                   **self._pallas_layout(len(block_spec.block_shape)))
-
-  def ref_get_abstract_eval(self, ref_aval, *args, tree):
-    from hxmlir import pallas
-    return pallas.ref_get_abstract_eval(self, ref_aval, args, tree, **self._pallas_layout())
-
-  def ref_swap_abstract_eval(self, ref_aval, val_aval, *args, tree):
-    from hxmlir import pallas
-    return pallas.ref_swap_abstract_eval(self, ref_aval, val_aval, args, tree,
-                                         **self._pallas_layout())
-
-  def ref_get_to_lojax(self, ref, idx):
-    from hxmlir import pallas
-    return pallas.ref_get(self, ref, idx, self._pallas_layout()["components"])
-
-  def ref_swap_to_lojax(self, ref, val, idx):
-    from hxmlir import pallas
-    return pallas.ref_swap(self, ref, val, idx, self._pallas_layout()["components"])
-
-  def transform_ndindexer(self, idx) -> QArrayTy:
-    from hxmlir import pallas
-    return pallas.transform_type(self, idx, **self._pallas_layout())
+  update = hx_pallas.update
+  lower_block_spec = hx_pallas.lower_block_spec
+  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval_method
+  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval_method
+  ref_get_to_lojax = hx_pallas.ref_get_to_lojax
+  ref_swap_to_lojax = hx_pallas.ref_swap_to_lojax
+  transform_ndindexer = hx_pallas.transform_ndindexer
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:

@@ -208,3 +208,54 @@ def test_group_alignment_check(block, ok):
     with pytest.raises(TypeError, match=rf"q4g32\[16,256\] block \(8, {block[1]}\) splits "
                                         r"quantization groups of size 32"):
       check()
+
+
+# --- r1 -------------------------------------------------------------------------
+
+def _r1(rng, m, n):
+  col = rng.integers(-8, 9, m).astype(np.float32)
+  row = rng.integers(-8, 9, n).astype(np.float32)
+  return hx.outer(jnp.asarray(col), jnp.asarray(row)), col, row
+
+
+def test_r1_operand_blocks_split_both_axes():
+  # a block (8, 128) of r1[16,256]: col block (8,), row block (128,)
+  r1, col, row = _r1(np.random.default_rng(10), 16, 256)
+
+  def kernel(r_ref, o_ref):
+    c, r = hx.factors(r_ref[...])
+    o_ref[...] = c[:, None] * r[None, :]
+
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec], spec, (2, 2))(r1)
+  np.testing.assert_array_equal(np.asarray(out), np.outer(col, row))
+
+
+def test_r1_result_and_slices():
+  _, col, row = _r1(np.random.default_rng(11), 16, 256)
+
+  def kernel(c_ref, r_ref, o_ref, top_ref):
+    o_ref[...] = hx.outer(c_ref[...], r_ref[...])
+    top = hx.factors(o_ref[0:4, :])      # reading a slice of an r1 ref back
+    top_ref[...] = top[0][:, None] * top[1][None, :]
+
+  got, top = pl.pallas_call(
+      kernel, out_shape=(jax.typeof(hx.outer(jnp.asarray(col), jnp.asarray(row))),
+                         jax.ShapeDtypeStruct((4, 256), jnp.float32)),
+      interpret=True)(jnp.asarray(col), jnp.asarray(row))
+  c, r = hx.factors(got)
+  np.testing.assert_array_equal(np.asarray(c), col)
+  np.testing.assert_array_equal(np.asarray(r), row)
+  np.testing.assert_array_equal(np.asarray(top), np.outer(col[:4], row))
+
+
+def test_r1_result_block_splitting_an_axis_is_a_type_error():
+  r1, _, _ = _r1(np.random.default_rng(12), 16, 256)
+
+  def kernel(r_ref, o_ref):
+    o_ref[...] = r_ref[...]
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  with pytest.raises(TypeError, match=r"block .* of result r1\[16,256\] splits axis 0 "
+                                      r"\(8 of 16\)"):
+    _call(kernel, jax.typeof(r1), [spec], spec, (2,))(r1)
