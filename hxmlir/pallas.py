@@ -172,39 +172,6 @@ def _dense_shape(avals, components: Sequence[Axes]) -> tuple[int, ...]:
   return tuple(dims[a] for a in range(len(dims)))
 
 
-def ref_get_abstract_eval(ty, ref_aval, args, tree, *, components, structural, group):
-  """The hi type read through ``ref_aval`` with the flattened index ``args`` (``get``'s rule)."""
-  import jax
-  transforms = jax.tree.unflatten(tree, args)
-  check_index(str(ty), transforms, structural, group, write=False)
-  avals, effects = [], set()
-  for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, components)):
-    flat, t = jax.tree.flatten(ts)
-    aval, eff = _jax.ref_get_p.abstract_eval(ref_aval.update(inner_aval=lo), *flat, tree=t)
-    avals.append(aval)
-    effects |= set(eff)
-  return ty._pallas_block_ty(_dense_shape(avals, components)), effects
-
-
-def ref_swap_abstract_eval(ty, ref_aval, val_aval, args, tree, *, components, structural,
-                           group):
-  """``swap``'s rule: the old value's hi type; the value must have the indexed type."""
-  import jax
-  transforms = jax.tree.unflatten(tree, args)
-  check_index(str(ty), transforms, structural, group, write=True)
-  out, _ = ref_get_abstract_eval(ty, ref_aval, args, tree, components=components,
-                                 structural=structural, group=group)
-  if type(val_aval) is not type(out) or val_aval.lo_ty() != out.lo_ty():
-    raise TypeError(f"writing {val_aval} to a ref of {ty} at {transforms[-1].indices}: the "
-                    f"indexed ref holds {out}")
-  effects = set()
-  for lo, lo_val, ts in zip(ty.lo_ty(), val_aval.lo_ty(), split_transforms(transforms, components)):
-    flat, t = jax.tree.flatten(ts)
-    _, eff = _jax.ref_swap_p.abstract_eval(ref_aval.update(inner_aval=lo), lo_val, *flat, tree=t)
-    effects |= set(eff)
-  return out, effects
-
-
 def note_block_of(block_ty, array_shape):
   """``block_ty``, a block of an array of dense ``array_shape``, noting that shape.
 
@@ -217,45 +184,64 @@ def note_block_of(block_ty, array_shape):
   return block_ty
 
 
-def ref_get(ty, ref, idx, components) -> object:
-  """``ref[idx]`` of a hi ref (``ref``: a ``TransformedRef`` of it): each component indexed."""
+# --- one walk over a (possibly nested) hi type: Tup elements, or components ----
+# ``ty`` is a lo array type, a Tup (``ty.tys``), or a type with ``_pallas_layout``.
+
+def _is_tup(ty) -> bool:
+  return hasattr(ty, "tys")
+
+
+def _flat(transforms):
   import jax
-  lo_refs = ty.lower_val(ref.ref._refs)
-  outs = []
-  for lo_ref, ts in zip(lo_refs, split_transforms((*ref.transforms, idx), components)):
-    flat, t = jax.tree.flatten(ts)
-    outs.append(_jax.ref_get_p.bind(lo_ref, *flat, tree=t))
-  return ty.raise_val(*outs)
+  return jax.tree.flatten(tuple(transforms))
 
 
-def ref_swap(ty, ref, val, idx, components) -> object:
-  """``ref[idx] = val`` of a hi ref, returning the old value: each component swapped."""
-  import jax
-  lo_refs = ty.lower_val(ref.ref._refs)
-  lo_vals = jax.typeof(val).lower_val(val)
-  outs = []
-  for lo_ref, lo_val, ts in zip(lo_refs, lo_vals,
-                                split_transforms((*ref.transforms, idx), components)):
-    flat, t = jax.tree.flatten(ts)
-    outs.append(_jax.ref_swap_p.bind(lo_ref, lo_val, *flat, tree=t))
-  return ty.raise_val(*outs)
+def _read_type(ty, ref_aval, transforms, effects: set, write: bool):
+  """The type read through a ref of ``ty`` with ``transforms``; adds the read effects."""
+  if not ty.is_high:
+    flat, tree = _flat(transforms)
+    aval, eff = _jax.ref_get_p.abstract_eval(ref_aval.update(inner_aval=ty), *flat, tree=tree)
+    effects |= set(eff)
+    return aval
+  if _is_tup(ty):
+    return type(ty)(tuple(_read_type(t, ref_aval, transforms, effects, write) for t in ty.tys))
+  layout = ty._pallas_layout()
+  check_index(str(ty), transforms, layout["structural"], layout["group"], write=write)
+  avals = [_read_type(lo, ref_aval, ts, effects, write)
+           for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, layout["components"]))]
+  return ty._pallas_block_ty(_dense_shape(avals, layout["components"]))
 
 
-def _transform_type(ty, idx, components, structural, group):
-  check_index(str(ty), (idx,), structural, group, write=False)
-  avals = [t.transform_type(lo) for lo, (t,) in zip(ty.lo_ty(), split_transforms((idx,), components))]
-  return ty._pallas_block_ty(_dense_shape(avals, components))
+def _type_leaves(ty, transforms):
+  """``(lo type, its transforms)`` for every lo array of ``ty``, in ``lo_ty`` order."""
+  return _leaves(ty, None, transforms, types=True)
+
+
+def _leaves(ty, refs, transforms, types: bool = False):
+  """``(lo ref, its transforms)`` for every lo array under a hi ref's value ``refs``."""
+  if not ty.is_high:
+    return [(ty if types else refs, tuple(transforms))]
+  if _is_tup(ty):
+    elts = ty.tys if types else refs.elts
+    return [leaf for t, e in zip(ty.tys, elts) for leaf in _leaves(t, e, transforms, types)]
+  components = ty._pallas_layout()["components"]
+  parts = ty.lo_ty() if types else ty.lower_val(refs)
+  return [leaf for lo, r, ts in zip(ty.lo_ty(), parts, split_transforms(transforms, components))
+          for leaf in _leaves(lo, r, ts, types)]
 
 
 # --- the methods JAX's Pallas calls on a hi type ------------------------------
-# Each hi type assigns these in its class body and defines
+# q8 and r1 assign these in their class bodies and define
 # ``_pallas_layout(rank=None) -> dict(components=, structural=, group=)`` and
-# ``_pallas_block_ty(shape)`` (its unsharded type of dense ``shape``).
+# ``_pallas_block_ty(shape)`` (their unsharded type of dense ``shape``); a Tup
+# applies them to each element.
 
 def update(self, shape=None, **_):
   """The type of a block of dense ``shape`` of an array of this type (Pallas' ``aval.update``)."""
   if shape is None:
     return self
+  if _is_tup(self):
+    return type(self)(tuple(t.update(shape=shape) for t in self.tys))
   return note_block_of(self._pallas_block_ty(tuple(shape)), self.shape)
 
 
@@ -263,35 +249,74 @@ def lower_block_spec(self, block_spec) -> list:
   """``pl.BlockSpec`` over the dense shape -> one spec per lo component.
 
   A component's block takes the dense block's dims on its axes and the index
-  map's block indices there (a ``q8``'s scale block follows the rows).
-  Raises ``TypeError`` naming the array's type and the block when the block
-  squeezes an axis a scale or factor spans, when a result's block splits such
-  an axis, or when it splits quantization groups.
+  map's block indices there (a ``q8``'s scale block follows the rows); a Tup's
+  block spec applies to each element. Raises ``TypeError`` naming the array's
+  type and the block when the block squeezes an axis a scale or factor spans,
+  when a result's block splits such an axis, or when it splits quantization
+  groups.
   """
+  if _is_tup(self):
+    return [lo for t in self.tys
+            for lo in (t.lower_block_spec(block_spec) if t.is_high else [block_spec])]
   layout = self._pallas_layout(len(block_spec.block_shape))
   return _lower_block_spec(self, block_spec, **layout)
 
 
-def ref_get_abstract_eval_method(self, ref_aval, *args, tree):
+def ref_get_abstract_eval(self, ref_aval, *args, tree):
   """Type of ``ref[idx]`` for a ref of this type: this type, indexed (a slice of a ``q8`` is a ``q8``)."""
-  return ref_get_abstract_eval(self, ref_aval, args, tree, **self._pallas_layout())
+  import jax
+  effects: set = set()
+  return _read_type(self, ref_aval, jax.tree.unflatten(tree, args), effects, False), effects
 
 
-def ref_swap_abstract_eval_method(self, ref_aval, val_aval, *args, tree):
+def ref_swap_abstract_eval(self, ref_aval, val_aval, *args, tree):
   """Type of ``ref[idx] = v``'s old value; ``v`` must have the indexed type."""
-  return ref_swap_abstract_eval(self, ref_aval, val_aval, args, tree, **self._pallas_layout())
+  import jax
+  transforms = jax.tree.unflatten(tree, args)
+  effects: set = set()
+  out = _read_type(self, ref_aval, transforms, effects, True)
+  if not _jax.typematch(val_aval, out):
+    raise TypeError(f"writing {val_aval} to a ref of {self} at {transforms[-1].indices}: the "
+                    f"indexed ref holds {out}")
+  # every component's write has the same effect (a write to operand 0): take the first's
+  lo_ty, ts = _type_leaves(self, transforms)[0]
+  flat, tree = _flat(ts)
+  lo_ref = ref_aval.update(inner_aval=lo_ty)
+  lo_val, _ = _jax.ref_get_p.abstract_eval(lo_ref, *flat, tree=tree)
+  _, write_effects = _jax.ref_swap_p.abstract_eval(lo_ref, lo_val, *flat, tree=tree)
+  return out, write_effects
 
 
 def ref_get_to_lojax(self, ref, idx):
-  """``ref[idx]`` on the components: each indexed on its axes."""
-  return ref_get(self, ref, idx, self._pallas_layout()["components"])
+  """``ref[idx]`` on the components: each lo array indexed on its axes."""
+  leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
+  outs = []
+  for lo_ref, ts in leaves:
+    flat, tree = _flat(ts)
+    outs.append(_jax.ref_get_p.bind(lo_ref, *flat, tree=tree))
+  return self.raise_val(*outs)
 
 
 def ref_swap_to_lojax(self, ref, val, idx):
-  """``ref[idx] = val`` on the components: each swapped on its axes."""
-  return ref_swap(self, ref, val, idx, self._pallas_layout()["components"])
+  """``ref[idx] = val`` on the components: each lo array swapped on its axes."""
+  import jax
+  leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
+  outs = []
+  val_ty = jax.typeof(val)
+  for (lo_ref, ts), lo_val in zip(leaves, val_ty.lower_val(val)):
+    flat, tree = _flat(ts)
+    outs.append(_jax.ref_swap_p.bind(lo_ref, lo_val, *flat, tree=tree))
+  return val_ty.raise_val(*outs)
 
 
 def transform_ndindexer(self, idx):
-  """The type of ``ref.at[idx]`` for a ref of this type."""
-  return _transform_type(self, idx, **self._pallas_layout())
+  """The type of ``ref.at[idx]`` for a ref of this type (reads are checked when they happen)."""
+  from jax.experimental.hijax import ShapedArray
+  if _is_tup(self):
+    return type(self)(tuple(t.transform_ndindexer(idx) if t.is_high
+                            else idx.transform_type(t) for t in self.tys))
+  layout = self._pallas_layout()
+  check_index(str(self), (idx,), layout["structural"], layout["group"], write=False)
+  avals = [t.transform_type(ShapedArray(lo.shape, lo.dtype)) for lo, (t,)
+           in zip(self.lo_ty(), split_transforms((idx,), layout["components"]))]
+  return self._pallas_block_ty(_dense_shape(avals, layout["components"]))

@@ -249,8 +249,8 @@ class Rank1Ty(HiType):
 
   update = hx_pallas.update
   lower_block_spec = hx_pallas.lower_block_spec
-  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval_method
-  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval_method
+  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval
+  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval
   ref_get_to_lojax = hx_pallas.ref_get_to_lojax
   ref_swap_to_lojax = hx_pallas.ref_swap_to_lojax
   transform_ndindexer = hx_pallas.transform_ndindexer

@@ -259,3 +259,55 @@ def test_r1_result_block_splitting_an_axis_is_a_type_error():
   with pytest.raises(TypeError, match=r"block .* of result r1\[16,256\] splits axis 0 "
                                       r"\(8 of 16\)"):
     _call(kernel, jax.typeof(r1), [spec], spec, (2,))(r1)
+
+
+# --- Tup ------------------------------------------------------------------------
+
+def test_tup_operand_of_array_and_q8():
+  # one block spec over the shared dense shape, applied to every element
+  rng = np.random.default_rng(20)
+  qw, q, s = _q8(rng, (16, 256))
+  x = rng.integers(-4, 5, (16, 256)).astype(np.float32)
+  tup = hx.make_tup(jnp.asarray(x), qw)
+
+  def kernel(t_ref, o_ref, top_ref):
+    t = t_ref[...]
+    o_ref[...] = hx.get_tuple_element(t, 0) * hx.dequantize(hx.get_tuple_element(t, 1))
+    head = t_ref[0:4, :]                  # a slice of a Tup ref is a Tup of slices
+    top_ref[...] = hx.dequantize(hx.get_tuple_element(head, 1))
+
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  out, top = _call(kernel, (jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                            jax.ShapeDtypeStruct((8, 256), jnp.float32)),
+                   [spec], (spec, pl.BlockSpec((4, 128), lambda i, j: (i, j))), (2, 2))(tup)
+  np.testing.assert_array_equal(np.asarray(out), x * _dense(q, s))
+  np.testing.assert_array_equal(np.asarray(top), _dense(q, s)[[0, 1, 2, 3, 8, 9, 10, 11]])
+
+
+def test_tup_result_built_in_kernel():
+  rng = np.random.default_rng(21)
+  x = jnp.asarray(rng.standard_normal((16, 256)).astype(np.float32))
+
+  def kernel(x_ref, t_ref):
+    v = x_ref[...]
+    t_ref[...] = hx.make_tup(v * 2, hx.quantize(v))
+
+  out_ty = jax.typeof(hx.make_tup(x, hx.quantize(x)))
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  got = jax.jit(_call(kernel, out_ty, [spec], spec, (2,)))(x)
+  assert jax.typeof(got) == out_ty
+  want = hx.quantize(x)
+  np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 0)), np.asarray(x) * 2)
+  q = hx.get_tuple_element(got, 1)
+  np.testing.assert_array_equal(np.asarray(q.qvalue), np.asarray(want.qvalue))
+  np.testing.assert_array_equal(np.asarray(q.scale), np.asarray(want.scale))
+
+
+def test_tup_of_differently_shaped_elements_has_no_block():
+  tup = hx.make_tup(jnp.ones((8, 128)), jnp.ones((4,)))
+  assert not hasattr(jax.typeof(tup), "shape")
+  with pytest.raises(ValueError, match="Array type must have a `shape` attribute, but got "
+                                       ".*TupTy"):
+    _call(lambda t_ref, o_ref: None, jax.ShapeDtypeStruct((8, 128), jnp.float32),
+          [pl.BlockSpec((8, 128), lambda: (0, 0))], pl.BlockSpec((8, 128), lambda: (0, 0)),
+          ())(tup)
