@@ -311,3 +311,84 @@ def test_tup_of_differently_shaped_elements_has_no_block():
     _call(lambda t_ref, o_ref: None, jax.ShapeDtypeStruct((8, 128), jnp.float32),
           [pl.BlockSpec((8, 128), lambda: (0, 0))], pl.BlockSpec((8, 128), lambda: (0, 0)),
           ())(tup)
+
+
+# --- transformations ----------------------------------------------------------
+
+def test_vmap_over_dense_operand_with_unbatched_q8():
+  rng = np.random.default_rng(30)
+  qw, q, s = _q8(rng, (16, 256))
+  xs = rng.integers(-4, 5, (3, 16, 256)).astype(np.float32)
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = x_ref[...] * hx.dequantize(q_ref[...])
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  call = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec, spec], spec, (2,))
+  out = jax.jit(jax.vmap(lambda x: call(x, qw)))(jnp.asarray(xs))
+  np.testing.assert_array_equal(np.asarray(out), xs * _dense(q, s))
+
+
+def test_batched_q8_blocks_over_a_grid_axis():
+  # the way to run a kernel over a batch of q8 weights: a grid axis over the batch
+  rng = np.random.default_rng(31)
+  qw, q, s = _q8(rng, (3, 16, 256))
+  spec = pl.BlockSpec((None, 8, 256), lambda b, i: (b, i, 0))
+  out = _call(_dequantize_twice, jax.ShapeDtypeStruct((3, 16, 256), jnp.float32), [spec], spec,
+              (3, 2))(qw)
+  np.testing.assert_array_equal(np.asarray(out), _dense(q, s) * 2)
+
+
+# --- lowering for TPU (Mosaic) and GPU (Triton) from this CPU machine -----------
+
+def _user_kernel(q_ref, o_ref):
+  o_ref[...] = hx.dequantize(q_ref[...]) * 2
+
+
+def _triton_call(name):
+  from jax.experimental.pallas import triton as pltriton
+  spec = pl.BlockSpec((16, 256), lambda i: (i, 0))
+  return jax.jit(pl.pallas_call(_user_kernel, out_shape=jax.ShapeDtypeStruct((16, 256),
+                                                                           jnp.float32),
+                                in_specs=[spec], out_specs=spec, grid=(1,), name=name,
+                                compiler_params=pltriton.CompilerParams()))
+
+
+def test_gpu_export_registered_and_unregistered_user_kernels():
+  from hxmlir import targets
+  qw, _, _ = _q8(np.random.default_rng(40), (16, 256))
+  kernel = targets.register_kernel(targets.TRITON, "hx_test_pallas_hi", 1, ("cuda",),
+                                   owner="test")
+  hx.install()
+  try:
+    exp = jax.export.export(_triton_call("hx_test_pallas_hi_v1"), platforms=["cuda"])(qw)
+    text = exp.mlir_module()
+    assert 'name = "hx_test_pallas_hi_v1"' in text
+    # the q8 crosses the call as its components
+    assert "(tensor<16x256xi8>, tensor<16xf32>) -> tensor<16x256xf32>" in text
+    with pytest.raises(hx.VerificationError,
+                       match=r"(?s)kernel 'mine' is not registered.*hxmlir.targets.register_kernel"):
+      jax.export.export(_triton_call("mine"), platforms=["cuda"])(qw)
+  finally:
+    hx.uninstall()
+    targets.unregister_kernel(kernel)
+
+
+def test_tpu_export_of_a_q8_kernel():
+  # Mosaic tiles the scale's blocks like any array's: here f32[16, 128] scale blocks
+  # of (8, 128), as the Pallas TPU lowering requires of every block's last two dims
+  qw = hx.make_qarray(jnp.ones((16, 128, 256), jnp.int8), jnp.ones((16, 128), jnp.float32))
+  x = jnp.ones((16, 8, 128), jnp.float32)
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 8, 256), jnp.float32),
+                        in_specs=[pl.BlockSpec((8, 8, 128), lambda i: (i, 0, 0)),
+                                  pl.BlockSpec((8, 128, 256), lambda i: (i, 0, 0))],
+                        out_specs=pl.BlockSpec((8, 8, 256), lambda i: (i, 0, 0)), grid=(2,))
+  exp = jax.export.export(jax.jit(call), platforms=["tpu"])(x, qw)
+  text = exp.mlir_module()
+  assert "stablehlo.custom_call @tpu_custom_call" in text
+  assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128xf32>) -> "
+          "tensor<16x8x256xf32>") in text
