@@ -231,10 +231,10 @@ def _leaves(ty, refs, transforms, types: bool = False):
 
 
 # --- the methods JAX's Pallas calls on a hi type ------------------------------
-# q8 and r1 assign these in their class bodies and define
+# register_type adds them to q8 and r1, which define
 # ``_pallas_layout(rank=None) -> dict(components=, structural=, group=)`` and
-# ``_pallas_block_ty(shape)`` (their unsharded type of dense ``shape``); a Tup
-# applies them to each element.
+# ``_pallas_block_ty(shape)`` (their unsharded type of dense ``shape``), and to
+# Tup, which applies them to each element.
 
 def update(self, shape=None, **_):
   """The type of a block of dense ``shape`` of an array of this type (Pallas' ``aval.update``)."""
@@ -320,3 +320,17 @@ def transform_ndindexer(self, idx):
   avals = [t.transform_type(ShapedArray(lo.shape, lo.dtype)) for lo, (t,)
            in zip(self.lo_ty(), split_transforms((idx,), layout["components"]))]
   return self._pallas_block_ty(_dense_shape(avals, layout["components"]))
+
+
+def register_type(ty: type) -> None:
+  """Makes hi type ``ty`` an operand and result type of ``pl.pallas_call``.
+
+  Adds the methods JAX's Pallas and ref primitives call (``update``,
+  ``lower_block_spec``, ``ref_get_abstract_eval``, ``ref_swap_abstract_eval``,
+  ``ref_get_to_lojax``, ``ref_swap_to_lojax``, ``transform_ndindexer``) and
+  registers ``ty`` with JAX's indexing (``ref.at[...]`` of its refs).
+  """
+  for f in (update, lower_block_spec, ref_get_abstract_eval, ref_swap_abstract_eval,
+            ref_get_to_lojax, ref_swap_to_lojax, transform_ndindexer):
+    setattr(ty, f.__name__, f)
+  _jax.register_indexer_transform_type(ty)

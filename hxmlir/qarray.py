@@ -250,7 +250,8 @@ class QArrayTy(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
-  # Pallas: a q8 operand or result of pl.pallas_call (hxmlir.pallas)
+  # Pallas: a q8 operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class)
   QUANT_GROUP = None
   """Elements per scale along the last axis: ``None``, one scale per row."""
 
@@ -264,14 +265,6 @@ class QArrayTy(HiType):
   def _pallas_block_ty(self, shape) -> QArrayTy:
     return QArrayTy(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
                     self.mat)
-
-  update = hx_pallas.update
-  lower_block_spec = hx_pallas.lower_block_spec
-  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval
-  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval
-  ref_get_to_lojax = hx_pallas.ref_get_to_lojax
-  ref_swap_to_lojax = hx_pallas.ref_swap_to_lojax
-  transform_ndindexer = hx_pallas.transform_ndindexer
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
@@ -296,7 +289,7 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
 
 
 register_hitype(QArray, _typeof_qarray)
-_jax.register_indexer_transform_type(QArrayTy)
+hx_pallas.register_type(QArrayTy)
 
 
 def _check_dense_f32(op: str, aval, min_rank: int) -> None:

@@ -235,7 +235,8 @@ class Rank1Ty(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
-  # Pallas: an r1 operand or result of pl.pallas_call (hxmlir.pallas)
+  # Pallas: an r1 operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class)
   def _pallas_layout(self, rank: int | None = None) -> dict:
     # col has the (*b, m) axes, row the (*b, n) axes; a BlockSpec has the array's
     # rank (a block type lacks its squeezed axes)
@@ -246,14 +247,6 @@ class Rank1Ty(HiType):
   def _pallas_block_ty(self, shape) -> Rank1Ty:
     return Rank1Ty(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
                    self.col_mat, self.row_mat)
-
-  update = hx_pallas.update
-  lower_block_spec = hx_pallas.lower_block_spec
-  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval
-  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval
-  ref_get_to_lojax = hx_pallas.ref_get_to_lojax
-  ref_swap_to_lojax = hx_pallas.ref_swap_to_lojax
-  transform_ndindexer = hx_pallas.transform_ndindexer
 
 
 def _typeof_rank1(r: Rank1) -> Rank1Ty:
@@ -271,7 +264,7 @@ def _typeof_rank1(r: Rank1) -> Rank1Ty:
 
 
 register_hitype(Rank1, _typeof_rank1)
-_jax.register_indexer_transform_type(Rank1Ty)
+hx_pallas.register_type(Rank1Ty)
 
 
 def _is_f32_vector_stack(aval) -> bool:

@@ -20,7 +20,6 @@ import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, Zero, register_hitype
 from jax.sharding import PartitionSpec
 
-from hxmlir import _jax
 from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import MappingSpec, mapped_aval, typematch, unmapped_aval
@@ -198,31 +197,23 @@ class TupTy(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
-  # Pallas: a Tup operand or result of pl.pallas_call (hxmlir.pallas). Pallas'
+  # Pallas: a Tup operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class). Pallas'
   # BlockSpec is written over one dense shape: a Tup whose elements share theirs
   # has it, and its block spec applies to every element.
   @property
   def shape(self) -> tuple[int, ...]:
     """The dense shape every element has; ``AttributeError`` when they differ (or have none)."""
-    shapes = {tuple(getattr(ty, "shape", ())) if hasattr(ty, "shape") else None
-              for ty in self.tys}
+    shapes = {tuple(ty.shape) if hasattr(ty, "shape") else None for ty in self.tys}
     if len(shapes) != 1 or None in shapes:
       raise AttributeError(f"{self} has no dense shape: its elements' shapes differ, so "
                            "pl.pallas_call cannot block it; pass its elements as operands")
     return shapes.pop()
 
-  update = hx_pallas.update
-  lower_block_spec = hx_pallas.lower_block_spec
-  ref_get_abstract_eval = hx_pallas.ref_get_abstract_eval
-  ref_swap_abstract_eval = hx_pallas.ref_swap_abstract_eval
-  ref_get_to_lojax = hx_pallas.ref_get_to_lojax
-  ref_swap_to_lojax = hx_pallas.ref_swap_to_lojax
-  transform_ndindexer = hx_pallas.transform_ndindexer
-
 
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
                 TupTy(tuple(jax.typeof(e) for e in t.elts)))
-_jax.register_indexer_transform_type(TupTy)
+hx_pallas.register_type(TupTy)
 
 
 def _add(ty, a, b):
