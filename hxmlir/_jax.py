@@ -186,13 +186,14 @@ _pallas_kernel_rules: dict = {}
 _pallas_kernel_rules_active: set = set()
 
 
-def add_pallas_kernel_rule(prim, fn) -> None:
-  """Records that ``prim`` lowers inside Pallas kernels as the traceable function ``fn``.
+def add_pallas_kernel_rule(prim, fn, triton_fn=None) -> None:
+  """Records that ``prim`` lowers inside Pallas kernels as the traceable function ``fn``
+  (``triton_fn`` in Triton kernels, when given).
 
   Registered into Pallas' Mosaic TPU and Triton kernel lowerings by
   :func:`activate_pallas_kernel_rules` (importing those lowerings costs about a
   second, so it happens when a hi type first meets ``pallas_call``)."""
-  _pallas_kernel_rules[prim] = fn
+  _pallas_kernel_rules[prim] = (fn, triton_fn or fn)
   _pallas_kernel_rules_active.discard(prim)
 
 
@@ -209,11 +210,11 @@ def activate_pallas_kernel_rules() -> None:
   from jax._src.pallas.mosaic import core as _tpu_core
   from jax._src.pallas.mosaic import lowering as _tpu_lowering
   from jax._src.pallas.triton import lowering as _triton_lowering
-  for prim, fn in pending.items():
+  for prim, (fn, triton_fn) in pending.items():
     for kernel_type in _tpu_core.CoreType:
       _tpu_lowering.lowering_rules[kernel_type].setdefault(prim, _tpu_lowering.lower_fun(fn))
     _triton_lowering.triton_lowering_rules.setdefault(
-        prim, _triton_lowering.lower_fun(fn, multiple_results=prim.multiple_results))
+        prim, _triton_lowering.lower_fun(triton_fn, multiple_results=prim.multiple_results))
     _pallas_kernel_rules_active.add(prim)
 
 

@@ -20,14 +20,16 @@ share, described per type by
   its own scale would rescale the other half).
 * ``group``: elements per scale along the last axis (``None``: one scale per
   row, today's only ``q8`` format). A block or slice along a grouped axis must
-  hold whole groups (:func:`check_whole_groups`); a grouped format passes its
-  ``g`` and maps the group axis in ``components``.
+  hold whole groups (:func:`check_whole_groups`, :func:`check_index`). A
+  grouped format (scale ``f32[*l, n // g]``) passes its ``g``; what it adds
+  here is its scale's last block dim and index, the dense ones divided by
+  ``g`` (in :func:`component_block_specs` and ``_component_indexer``).
 
 Each component's block takes the dense block's entries on its axes and the
 index map's block indices on those axes: the scale's block follows the rows.
 Inside kernels hxmlir's lo primitives lower as their reference semantics
-(:func:`hxmlir._jax.activate_pallas_kernel_rules`, called here when a hi
-type first meets ``pallas_call``).
+(:func:`use_in_kernels`, called here when a hi type first meets
+``pallas_call``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ Axes = tuple[int, ...]
 
 def _block_dim_size(d):
   """The size of one block dim (``int``, ``pl.Blocked``, ``pl.Element``, ...); ``None`` when squeezed."""
-  if d is None or type(d).__name__ == "Squeezed":
+  from jax.experimental import pallas as pl
+  if d is None or isinstance(d, pl.Squeezed):
     return None
   return getattr(d, "block_size", d)
 
@@ -64,10 +67,10 @@ def check_whole_groups(ty: str, block_shape: Sequence, group: int | None) -> Non
   """
   if group is None:
     return
+  from jax.experimental import pallas as pl
   last = block_shape[-1]
   size = _block_dim_size(last)
-  if (not isinstance(size, int) or size % group
-      or not (isinstance(last, int) or type(last).__name__ == "Blocked")):
+  if not isinstance(last, (int, pl.Blocked)) or size % group:
     raise TypeError(f"a {ty} block {tuple(block_shape)} splits quantization groups of "
                     f"size {group} along the last axis; make its last block dim a multiple "
                     f"of {group} (pl.Blocked or an int)")
@@ -99,10 +102,23 @@ def _lower_block_spec(ty, block_spec, *, components, structural, group) -> list:
   return component_block_specs(block_spec, components)
 
 
+def use_in_kernels() -> None:
+  """Lets ``hx.*`` ops lower inside Pallas TPU (Mosaic) and GPU (Triton) kernels.
+
+  Each of hxmlir's lo primitives then lowers in a kernel as its reference
+  code (``hxmlir.lowering.reference``), as if written inline. Done
+  automatically when a ``q8``/``r1``/``Tup`` is an operand or result of
+  ``pl.pallas_call``; a kernel that uses ``hx.*`` ops on dense operands only
+  needs this call once before it is lowered for TPU or GPU (interpret mode
+  needs nothing). Idempotent; imports Pallas' TPU and Triton lowerings.
+  """
+  _jax.activate_pallas_kernel_rules()
+
+
 def component_block_specs(block_spec, components: Sequence[Axes]) -> list:
   """One ``pl.BlockSpec`` per component: its axes' block dims and block indices."""
   from jax.experimental import pallas as pl
-  _jax.activate_pallas_kernel_rules()
+  use_in_kernels()
   out = []
   for axes in components:
     def index_map(*args, _axes=axes, _f=block_spec.index_map):

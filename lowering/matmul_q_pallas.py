@@ -52,13 +52,14 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.interpreters import mlir
 
 from hxmlir import _jax, targets
 from hxmlir.lowering import reference, rules
 from hxmlir.lowering.composite import lower_composite
-from hxmlir.lowering.primitives import hx_matmul_q_p
+from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
 
 KERNEL_NAME = "hx_matmul_q"
 KERNEL_VERSION = 1
@@ -244,5 +245,29 @@ for _platform in ("cuda", "rocm", "tpu"):
 # inside a Mosaic or Triton kernel each lo primitive lowers as its reference
 # semantics, the composite's decomposition, written inline (Pallas has no
 # composites). Registered with Pallas when a hi type first meets pallas_call.
+def _quantize_in_kernel(x, round_half_even=jnp.round):
+  # no generic reduce in Mosaic or Triton kernels: a max reduction of a
+  # non-empty block (NaN still propagates through max)
+  return reference.quantize_with_amax(x, jnp.max(jnp.abs(x), axis=-1), round_half_even)
+
+
+_ROUNDER = np.float32(1.5 * 2**23)
+
+
+def _round_half_even_by_addition(v):
+  """``round_half_even(v)`` for ``|v| < 2**22`` in f32 (Triton kernels have no ``round``).
+
+  Adding and subtracting ``1.5 * 2**23`` leaves no fraction bits, and IEEE
+  round-to-nearest-even does the rounding (quantize's ``|v| <= 127``).
+  """
+  return (v + _ROUNDER) - _ROUNDER
+
+
 for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
-  _jax.add_pallas_kernel_rule(_prim, _ref)
+  if _prim is hx_quantize_p:
+    _jax.add_pallas_kernel_rule(
+        _prim, _quantize_in_kernel,
+        triton_fn=functools.partial(_quantize_in_kernel,
+                                    round_half_even=_round_half_even_by_addition))
+  else:
+    _jax.add_pallas_kernel_rule(_prim, _ref)

@@ -392,3 +392,30 @@ def test_tpu_export_of_a_q8_kernel():
   assert "stablehlo.custom_call @tpu_custom_call" in text
   assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128xf32>) -> "
           "tensor<16x8x256xf32>") in text
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_dense_kernel_with_hx_ops_lowers_after_use_in_kernels(platform):
+  from jax.experimental.pallas import triton as pltriton
+
+  def kernel(x_ref, o_ref):                # fake quantization, dense in and out
+    o_ref[...] = hx.dequantize(hx.quantize(x_ref[...]))
+
+  params = pltriton.CompilerParams() if platform == "cuda" else None
+  f = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                             compiler_params=params))
+  hx_pallas.use_in_kernels()
+  text = f.trace(jnp.ones((16, 256), jnp.float32)).lower(
+      lowering_platforms=(platform,)).as_text()
+  target = "__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
+  assert f"stablehlo.custom_call @{target}" in text
+
+
+def test_triton_rounding_is_round_half_even():
+  # Triton kernels have no round: hx.quantize's rule there rounds by f32 addition
+  from hxmlir.lowering import matmul_q_pallas as mqp
+  v = np.concatenate([np.arange(-130, 130.25, 0.25, dtype=np.float32),
+                      np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(0)),
+                      np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(200))])
+  got = jax.jit(mqp._round_half_even_by_addition)(jnp.asarray(v))
+  np.testing.assert_array_equal(np.asarray(got), np.round(v))
