@@ -52,7 +52,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.interpreters import mlir
 
@@ -251,16 +250,16 @@ def _quantize_in_kernel(x, round_half_even=jnp.round):
   return reference.quantize_with_amax(x, jnp.max(jnp.abs(x), axis=-1), round_half_even)
 
 
-_ROUNDER = np.float32(1.5 * 2**23)
+def _round_half_even_by_floor(v):
+  """``round_half_even(v)`` for finite f32 ``|v| < 2**23`` with ``floor`` (Triton kernels have no ``round``).
 
-
-def _round_half_even_by_addition(v):
-  """``round_half_even(v)`` for ``|v| < 2**22`` in f32 (Triton kernels have no ``round``).
-
-  Adding and subtracting ``1.5 * 2**23`` leaves no fraction bits, and IEEE
-  round-to-nearest-even does the rounding (quantize's ``|v| <= 127``).
+  ``v - floor(v)`` is exact there; a fraction above 1/2 rounds up, exactly 1/2
+  rounds to the even neighbour.
   """
-  return (v + _ROUNDER) - _ROUNDER
+  f = jnp.floor(v)
+  frac = v - f
+  odd = (f - 2 * jnp.floor(f * 0.5)) == 1
+  return f + jnp.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0).astype(v.dtype)
 
 
 for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
@@ -268,6 +267,6 @@ for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
     _jax.add_pallas_kernel_rule(
         _prim, _quantize_in_kernel,
         triton_fn=functools.partial(_quantize_in_kernel,
-                                    round_half_even=_round_half_even_by_addition))
+                                    round_half_even=_round_half_even_by_floor))
   else:
     _jax.add_pallas_kernel_rule(_prim, _ref)

@@ -412,10 +412,10 @@ def test_dense_kernel_with_hx_ops_lowers_after_use_in_kernels(platform):
 
 
 def test_triton_rounding_is_round_half_even():
-  # Triton kernels have no round: hx.quantize's rule there rounds by f32 addition
+  # Triton kernels have no round: hx.quantize's rule there rounds with floor
   from hxmlir.lowering import matmul_q_pallas as mqp
   v = np.concatenate([np.arange(-130, 130.25, 0.25, dtype=np.float32),
                       np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(0)),
                       np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(200))])
-  got = jax.jit(mqp._round_half_even_by_addition)(jnp.asarray(v))
+  got = jax.jit(mqp._round_half_even_by_floor)(jnp.asarray(v))
   np.testing.assert_array_equal(np.asarray(got), np.round(v))
