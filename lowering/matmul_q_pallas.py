@@ -245,9 +245,15 @@ for _platform in ("cuda", "rocm", "tpu"):
 # semantics, the composite's decomposition, written inline (Pallas has no
 # composites). Registered with Pallas when a hi type first meets pallas_call.
 def _quantize_in_kernel(x, round_half_even=jnp.round):
-  # no generic reduce in Mosaic or Triton kernels: a max reduction of a
-  # non-empty block (NaN still propagates through max)
-  return reference.quantize_with_amax(x, jnp.max(jnp.abs(x), axis=-1), round_half_even)
+  """``reference.quantize`` in a kernel: no generic reduce there, and Triton's max drops NaN.
+
+  ``amax`` is a max reduction of the (never empty) block, made NaN for rows
+  holding a NaN or an infinity (counted with a sum), which the reference
+  turns into a NaN scale and zero values just as for its own ``amax``.
+  """
+  bad = jnp.sum(jnp.where(jnp.isfinite(x), 0.0, 1.0), axis=-1) > 0
+  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(x), axis=-1))
+  return reference.quantize_with_amax(x, amax, round_half_even)
 
 
 def _round_half_even_by_floor(v):

@@ -419,3 +419,22 @@ def test_triton_rounding_is_round_half_even():
                       np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(200))])
   got = jax.jit(mqp._round_half_even_by_floor)(jnp.asarray(v))
   np.testing.assert_array_equal(np.asarray(got), np.round(v))
+
+
+@pytest.mark.parametrize("flavour", ["mosaic", "triton"])
+def test_kernel_rule_of_quantize_equals_the_reference(flavour):
+  # what hx.quantize computes inside Mosaic / Triton kernels, run here as plain JAX
+  from hxmlir.lowering import matmul_q_pallas as mqp
+  from hxmlir.lowering import reference
+  rng = np.random.default_rng(50)
+  x = rng.standard_normal((8, 256)).astype(np.float32) * 10
+  x[1] = 0
+  x[2, 7] = np.nan
+  x[3, 9] = np.inf
+  x[4, :] = np.round(x[4, :]) + 0.5        # ties after scaling are rare; exact halves here
+  round_ = jnp.round if flavour == "mosaic" else mqp._round_half_even_by_floor
+  q, s = jax.jit(functools.partial(mqp._quantize_in_kernel, round_half_even=round_))(x)
+  q_ref, s_ref = jax.jit(reference.quantize)(x)
+  np.testing.assert_array_equal(np.asarray(q), np.asarray(q_ref))
+  np.testing.assert_array_equal(np.asarray(s), np.asarray(s_ref))
+  assert np.isnan(np.asarray(s)[[2, 3]]).all() and (np.asarray(q)[[2, 3]] == 0).all()
