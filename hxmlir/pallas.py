@@ -180,14 +180,6 @@ def split_transforms(transforms: Sequence, components: Sequence[Axes]) -> list[t
   return [tuple(_component_indexer(t, axes) for t in transforms) for axes in components]
 
 
-def _dense_shape(avals, components: Sequence[Axes]) -> tuple[int, ...]:
-  """The dense shape whose component shapes are ``avals``' (each dense axis read off a component)."""
-  dims: dict[int, int] = {}
-  for aval, axes in zip(avals, components):
-    dims.update(zip(axes, aval.shape))
-  return tuple(dims[a] for a in range(len(dims)))
-
-
 def note_block_of(block_ty, array_shape):
   """``block_ty``, a block of an array of dense ``array_shape``, noting that shape.
 
@@ -223,9 +215,9 @@ def _read_type(ty, ref_aval, transforms, effects: set, write: bool):
     return type(ty)(tuple(_read_type(t, ref_aval, transforms, effects, write) for t in ty.tys))
   layout = ty._pallas_layout()
   check_index(str(ty), transforms, layout["structural"], layout["group"], write=write)
-  avals = [_read_type(lo, ref_aval, ts, effects, write)
-           for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, layout["components"]))]
-  return ty._pallas_block_ty(_dense_shape(avals, layout["components"]))
+  for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, layout["components"])):
+    _read_type(lo, ref_aval, ts, effects, write)  # JAX's checks of each component's index
+  return ty._pallas_block_ty(transforms[-1].get_indexer_shape() if transforms else ty.shape)
 
 
 def _type_leaves(ty, transforms):
@@ -326,16 +318,13 @@ def ref_swap_to_lojax(self, ref, val, idx):
 
 
 def transform_ndindexer(self, idx):
-  """The type of ``ref.at[idx]`` for a ref of this type (reads are checked when they happen)."""
-  from jax.experimental.hijax import ShapedArray
+  """The type of ``ref.at[idx]`` for a ref of this type."""
   if _is_tup(self):
     return type(self)(tuple(t.transform_ndindexer(idx) if t.is_high
                             else idx.transform_type(t) for t in self.tys))
   layout = self._pallas_layout()
   check_index(str(self), (idx,), layout["structural"], layout["group"], write=False)
-  avals = [t.transform_type(ShapedArray(lo.shape, lo.dtype)) for lo, (t,)
-           in zip(self.lo_ty(), split_transforms((idx,), layout["components"]))]
-  return self._pallas_block_ty(_dense_shape(avals, layout["components"]))
+  return self._pallas_block_ty(idx.get_indexer_shape())
 
 
 def register_type(ty: type) -> None:

@@ -438,3 +438,19 @@ def test_kernel_rule_of_quantize_equals_the_reference(flavour):
   np.testing.assert_array_equal(np.asarray(q), np.asarray(q_ref))
   np.testing.assert_array_equal(np.asarray(s), np.asarray(s_ref))
   assert np.isnan(np.asarray(s)[[2, 3]]).all() and (np.asarray(q)[[2, 3]] == 0).all()
+
+
+def test_integer_index_on_batch_axes_of_q8_and_r1_refs():
+  rng = np.random.default_rng(60)
+  qw, q, s = _q8(rng, (2, 8, 128))
+  col = rng.integers(-4, 5, (2, 8)).astype(np.float32)
+  row = rng.integers(-4, 5, (2, 128)).astype(np.float32)
+  r1 = hx.outer(jnp.asarray(col), jnp.asarray(row))
+
+  def kernel(q_ref, r_ref, o_ref):
+    c, r = hx.factors(r_ref[1])               # r1[8,128]: batch 1
+    o_ref[...] = hx.dequantize(q_ref[1]) + c[:, None] * r[None, :]
+
+  out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       interpret=True)(qw, r1)
+  np.testing.assert_array_equal(np.asarray(out), _dense(q, s)[1] + np.outer(col[1], row[1]))
