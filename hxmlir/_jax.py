@@ -170,7 +170,6 @@ NDIndexer = _state_indexing.NDIndexer
 """A ref's index (``ref[0:8, :]``): ``indices`` per axis (``Slice`` or integer arrays)."""
 IndexSlice = _state_indexing.Slice
 AbstractRef = _state_types.AbstractRef
-TransformedRef = _state_types.TransformedRef
 ref_get_p = _state_primitives.get_p
 ref_swap_p = _state_primitives.swap_p
 
