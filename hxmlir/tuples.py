@@ -210,6 +210,15 @@ class TupTy(HiType):
                            "pl.pallas_call cannot block it; pass its elements as operands")
     return shapes.pop()
 
+  @property
+  def dtype(self):
+    """The dense dtype every element has (Pallas compares it for ``input_output_aliases``);
+    ``AttributeError`` when they differ."""
+    dtypes = {getattr(ty, "dtype", None) for ty in self.tys}
+    if len(dtypes) != 1 or None in dtypes:
+      raise AttributeError(f"{self} has no dense dtype: its elements' dtypes differ")
+    return dtypes.pop()
+
 
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
                 TupTy(tuple(jax.typeof(e) for e in t.elts)))

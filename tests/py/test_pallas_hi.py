@@ -454,3 +454,27 @@ def test_integer_index_on_batch_axes_of_q8_and_r1_refs():
   out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
                        interpret=True)(qw, r1)
   np.testing.assert_array_equal(np.asarray(out), _dense(q, s)[1] + np.outer(col[1], row[1]))
+
+
+def test_installed_interpret_mode_and_tup_aliasing():
+  # with hxmlir installed (passes, native CPU kernels) the kernel body's hx ops run
+  # through hxmlir's CPU lowering; a Tup operand aliased to its result
+  rng = np.random.default_rng(70)
+  qw, q, s = _q8(rng, (16, 256))
+  x = rng.integers(-4, 5, (16, 256)).astype(np.float32)
+  tup = hx.make_tup(jnp.asarray(x), qw)
+
+  def kernel(t_ref, o_ref):
+    t = t_ref[...]
+    v = hx.get_tuple_element(t, 1)
+    o_ref[...] = hx.make_tup(hx.get_tuple_element(t, 0) + hx.dequantize(v), v)
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  hx.install()
+  try:
+    got = jax.jit(_call(kernel, jax.typeof(tup), [spec], spec, (2,),
+                        input_output_aliases={0: 0}))(tup)
+  finally:
+    hx.uninstall()
+  np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 0)), x + _dense(q, s))
+  np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 1).qvalue), q)
