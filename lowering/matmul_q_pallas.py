@@ -42,6 +42,14 @@ loads with ``mask``/``other=0``); on TPU the Mosaic pipeline copies the valid
 part of an edge block and the rest of the tile is stale int8 data -- finite, and
 multiplied by the zero padding of ``x * s``, so it adds exact zeros (Pallas'
 documented edge-block behaviour; checked here in interpret mode only).
+
+Why over int8 and scale refs, not a ``q8`` ref (which ``pl.pallas_call``
+accepts, see :mod:`hxmlir.pallas`): the kernel pads the scales (never the
+weight) so stale rows of an edge weight tile meet zeros, masks its Triton
+loads on the int8 component, and its operands ``(x, s[b, 1, kp], q)`` are the
+calling convention of the registered ``hx_matmul_q_v1`` and of its back-compat
+artifacts. A ``q8`` of padded scales and unpadded values is not a type, and a
+``q8`` operand would change the custom call (a new kernel version).
 """
 
 from __future__ import annotations
