@@ -315,3 +315,71 @@ def scope_export_allow_list(extra) -> None:
 def unscope_export_allow_list() -> None:
   """Puts JAX's own allow-list back (idempotent)."""
   _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE = _JAX_STABLE
+
+
+# --- Pallas: hi types as operands and results of pl.pallas_call (hxmlir/pallas.py)
+from jax._src.state import indexing as _state_indexing  # noqa: E402
+from jax._src.state import primitives as _state_primitives  # noqa: E402
+from jax._src.state import types as _state_types  # noqa: E402
+
+NDIndexer = _state_indexing.NDIndexer
+"""A ref's index (``ref[0:8, :]``): ``indices`` per axis (``Slice`` or integer arrays)."""
+IndexSlice = _state_indexing.Slice
+AbstractRef = _state_types.AbstractRef
+ref_get_p = _state_primitives.get_p
+ref_swap_p = _state_primitives.swap_p
+
+
+def register_indexer_transform_type(ty: type) -> None:
+  """Lets JAX's ``NDIndexer.transform_type`` index hi type ``ty`` (``ty.transform_ndindexer``).
+
+  Pallas computes the type of ``ref.at[...]`` views and of reads through it."""
+  _state_indexing.indexer_transform_type_registry.add(ty)
+
+
+_pallas_kernel_rules: dict = {}
+_pallas_kernel_rules_active: set = set()
+
+
+def add_pallas_kernel_rule(prim, fn, triton_fn=None) -> None:
+  """Records that ``prim`` lowers inside Pallas kernels as the traceable function ``fn``
+  (``triton_fn`` in Triton kernels, when given).
+
+  Registered into Pallas' Mosaic TPU and Triton kernel lowerings by
+  :func:`activate_pallas_kernel_rules` (importing those lowerings costs about a
+  second, so it happens when a hi type first meets ``pallas_call``)."""
+  _pallas_kernel_rules[prim] = (fn, triton_fn or fn)
+  _pallas_kernel_rules_active.discard(prim)
+
+
+def activate_pallas_kernel_rules() -> None:
+  """Registers every recorded kernel rule with Pallas' Mosaic TPU and Triton lowerings.
+
+  Idempotent. Each rule is Pallas' own ``lower_fun`` of the recorded function
+  (the op's reference semantics in ``jax.numpy``/``lax``), so a kernel calling
+  ``hx.dequantize`` lowers as the kernel would with that code written inline.
+  Mosaic GPU is left out: its lowering needs packages this install lacks."""
+  pending = {p: f for p, f in _pallas_kernel_rules.items() if p not in _pallas_kernel_rules_active}
+  if not pending:
+    return
+  from jax._src.pallas.mosaic import core as _tpu_core
+  from jax._src.pallas.mosaic import lowering as _tpu_lowering
+  from jax._src.pallas.triton import lowering as _triton_lowering
+  for prim, (fn, triton_fn) in pending.items():
+    for kernel_type in _tpu_core.CoreType:
+      _tpu_lowering.lowering_rules[kernel_type].setdefault(prim, _tpu_lowering.lower_fun(fn))
+    _triton_lowering.triton_lowering_rules.setdefault(
+        prim, _triton_lowering.lower_fun(triton_fn, multiple_results=prim.multiple_results))
+    _pallas_kernel_rules_active.add(prim)
+
+
+def pallas_block_origin() -> str | None:
+  """The origin (``"outputs[0]"``, ``"x_ref"``...) of the Pallas block mapping being lowered
+  to lo blocks (``BlockMapping.to_lojax``), read off the Python stack; ``None`` elsewhere."""
+  from jax._src.pallas import core as _pallas_core
+  f = _sys._getframe(1)
+  while f is not None:
+    if f.f_code is _pallas_core.BlockMapping.to_lojax.__code__:
+      return f.f_locals["self"].origin
+    f = f.f_back
+  return None

@@ -32,6 +32,8 @@ from jax.experimental.hijax import (
 )
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hxmlir import _jax
+from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
@@ -230,9 +232,27 @@ class QArrayTy(DenseValuedType, HiType):
   def __str__(self) -> str:
     return self.str_short()
 
+  # Pallas: a q8 operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class)
+  QUANT_GROUP = None
+  """Elements per scale along the last axis: ``None``, one scale per row."""
+
+  def _pallas_layout(self, rank: int | None = None) -> dict:
+    # values have every dense axis, the scale every axis but the quantized one;
+    # a BlockSpec has the array's rank (a block type lacks its squeezed axes)
+    r = len(self.shape) if rank is None else rank
+    return dict(components=(tuple(range(r)), tuple(range(r - 1))), structural=(r - 1,),
+                group=self.QUANT_GROUP)
+
+  def _pallas_block_ty(self, shape) -> QArrayTy:
+    return QArrayTy(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
+                    self.mat)
+
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
   qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
+  if isinstance(qty, _jax.AbstractRef):  # the components of a q8 ref inside a Pallas kernel
+    return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)
   if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
     # JAX asks for the type of a value that is not a tracer (a QArray holding
     # traced components) when traced code hands it to a primitive or returns it:
@@ -251,6 +271,7 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
 
 
 register_hitype(QArray, _typeof_qarray)
+hx_pallas.register_type(QArrayTy)
 
 
 def _check_dense_f32(op: str, aval, min_rank: int) -> None:

@@ -19,6 +19,8 @@ import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, ShapedArray, Zero, register_hitype
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hxmlir import _jax
+from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.hiprim import (
@@ -210,9 +212,24 @@ class Rank1Ty(DenseValuedType, HiType):
   def __str__(self) -> str:
     return self.str_short()
 
+  # Pallas: an r1 operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class)
+  def _pallas_layout(self, rank: int | None = None) -> dict:
+    # col has the (*b, m) axes, row the (*b, n) axes; a BlockSpec has the array's
+    # rank (a block type lacks its squeezed axes)
+    r = len(self.shape) if rank is None else rank
+    return dict(components=(tuple(range(r - 1)), (*range(r - 2), r - 1)),
+                structural=(r - 2, r - 1), group=None)
+
+  def _pallas_block_ty(self, shape) -> Rank1Ty:
+    return Rank1Ty(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
+                   self.col_mat, self.row_mat)
+
 
 def _typeof_rank1(r: Rank1) -> Rank1Ty:
   ct, rt = jax.typeof(r.col), jax.typeof(r.row)
+  if isinstance(ct, _jax.AbstractRef):  # the factors of an r1 ref inside a Pallas kernel
+    return Rank1Ty(r.shape, ct.inner_aval.sharding.update(spec=PartitionSpec()))
   if not (_is_f32_vector_stack(ct) and _is_f32_vector_stack(rt)) or ct.shape[:-1] != rt.shape[:-1]:
     raise TypeError("hx.Rank1 needs col: f32[*b, m] and row: f32[*b, n], got "
                     f"col: {shd.short(ct)}, row: {shd.short(rt)}")
@@ -224,6 +241,7 @@ def _typeof_rank1(r: Rank1) -> Rank1Ty:
 
 
 register_hitype(Rank1, _typeof_rank1)
+hx_pallas.register_type(Rank1Ty)
 
 
 def _is_f32_vector_stack(aval) -> bool:

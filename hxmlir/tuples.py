@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, Zero, register_hitype
 from jax.sharding import PartitionSpec
 
+from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import MappingSpec, mapped_aval, typematch, unmapped_aval
 from hxmlir.hiprim import (
@@ -190,9 +191,32 @@ class TupTy(HiType):
   def __str__(self) -> str:
     return self.str_short()
 
+  # Pallas: a Tup operand or result of pl.pallas_call (hxmlir.pallas; its methods
+  # are added by hx_pallas.register_type below the class). Pallas'
+  # BlockSpec is written over one dense shape: a Tup whose elements share theirs
+  # has it, and its block spec applies to every element.
+  @property
+  def shape(self) -> tuple[int, ...]:
+    """The dense shape every element has; ``AttributeError`` when they differ (or have none)."""
+    shapes = {tuple(ty.shape) if hasattr(ty, "shape") else None for ty in self.tys}
+    if len(shapes) != 1 or None in shapes:
+      raise AttributeError(f"{self} has no dense shape: its elements' shapes differ, so "
+                           "pl.pallas_call cannot block it; pass its elements as operands")
+    return shapes.pop()
+
+  @property
+  def dtype(self):
+    """The dense dtype every element has (Pallas compares it for ``input_output_aliases``);
+    ``AttributeError`` when they differ."""
+    dtypes = {getattr(ty, "dtype", None) for ty in self.tys}
+    if len(dtypes) != 1 or None in dtypes:
+      raise AttributeError(f"{self} has no dense dtype: its elements' dtypes differ")
+    return dtypes.pop()
+
 
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
                 TupTy(tuple(jax.typeof(e) for e in t.elts)))
+hx_pallas.register_type(TupTy)
 
 
 def _add(ty, a, b):

@@ -42,6 +42,14 @@ loads with ``mask``/``other=0``); on TPU the Mosaic pipeline copies the valid
 part of an edge block and the rest of the tile is stale int8 data -- finite, and
 multiplied by the zero padding of ``x * s``, so it adds exact zeros (Pallas'
 documented edge-block behaviour; checked here in interpret mode only).
+
+Why over int8 and scale refs, not a ``q8`` ref (which ``pl.pallas_call``
+accepts, see :mod:`hxmlir.pallas`): the kernel pads the scales (never the
+weight) so stale rows of an edge weight tile meet zeros, masks its Triton
+loads on the int8 component, and its operands ``(x, s[b, 1, kp], q)`` are the
+calling convention of the registered ``hx_matmul_q_v1`` and of its back-compat
+artifacts. A ``q8`` of padded scales and unpadded values is not a type, and a
+``q8`` operand would change the custom call (a new kernel version).
 """
 
 from __future__ import annotations
@@ -54,11 +62,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from hxmlir import targets
+from hxmlir import _jax, targets
 from hxmlir.install_state import is_installed
-from hxmlir.lowering import reference, schema
+from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
-from hxmlir.lowering.primitives import hx_matmul_q_p
+from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
 
 KERNEL_NAME = "hx_matmul_q"
 KERNEL_VERSION = 1
@@ -235,3 +243,42 @@ for _platform in ("cuda", "rocm", "tpu"):
   mlir.register_lowering(hx_matmul_q_p,
                          functools.partial(lower_matmul_q_accelerator, platform=_platform),
                          platform=_platform)
+
+
+# --- hxmlir's lo primitives inside Pallas kernels ------------------------------
+# A kernel over hi refs (hxmlir.pallas) calls hx.dequantize, hx.matmul_q, ...:
+# inside a Mosaic or Triton kernel each lo primitive lowers as its reference
+# semantics, the composite's decomposition, written inline (Pallas has no
+# composites). Registered with Pallas when a hi type first meets pallas_call.
+def _quantize_in_kernel(x, round_half_even=jnp.round):
+  """``reference.quantize`` in a kernel: no generic reduce there, and Triton's max drops NaN.
+
+  ``amax`` is a max reduction of the (never empty) block, made NaN for rows
+  holding a NaN or an infinity (counted with a sum), which the reference
+  turns into a NaN scale and zero values just as for its own ``amax``.
+  """
+  bad = jnp.sum(jnp.where(jnp.isfinite(x), 0.0, 1.0), axis=-1) > 0
+  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(x), axis=-1))
+  return reference.quantize_with_amax(x, amax, round_half_even)
+
+
+def _round_half_even_by_floor(v):
+  """``round_half_even(v)`` for finite f32 ``|v| < 2**23`` with ``floor`` (Triton kernels have no ``round``).
+
+  ``v - floor(v)`` is exact there; a fraction above 1/2 rounds up, exactly 1/2
+  rounds to the even neighbour.
+  """
+  f = jnp.floor(v)
+  frac = v - f
+  odd = (f - 2 * jnp.floor(f * 0.5)) == 1
+  return f + jnp.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0).astype(v.dtype)
+
+
+for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
+  if _prim is hx_quantize_p:
+    _jax.add_pallas_kernel_rule(
+        _prim, _quantize_in_kernel,
+        triton_fn=functools.partial(_quantize_in_kernel,
+                                    round_half_even=_round_half_even_by_floor))
+  else:
+    _jax.add_pallas_kernel_rule(_prim, _ref)

@@ -30,10 +30,20 @@ def quantize(x):
   all-zero rows: the maximum starts from 0 (``|x| >= 0``, and NaN still wins).
   """
   amax = lax.reduce(jnp.abs(x), np.float32(0), lax.max, (x.ndim - 1,))
+  return quantize_with_amax(x, amax)
+
+
+def quantize_with_amax(x, amax, round_half_even=jnp.round):
+  """:func:`quantize` given each row's ``amax = max|row|`` (``f32[*lead]``).
+
+  Pallas kernels, which have no generic reduction, compute ``amax`` with
+  ``jnp.max`` (their blocks are never empty) and share the rest; Triton
+  kernels, which have no ``round``, pass their own ``round_half_even``.
+  """
   finite = jnp.isfinite(amax)
   scale = jnp.where(finite, amax * INV_QMAX, jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)
-  q = jnp.clip(jnp.round(x / divisor[..., None]), -QMAX, QMAX)
+  q = jnp.clip(round_half_even(x / divisor[..., None]), -QMAX, QMAX)
   q = jnp.where(finite[..., None], q, 0.0).astype(jnp.int8)
   return q, scale
 
