@@ -76,6 +76,11 @@ from hxmlir.tuples import (
 
 # isort: split
 from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
+from hxmlir.lowering.matmul_q_cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
+from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
+from hxmlir.lowering.matmul_q_cpu import (  # noqa: E402
+    keep_native_cpu_calls as keep_native_cpu_calls,
+)
 
 __version__ = "0.1.0"
 

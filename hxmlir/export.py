@@ -70,6 +70,7 @@ from jaxlib.mlir import ir
 
 from hxmlir import _jax, typedesc
 from hxmlir.hiprim import HxPrimitive, register_to_lojax, zeros
+from hxmlir.lowering import matmul_q_cpu
 
 ARTIFACT_FORMAT = 2
 """Version of the artifact layout (the ``hx.*`` module attributes and the digest); readers
@@ -590,7 +591,9 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   SHA-256 digest they were sealed with (any corrupted byte), that carry no hxmlir signature, that come from a newer
   hxmlir (artifact format, type descriptor schema, or an ``hx.*`` composite
   version this hxmlir does not accept), or whose signature disagrees with the
-  module's argument and result types.
+  module's argument and result types, and for artifacts exported with
+  ``hx.keep_native_cpu_calls()`` that this process cannot run (the native CPU
+  kernel they name is not active here, or is of another version).
   """
   if not isinstance(blob, (bytes, bytearray, memoryview)):
     raise ArtifactError(f"expected the bytes of a serialized artifact, got {type(blob).__name__}")
@@ -637,17 +640,31 @@ def deserialize(blob: bytes | bytearray) -> Exported:
       sig_text = ir.StringAttr(attrs[SIGNATURE_ATTR]).value
       vjp_b64 = ir.StringAttr(attrs[VJP_ATTR]).value if VJP_ATTR in attrs else None
       composites = _composite_versions(module)
+      native = matmul_q_cpu.native_call_problem(_custom_call_targets(module))
   except ArtifactError:
     raise
   except Exception as e:
     raise ArtifactError(f"artifact of {lo.fun_name!r}: its StableHLO module cannot be read: "
                         f"{type(e).__name__}: {_first_line(e)}") from None
+  if native is not None:
+    raise ArtifactError(f"artifact of {lo.fun_name!r} cannot run here: {native}")
   return _from_parts(lo, sig_text, vjp_b64, composites, 2 if sealed_v2 else 1)
 
 
 def _first_line(e: Exception) -> str:
   s = str(e).strip()
   return s.splitlines()[0][:300] if s else "(no message)"
+
+
+def _custom_call_targets(module: ir.Module) -> set[str]:
+  found = set()
+
+  def visit(op):
+    if op.name == "stablehlo.custom_call":
+      found.add(ir.StringAttr(op.attributes["call_target_name"]).value)
+    return ir.WalkResult.ADVANCE
+  module.operation.walk(visit)
+  return found
 
 
 def _composite_versions(module: ir.Module) -> list[tuple[str, int, str]]:

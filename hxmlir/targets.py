@@ -142,11 +142,13 @@ def registered_kernels() -> tuple[Kernel, ...]:
 def lookup(target: str, ir_name: str | None) -> Kernel | None:
   """The registered kernel whose custom call has ``target`` and kernel name ``ir_name``.
 
-  ``None`` when ``ir_name`` is ``None``, not of the form ``<name>_v<version>``,
-  or not registered for ``target``.
+  ``ir_name`` ``None`` (a call without a kernel name, such as an XLA FFI
+  call) means the target itself is the kernel name (``hx_matmul_q_cpu_v1``).
+  ``None`` when the name is not of the form ``<name>_v<version>`` or not
+  registered for ``target``.
   """
   if ir_name is None:
-    return None
+    ir_name = target  # FFI kernels: the target is the versioned name (hx_matmul_q_cpu_v1)
   m = _IR_NAME_RE.match(ir_name)
   if m is None:
     return None
