@@ -12,7 +12,10 @@
 // starts late finds no work and returns at once: the call never waits for a
 // task that has not begun. No thread is ever created here. All per-call state
 // lives in a reference-counted Job, so many calls (many jitted functions) may
-// run at once.
+// run at once. Each result element is summed in an order fixed by the shapes
+// alone (not by the thread count or by which thread took which block), so a
+// call's results are the same on every run and machine with the same ISA
+// family (the AVX-512 and AVX2 kernels both use FMA in the same order).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -36,8 +39,10 @@ std::atomic<const Kernels*> g_kernels{nullptr};
 // Regime bounds on m (rows of x per batch element), from the study in issue 16.
 constexpr int64_t kRowsMaxM = 4;
 constexpr int64_t kPanelMaxM = 64;
-// "rows": at least this many rows of q per chunk of the contraction axis.
-constexpr int64_t kRowsMinChunk = 64;
+// "rows": at least this many rows of q per chunk of the contraction axis, and at
+// most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
+constexpr int64_t kRowsMinChunk = 256;
+constexpr int64_t kRowsMaxChunks = 8;
 // "panel" and "packed": at most this many columns per block (the copied block
 // of q is kPanelKc x this many int8 or kPackedKc x this many f32: 64 / 256 KiB).
 constexpr int64_t kMaxBlockColumns = 256;
@@ -140,9 +145,9 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 
   if (p.m <= kRowsMaxM) {
     job->regime = Regime::kRows;
-    // Split k only as far as it takes to give every thread about two blocks.
-    const int64_t want = std::max<int64_t>(1, CeilDiv(2 * threads, p.nb));
-    const int64_t chunks = std::max<int64_t>(1, std::min(want, p.k / kRowsMinChunk));
+    // Chunks of k fixed by k alone (never by the thread count), so every machine
+    // adds the same partial sums in the same order: results do not depend on it.
+    const int64_t chunks = std::clamp<int64_t>(p.k / kRowsMinChunk, 1, kRowsMaxChunks);
     job->block_len = CeilDiv(p.k, chunks);
     job->blocks_per_batch = CeilDiv(p.k, job->block_len);
     job->partial.resize(static_cast<size_t>(p.nb * (job->blocks_per_batch - 1) * p.m * p.n));

@@ -142,13 +142,11 @@ def registered_kernels() -> tuple[Kernel, ...]:
 def lookup(target: str, ir_name: str | None) -> Kernel | None:
   """The registered kernel whose custom call has ``target`` and kernel name ``ir_name``.
 
-  ``ir_name`` ``None`` (a call without a kernel name, such as an XLA FFI
-  call) means the target itself is the kernel name (``hx_matmul_q_cpu_v1``).
-  ``None`` when the name is not of the form ``<name>_v<version>`` or not
-  registered for ``target``.
+  ``None`` when ``ir_name`` is ``None``, not of the form ``<name>_v<version>``,
+  or not registered for ``target``.
   """
   if ir_name is None:
-    ir_name = target  # FFI kernels: the target is the versioned name (hx_matmul_q_cpu_v1)
+    return None
   m = _IR_NAME_RE.match(ir_name)
   if m is None:
     return None
@@ -162,6 +160,8 @@ def kernel_name_of(op) -> str | None:
   Mosaic TPU / Mosaic GPU custom calls carry it in a ``kernel_name`` string
   attribute; Pallas Triton calls in the ``name`` entry of their
   ``mhlo.backend_config`` dictionary (``pallas_call(..., name=...)`` in both).
+  An XLA FFI kernel registered with its versioned name as its target
+  (``hx_matmul_q_cpu_v1``) is named by its ``call_target_name``.
   """
   from jaxlib.mlir import ir
   attrs = op.attributes
@@ -175,6 +175,11 @@ def kernel_name_of(op) -> str | None:
       a = cfg["name"]
       if isinstance(a, ir.StringAttr):
         return a.value
+  if "call_target_name" in attrs:
+    target = ir.StringAttr(attrs["call_target_name"]).value
+    with _lock:
+      if any(k.target == target == k.ir_name for k in _kernels.values()):
+        return target
   return None
 
 

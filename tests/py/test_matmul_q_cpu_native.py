@@ -94,6 +94,25 @@ def test_kernel_within_f32_bound_on_every_isa(isa, b, m, k, n):
   _assert_within_f32_bound(y, x, q, s)
 
 
+@pytest.mark.skipif(not {"avx512", "avx2"} <= set(INFO.supported_isas),
+                    reason="needs a CPU with AVX-512 and AVX2")
+def test_avx512_and_avx2_agree_bit_for_bit():
+  # Same FMAs in the same order per element, whatever the vector width or the
+  # thread count: artifacts that keep the native call reproduce their outputs.
+  from hxmlir import _matmul_q_cpu as ext
+  rng = np.random.default_rng(6)
+  for b, m, k, n in SHAPES:
+    x, q, s = _operands(rng, b, m, k, n)
+    ys = []
+    for isa in ("avx512", "avx2"):
+      ext.select_isa(isa)
+      try:
+        ys.append(np.asarray(jax.jit(native.matmul_q_native)(x, q, s)))
+      finally:
+        ext.select_isa(INFO.isa)
+    np.testing.assert_array_equal(ys[0], ys[1])
+
+
 @needs_native
 def test_empty_dims_and_nan_rows():
   rng = np.random.default_rng(1)
