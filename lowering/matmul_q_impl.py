@@ -44,7 +44,12 @@ tests check.
 
 The composite's default decomposition (every other platform) is the
 reference; the CPU lowering rule (:func:`lower_matmul_q_cpu`, registered for
-``platform="cpu"``) attaches this equivalent one instead. The builders need
+``platform="cpu"``) attaches this equivalent one instead, or, while hxmlir is
+installed, a call of the native CPU kernel (:mod:`hxmlir.lowering.matmul_q_cpu`;
+the streaming schemes stay what exported artifacts and the fallback run). Each
+scheme has its own builder (``_build_rows``, ``_build_k_streaming``,
+``_build_n_blocking``); :func:`build_matmul_q_streaming` checks, scales ``x``
+once and dispatches. The builders need
 only an MLIR context, a location and an insertion point, so passes that create
 ``hx.matmul_q`` composites (``hx-fold-scales``) can use them too
 (:func:`streaming_decomposition`).
