@@ -79,6 +79,11 @@ from hxmlir.tuples import (
 # (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
 # per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
 from hxmlir import lowering as lowering  # noqa: E402
+from hxmlir.lowering.matmul_q_cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
+from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
+from hxmlir.lowering.matmul_q_cpu import (  # noqa: E402
+    keep_native_cpu_calls as keep_native_cpu_calls,
+)
 
 __version__ = "0.1.0"
 

@@ -15,9 +15,12 @@
    and the ``hx-verify`` result;
 6. ``accuracy``: runs the int8 and f32 models and compares them (max and
    relative error; for MiniLM the per-sentence cosine);
-7. ``timing``: times one step of the f32 model, the int8 model and the naive
-   dequantize-then-dot model (compiled without the plugin, and with it, which
-   folds it into ``hx.matmul_q``) side by side, in turns (median per model);
+7. ``kernel``: which ``hx.matmul_q`` implementation runs on CPU and why
+   (:func:`hxmlir.cpu_kernel_info`: the native kernel or the StableHLO
+   lowering); ``timing``: times one step of the f32 model, the int8 model and
+   the naive dequantize-then-dot model (compiled without the plugin, and with
+   it, which folds it into ``hx.matmul_q``) side by side, in interleaved
+   rounds (median per model; the quartiles of its ratio to f32 over rounds);
 8. ``weights``: weight bytes, int8 + scales against f32;
 9. ``export``: exports the int8 model for ``cpu``, ``cuda`` and ``tpu`` with
    ``hxmlir.export``, writes the artifact to a file, runs it in a fresh process
@@ -86,24 +89,33 @@ _CUSTOM_CALL_RE = re.compile(r'stablehlo\.custom_call\s+@([^\s(]+)\(')
 # --- the demo ----------------------------------------------------------------
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
-                     progress: Callable[[str], None] | None = None) -> dict[str, float]:
-  """Median seconds per call of each ``fns[name]()`` (blocking on its result).
+                     progress: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+  """Seconds of each call of each ``fns[name]()`` (blocking on its result), per round.
 
-  After one warm-up call each, the functions run in turns (round robin,
-  ``repeats`` rounds), so a change in machine load affects them all alike and
-  the side-by-side ratios stay meaningful on a shared machine.
+  After one warm-up call each, the functions run in ``repeats`` rounds, each
+  round starting one function later than the one before (each follows each
+  other equally often: what ran just before -- dirty cache lines, the
+  allocator's state -- affects a call), so a change in machine load affects
+  them all alike and the per-round ratios stay meaningful on a shared machine.
   """
   for fn in fns.values():
     jax.block_until_ready(fn())
   ts: dict[str, list[float]] = {k: [] for k in fns}
+  names = list(fns)
   for i in range(repeats):
     if progress is not None:
       progress(f"timing round {i + 1}/{repeats}")
-    for name, fn in fns.items():
+    for name in names[i % len(names):] + names[:i % len(names)]:
       t0 = time.perf_counter()
-      jax.block_until_ready(fn())
+      jax.block_until_ready(fns[name]())
       ts[name].append(time.perf_counter() - t0)
-  return {k: float(np.median(v)) for k, v in ts.items()}
+  return ts
+
+
+def _ratio_spread(t: list[float], base: list[float]) -> tuple[float, float]:
+  """The quartiles (25th, 75th percentile) of the per-round ratios ``t / base``."""
+  r = np.asarray(t) / np.asarray(base)
+  return float(np.percentile(r, 25)), float(np.percentile(r, 75))
 
 
 class _Demo:
@@ -264,12 +276,28 @@ class _Demo:
             "int8 hx.matmul_q": lambda: st["int8"](m.qparams, *m.inputs),
             "naive dequantize+dot": lambda: st["naive_plain"](m.qparams, *m.inputs),
             "naive, folded by the pipeline": lambda: st["naive_folded"](m.qparams, *m.inputs)}
-    ms = {k: v * 1e3 for k, v in time_interleaved(runs, r, self.progress).items()}
+    rounds = time_interleaved(runs, r, self.progress)
+    ms = {k: float(np.median(v)) * 1e3 for k, v in rounds.items()}
+    spread = {k: _ratio_spread(v, rounds["f32"]) for k, v in rounds.items() if k != "f32"}
     base = ms["f32"]
-    line = "per step: " + ", ".join(f"{k} {v:.2f} ms ({v / base:.2f}x)" for k, v in ms.items())
+    line = (f"per step, median of {r} interleaved rounds (ratio to f32, its quartiles over "
+            "rounds): f32 " f"{base:.2f} ms, " + ", ".join(
+                f"{k} {v:.2f} ms ({v / base:.2f}x, {spread[k][0]:.2f}-{spread[k][1]:.2f})"
+                for k, v in ms.items() if k != "f32"))
     return "info", line, {"milliseconds": {k: round(v, 4) for k, v in ms.items()},
                           "repeats": r, "relative_to_f32": {k: round(v / base, 4)
-                                                            for k, v in ms.items()}}
+                                                            for k, v in ms.items()},
+                          "relative_to_f32_quartiles": {k: [round(a, 4), round(b, 4)]
+                                                        for k, (a, b) in spread.items()}}
+
+  def kernel(self):
+    from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info
+    info = cpu_kernel_info()
+    backend = jax.default_backend()
+    line = (f"hx.matmul_q on CPU: {info}" if backend == "cpu" else
+            f"hx.matmul_q on {backend}: its Pallas kernel (the CPU kernel is not used)")
+    return "info", line, {"backend": backend, "cpu_kernel_active": info.active,
+                          "cpu_kernel_isa": info.isa, "cpu_kernel_reason": info.reason}
 
   def weights(self):
     b = _nn.weight_bytes(self.m.qparams)
@@ -351,6 +379,7 @@ class _Demo:
       self.step("jit", self.jit, needs=["quantize", "install"])
       self.step("ir", self.ir, needs=["jit"])
       self.step("accuracy", self.accuracy, needs=["jit"])
+      self.step("kernel", self.kernel)
       self.step("timing", self.timing, needs=["jit"])
       self.step("weights", self.weights, needs=["quantize"])
       self.step("export", self.export, needs=["quantize", "install"])
@@ -372,7 +401,7 @@ def _stats_delta(before: dict, after: dict) -> dict:
   return out
 
 
-def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, repeats: int = 10,
+def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, repeats: int = 30,
              platforms: Sequence[str] = EXPORT_PLATFORMS, pipeline: str | None = None,
              emit: Callable[[Step], None] | None = None,
              progress: Callable[[str], None] | None = None) -> Report:

@@ -154,6 +154,8 @@ def kernel_name_of(op) -> str | None:
   Mosaic TPU / Mosaic GPU custom calls carry it in a ``kernel_name`` string
   attribute; Pallas Triton calls in the ``name`` entry of their
   ``mhlo.backend_config`` dictionary (``pallas_call(..., name=...)`` in both).
+  An XLA FFI kernel registered with its versioned name as its target
+  (``hx_matmul_q_cpu_v1``) is named by its ``call_target_name``.
   """
   attrs = op.attributes
   if "kernel_name" in attrs:
@@ -166,6 +168,11 @@ def kernel_name_of(op) -> str | None:
       a = cfg["name"]
       if isinstance(a, ir.StringAttr):
         return a.value
+  if "call_target_name" in attrs:
+    target = ir.StringAttr(attrs["call_target_name"]).value
+    with _lock:
+      if any(k.target == target == k.ir_name for k in _kernels.values()):
+        return target
   return None
 
 

@@ -3,6 +3,7 @@
 Importing this package registers every rule; ``import hxmlir`` does it.
 """
 
+from hxmlir.lowering import matmul_q_cpu as matmul_q_cpu  # the native CPU kernel
 from hxmlir.lowering import matmul_q_impl as matmul_q_impl  # CPU rule of hx_matmul_q_p
 from hxmlir.lowering import matmul_q_pallas as matmul_q_pallas  # cuda/rocm/tpu rules
 from hxmlir.lowering import rules as rules

@@ -44,7 +44,12 @@ tests check.
 
 The composite's default decomposition (every other platform) is the
 reference; the CPU lowering rule (:func:`lower_matmul_q_cpu`, registered for
-``platform="cpu"``) attaches this equivalent one instead. The builders need
+``platform="cpu"``) attaches this equivalent one instead, or, while hxmlir is
+installed, a call of the native CPU kernel (:mod:`hxmlir.lowering.matmul_q_cpu`;
+the streaming schemes stay what exported artifacts and the fallback run). Each
+scheme has its own builder (``_build_rows``, ``_build_k_streaming``,
+``_build_n_blocking``); :func:`build_matmul_q_streaming` checks, scales ``x``
+once and dispatches. The builders need
 only an MLIR context, a location and an insertion point, so passes that create
 ``hx.matmul_q`` composites (``hx-fold-scales``) can use them too
 (:func:`streaming_decomposition`).
@@ -73,7 +78,8 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir.lowering import reference, schema
+from hxmlir.install_state import is_installed
+from hxmlir.lowering import matmul_q_cpu, reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -292,68 +298,79 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
     raise ValueError(f"hx.matmul_q streaming: block sizes must be >= 1, got "
                      f"block_k={block_k}, block_n={block_n}, rows_per_step={rows_per_step}")
   xs = _scaled_x(x, s, nb)
-  out_shape = (*_shape(x)[:-1], n)
   if scheme == "whole" or (scheme == "k" and block_k >= k) or (scheme == "n" and block_n >= n):
     return _dot(xs, _convert_f32(q), nb)
-
   if scheme == "rows":
-    kax_x, kax_q = nb + 1, nb
-    f32 = ir.F32Type.get()
-    out_t = _tensor(out_shape, f32)
-
-    r = ROWS_PER_STEP if rows_per_step is None else rows_per_step
-    steps, rem = divmod(k, r)
-
-    def update(acc, xs_, q_, row):
-      # acc[*b, m, n] += xs[*b, m, row] * f32(q[*b, row, n]), all elementwise:
-      # XLA fuses each step's slices, conversions, multiplies and adds into one
-      # loop that reads the int8 rows directly (no dot, no converted copy). Each
-      # row is sliced from q on its own: slicing r rows at once and then
-      # splitting the converted block makes XLA materialise it (2-4x slower).
-      if isinstance(row, int):
-        xc = _static_slice(xs_, kax_x, row, row + 1)
-        qr = _static_slice(q_, kax_q, row, row + 1)
-      else:
-        xc = _dynamic_slice(xs_, kax_x, row, 1)
-        qr = _dynamic_slice(q_, kax_q, row, 1)
-      prod = hlo.MulOp(_expand(xc, out_t), _expand(_convert_f32(qr), out_t)).result
-      return hlo.AddOp(acc, prod).result
-
-    def rstep(i, acc, xs_, q_):
-      base = i if r == 1 else hlo.MulOp(i, _i32_scalar(r)).result
-      for j in range(r):
-        acc = update(acc, xs_, q_, base if j == 0 else hlo.AddOp(base, _i32_scalar(j)).result)
-      return acc, xs_, q_
-
-    acc = _f32_zeros(out_shape)
-    if steps:
-      acc, _, _ = _loop(steps, [acc, xs, q], rstep)
-    for row in range(steps * r, k):  # the k % r rows left: static slices
-      acc = update(acc, xs, q, row)
-    return acc
-
+    return _build_rows(xs, q, nb, ROWS_PER_STEP if rows_per_step is None else rows_per_step)
   if scheme == "k":
-    steps, rem = divmod(k, block_k)
-    kax_x, kax_q = nb + 1, nb
+    return _build_k_streaming(xs, q, nb, block_k)
+  return _build_n_blocking(xs, q, nb, block_n)
 
-    def kstep(i, acc, xs_, q_):
-      start = hlo.MulOp(i, _i32_scalar(block_k)).result
-      qb = _convert_f32(_dynamic_slice(q_, kax_q, start, block_k))
-      xb = _dynamic_slice(xs_, kax_x, start, block_k)
-      return hlo.AddOp(acc, _dot(xb, qb, nb)).result, xs_, q_
 
-    if steps == 1:
-      acc = _dot(_static_slice(xs, kax_x, 0, block_k),
-                 _convert_f32(_static_slice(q, kax_q, 0, block_k)), nb)
+def _build_rows(xs: ir.Value, q: ir.Value, nb: int, r: int) -> ir.Value:
+  """Scheme ``"rows"``: ``r`` rank-1 updates of an ``f32[*b, m, n]`` accumulator per step."""
+  *_, k, n = _shape(q)
+  kax_x, kax_q = nb + 1, nb
+  out_t = _tensor((*_shape(xs)[:-1], n), ir.F32Type.get())
+  steps = k // r
+
+  def update(acc, xs_, q_, row):
+    # acc[*b, m, n] += xs[*b, m, row] * f32(q[*b, row, n]), all elementwise:
+    # XLA fuses each step's slices, conversions, multiplies and adds into one
+    # loop that reads the int8 rows directly (no dot, no converted copy). Each
+    # row is sliced from q on its own: slicing r rows at once and then
+    # splitting the converted block makes XLA materialise it (2-4x slower).
+    if isinstance(row, int):
+      xc = _static_slice(xs_, kax_x, row, row + 1)
+      qr = _static_slice(q_, kax_q, row, row + 1)
     else:
-      acc, _, _ = _loop(steps, [_f32_zeros(out_shape), xs, q], kstep)
-    if rem:
-      lo = steps * block_k
-      tail = _dot(_static_slice(xs, kax_x, lo, k),
-                  _convert_f32(_static_slice(q, kax_q, lo, k)), nb)
-      acc = hlo.AddOp(acc, tail).result
-    return acc
+      xc = _dynamic_slice(xs_, kax_x, row, 1)
+      qr = _dynamic_slice(q_, kax_q, row, 1)
+    prod = hlo.MulOp(_expand(xc, out_t), _expand(_convert_f32(qr), out_t)).result
+    return hlo.AddOp(acc, prod).result
 
+  def rstep(i, acc, xs_, q_):
+    base = i if r == 1 else hlo.MulOp(i, _i32_scalar(r)).result
+    for j in range(r):
+      acc = update(acc, xs_, q_, base if j == 0 else hlo.AddOp(base, _i32_scalar(j)).result)
+    return acc, xs_, q_
+
+  acc = _f32_zeros(out_t.shape)
+  if steps:
+    acc, _, _ = _loop(steps, [acc, xs, q], rstep)
+  for row in range(steps * r, k):  # the k % r rows left: static slices
+    acc = update(acc, xs, q, row)
+  return acc
+
+
+def _build_k_streaming(xs: ir.Value, q: ir.Value, nb: int, block_k: int) -> ir.Value:
+  """Scheme ``"k"``: blocks of ``block_k`` rows of ``q``, one dot each, summed in a loop."""
+  *_, k, n = _shape(q)
+  steps, rem = divmod(k, block_k)
+  kax_x, kax_q = nb + 1, nb
+
+  def kstep(i, acc, xs_, q_):
+    start = hlo.MulOp(i, _i32_scalar(block_k)).result
+    qb = _convert_f32(_dynamic_slice(q_, kax_q, start, block_k))
+    xb = _dynamic_slice(xs_, kax_x, start, block_k)
+    return hlo.AddOp(acc, _dot(xb, qb, nb)).result, xs_, q_
+
+  if steps == 1:
+    acc = _dot(_static_slice(xs, kax_x, 0, block_k),
+               _convert_f32(_static_slice(q, kax_q, 0, block_k)), nb)
+  else:
+    acc, _, _ = _loop(steps, [_f32_zeros((*_shape(xs)[:-1], n)), xs, q], kstep)
+  if rem:
+    lo = steps * block_k
+    tail = _dot(_static_slice(xs, kax_x, lo, k),
+                _convert_f32(_static_slice(q, kax_q, lo, k)), nb)
+    acc = hlo.AddOp(acc, tail).result
+  return acc
+
+
+def _build_n_blocking(xs: ir.Value, q: ir.Value, nb: int, block_n: int) -> ir.Value:
+  """Scheme ``"n"``: blocks of ``block_n`` columns of ``q``, each written into the result."""
+  n = _shape(q)[-1]
   steps, rem = divmod(n, block_n)
   nax = nb + 1  # the column axis of q and of the result
 
@@ -364,7 +381,7 @@ def build_matmul_q_streaming(x: ir.Value, q: ir.Value, s: ir.Value, *,
     idx = [start if d == nax else zero for d in range(nb + 2)]
     return hlo.DynamicUpdateSliceOp(out, _dot(xs_, qb, nb), idx).result, xs_, q_
 
-  out, _, _ = _loop(steps, [_f32_zeros(out_shape), xs, q], nstep)
+  out, _, _ = _loop(steps, [_f32_zeros((*_shape(xs)[:-1], n)), xs, q], nstep)
   if rem:
     lo = steps * block_n
     tail = _dot(xs, _convert_f32(_static_slice(q, nax, lo, n)), nb)
@@ -388,16 +405,25 @@ def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
 
 
 def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value) -> list[ir.Value]:
-  """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a streaming decomposition.
+  """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
 
   The composite (name, version, attributes, shardings) is exactly the one the
-  default rule emits; only its decomposition is :func:`build_matmul_q_streaming`.
-  When :func:`choose_blocking` picks ``"whole"`` (small weights) the
-  decomposition is the reference itself, so small programs lower to the same
-  text on every platform.
+  default rule emits; only its decomposition differs:
+
+  - weights of at most ``SMALL_WEIGHT`` elements (per batch element): the
+    reference itself, so small programs lower to the same text on every
+    platform;
+  - otherwise, while hxmlir is installed and the native kernel is active
+    (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not for ``jax.export``
+    unless ``hx.keep_native_cpu_calls()``, one device only): a call of the
+    native kernel ``hx_matmul_q_cpu_v1``;
+  - otherwise :func:`build_matmul_q_streaming`, or the reference when
+    :func:`choose_blocking` picks ``"whole"``.
   """
   m, k = ctx.avals_in[0].shape[-2:]
   n = ctx.avals_in[1].shape[-1]
+  if k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=matmul_q_cpu.matmul_q_native)
   if choose_blocking(m, k, n)[0] == "whole":
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=streaming_decomposition)

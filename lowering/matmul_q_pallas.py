@@ -211,12 +211,6 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
 
 # --- lowering rules of hx_matmul_q_p for cuda, rocm and tpu ---------------------
 
-def _installed() -> bool:
-  """Whether hxmlir is installed for the lowering in progress (its state is part of
-  JAX's cache keys)."""
-  return is_installed()
-
-
 def _pallas_reference(backend: str):
   # One function object per backend, so lower_composite shares decompositions.
   return _PALLAS_REFERENCES[backend]
@@ -233,7 +227,7 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str):
   the registered kernel; otherwise it is the reference (what the default rule
   emits).
   """
-  if not _installed():
+  if not is_installed():
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
   ref = _pallas_reference(_PLATFORM_BACKEND[platform])
   return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref)
@@ -274,7 +268,7 @@ def _round_half_even_by_floor(v):
   return f + jnp.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0).astype(v.dtype)
 
 
-for _prim, (_name, _ref, _attrs) in rules.COMPOSITES.items():
+for _prim, _ref in rules.REFERENCES.items():
   if _prim is hx_quantize_p:
     _jax.add_pallas_kernel_rule(
         _prim, _quantize_in_kernel,

@@ -33,7 +33,7 @@ from hxmlir.export._artifact import (
 from hxmlir.export._exported import Exported
 from hxmlir.export._tree import count_leaves
 from hxmlir.hiprim import lo_types
-from hxmlir.lowering import schema
+from hxmlir.lowering import matmul_q_cpu, schema
 
 
 def deserialize(blob: bytes | bytearray) -> Exported:
@@ -44,10 +44,15 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   SHA-256 digest they were sealed with (any corrupted byte), that carry no hxmlir signature, that come from a newer
   hxmlir (artifact format, type descriptor schema, or an ``hx.*`` composite
   version this hxmlir does not accept), or whose signature disagrees with the
-  module's argument and result types.
+  module's argument and result types, and for artifacts exported with
+  ``hx.keep_native_cpu_calls()`` that this process cannot run (the native CPU
+  kernel they name is not active here, or is of another version).
   """
   lo, sealed_as = _read_sealed(blob)
-  sig_text, vjp_b64, composites = _read_module(lo)
+  sig_text, vjp_b64, composites, custom_calls = _read_module(lo)
+  native = matmul_q_cpu.native_call_problem(custom_calls)
+  if native is not None:
+    raise ArtifactError(f"artifact of {lo.fun_name!r} cannot run here: {native}")
   return _from_parts(lo, sig_text, vjp_b64, composites, sealed_as)
 
 
@@ -91,9 +96,9 @@ def _read_sealed(blob) -> tuple[jax_export.Exported, int]:
   return lo, 2 if sealed_v2 else 1
 
 
-def _read_module(lo) -> tuple[str, str | None, list[tuple[str, int, str]]]:
-  """``(hx.signature text, hx.vjp text or None, composites (name, version, location))``
-  read from ``lo``'s StableHLO module."""
+def _read_module(lo) -> tuple[str, str | None, list[tuple[str, int, str]], set[str]]:
+  """``(hx.signature text, hx.vjp text or None, composites (name, version, location),
+  custom-call targets)`` read from ``lo``'s StableHLO module."""
   try:
     with _jax.make_ir_context():
       module = lo.mlir_module(serialized=False)
@@ -104,13 +109,13 @@ def _read_module(lo) -> tuple[str, str | None, list[tuple[str, int, str]]]:
             "attribute); read it with jax.export.deserialize")
       sig_text = ir.StringAttr(attrs[SIGNATURE_ATTR]).value
       vjp_b64 = ir.StringAttr(attrs[VJP_ATTR]).value if VJP_ATTR in attrs else None
-      composites = _composite_versions(module)
+      composites, custom_calls = _composites_and_custom_calls(module)
   except ArtifactError:
     raise
   except Exception as e:
     raise ArtifactError(f"artifact of {lo.fun_name!r}: its StableHLO module cannot be read: "
                         f"{type(e).__name__}: {_first_line(e)}") from None
-  return sig_text, vjp_b64, composites
+  return sig_text, vjp_b64, composites, custom_calls
 
 
 def _first_line(e: Exception) -> str:
@@ -118,18 +123,23 @@ def _first_line(e: Exception) -> str:
   return s.splitlines()[0][:300] if s else "(no message)"
 
 
-def _composite_versions(module: ir.Module) -> list[tuple[str, int, str]]:
-  found = []
+def _composites_and_custom_calls(module: ir.Module
+                                 ) -> tuple[list[tuple[str, int, str]], set[str]]:
+  """Every ``stablehlo.composite`` as ``(name, version, location)`` and the set of
+  ``stablehlo.custom_call`` targets in ``module``, in one walk."""
+  found, targets = [], set()
 
   def visit(op):
-    if op.name == "stablehlo.composite":
+    if op.name == "stablehlo.custom_call":
+      targets.add(ir.StringAttr(op.attributes["call_target_name"]).value)
+    elif op.name == "stablehlo.composite":
       name = ir.StringAttr(op.attributes["name"]).value
       version = ir.IntegerAttr(op.attributes["version"]).value \
           if "version" in op.attributes else 0
       found.append((name, version, str(op.location)))
     return ir.WalkResult.ADVANCE
   module.operation.walk(visit)
-  return found
+  return found, targets
 
 
 def _from_parts(lo, sig_text: str, vjp_b64: str | None, composites, sealed_as: int

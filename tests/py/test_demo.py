@@ -14,10 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hxmlir as hx
 from hxmlir import cli, demo
 from hxmlir.models import builtin
 
-STEPS = ["load", "quantize", "install", "jit", "ir", "accuracy", "timing", "weights", "export"]
+STEPS = ["load", "quantize", "install", "jit", "ir", "accuracy", "kernel", "timing", "weights",
+         "export"]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +103,10 @@ def test_timing_and_weights(run):
   assert set(ms) == {"f32", "int8 hx.matmul_q", "naive dequantize+dot",
                      "naive, folded by the pipeline"}
   assert all(v > 0 for v in ms.values())
+  q = _step(report, "timing")["relative_to_f32_quartiles"]
+  assert set(q) == set(ms) - {"f32"} and all(0 < lo <= hi for lo, hi in q.values())
+  kernel = next(s for s in report["steps"] if s["name"] == "kernel")
+  assert kernel["line"] == f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}"
   b = _step(report, "weights")["bytes"]
   cfg = builtin.Config()
   n_elems = cfg.layers * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_ff)

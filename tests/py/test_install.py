@@ -462,8 +462,9 @@ def test_hand_written_dequantize_dot_is_folded_with_equal_results():
 
 def test_folded_matmul_q_streams_on_cpu_like_the_lowering():
   """Under install, a hand-written dequantize-then-dot lowered for CPU becomes the
-  same hx.matmul_q the CPU lowering emits: a streaming decomposition that never
-  holds the dequantized weight (temp memory far below the f32 weight's bytes)."""
+  same hx.matmul_q the CPU lowering emits: a call of the native CPU kernel, or
+  without it a streaming decomposition; neither holds the dequantized weight
+  (temp memory far below the f32 weight's bytes)."""
   rng = np.random.default_rng(3)
   k, n = 1024, 512  # above matmul_q_impl.SMALL_WEIGHT: the CPU rule streams (m = 2)
   x = jnp.asarray(rng.standard_normal((2, k)), jnp.float32)
@@ -474,7 +475,8 @@ def test_folded_matmul_q_streams_on_cpu_like_the_lowering():
     for lowered in (folded, direct):
       text = lowered.as_text()
       assert 'stablehlo.composite "hx.matmul_q"' in text
-      assert "stablehlo.while" in text
+      assert ("stablehlo.custom_call @hx_matmul_q_cpu_v1(" if hx.cpu_kernel_info().active
+              else "stablehlo.while") in text
     temp = folded.compile().memory_analysis().temp_size_in_bytes
     assert temp <= k * n * 4 // 8
     np.testing.assert_array_equal(np.asarray(jax.jit(dequant_dot)(x, qw)),

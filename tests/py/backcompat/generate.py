@@ -57,7 +57,8 @@ class Case:
 
   Kernel cases name the ``(target, kernel name)`` custom calls they must hold in
   ``kernels``; they are exported while hxmlir is installed (which is when the
-  kernels are used and exportable), for their own ``platforms``; outputs are
+  kernels are used and exportable) and native CPU calls are kept
+  (``hx.keep_native_cpu_calls()``), for their own ``platforms``; outputs are
   stored only when ``cpu`` is among them.
   """
   fn: Callable
@@ -91,6 +92,13 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 1),), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v1"),))
       for p in ("cuda", "rocm", "tpu")},
+    # the native CPU kernel (lowering/matmul_q_cpu.py), kept by hx.keep_native_cpu_calls();
+    # a weight above matmul_q_impl.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
+    "hx_matmul_q_cpu_v1_cpu": Case(
+        lambda x1, x2, qw: (hx.matmul_q(x1, qw), hx.matmul_q(x2, qw)),
+        lambda: (_x((3, 300), 12), _x((70, 300), 13), hx.quantize(_x((300, 260), 14))),
+        (("hx.matmul_q", 1),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v1", "hx_matmul_q_cpu_v1"),)),
 }
 
 
@@ -107,7 +115,7 @@ def write(name: str) -> dict:
   case = CASES[name]
   args = case.make_args()
   if case.kernels:
-    with hx.installed():
+    with hx.installed(), hx.keep_native_cpu_calls():
       exp = hxe.export(case.fn, platforms=case.platforms)(*args)
   else:
     exp = hxe.export(case.fn, platforms=case.platforms)(*args)

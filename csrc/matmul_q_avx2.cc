@@ -1,0 +1,12 @@
+// hx.matmul_q block kernels for AVX2 + FMA (compiled with -mavx2 -mfma; chosen at
+// run time only on CPUs that have them).
+#define HX_NS avx2
+#define HX_ISA_NAME "avx2"
+#define HX_W 8
+#define HX_PANEL_MR 4
+#define HX_PANEL_NV 2
+#define HX_PACKED_MR 6
+#define HX_PACKED_NV 2
+#include "matmul_q_kernels.inc"
+
+const hxmlir::Kernels* hxmlir::KernelsAvx2() { return &avx2::kKernels; }

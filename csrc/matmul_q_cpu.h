@@ -1,0 +1,61 @@
+// hx.matmul_q on CPU: y = (x * s[..., None, :]) @ f32(q), the q8 format of
+// hxmlir (hxmlir/qarray.py: int8 values quantized along their last axis, one
+// f32 scale per row of q, i.e. per index of the contraction axis).
+//
+//   x: f32[nb, m, k]   q: s8[nb, k, n]   s: f32[nb, k]   ->   y: f32[nb, m, n]
+//
+// (nb: the leading batch dims flattened). This header is the interface between
+// the FFI handler (matmul_q_ffi.cc: threading, dispatch) and the per-ISA block
+// kernels (matmul_q_kernels.inc, compiled once per ISA with its own -m flags).
+#ifndef HXMLIR_CSRC_MATMUL_Q_CPU_H_
+#define HXMLIR_CSRC_MATMUL_Q_CPU_H_
+
+#include <cstdint>
+
+namespace hxmlir {
+
+struct Problem {
+  const float* x;     // f32[nb, m, k]
+  const int8_t* q;    // s8[nb, k, n]
+  const float* s;     // f32[nb, k]
+  const float* xs;    // f32[nb, m, k]: x * s (regimes "panel" and "packed"; else null)
+  float* y;           // f32[nb, m, n]
+  int64_t nb, m, k, n;
+};
+
+// The block kernels of one ISA. Every function computes a disjoint part of the
+// work and may run on any thread; none allocates shared state.
+struct Kernels {
+  const char* isa;     // "avx512", "avx2", "generic"
+  int64_t panel_nr;    // column block of the "panel" regime (int8 converted in registers)
+  int64_t packed_nr;   // column block of the "packed" regime (f32 micro-panels)
+  // Regime "rows" (small m): acc[m, n] = sum_{kk in [k0, k1)} (x[b, :, kk] * s[b, kk]) q[b, kk, :]
+  // (overwrites acc; the whole rows of q in [k0, k1) are read once, contiguously).
+  void (*rows)(const Problem& p, int64_t b, int64_t k0, int64_t k1, float* acc);
+  // Regimes "panel" (mid m) and "packed" (large m): y[b, :, j0:j1] = xs[b] @ f32(q[b, :, j0:j1]),
+  // q copied block by block (kPanelKc / kPackedKc rows of the columns) into `scratch` (at
+  // least ScratchBytes(j1 - j0) bytes): "panel" as int8, converted in registers by a loop
+  // holding rows of xs in registers; "packed" converted once to f32 for a register-tiled
+  // f32 loop.
+  void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
+  void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
+};
+
+// Rows of q per block in the "panel" and "packed" regimes.
+constexpr int64_t kPanelKc = 256;
+constexpr int64_t kPackedKc = 256;
+
+// Scratch bytes the "panel" / "packed" kernels need for `width` columns.
+constexpr int64_t ScratchBytes(int64_t width) {
+  return width * (kPanelKc > 4 * kPackedKc ? kPanelKc : 4 * kPackedKc);
+}
+
+const Kernels* KernelsGeneric();
+#if defined(HXMLIR_HAVE_X86_ISAS)
+const Kernels* KernelsAvx2();
+const Kernels* KernelsAvx512();
+#endif
+
+}  // namespace hxmlir
+
+#endif  // HXMLIR_CSRC_MATMUL_Q_CPU_H_

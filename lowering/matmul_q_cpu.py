@@ -1,0 +1,191 @@
+"""``hx.matmul_q``'s native CPU kernel: loading, ISA dispatch, FFI registration, policy.
+
+The kernel (``csrc/``, built by ``pip install`` into the extension module
+``hxmlir._matmul_q_cpu``) computes ``y = (x * s[..., None, :]) @ f32(q)`` for
+``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` -> ``f32[*b, m, n]``
+(hxmlir's q8 format, :mod:`hxmlir.qarray`), f32 accumulation, and is
+registered with XLA's FFI as the custom-call target ``hx_matmul_q_cpu_v1``
+(:data:`TARGET`; the version is part of the name: a change of semantics or
+calling convention gets a new target). It runs on XLA's intra-op thread pool
+(three regimes by ``m``, see ``csrc/matmul_q_ffi.cc``).
+
+At import this module picks the kernel's ISA (the best of ``avx512``, ``avx2``
+this CPU runs; ``$HXMLIR_CPU_ISA`` forces one, ``generic`` included) and
+registers the target, or records why not: the extension is absent (the build
+failed or was skipped), ``$HXMLIR_DISABLE_NATIVE`` is set, or the CPU has
+neither AVX2 nor AVX-512 (the portable C++ copy is not faster than XLA's
+StableHLO lowering, so it is used only when asked for). :func:`cpu_kernel_info`
+says which path ``hx.matmul_q`` takes on CPU and why.
+
+Policy (:func:`use_native`), applied by the CPU lowering rule of
+``hx_matmul_q_p`` (``lowering/matmul_q_impl.py``): the ``hx.matmul_q``
+composite's decomposition calls the kernel only while hxmlir is installed,
+the kernel is active, the module is for one device, and either the lowering is
+not for ``jax.export`` or the export opted in with :func:`keep_native_cpu_calls`.
+Everything else gets the portable StableHLO decomposition, so artifacts run
+anywhere by default. An artifact that keeps the call names ``hx_matmul_q_cpu_v1``;
+:func:`native_call_problem` tells a loading process what it lacks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from hxmlir import _jax, targets
+
+KERNEL_NAME = "hx_matmul_q_cpu"
+KERNEL_VERSION = 1
+TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
+"""The FFI custom-call target (its name carries the version)."""
+DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
+"""Set to a non-empty value other than ``0`` to keep the StableHLO lowering on CPU."""
+ISA_ENV = "HXMLIR_CPU_ISA"
+"""Force the kernel's ISA: ``avx512``, ``avx2`` or ``generic`` (portable C++)."""
+DEFAULT_ISAS = ("avx512", "avx2")
+"""ISAs used without ``$HXMLIR_CPU_ISA``, best first."""
+
+CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu",),
+                                     owner="hxmlir")
+assert CPU_KERNEL.ir_name == TARGET
+
+
+@dataclass(frozen=True)
+class CpuKernelInfo:
+  """Which implementation ``hx.matmul_q`` uses on CPU, and why.
+
+  ``active``: the native kernel is registered and used while hxmlir is
+  installed; ``isa``: its instruction set (``"avx512"``, ``"avx2"``,
+  ``"generic"``) or ``None``; ``target``: the FFI custom-call target;
+  ``reason``: why this path (always set); ``supported_isas``: the kernel
+  builds this CPU can run, best first (empty without the extension).
+  """
+  active: bool
+  isa: str | None
+  target: str
+  reason: str
+  supported_isas: tuple[str, ...] = ()
+
+  def __str__(self) -> str:
+    if self.active:
+      return f"native CPU kernel {self.target} ({self.isa}; {self.reason})"
+    return f"StableHLO lowering ({self.reason})"
+
+
+def _load() -> CpuKernelInfo:
+  def off(reason: str, supported: tuple[str, ...] = ()) -> CpuKernelInfo:
+    return CpuKernelInfo(False, None, TARGET, reason, supported)
+
+  if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+    return off(f"disabled by ${DISABLE_ENV}={os.environ[DISABLE_ENV]}")
+  try:
+    from hxmlir import _matmul_q_cpu as ext
+  except ImportError as e:
+    return off(f"the extension hxmlir._matmul_q_cpu is not built ({e}); reinstall hxmlir "
+               "with g++ or clang++ available")
+  supported = tuple(ext.supported_isas())
+  want = os.environ.get(ISA_ENV, "")
+  if want:
+    if want not in supported:
+      return off(f"${ISA_ENV}={want}, but this CPU and build run only "
+                 f"{', '.join(supported)}", supported)
+    isa, why = want, f"forced by ${ISA_ENV}"
+  else:
+    best = [i for i in DEFAULT_ISAS if i in supported]
+    if not best:
+      return off("this CPU has neither AVX-512 nor AVX2 (the portable kernel runs only "
+                 f"with ${ISA_ENV}=generic)", supported)
+    isa, why = best[0], "the best ISA this CPU runs"
+  ext.select_isa(isa)
+  jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
+  return CpuKernelInfo(True, isa, TARGET, why, supported)
+
+
+_INFO = _load()
+
+
+def cpu_kernel_info() -> CpuKernelInfo:
+  """Which path ``hx.matmul_q`` takes on CPU while hxmlir is installed, and why.
+
+  Decided once, when hxmlir is imported (from ``$HXMLIR_DISABLE_NATIVE``,
+  ``$HXMLIR_CPU_ISA``, the extension and the CPU's features). Without
+  ``hx.install()`` the StableHLO lowering is used whatever this says.
+  """
+  return _INFO
+
+
+_keep_native = _jax.ConfigState(
+    "hxmlir_keep_native_cpu_calls", False,
+    "Let jax.export lowerings keep hx.matmul_q's native CPU kernel (hx_matmul_q_cpu_v1).",
+    include_in_jit_key=True, include_in_trace_context=True)
+
+
+def keep_native_cpu_calls(keep: bool = True):
+  """Context manager (or decorator): exports in this thread keep the native CPU kernel.
+
+  ``with hx.installed(), hx.keep_native_cpu_calls(): exp = hxmlir.export.export(f)(...)``
+  gives an artifact whose ``hx.matmul_q`` decompositions call the custom-call
+  target ``hx_matmul_q_cpu_v1`` instead of the portable StableHLO: it runs
+  only in a process where hxmlir (with its kernel built and active) is
+  imported, and ``hxmlir.export.deserialize`` says so otherwise. Effective
+  only while hxmlir is installed, where the kernel is active
+  (:func:`cpu_kernel_info`), and for the CPU lowering. Part of JAX's cache
+  keys, like ``hx.installed``.
+  """
+  return _keep_native(bool(keep))
+
+
+def _single_device(ctx) -> bool:
+  # SPMD-partitioned modules (several devices, shard_map bodies) keep StableHLO:
+  # XLA's partitioner knows nothing of the custom call's semantics.
+  return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
+
+
+def use_native(ctx, installed: bool) -> bool:
+  """Whether the CPU lowering rule of ``hx_matmul_q_p`` should call the kernel.
+
+  ``ctx``: the rule's ``LoweringRuleContext``; ``installed``: whether hxmlir
+  is installed for this lowering. See the module docstring for the policy.
+  """
+  if not (installed and _INFO.active and _single_device(ctx)):
+    return False
+  for_export = bool(getattr(ctx.module_context.lowering_parameters, "for_export", False))
+  return not for_export or bool(_keep_native.value)
+
+
+def matmul_q_native(x, q, s):
+  """``(x * s[..., None, :]) @ f32(q)`` through the native kernel's custom call.
+
+  ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` -> ``f32[*b, m, n]``
+  (JAX arrays or tracers; the shapes must already agree, as the lo primitive
+  guarantees). Runs only where the target is registered (:func:`cpu_kernel_info`).
+  """
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], q.shape[-1]), jnp.float32)
+  return jax.ffi.ffi_call(TARGET, out)(x, q, s)
+
+
+def native_call_problem(call_targets: Iterable[str]) -> str | None:
+  """Why this process cannot run a module calling ``call_targets``, or ``None``.
+
+  Looks only at this kernel's family of targets (``hx_matmul_q_cpu_v<N>``): a
+  version this hxmlir does not have, or the kernel inactive here (with
+  :func:`cpu_kernel_info`'s reason). Used by ``hxmlir.export.deserialize``.
+  """
+  needed = sorted({t for t in call_targets if t.startswith(f"{KERNEL_NAME}_v")})
+  if not needed:
+    return None
+  other = [t for t in needed if t != TARGET]
+  if other:
+    return (f"it calls the native CPU kernel {', '.join(other)}, which this hxmlir does not "
+            f"have (it has {TARGET}): upgrade hxmlir, or re-export without "
+            "hx.keep_native_cpu_calls()")
+  if not _INFO.active:
+    return (f"it calls the native CPU kernel {TARGET} (exported with "
+            f"hx.keep_native_cpu_calls()), which is not available in this process: "
+            f"{_INFO.reason}; re-export without hx.keep_native_cpu_calls() for a portable "
+            "artifact")
+  return None

@@ -1,0 +1,61 @@
+"""Builds hxmlir's native CPU kernel for ``hx.matmul_q`` (``hxmlir._matmul_q_cpu``).
+
+Everything else about the package is declared in ``pyproject.toml``; this file
+only adds the C++ extension, which setuptools compiles during ``pip install``
+(no CMake). The XLA FFI headers it needs are vendored under
+``csrc/third_party/xla`` (header-only, Apache 2.0), so the build needs no jaxlib.
+
+Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc``) are
+compiled once per ISA, each translation unit with its own ``-m`` flags
+(AVX-512, AVX2 + FMA on x86-64; a portable copy everywhere), and the module
+picks one at run time with ``__builtin_cpu_supports``. The extension is
+``optional``: if it fails to build, ``pip install`` still succeeds and hxmlir
+falls back to its StableHLO lowering (``hxmlir.cpu_kernel_info()`` says so).
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+COMMON = ["-std=c++20", "-O3", "-fno-math-errno", "-fvisibility=hidden", "-Wall"]
+# Per-ISA translation units and the flags they (and only they) are compiled with.
+ISA_SOURCES = {
+    "csrc/matmul_q_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                                "-mavx2", "-mfma", "-mprefer-vector-width=512"],
+    "csrc/matmul_q_avx2.cc": ["-mavx2", "-mfma"],
+} if X86 else {}
+
+
+class BuildExt(build_ext):
+  """``build_ext`` that compiles each ISA-specific source with its own flags first."""
+
+  def build_extension(self, ext):
+    if sys.platform == "win32" or self.compiler.compiler_type == "msvc":
+      raise RuntimeError("hxmlir's CPU kernel builds with GCC or Clang only")
+    objects = []
+    for src, flags in ISA_SOURCES.items():
+      objects += self.compiler.compile([src], output_dir=self.build_temp,
+                                       include_dirs=ext.include_dirs, macros=ext.define_macros,
+                                       extra_postargs=COMMON + flags, depends=ext.depends)
+    ext.extra_objects = list(ext.extra_objects or []) + objects
+    super().build_extension(ext)
+
+
+setup(
+    ext_modules=[Extension(
+        "hxmlir._matmul_q_cpu",
+        sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_generic.cc"],
+        include_dirs=["csrc"],
+        define_macros=[("HXMLIR_HAVE_X86_ISAS", "1")] if X86 else [],
+        extra_compile_args=[*COMMON, "-isystem", "csrc/third_party"],
+        depends=["csrc/matmul_q_cpu.h", "csrc/matmul_q_kernels.inc"],
+        language="c++",
+        optional=True,
+    )],
+    cmdclass={"build_ext": BuildExt},
+)
