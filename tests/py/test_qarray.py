@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_within, dot_bound
 
 import hxmlir as hx
 
@@ -159,8 +160,8 @@ def test_jit_hi_result_and_argument(x, w):
   np.testing.assert_array_equal(np.asarray(jax.jit(hx.dequantize)(qx)),
                                 np.asarray(hx.dequantize(eager)))
   qw = hx.quantize(w)
-  np.testing.assert_allclose(np.asarray(jax.jit(hx.matmul_q)(x, qw)),
-                             np.asarray(hx.matmul_q(x, qw)), rtol=1e-6)
+  assert_within(jax.jit(hx.matmul_q)(x, qw), hx.matmul_q(x, qw),
+                2 * dot_bound("mk,kn->mn", x, hx.dequantize(qw), extra=1))
 
 
 def test_jit_hi_result_passthrough(x):
