@@ -295,9 +295,6 @@ def symbol_ref(attr: ir.Attribute) -> str | None:
   return None
 
 
-def attr_or_none(op: ir.Operation, key: str) -> ir.Attribute | None:
-  """``op``'s attribute ``key``, or ``None`` when it has none."""
-  return op.attributes[key] if key in op.attributes else None
 
 
 def is_hx_composite(op: ir.Operation) -> bool:
@@ -461,9 +458,30 @@ def symbol_uses(module: ir.Operation) -> set[str]:
     for key in op.attributes:
       if key in ("sym_name", "function_type", "arg_attrs", "res_attrs"):
         continue
-      for m in _SYMBOL.finditer(str(op.attributes[key])):
+      attr = attr_or_none(op, key)
+      if attr is None:
+        continue
+      for m in _SYMBOL.finditer(str(attr)):
         used.add(m.group(1).strip('"'))
   return used
+
+
+def attr_or_none(op: ir.Operation, key: str) -> ir.Attribute | None:
+  """``op``'s attribute ``key``, or ``None`` when it has none or the Python bindings cannot
+  represent it.
+
+  jaxlib's bindings raise ``TypeError`` for a dense elements attribute of an element
+  type they have no class for (``dense<(1.0,2.0)> : tensor<complex<f32>>``), and abort
+  the process if such an attribute is printed through a ``NamedAttribute``; such an
+  attribute holds numbers only (no symbol, no sharding), so callers that scan
+  attributes may skip it.
+  """
+  if key not in op.attributes:
+    return None
+  try:
+    return op.attributes[key]
+  except TypeError:
+    return None
 
 
 def erase_unused_functions(module: ir.Operation, candidates: set[str]) -> int:

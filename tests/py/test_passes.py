@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jaxlib.mlir import ir
+from numerics import assert_matmul_close
 
 import hxmlir as hx
 from hxmlir.passes import (
@@ -321,6 +322,9 @@ def _plain_modules():
       (lambda x, w: (x.astype(jnp.int8).astype(jnp.float32) + 2.0) @ w, (x, w)),
       (lambda x: jax.nn.softmax(x, axis=-1), (x,)),
       (lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x), (x,)),
+      # attributes jaxlib's Python bindings cannot represent (complex dense constants)
+      (lambda x: (jnp.complex64(1 + 2j) * x).real, (x,)),
+      (lambda x: jnp.linalg.eigvals(x[:, :3]), (x,)),
   ]
   return [jax.jit(f).lower(*args).as_text(debug_info=True) for f, args in fns]
 
@@ -335,8 +339,23 @@ def _hx_modules():
 
   def g(x, w):
     return hx.dequantize(hx.quantize(w)).T @ x.T
+
+  def h(x, w):  # a complex constant next to hx ops (the symbol walks skip it)
+    return (jnp.complex64(1 + 2j) * (x @ hx.dequantize(hx.quantize(w)))).imag
   return [jax.jit(f).lower(x, w).as_text(debug_info=True),
-          jax.jit(g).lower(x, w).as_text(debug_info=True), DEQ_DOT]
+          jax.jit(g).lower(x, w).as_text(debug_info=True),
+          jax.jit(h).lower(x, w).as_text(debug_info=True), DEQ_DOT]
+
+
+def test_install_with_complex_constants_and_every_pass():
+  x = jnp.ones((2, 6), "float32")
+  w = jnp.linspace(-1, 1, 30, dtype="float32").reshape(6, 5)
+  wd = np.asarray(hx.dequantize(hx.quantize(w)))
+  with hx.installed("hx-verify,hx-fold-scales,hx-decompose"):
+    y = jax.jit(lambda x, w: (jnp.complex64(1 + 2j) * hx.matmul_q(x, hx.quantize(w))).imag)(x, w)
+    ev = jax.jit(jnp.linalg.eigvals)(jnp.diag(jnp.arange(1.0, 4.0)))
+  assert_matmul_close(y, 2 * np.asarray(x), wd, extra=2)  # imag((1+2i) y) = 2 y
+  np.testing.assert_array_equal(np.sort(np.asarray(ev).real), [1.0, 2.0, 3.0])
 
 
 @pytest.mark.parametrize("name", OUR_PASSES)
