@@ -20,14 +20,9 @@ from jaxlib.mlir.dialects import sdy
 from hxmlir import _jax
 from hxmlir.lowering import schema as _schema_module
 from hxmlir.lowering.schema import DimSharding, TensorType
-
-
-def make_context(allow_unregistered: bool = False) -> ir.Context:
-  """A new MLIR context with every dialect JAX emits (StableHLO, CHLO, MHLO, sdy, func)."""
-  ctx = _jax.make_ir_context()
-  ctx.allow_unregistered_dialects = allow_unregistered
-  return ctx
-
+from hxmlir.passes.parsing import is_bytecode as is_bytecode
+from hxmlir.passes.parsing import make_context as make_context
+from hxmlir.passes.parsing import parse_module as parse_module
 
 # --- locations ---------------------------------------------------------------
 
@@ -73,45 +68,6 @@ def location_str(loc: ir.Location) -> str:
   user = [f for f in found if not f.filename.startswith(_OWN_DIRS)]
   f = (user or found)[0]
   return f"{f.filename}:{f.start_line}:{f.start_col}"
-
-
-# --- parsing -----------------------------------------------------------------
-
-def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin>"
-                 ) -> ir.Operation:
-  """Parses MLIR text or bytecode into a ``builtin.module`` op.
-
-  Text is parsed with ``source_name`` so op locations read
-  ``source_name:line:col``. Like ``mlir-opt``, top-level ops that are not one
-  ``builtin.module`` are wrapped into one (the wrapper is written on line 1, so
-  line numbers are kept). Raises ``ir.MLIRError`` with the parser's diagnostics.
-  """
-  with ctx:
-    if isinstance(source, bytes):
-      return ir.Module.parse(source).operation
-    try:
-      op = ir.Operation.parse(source, source_name=source_name)
-    except ir.MLIRError as e:
-      if "single top-level operation" not in str(e) and not _several_ops(e):
-        raise
-      op = ir.Operation.parse("module {" + source + "\n}", source_name=source_name)
-      return op.operation
-    if op.operation.name == "builtin.module":
-      return op.operation
-    with ir.Location.unknown():
-      module = ir.Module.create()
-    module.body.append(op.operation)
-    # keep the module alive through its operation
-    return module.operation
-
-
-def _several_ops(e: ir.MLIRError) -> bool:
-  return any("top-level" in d.message or "single" in d.message for d in e.error_diagnostics)
-
-
-def is_bytecode(data: bytes) -> bool:
-  """Whether ``data`` is MLIR bytecode (starts with the ``ML\\xefR`` magic)."""
-  return data[:4] == b"ML\xefR"
 
 
 # --- types and walking -------------------------------------------------------
@@ -240,7 +196,7 @@ def may_have_shardings(module: ir.Operation) -> bool:
     got = index[_ANY_SHARDING] = (
         _SHARDED in index or "sdy.sharding_constraint" in index or
         any(_arg_shardings(fn.regions[0].blocks[0]) is not None
-            for fn in func_ops(module).values()))
+            for fn in func_ops(module).values() if fn.regions[0].blocks))  # declarations
   return got
 
 

@@ -33,7 +33,11 @@ from hxmlir.lowering import schema
 from hxmlir.passes import irutil
 from hxmlir.passes.base import Diagnostics, HxPass, PassResult
 
-_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint")
+# Ops a decomposition may hold besides StableHLO: calls, and the Shardy ops that keep
+# sharding (JAX emits sharding constraints; Shardy's propagation pipeline turns
+# constants into ``sdy.constant`` so they are not deduplicated across shardings, and
+# its export pipeline turns them back).
+_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint", "sdy.constant")
 
 
 def _attr_matches(attr: ir.Attribute, want: type) -> str | None:

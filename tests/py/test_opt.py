@@ -115,7 +115,7 @@ def test_verify_diagnostics(tmp_path):
 
 @pytest.mark.parametrize("where, line", [("@-1", 2), ("@above", 2), ("@below", 4), ("", 3)])
 def test_expected_locations(tmp_path, where, line):
-  from hxmlir.opt import _expectations
+  from hxmlir.passes.expectations import expectations as _expectations
   text = "a\nb\n// expected-remark " + where + " {{x}}\nc\n"
   (e,) = _expectations("f.mlir", text, 10)
   assert e.line == line + 10 and e.severity == "remark" and e.text == "x"
@@ -123,7 +123,7 @@ def test_expected_locations(tmp_path, where, line):
 
 @pytest.mark.parametrize("kind", ["error", "warning", "remark", "note"])
 def test_expected_re_annotations_are_regexes(kind):
-  from hxmlir.opt import _expectations
+  from hxmlir.passes.expectations import expectations as _expectations
   text = f"// expected-{kind}-re @below {{{{version {{{{[0-9]+}}}} is not (accepted)}}}}\nx\n"
   (e,) = _expectations("f.mlir", text, 0)
   assert e.severity == kind and e.line == 2 and e.pattern is not None

@@ -1,0 +1,277 @@
+"""Reading MLIR into the context JAX uses: text or bytecode, checked so that no input can
+take the process down.
+
+- :func:`make_context`: a context with every dialect JAX emits.
+- :func:`parse_module`: text (with a source name, so locations read
+  ``file:line:col``) or bytecode into a ``builtin.module`` op; several top-level ops
+  are wrapped into one module as ``mlir-opt`` does, type and attribute aliases
+  and a trailing ``{-# ... #-}`` resource block kept outside the wrapper.
+- :func:`check_bytecode`: a structural check of MLIR bytecode's header and string
+  section (the parts MLIR's reader echoes back in diagnostics).
+- :func:`parse_crash`: parses the input in a forked child first and says why it
+  crashed there (a signal, or no answer within :data:`PARSE_GUARD_TIMEOUT_S`), so
+  inputs that crash jaxlib's parser (an ``all_to_all`` with an empty
+  ``replica_groups`` divides by zero; unregistered types in a bounded tensor
+  dereference null; corrupted bytecode makes the bindings abort) become a
+  diagnostic. ``fork`` costs about a millisecond; a fresh Python process with
+  jaxlib costs about a second, paid on every ``hxmlir-opt`` call.
+- :func:`upgrade_vhlo`: a module in VHLO (the versioned form inside every
+  ``jax.export`` artifact) as StableHLO, through StableHLO's own deserializer.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import sys
+import time
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hxmlir import _jax
+
+BYTECODE_MAGIC = b"ML\xefR"
+
+PARSE_GUARD_TIMEOUT_S = 60.0
+"""How long the guarding child may take to parse an input (a corrupted bytecode file can
+make MLIR's reader loop) before the input is reported as unreadable."""
+
+
+def make_context(allow_unregistered: bool = False) -> ir.Context:
+  """A new MLIR context with every dialect JAX emits (StableHLO, CHLO, MHLO, sdy, func)."""
+  ctx = _jax.make_ir_context()
+  ctx.allow_unregistered_dialects = allow_unregistered
+  return ctx
+
+
+def is_bytecode(data: bytes) -> bool:
+  """Whether ``data`` is MLIR bytecode (starts with the ``ML\\xefR`` magic)."""
+  return data[:4] == BYTECODE_MAGIC
+
+
+# --- text ----------------------------------------------------------------------------------
+
+# A top-level alias definition (``!t = ...``, ``#map = ...``) at the start of a line.
+_ALIAS = re.compile(r"^[ \t]*[!#][\w.$-]+[ \t]*=")
+_RESOURCES = "{-#"
+
+
+def _top_level_lines(source: str) -> list[tuple[int, bool]]:
+  """For each line: (its start offset, whether it starts at brace depth 0)."""
+  out, depth, pos = [], 0, 0
+  for line in source.split("\n"):
+    out.append((pos, depth == 0))
+    code = line.split("//", 1)[0]
+    code = re.sub(r'"(?:[^"\\]|\\.)*"', '""', code)
+    depth += code.count("{") - code.count("}")
+    pos += len(line) + 1
+  return out
+
+
+def _wrapped(source: str) -> str:
+  """``source`` inside ``module { ... }`` with the same line numbers: top-level alias
+  definitions move to line 1 (before the wrapper), a trailing resource block stays after it."""
+  lines = source.split("\n")
+  aliases = []
+  for i, (_, top) in enumerate(_top_level_lines(source)):
+    if top and _ALIAS.match(lines[i]):
+      aliases.append(lines[i].strip())
+      lines[i] = ""
+  body = "\n".join(lines)
+  tail = ""
+  cut = body.rfind(_RESOURCES)
+  if cut >= 0 and body[:cut].count("{") == body[:cut].count("}"):
+    body, tail = body[:cut], body[cut:]
+  return " ".join(aliases + ["module {"]) + body + "\n}" + tail
+
+
+def parse_module(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin>"
+                 ) -> ir.Operation:
+  """Parses MLIR text or bytecode into a ``builtin.module`` op.
+
+  Text is parsed with ``source_name`` so op locations read
+  ``source_name:line:col``. Like ``mlir-opt``, top-level ops that are not one
+  ``builtin.module`` are wrapped into one (the wrapper is written on line 1, so
+  line numbers are kept; alias definitions stay outside it). Raises
+  ``ir.MLIRError`` with the parser's diagnostics.
+  """
+  with ctx:
+    if isinstance(source, bytes):
+      return ir.Module.parse(source).operation
+    try:
+      op = ir.Operation.parse(source, source_name=source_name)
+    except ir.MLIRError as e:
+      if "single top-level operation" not in str(e) and not _several_ops(e):
+        raise
+      return ir.Operation.parse(_wrapped(source), source_name=source_name).operation
+    if op.operation.name == "builtin.module":
+      return op.operation
+    with ir.Location.unknown():
+      module = ir.Module.create()
+    module.body.append(op.operation)
+    # keep the module alive through its operation
+    return module.operation
+
+
+def _several_ops(e: ir.MLIRError) -> bool:
+  return any("top-level" in d.message or "single" in d.message for d in e.error_diagnostics)
+
+
+# --- bytecode ------------------------------------------------------------------------------
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+  """MLIR's prefix varint at ``pos``: (value, next position); raises IndexError if cut short."""
+  first = data[pos]
+  if first & 1:
+    return first >> 1, pos + 1
+  if first == 0:
+    if pos + 9 > len(data):
+      raise IndexError(pos)
+    return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
+  n = (first & -first).bit_length()  # total bytes: trailing zeros + 1
+  if pos + n > len(data):
+    raise IndexError(pos)
+  return int.from_bytes(data[pos:pos + n], "little") >> n, pos + n
+
+
+def check_bytecode(data: bytes) -> str | None:
+  """Why ``data`` is not readable MLIR bytecode, or ``None`` if its header and strings are sound.
+
+  Checks what MLIR's reader would echo back as text in its diagnostics (which
+  the Python bindings cannot convert, and then abort the process, when it is not
+  UTF-8): the ``ML\\xefR`` magic, the version varint, the NUL-terminated
+  producer string, and the strings of the string section (format:
+  ``mlir/docs/BytecodeFormat.md``). Other structural problems are left to MLIR's
+  reader, which reports them as errors.
+  """
+  if not is_bytecode(data):
+    return "not MLIR bytecode (the file does not start with the 'ML\\xefR' magic)"
+  try:
+    _, pos = _varint(data, 4)
+  except IndexError:
+    return "corrupted MLIR bytecode: the file ends inside the version number"
+  end = data.find(b"\0", pos)
+  if end < 0:
+    return "corrupted MLIR bytecode: the producer string is not NUL-terminated"
+  try:
+    data[pos:end].decode("utf-8")
+  except UnicodeDecodeError as e:
+    return (f"corrupted MLIR bytecode: the producer string is not valid UTF-8 "
+            f"(byte {pos + e.start} of the file)")
+  pos = end + 1
+  try:
+    while pos < len(data):
+      section, pos = data[pos], pos + 1
+      length, pos = _varint(data, pos)
+      if section & 0x80:  # aligned: alignment varint, then 0xCB padding
+        align, pos = _varint(data, pos)
+        while align > 1 and pos % align and pos < len(data) and data[pos] == 0xCB:
+          pos += 1
+      body = data[pos:pos + length]
+      if len(body) < length:
+        return None  # cut short: MLIR's reader says so
+      if section & 0x7F == 0:  # the string section: count, sizes, then the strings
+        count, p = _varint(body, 0)
+        sizes = 0
+        for _ in range(count):
+          size, p = _varint(body, p)
+          sizes += size
+        try:
+          body[len(body) - sizes:].decode("utf-8")
+        except UnicodeDecodeError as e:
+          return (f"corrupted MLIR bytecode: the string section holds text that is not valid "
+                  f"UTF-8 (byte {pos + len(body) - sizes + e.start} of the file)")
+      pos += length
+  except IndexError:
+    return None  # a malformed section: MLIR's reader reports it
+  return None
+
+
+# --- the crash guard -----------------------------------------------------------------------
+
+def _parse_in_child(source: str | bytes, ctx: ir.Context, source_name: str) -> None:
+  """The forked child: parse, then leave without running any of the parent's exit code."""
+  status = 0
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    ctx.enable_multithreading(False)  # the parent's thread pool has no threads here
+    try:
+      parse_module(source, ctx, source_name)
+    except ir.MLIRError:
+      pass
+  except BaseException:  # a Python error is not a crash: the parent reports it itself
+    status = 0
+  os._exit(status)
+
+
+def parse_crash(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin>"
+                ) -> str | None:
+  """Parses ``source`` in a forked child process, in its copy of ``ctx`` (a context
+  from :func:`make_context`); why it crashed there, or ``None``.
+
+  ``None`` also when the child only found errors (the caller then parses in
+  process and reports them). Otherwise a reason such as ``"the parser crashed
+  (signal SIGFPE)"`` or ``"the parser did not finish within 60 s"``. Where
+  ``os.fork`` is not available the input is not guarded (``None``).
+  """
+  if not hasattr(os, "fork"):
+    return None
+  sys.stdout.flush()
+  sys.stderr.flush()
+  pid = os.fork()
+  if pid == 0:  # pragma: no cover (the child)
+    _parse_in_child(source, ctx, source_name)
+  deadline = time.monotonic() + PARSE_GUARD_TIMEOUT_S
+  delay = 0.0005
+  while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+      break
+    if time.monotonic() > deadline:
+      os.kill(pid, signal.SIGKILL)
+      os.waitpid(pid, 0)
+      return (f"MLIR's parser did not finish within {PARSE_GUARD_TIMEOUT_S:g} s (set "
+              f"hxmlir.passes.parsing.PARSE_GUARD_TIMEOUT_S for larger inputs)")
+    time.sleep(delay)
+    delay = min(delay * 2, 0.05)
+  if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    try:
+      name = signal.Signals(sig).name
+    except ValueError:
+      name = str(sig)
+    return f"MLIR's parser crashed on it (signal {name})"
+  if os.WEXITSTATUS(status) != 0:
+    return f"MLIR's parser crashed on it (exit status {os.WEXITSTATUS(status)})"
+  return None
+
+
+# --- VHLO ----------------------------------------------------------------------------------
+
+def has_vhlo(module: ir.Operation) -> bool:
+  """Whether the top level of ``module`` holds VHLO ops (``vhlo.func_v1``, ...)."""
+  return any(op.operation.name.startswith("vhlo.")
+             for op in module.regions[0].blocks[0].operations)
+
+
+def upgrade_vhlo(module: ir.Operation, ctx: ir.Context) -> ir.Operation:
+  """``module`` (VHLO, the portable form ``jax.export`` serializes) as StableHLO.
+
+  Serializes it as a StableHLO portable artifact at its own version and reads it
+  back with StableHLO's deserializer (``stablehlo.deserialize_portable_artifact``,
+  the reader ``jax.export`` itself uses), which upgrades every op to the current
+  StableHLO. Raises ``ir.MLIRError``-free ``ValueError`` naming the problem when
+  the module cannot be read that way.
+  """
+  buf = io.BytesIO()
+  module.write_bytecode(buf)
+  try:
+    with ctx:
+      return stablehlo.deserialize_portable_artifact(ctx, buf.getvalue()).operation
+  except Exception as e:  # the bindings raise a plain error with MLIR's message
+    raise ValueError(f"the VHLO module cannot be upgraded to StableHLO: {e}") from None
