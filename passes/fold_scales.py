@@ -36,8 +36,19 @@ leading batch dims, default precision, types and known shardings accepted by
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
 
-The rewrite reassociates one multiplication per term, so results differ from
-the original by float rounding only (a few ulps of each product).
+The rewrite reassociates one multiplication per term (``(q s) x`` becomes
+``q (x s)`` or ``(q x) s``). Where every intermediate product stays in f32's
+normal range, results differ from the original by float rounding only (a few
+ulps of each product). Range is not preserved: the rewrite forms ``x s`` (or
+``sum_c q x``) before the other factor, so where that intermediate overflows
+(``|x s| > 3.4e38``) the rewrite gives inf or NaN where the original may be finite
+(``q = 0``, ``s = 1e30``, ``x = 1e10``: the original gives ``0 * 1e10 = 0``, the
+rewrite ``0 * inf = NaN``), and where it underflows (below ``1.2e-38``) it loses
+precision the original kept. Quantization scales are ``absmax / 127`` of finite
+f32 weights, so this needs activations within a factor ``~1e38 / absmax`` of
+overflow; the pass does not guard against it (a guard would cost a compare
+and select per element), and ``hx-fold-scales`` should not be run on programs
+that rely on such products.
 """
 
 from __future__ import annotations

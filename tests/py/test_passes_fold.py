@@ -297,3 +297,33 @@ def test_fold_keeps_jax_shardings():
       '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
   assert [irutil.value_sharding(v) for v in op.operands] == [
       (("i",), ()), ((), ("j",)), ((),)]
+
+
+RANGE_CASE = """
+func.func @main(%x: tensor<1x2xf32>, %q: tensor<2x1xi8>, %s: tensor<2xf32>) -> tensor<1x1xf32> {
+  %0 = stablehlo.convert %q : (tensor<2x1xi8>) -> tensor<2x1xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<2xf32>) -> tensor<2x1xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<2x1xf32>
+  %3 = stablehlo.dot_general %x, %2, contracting_dims = [1] x [0] : (tensor<1x2xf32>, tensor<2x1xf32>) -> tensor<1x1xf32>
+  return %3 : tensor<1x1xf32>
+}
+"""
+
+
+def test_fold_reassociation_keeps_values_but_not_range_as_documented():
+  # the scale moves onto x: (q s) x -> q (x s). In range, rounding only; where x s
+  # overflows (x = 1e10, s = 1e30 on a zero weight) the rewrite gives NaN where the
+  # original gives 1.0, as the pass docstring states.
+  module = irutil.parse_module(RANGE_CASE, irutil.make_context(), "range")
+  assert parse_pipeline("hx-fold-scales{form-matmul-q=false}").run(module).changed
+  folded = module.get_asm()
+  q = np.array([[0], [1]], np.int8)
+  x = np.array([[1e10, 1.0]], np.float32)
+  s = np.array([1e30, 1.0], np.float32)
+  (before,) = compile_and_run(RANGE_CASE, [x, q, s])
+  (after,) = compile_and_run(folded, [x, q, s])
+  assert before[0, 0] == 1.0 and np.isnan(after[0, 0])
+  x = np.array([[3.0, -2.0]], np.float32)
+  (before,) = compile_and_run(RANGE_CASE, [x, q, s])
+  (after,) = compile_and_run(folded, [x, q, s])
+  np.testing.assert_array_equal(after, before)  # one term: no reordering, one rounding each
