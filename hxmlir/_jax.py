@@ -159,3 +159,16 @@ module_to_portable_bytecode = _export_internal._module_to_bytecode
 """Serializes an ``ir.Module`` as ``jax.export`` does (VHLO portable artifact, 4-week target)."""
 stable_custom_call_targets = _export_internal._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE
 """The (mutable) set of custom-call targets ``jax.export`` accepts; ``targets.activate`` adds to it."""
+
+# --- may hxmlir fork this process? (read by hxmlir.passes.parsing.parse_crash) -------
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
+
+
+def runtime_started() -> bool:
+  """Whether JAX has started its runtime (backends and their threads) in this process.
+
+  After that ``os.fork()`` may deadlock the child, and JAX warns about it (its
+  ``os.register_at_fork`` hook, installed when the first backend starts), so
+  hxmlir parses untrusted input in a fresh interpreter instead of a forked child.
+  """
+  return bool(_xla_bridge._at_fork_handler_installed or _xla_bridge._backends)

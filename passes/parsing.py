@@ -21,10 +21,16 @@ take the process down.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import faulthandler
 import io
 import os
 import re
+import select
 import signal
+import struct
+import subprocess
 import sys
 import time
 
@@ -196,6 +202,7 @@ def _parse_in_child(source: str | bytes, ctx: ir.Context, source_name: str) -> N
   """The forked child: parse, then leave without running any of the parent's exit code."""
   status = 0
   try:
+    faulthandler.disable()  # a crash here is the answer, not a report
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -219,8 +226,8 @@ def parse_crash(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin
   (signal SIGFPE)"`` or ``"the parser did not finish within 60 s"``. Where
   ``os.fork`` is not available the input is not guarded (``None``).
   """
-  if not hasattr(os, "fork"):
-    return None
+  if _jax.runtime_started() or not hasattr(os, "fork"):
+    return _server.check(source, ctx.allow_unregistered_dialects, source_name)
   sys.stdout.flush()
   sys.stderr.flush()
   pid = os.fork()
@@ -249,6 +256,83 @@ def parse_crash(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin
   if os.WEXITSTATUS(status) != 0:
     return f"MLIR's parser crashed on it (exit status {os.WEXITSTATUS(status)})"
   return None
+
+
+_SERVER = """
+import struct, sys
+from hxmlir.passes import parsing
+contexts = {}
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+while True:
+  head = inp.read(9)
+  if len(head) < 9:
+    break
+  flags, n_name, n_data = struct.unpack("<BII", head)
+  name = inp.read(n_name).decode("utf-8")
+  data = inp.read(n_data)
+  allow = bool(flags & 1)
+  ctx = contexts.get(allow) or contexts.setdefault(allow, parsing.make_context(allow))
+  try:
+    parsing.parse_module(data if flags & 2 else data.decode("utf-8"), ctx, name)
+  except Exception:
+    pass
+  out.write(b"k")
+  out.flush()
+"""
+
+
+class _ParseServer:
+  """A Python interpreter, started once per process, that parses inputs sent to it and
+  answers one byte each; it is restarted after a crash. For processes where forking is
+  unsafe (JAX's runtime threads are running): one start (about a second: it imports
+  jaxlib), then a few milliseconds per input."""
+
+  def __init__(self):
+    self.proc: subprocess.Popen | None = None
+
+  def check(self, source: str | bytes, allow_unregistered: bool, source_name: str
+            ) -> str | None:
+    data = source if isinstance(source, bytes) else source.encode("utf-8")
+    name = source_name.encode("utf-8")
+    flags = (1 if allow_unregistered else 0) | (2 if isinstance(source, bytes) else 0)
+    if self.proc is None or self.proc.poll() is not None:
+      self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = self.proc
+    try:
+      proc.stdin.write(struct.pack("<BII", flags, len(name), len(data)) + name + data)
+      proc.stdin.flush()
+    except OSError:
+      pass  # it died; the answer below says how
+    ready, _, _ = select.select([proc.stdout], [], [], PARSE_GUARD_TIMEOUT_S)
+    answer = os.read(proc.stdout.fileno(), 1) if ready else b""
+    if answer == b"k":
+      return None
+    self.close()
+    code = proc.returncode
+    if not ready:
+      return (f"MLIR's parser did not finish within {PARSE_GUARD_TIMEOUT_S:g} s (set "
+              f"hxmlir.passes.parsing.PARSE_GUARD_TIMEOUT_S for larger inputs)")
+    if code is not None and code < 0:
+      try:
+        return f"MLIR's parser crashed on it (signal {signal.Signals(-code).name})"
+      except ValueError:
+        return f"MLIR's parser crashed on it (signal {-code})"
+    return f"MLIR's parser crashed on it (exit status {code})"
+
+  def close(self) -> None:
+    proc, self.proc = self.proc, None
+    if proc is not None:
+      if proc.poll() is None:
+        proc.kill()
+      proc.wait()
+      for f in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+          f.close()
+
+
+_server = _ParseServer()
+atexit.register(_server.close)
 
 
 # --- VHLO ----------------------------------------------------------------------------------
