@@ -310,7 +310,7 @@ class HxmlirOpt:
     inputs crash jaxlib's parser); bytecode was checked that way already. VHLO
     (what ``jax.export`` serializes) is upgraded to StableHLO, so passes see it.
     """
-    start = f"{source_name}:{offset + 1}:1"
+    start = f"{source_name}:{offset + _first_code_line(text)}:1"
     if isinstance(text, str) and (crash := parsing.parse_crash("\n" * offset + text, ctx,
                                                                source_name)):
       diags.append(Diagnostic(Severity.ERROR, start, f"cannot parse this input: {crash}"))
@@ -379,6 +379,15 @@ def _split(text: str) -> list[tuple[str, int]]:
     start = m.end() + 1
   chunks.append((text[start:], line))
   return chunks
+
+
+def _first_code_line(text: str | bytes) -> int:
+  """The 1-based line of ``text``'s first line that is neither blank nor a comment (1 if none)."""
+  if isinstance(text, str):
+    for i, line in enumerate(text.split("\n")):
+      if line.strip() and not line.lstrip().startswith("//"):
+        return i + 1
+  return 1
 
 
 def _relocate(d: Diagnostic, source_name: str) -> Diagnostic:
