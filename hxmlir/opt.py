@@ -3,26 +3,29 @@
 In the spirit of ``mlir-opt`` and ``xdsl-opt``::
 
   hxmlir-opt [input|-] [-o out] [-p PIPELINE] [--split-input-file]
-             [--verify-diagnostics] [--mlir-print-debuginfo] [--emit-bytecode]
-             [--print-ir-after-all] [--timing] [--allow-unregistered-dialect]
-             [--list-passes] [--version]
+             [--verify-diagnostics] [--mlir-print-debuginfo] [--mlir-print-op-generic]
+             [--emit-bytecode] [--print-ir-after-all] [--timing]
+             [--allow-unregistered-dialect] [--list-passes] [--version]
 
 ``mlir-opt``'s single-dash spellings of the long flags (``-split-input-file``,
 ``-pass-pipeline=...``) are accepted too; ``-p`` and ``-o`` may be given once.
 
 Input is MLIR text or bytecode (file or stdin); output is text (or bytecode
-with ``--emit-bytecode``) on stdout or ``-o``. Errors — malformed input,
+with ``--emit-bytecode``) on stdout or ``-o``; with ``--split-input-file`` each
+chunk is processed and printed on its own, and a chunk that fails (even with an
+internal error) does not drop the others' output. Errors — malformed input,
 unknown passes or options, bad flags, failing passes — are printed on stderr
 as ``file:line:col: error: message`` and the exit status is 1; never a Python
-traceback. Bytecode input is checked first (header, strings) and parsed once in
-a child process, since MLIR's reader can abort or hang on a corrupted file;
-either becomes ``file:0:0: error: corrupted MLIR bytecode: ...``.
-``--verify-diagnostics`` checks the diagnostics against MLIR's
-``// expected-error @+1 {{...}}`` (``expected-warning``, ``expected-remark``,
-``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``;
-``expected-error-re {{literal {{regex}} literal}}`` and the other ``-re`` kinds)
-annotations instead of printing them; an unknown ``expected-*`` kind is an error.
+traceback, never a signal: every input is parsed first in a child process
+(:func:`hxmlir.passes.parsing.parse_crash`), since jaxlib's parser can crash on
+some inputs, and bytecode is checked before that
+(:func:`hxmlir.passes.parsing.check_bytecode`). VHLO input (the module inside a
+``jax.export`` artifact) is upgraded to StableHLO before the passes run, so the
+output is StableHLO. ``--verify-diagnostics`` checks the diagnostics against
+MLIR's ``// expected-error @+1 {{...}}`` annotations instead of printing them
+(:mod:`hxmlir.passes.expectations`).
 
+This module is the driver only: arguments, reading and writing, chunks, timing.
 :class:`HxmlirOpt` runs in-process (``HxmlirOpt(["-p", "hx-verify", path]).run()``
 returns the exit status), so pytest drives it without subprocesses. An internal
 error (a bug) is reported in one line; set ``HXMLIR_OPT_TRACEBACK=1`` to get the

@@ -20,7 +20,11 @@ The API other code relies on::
   MLIR's verifier fails after a pass (the error names the pass).
 - :data:`PASS_REGISTRY` maps pass names to lazy getters of their classes;
   register a new pass with one line in ``passes/registry.py``.
-- Passes run in the MLIR context JAX uses (:func:`irutil.make_context`); they
+- A pass is ``apply(module, ctx)``: ``ctx`` is a :class:`PassContext` (xDSL's
+  ``ctx``), the diagnostics sink plus what the run knows: ``ctx.platforms``, the
+  lowering's platforms (``Pipeline.run(module, platforms=...)``; ``None`` in
+  ``hxmlir-opt``). Nothing reaches a pass through global or context-variable state.
+- Passes run in the MLIR context JAX uses (:func:`parsing.make_context`); they
   read and rewrite IR only and never trace JAX code.
 - Inside a JAX lowering (``hx.install``), ``Pipeline.run_jaxpr`` first runs the
   jaxpr stage of the leading passes (:meth:`HxPass.apply_jaxpr`): part of a
@@ -38,6 +42,7 @@ file per pass, named after it.
 from hxmlir.passes.base import Diagnostic as Diagnostic
 from hxmlir.passes.base import Diagnostics as Diagnostics
 from hxmlir.passes.base import HxPass as HxPass
+from hxmlir.passes.base import PassContext as PassContext
 from hxmlir.passes.base import PassError as PassError
 from hxmlir.passes.base import PassResult as PassResult
 from hxmlir.passes.base import PipelineError as PipelineError

@@ -121,6 +121,23 @@ class Diagnostics:
     return [d for d in self.items if d.severity is Severity.ERROR]
 
 
+class PassContext(Diagnostics):
+  """What a pass is given besides the module (xDSL's ``ctx``): the diagnostics sink and
+  facts about the run.
+
+  ``platforms``: the platforms the module is being lowered for (``("cpu",)``,
+  ``("cuda", "tpu")``), when the pipeline runs inside a JAX lowering
+  (``hxmlir.install`` gives JAX's lowering platforms); ``None`` when unknown
+  (``hxmlir-opt``). Passes may specialise on it (``hx-fold-scales`` builds
+  CPU-streaming decompositions for ``("cpu",)``). It is a :class:`Diagnostics`,
+  so passes report to it directly.
+  """
+
+  def __init__(self, platforms: tuple[str, ...] | None = None):
+    super().__init__()
+    self.platforms = None if platforms is None else tuple(platforms)
+
+
 @dataclass
 class PassResult:
   """What one pass did: ``changed`` (the IR was modified) and ``stats`` (counters)."""
@@ -142,10 +159,12 @@ class HxPass:
   analysis: ClassVar[bool] = False
   """True for passes that never modify the module (they only report)."""
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, ctx: PassContext) -> PassResult:
     """Runs on ``module`` (a ``builtin.module`` op), in place.
 
-    Reports problems to ``diags``; returns whether the IR changed and counters.
+    Reports problems to ``ctx`` (a :class:`PassContext`: a :class:`Diagnostics`
+    sink that also says what the module is lowered for); returns whether the IR
+    changed and counters.
     """
     raise NotImplementedError
 

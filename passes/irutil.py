@@ -105,27 +105,6 @@ def walk(op: ir.Operation, names: frozenset[str] | None = None) -> list[ir.Opera
   return out
 
 
-# The platforms the module is being lowered for, when the pipeline runs inside a
-# JAX lowering (hxmlir.install sets them); ``None`` when unknown (hxmlir-opt).
-_target_platforms: ContextVar[tuple[str, ...] | None] = ContextVar(
-    "hxmlir_target_platforms", default=None)
-
-
-def target_platforms() -> tuple[str, ...] | None:
-  """The platforms of the lowering this pipeline runs in, or ``None`` if unknown."""
-  return _target_platforms.get()
-
-
-@contextlib.contextmanager
-def target_platforms_scope(platforms: tuple[str, ...] | None):
-  """While open, :func:`target_platforms` answers ``platforms``."""
-  token = _target_platforms.set(None if platforms is None else tuple(platforms))
-  try:
-    yield
-  finally:
-    _target_platforms.reset(token)
-
-
 # One walk per pipeline run serves every pass that only looks ops up by name:
 # Pipeline.run opens a cache, and drops it after each pass that changed the IR.
 _op_index: ContextVar[dict | None] = ContextVar("hxmlir_op_index", default=None)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from jaxlib.mlir import ir, passmanager
 
 from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostic, Diagnostics, HxPass, PassError, PipelineError
+from hxmlir.passes.base import Diagnostic, HxPass, PassContext, PassError, PipelineError
 from hxmlir.passes.registry import PASS_REGISTRY
 
 NATIVE_PASSES: tuple[str, ...] = (
@@ -251,8 +251,8 @@ class Pipeline:
     """
     op = module.operation
     result = PipelineResult()
-    with irutil.op_index_scope(), irutil.target_platforms_scope(platforms):
-      self._run_passes(op, result, after_pass)
+    with irutil.op_index_scope():
+      self._run_passes(op, result, after_pass, platforms)
     return result
 
   def run_jaxpr(self, jaxpr) -> tuple[object, dict[str, dict[str, int]], list[tuple[str, float]]]:
@@ -285,7 +285,7 @@ class Pipeline:
     return jaxpr, stats, ran
 
   def _run_passes(self, op: ir.Operation, result: PipelineResult,
-                  after_pass: AfterPass | None) -> None:
+                  after_pass: AfterPass | None, platforms: tuple[str, ...] | None) -> None:
     for p in self.passes:
       start = time.perf_counter()
       if isinstance(p, NativePass):
@@ -293,7 +293,7 @@ class Pipeline:
         if changed:
           irutil.invalidate_op_index()
       else:
-        diags = Diagnostics()
+        diags = PassContext(platforms)
         with op.context, ir.Location.unknown():
           outcome = p.apply(op, diags)
         result.diagnostics += [d for d in diags.items if d not in diags.errors]
