@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from jaxlib.mlir import ir
 
-from hxmlir.passes import irutil
+from hxmlir.passes import locations
 
 
 class Severity(enum.Enum):
@@ -54,7 +54,7 @@ class Diagnostic:
     sev = {ir.DiagnosticSeverity.ERROR: Severity.ERROR,
            ir.DiagnosticSeverity.WARNING: Severity.WARNING,
            ir.DiagnosticSeverity.REMARK: Severity.REMARK}.get(d.severity, Severity.NOTE)
-    return cls(sev, irutil.location_str(d.location), d.message,
+    return cls(sev, locations.location_str(d.location), d.message,
                tuple(cls.from_mlir(n) for n in d.notes))
 
 
@@ -99,9 +99,9 @@ class Diagnostics:
     if isinstance(where, str):
       loc = where
     elif isinstance(where, ir.Location):
-      loc = irutil.location_str(where)
+      loc = locations.location_str(where)
     else:
-      loc = irutil.location_str(where.location)
+      loc = locations.location_str(where.location)
     self.items.append(Diagnostic(severity, loc, message))
 
   def error(self, where, message: str) -> None:

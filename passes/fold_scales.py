@@ -62,7 +62,7 @@ from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir.lowering import matmul_q_impl, schema
-from hxmlir.passes import irutil
+from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
 
 _ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
@@ -191,14 +191,14 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
   op = _owner(d)
   if op is None or dt is None or str(dt.element_type) != "f32":
     return None
-  if irutil.is_hx_composite(op) and irutil.composite_name(op) == "hx.dequantize":
+  if ops.is_hx_composite(op) and ops.composite_name(op) == "hx.dequantize":
     spec = schema.lookup("hx.dequantize")
-    version = irutil.attr_or_none(op, "version")
+    version = ops.attr_or_none(op, "version")
     if version is None or ir.IntegerAttr(version).value not in spec.versions:
       return None
     q, s = op.operands
-    qt, st = irutil.tensor_type(q.type), irutil.tensor_type(s.type)
-    if qt is None or st is None or spec.check_types([qt, st], [irutil.tensor_type(dt)]):
+    qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
+    if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)]):
       return None
     return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
   if op.name != "stablehlo.multiply":
@@ -254,7 +254,7 @@ def _broadcast(t: ir.Value, amap: list[int | None], axis_map: dict[int, int],
 
 
 def _result_sharding(dot: ir.Operation) -> ir.Attribute | None:
-  got = irutil.result_sharding_attr(dot, 0)
+  got = shardings.result_sharding_attr(dot, 0)
   if got is not None:
     return got
   for use in dot.result.uses:
@@ -270,13 +270,13 @@ def _erase_dead(op: ir.Operation | None, dropped: set[str]) -> None:
   """
   if op is None:
     return
-  pure = op.name in _ERASABLE or (irutil.is_hx_composite(op) and
-                                  irutil.composite_name(op) == "hx.dequantize")
+  pure = op.name in _ERASABLE or (ops.is_hx_composite(op) and
+                                  ops.composite_name(op) == "hx.dequantize")
   if not pure or any(True for r in op.results for _ in r.uses):
     return
   defs = [_owner(v) for v in op.operands]
   if "decomposition" in op.attributes:
-    dropped.add(irutil.symbol_ref(op.attributes["decomposition"]))
+    dropped.add(symbols.symbol_ref(op.attributes["decomposition"]))
   op.erase()
   for d in defs:
     _erase_dead(d, dropped)
@@ -335,16 +335,16 @@ class FoldScalesPass(HxPass):
     decomps = None  # the decomposition functions' names, read at the first match
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
     state = _State(impl=self._decomposition_impl(ctx.platforms))
-    for dot in irutil.ops_named(module, "stablehlo.dot_general"):
+    for dot in ops.ops_named(module, "stablehlo.dot_general"):
       for side in (1, 0):
         m = _match(dot.operands[side])
         if m is None:
           continue
         if decomps is None:
-          decomps = {irutil.symbol_ref(op.attributes["decomposition"])
-                     for op in irutil.ops_named(module, "stablehlo.composite")
+          decomps = {symbols.symbol_ref(op.attributes["decomposition"])
+                     for op in ops.ops_named(module, "stablehlo.composite")
                      if "decomposition" in op.attributes}
-        if irutil.func_name(irutil.enclosing_func(dot)) in decomps:
+        if symbols.func_name(symbols.enclosing_func(dot)) in decomps:
           break  # decompositions are never rewritten
         how = self._fold(module, dot, side, m, state)
         if how is not None:
@@ -353,7 +353,7 @@ class FoldScalesPass(HxPass):
           break
     changed = stats["scales folded"] > 0
     if changed:
-      irutil.erase_unused_functions(module, state.dropped)
+      symbols.erase_unused_functions(module, state.dropped)
     return PassResult(changed=changed, stats=stats if changed else {})
 
   def _fold(self, module, dot: ir.Operation, side: int, m: _Dequant, state: _State
@@ -371,7 +371,7 @@ class FoldScalesPass(HxPass):
       qf = _unscaled_operand(m, plan.dt)
       if plan.into == "operand":
         x = dot.operands[plan.other]
-        sh = irutil.value_sharding_attr(x)
+        sh = shardings.value_sharding_attr(x)
         b = _broadcast(m.t, m.amap, plan.to_x, plan.xt, sh)
         dot.operands[plan.other] = _create("stablehlo.multiply", plan.xt, [x, b], sharding=sh)
       dot.operands[side] = qf
@@ -436,7 +436,7 @@ def _unscaled_operand(m: _Dequant, dt: ir.RankedTensorType) -> ir.Value:
   if qf is None:
     qt = ir.RankedTensorType(m.q.type)
     qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), dt.element_type),
-                 [m.q], sharding=irutil.value_sharding_attr(m.q))
+                 [m.q], sharding=shardings.value_sharding_attr(m.q))
   for c in reversed(m.inner):
     qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
   if m.perm is not None:
@@ -476,9 +476,9 @@ def _is_matmul_q_contract(dot, side, m: _Dequant, dd) -> bool:
   if "precision_config" in dot.attributes and any(
       "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
     return False
-  xt = irutil.tensor_type(dot.operands[0].type)
-  qt, st = irutil.tensor_type(m.q.type), irutil.tensor_type(m.s.type)
-  yt = irutil.tensor_type(dot.result.type)
+  xt = ops.tensor_type(dot.operands[0].type)
+  qt, st = ops.tensor_type(m.q.type), ops.tensor_type(m.s.type)
+  yt = ops.tensor_type(dot.result.type)
   if None in (xt, qt, st, yt):
     return False
   r = len(xt.shape)
@@ -499,16 +499,16 @@ def _matmul_q_shardings(dot, m: _Dequant) -> tuple | None:
   q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
   s_sh = None
   if q_sh is not None:
-    if irutil.dim_sharding(q_sh, r) is None:
+    if shardings.dim_sharding(q_sh, r) is None:
       return None
-    ts = irutil.as_tensor_sharding(q_sh)
+    ts = shardings.as_tensor_sharding(q_sh)
     s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
   y_sh = _result_sharding(dot)
-  known = [irutil.value_sharding(x),
-           irutil.dim_sharding(q_sh, r) if q_sh is not None else irutil.value_sharding(m.q),
-           irutil.dim_sharding(s_sh, r - 1) if s_sh is not None else
-           irutil.value_sharding(m.s)]
-  if schema.lookup("hx.matmul_q").check_shardings(known, [irutil.dim_sharding(y_sh, r)]):
+  known = [shardings.value_sharding(x),
+           shardings.dim_sharding(q_sh, r) if q_sh is not None else shardings.value_sharding(m.q),
+           shardings.dim_sharding(s_sh, r - 1) if s_sh is not None else
+           shardings.value_sharding(m.s)]
+  if schema.lookup("hx.matmul_q").check_shardings(known, [shardings.dim_sharding(y_sh, r)]):
     return None
   return q_sh, s_sh, y_sh
 

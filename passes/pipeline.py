@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir, passmanager
 
-from hxmlir.passes import irutil
+from hxmlir.passes import ops, parsing
 from hxmlir.passes.base import Diagnostic, HxPass, PassContext, PassError, PipelineError
 from hxmlir.passes.registry import PASS_REGISTRY
 
@@ -122,7 +122,7 @@ def _make_pass(name: str, opts_text: str, column: int) -> HxPass:
 
 @functools.cache
 def _check_context() -> ir.Context:
-  return irutil.make_context()
+  return parsing.make_context()
 
 
 def option_help(f: dataclasses.Field) -> str:
@@ -251,7 +251,7 @@ class Pipeline:
     """
     op = module.operation
     result = PipelineResult()
-    with irutil.op_index_scope():
+    with ops.op_index_scope():
       self._run_passes(op, result, after_pass, platforms)
     return result
 
@@ -291,7 +291,7 @@ class Pipeline:
       if isinstance(p, NativePass):
         changed, stats = _run_native(p, op), {}
         if changed:
-          irutil.invalidate_op_index()
+          ops.invalidate_op_index()
       else:
         diags = PassContext(platforms)
         with op.context, ir.Location.unknown():
@@ -302,7 +302,7 @@ class Pipeline:
           raise PassError(p.name, f"{n} problem{'s' if n != 1 else ''} found", diags.items)
         changed, stats = outcome.changed, outcome.stats
         if changed:  # an unchanged module is as valid as before the pass
-          irutil.invalidate_op_index()
+          ops.invalidate_op_index()
           _verify_after(p.name, op)
       elapsed = time.perf_counter() - start
       result.changed |= changed

@@ -189,7 +189,7 @@ def test_run_reports_changed_and_stats():
   fold = result.stats["hx-fold-scales"]
   assert fold["scales folded"] == 1 and fold["matmul_q formed"] == 1
   assert result.stats["cse"] == {}
-  names = [irutil.composite_name(op) for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+  names = [irutil.composite_name(op) for op in irutil.hx_composites(module)]
   assert names == ["hx.matmul_q"]
 
 
@@ -269,7 +269,7 @@ def test_locations_from_jax_point_at_the_users_line():
     return hx.matmul_q(x, qw)
   line = inspect.getsourcelines(f)[1] + 1
   module = jax.jit(f).lower(x, qw).compiler_ir("stablehlo")
-  (op,) = [op for op in irutil.walk(module.operation) if irutil.is_hx_composite(op)]
+  (op,) = irutil.hx_composites(module.operation)
   with module.context:
     op.attributes["version"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 99)
   with pytest.raises(PassError) as e:
@@ -300,7 +300,7 @@ func.func private @other(%q: tensor<6x8xi8>) -> tensor<6x8xf32> {
   %0 = stablehlo.convert %q : (tensor<6x8xi8>) -> tensor<6x8xf32>
   return %0 : tensor<6x8xf32>
 }""")
-  (op,) = [op for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+  (op,) = irutil.hx_composites(module)
   with module.context:
     op.attributes["decomposition"] = ir.FlatSymbolRefAttr.get("other")
   diags = Diagnostics()

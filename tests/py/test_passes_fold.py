@@ -291,7 +291,7 @@ def test_fold_keeps_jax_shardings():
     module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
   result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
   assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
-  (op,) = [op for op in irutil.walk(module.operation) if irutil.is_hx_composite(op)]
+  (op,) = irutil.hx_composites(module.operation)
   assert irutil.composite_name(op) == "hx.matmul_q"
   assert str(op.attributes["sdy.sharding"]) == \
       '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
