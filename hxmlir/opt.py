@@ -197,11 +197,14 @@ class HxmlirOpt:
       self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
                 "do not combine it with --split-input-file")
       return 1
+    # text is parsed in a child first (jaxlib's parser can crash); bytecode was, above
+    crashes = (parsing.parse_crashes(["\n" * off + t for t, off in chunks], ctx, source_name)
+               if isinstance(data, str) else [None])
     outputs: list[str | bytes] = []
     status = 0
-    for text, offset in chunks:
+    for (text, offset), crash in zip(chunks, crashes):
       try:
-        out, ok = self._process(ctx, args, pipeline, source_name, text, offset)
+        out, ok = self._process(ctx, args, pipeline, source_name, text, offset, crash)
       except Exception as e:  # a bug: report it for this chunk, go on with the others
         if os.environ.get("HXMLIR_OPT_TRACEBACK"):
           raise
@@ -264,12 +267,12 @@ class HxmlirOpt:
 
   # --- one chunk --------------------------------------------------------------
 
-  def _process(self, ctx, args, pipeline, source_name, text, offset):
+  def _process(self, ctx, args, pipeline, source_name, text, offset, crash):
     """Parses, runs and prints one chunk; returns (output or None, ok)."""
     diags: list[Diagnostic] = []
     out = None
     start = time.perf_counter()
-    module = self._parse(ctx, source_name, text, offset, diags)
+    module = self._parse(ctx, source_name, text, offset, crash, diags)
     self.timings.append(("(parse)", time.perf_counter() - start))
     if module is not None:
       def after(name, op, seconds):
@@ -305,17 +308,16 @@ class HxmlirOpt:
     return op.get_asm(enable_debug_info=args.mlir_print_debuginfo,
                       print_generic_op_form=args.mlir_print_op_generic)
 
-  def _parse(self, ctx, source_name: str, text: str | bytes, offset: int,
+  def _parse(self, ctx, source_name: str, text: str | bytes, offset: int, crash: str | None,
              diags: list[Diagnostic]) -> ir.Operation | None:
     """One chunk as a StableHLO module, or ``None`` after adding why not to ``diags``.
 
-    Text is first parsed in a forked child (:func:`parsing.parse_crash`: some
-    inputs crash jaxlib's parser); bytecode was checked that way already. VHLO
+    ``crash``: why the chunk crashed jaxlib's parser in a child process
+    (:func:`parsing.parse_crashes`), or ``None``; it is then parsed here. VHLO
     (what ``jax.export`` serializes) is upgraded to StableHLO, so passes see it.
     """
     start = f"{source_name}:{offset + _first_code_line(text)}:1"
-    if isinstance(text, str) and (crash := parsing.parse_crash("\n" * offset + text, ctx,
-                                                               source_name)):
+    if crash:
       diags.append(Diagnostic(Severity.ERROR, start, f"cannot parse this input: {crash}"))
       return None
     src = text if isinstance(text, bytes) else "\n" * offset + text

@@ -32,7 +32,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -198,64 +197,103 @@ def check_bytecode(data: bytes) -> str | None:
 
 # --- the crash guard -----------------------------------------------------------------------
 
-def _parse_in_child(source: str | bytes, ctx: ir.Context, source_name: str) -> None:
-  """The forked child: parse, then leave without running any of the parent's exit code."""
-  status = 0
+def _parse_in_child(sources: list, ctx: ir.Context, source_name: str, done_fd: int) -> None:
+  """The forked child: parse each source, one byte to ``done_fd`` after each, then leave
+  without running any of the parent's exit code."""
   try:
     faulthandler.disable()  # a crash here is the answer, not a report
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     ctx.enable_multithreading(False)  # the parent's thread pool has no threads here
-    try:
-      parse_module(source, ctx, source_name)
-    except ir.MLIRError:
-      pass
+    for source in sources:
+      try:
+        parse_module(source, ctx, source_name)
+      except ir.MLIRError:
+        pass
+      os.write(done_fd, b".")
   except BaseException:  # a Python error is not a crash: the parent reports it itself
-    status = 0
-  os._exit(status)
+    pass
+  os._exit(0)
+
+
+def _signal_name(sig: int) -> str:
+  try:
+    return signal.Signals(sig).name
+  except ValueError:
+    return str(sig)
+
+
+def _timeout_reason() -> str:
+  return (f"MLIR's parser did not finish within {PARSE_GUARD_TIMEOUT_S:g} s (set "
+          f"hxmlir.passes.parsing.PARSE_GUARD_TIMEOUT_S for larger inputs)")
+
+
+def _fork_and_parse(sources: list, ctx: ir.Context, source_name: str) -> tuple[int, str | None]:
+  """Parses ``sources`` in order in one forked child: (how many it finished, why it
+  stopped before the next one or ``None``)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:  # pragma: no cover (the child)
+    os.close(r)
+    _parse_in_child(sources, ctx, source_name, w)
+  os.close(w)
+  done, reason = 0, None
+  try:
+    while True:
+      ready, _, _ = select.select([r], [], [], PARSE_GUARD_TIMEOUT_S)
+      if not ready:
+        os.kill(pid, signal.SIGKILL)
+        reason = _timeout_reason()
+        break
+      got = os.read(r, 4096)
+      if not got:
+        break
+      done += len(got)
+  finally:
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+  if reason is None and done < len(sources):
+    if os.WIFSIGNALED(status):
+      reason = f"MLIR's parser crashed on it (signal {_signal_name(os.WTERMSIG(status))})"
+    else:
+      reason = f"MLIR's parser crashed on it (exit status {os.WEXITSTATUS(status)})"
+  return done, reason
+
+
+def parse_crashes(sources: list[str | bytes], ctx: ir.Context, source_name: str = "<stdin>"
+                  ) -> list[str | None]:
+  """Parses each of ``sources`` in a child process, in a copy of ``ctx`` (a context from
+  :func:`make_context`); for each, why it crashed there, or ``None``.
+
+  ``None`` also when the child only found errors (the caller then parses in
+  process and reports them). Otherwise a reason such as ``"MLIR's parser
+  crashed on it (signal SIGFPE)"`` or ``"... did not finish within 60 s"``.
+  While JAX's runtime has not started (``hxmlir-opt``), the child is a fork of
+  this process: one for all the sources, and one more after each crash (a few
+  milliseconds each). Once it has (threads that a fork would copy in an unknown
+  state; JAX warns), the child is a long-lived parse server
+  (:class:`_ParseServer`).
+  """
+  if _jax.runtime_started() or not hasattr(os, "fork"):
+    return [_server.check(s, ctx.allow_unregistered_dialects, source_name) for s in sources]
+  out: list[str | None] = [None] * len(sources)
+  start = 0
+  while start < len(sources):
+    done, reason = _fork_and_parse(sources[start:], ctx, source_name)
+    if reason is None:
+      break
+    out[start + done] = reason
+    start += done + 1
+  return out
 
 
 def parse_crash(source: str | bytes, ctx: ir.Context, source_name: str = "<stdin>"
                 ) -> str | None:
-  """Parses ``source`` in a forked child process, in its copy of ``ctx`` (a context
-  from :func:`make_context`); why it crashed there, or ``None``.
-
-  ``None`` also when the child only found errors (the caller then parses in
-  process and reports them). Otherwise a reason such as ``"the parser crashed
-  (signal SIGFPE)"`` or ``"the parser did not finish within 60 s"``. Where
-  ``os.fork`` is not available the input is not guarded (``None``).
-  """
-  if _jax.runtime_started() or not hasattr(os, "fork"):
-    return _server.check(source, ctx.allow_unregistered_dialects, source_name)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  pid = os.fork()
-  if pid == 0:  # pragma: no cover (the child)
-    _parse_in_child(source, ctx, source_name)
-  deadline = time.monotonic() + PARSE_GUARD_TIMEOUT_S
-  delay = 0.0005
-  while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-      break
-    if time.monotonic() > deadline:
-      os.kill(pid, signal.SIGKILL)
-      os.waitpid(pid, 0)
-      return (f"MLIR's parser did not finish within {PARSE_GUARD_TIMEOUT_S:g} s (set "
-              f"hxmlir.passes.parsing.PARSE_GUARD_TIMEOUT_S for larger inputs)")
-    time.sleep(delay)
-    delay = min(delay * 2, 0.05)
-  if os.WIFSIGNALED(status):
-    sig = os.WTERMSIG(status)
-    try:
-      name = signal.Signals(sig).name
-    except ValueError:
-      name = str(sig)
-    return f"MLIR's parser crashed on it (signal {name})"
-  if os.WEXITSTATUS(status) != 0:
-    return f"MLIR's parser crashed on it (exit status {os.WEXITSTATUS(status)})"
-  return None
+  """:func:`parse_crashes` of one source."""
+  return parse_crashes([source], ctx, source_name)[0]
 
 
 _SERVER = """
@@ -311,13 +349,9 @@ class _ParseServer:
     self.close()
     code = proc.returncode
     if not ready:
-      return (f"MLIR's parser did not finish within {PARSE_GUARD_TIMEOUT_S:g} s (set "
-              f"hxmlir.passes.parsing.PARSE_GUARD_TIMEOUT_S for larger inputs)")
+      return _timeout_reason()
     if code is not None and code < 0:
-      try:
-        return f"MLIR's parser crashed on it (signal {signal.Signals(-code).name})"
-      except ValueError:
-        return f"MLIR's parser crashed on it (signal {-code})"
+      return f"MLIR's parser crashed on it (signal {_signal_name(-code)})"
     return f"MLIR's parser crashed on it (exit status {code})"
 
   def close(self) -> None:
