@@ -31,6 +31,14 @@ The API other code relies on::
   pass's rewrite done on the jaxpr before JAX lowers it, where it is cheaper
   (``hx-fold-scales``: ``x @ hx.dequantize(qw)`` -> ``hx_matmul_q``). It
   rewrites equations, never traces; the MLIR stage still runs afterwards.
+  This is the one deliberate exception to "passes read MLIR only": the jaxpr is
+  the IR one step earlier, and ``fold_scales_jaxpr.py`` binds the lowering's
+  ``hx_matmul_q_p`` (an import in the allowed direction, passes -> lowering).
+  It lives next to its pass, not in ``lowering/``, because it is that pass's
+  rewrite (same pattern, same options, same stats, and the MLIR stage must give
+  the same result for whatever it leaves), selected by the pipeline string, and
+  tested against the MLIR stage; ``lowering/`` holds rules JAX calls, not
+  rewrites a pipeline chooses.
 
 Passes: ``hx-verify`` (the IR contract of ``lowering/schema.py``),
 ``hx-fold-scales`` (dequantize -> dot_general: scales into the smaller side,
