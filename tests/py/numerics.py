@@ -168,3 +168,11 @@ def polynomial_bound(f, *operands, depth: int) -> np.ndarray:
   mags = np.asarray(f(*(np.abs(np.asarray(o)) for o in operands))).astype(np.float64)
   g = gamma(depth)
   return g * (1 + g) * mags + depth * TINY
+
+
+def assert_einsum_close(got, subscripts: str, *operands, extra: int = 0) -> None:
+  """``got`` is ``einsum(subscripts, *operands)`` (f32 operands, any number) evaluated in
+  f32 in any order: compared with the float64 einsum within :func:`dot_bound`
+  (``extra``: one per factor beyond two in each term). Raises ``AssertionError``."""
+  exact = np.einsum(subscripts, *(_f64(o) for o in operands))
+  assert_within(got, exact, dot_bound(subscripts, *operands, extra=extra))
