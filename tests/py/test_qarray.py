@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numerics import assert_within, dot_bound
+from numerics import assert_matmul_close, assert_within, dot_bound
 
 import hxmlir as hx
 
@@ -129,8 +129,7 @@ def test_quantize_higher_rank_rows():
 
 def test_matmul_q_equals_dense_reference(x, w):
   qw = hx.quantize(w)
-  dense = np.asarray(x) @ np.asarray(hx.dequantize(qw))
-  np.testing.assert_allclose(np.asarray(hx.matmul_q(x, qw)), dense, rtol=1e-6, atol=1e-6)
+  assert_matmul_close(hx.matmul_q(x, qw), x, hx.dequantize(qw), extra=1)
 
 
 def test_matmul_q_batched_operands():
@@ -140,8 +139,7 @@ def test_matmul_q_batched_operands():
   qw = hx.quantize(wb)
   out = hx.matmul_q(xb, qw)
   assert out.shape == (3, 2, 4)
-  dense = np.einsum("bmk,bkn->bmn", np.asarray(xb), np.asarray(hx.dequantize(qw)))
-  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  assert_matmul_close(out, xb, hx.dequantize(qw), "bmk,bkn->bmn", extra=1)
 
 
 # --- jit -----------------------------------------------------------------------
