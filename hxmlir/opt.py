@@ -179,30 +179,12 @@ class HxmlirOpt:
     if data is None:
       return 1
     ctx = parsing.make_context(args.allow_unregistered_dialect)
-    if isinstance(data, bytes):  # bytecode
-      problem = parsing.check_bytecode(data)
-      if problem is None and (crash := parsing.parse_crash(data, ctx, source_name)):
-        problem = f"corrupted MLIR bytecode: {crash}"
-      if problem:
-        self._err(f"{source_name}:0:0: error: {problem}")
-        return 1
-      if args.split_input_file or args.verify_diagnostics:
-        self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
-                  "need MLIR text input, got bytecode")
-        return 1
-      chunks = [(data, 0)]
-    else:
-      chunks = _split(data) if args.split_input_file else [(data, 0)]
-    if args.emit_bytecode and len(chunks) > 1:
-      self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
-                "do not combine it with --split-input-file")
+    chunks = self._chunks(args, ctx, source_name, data)
+    if chunks is None:
       return 1
-    # text is parsed in a child first (jaxlib's parser can crash); bytecode was, above
-    crashes = (parsing.parse_crashes(["\n" * off + t for t, off in chunks], ctx, source_name)
-               if isinstance(data, str) else [None])
     outputs: list[str | bytes] = []
     status = 0
-    for (text, offset), crash in zip(chunks, crashes):
+    for text, offset, crash in chunks:
       try:
         out, ok = self._process(ctx, args, pipeline, source_name, text, offset, crash)
       except Exception as e:  # a bug: report it for this chunk, go on with the others
@@ -219,6 +201,33 @@ class HxmlirOpt:
     if args.timing:
       self._report_timing()
     return status
+
+  def _chunks(self, args, ctx, source_name: str, data: str | bytes) -> list[tuple] | None:
+    """``(text or bytecode, lines before it, why it crashed the parser or None)`` per
+    chunk; ``None`` after reporting an input or flag combination that cannot be run.
+
+    Bytecode is checked (:func:`parsing.check_bytecode`), text split; every
+    chunk is parsed in a child process first, since jaxlib's parser can crash.
+    """
+    if isinstance(data, bytes):  # bytecode
+      problem = parsing.check_bytecode(data)
+      if problem is None and (crash := parsing.parse_crash(data, ctx, source_name)):
+        problem = f"corrupted MLIR bytecode: {crash}"
+      if problem:
+        self._err(f"{source_name}:0:0: error: {problem}")
+        return None
+      if args.split_input_file or args.verify_diagnostics:
+        self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
+                  "need MLIR text input, got bytecode")
+        return None
+      return [(data, 0, None)]
+    chunks = _split(data) if args.split_input_file else [(data, 0)]
+    if args.emit_bytecode and len(chunks) > 1:
+      self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
+                "do not combine it with --split-input-file")
+      return None
+    crashes = parsing.parse_crashes(["\n" * off + t for t, off in chunks], ctx, source_name)
+    return [(t, off, crash) for (t, off), crash in zip(chunks, crashes)]
 
   # --- input / output --------------------------------------------------------
 
