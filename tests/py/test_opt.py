@@ -487,3 +487,13 @@ def test_print_op_generic_round_trips_where_the_pretty_form_does_not():
   assert again.status == 0 and again.out == generic.out
   pretty = run([], stdin=WHILE_DYNAMIC)
   assert run([], stdin=pretty.out).status == 1  # jaxlib's pretty form loses the block types
+
+
+def test_parse_guard_in_a_process_running_jax_uses_the_parse_server(monkeypatch):
+  # (the lit test foreign-ir.mlir covers the forked child of the command-line tool)
+  from hxmlir.passes import parsing
+  monkeypatch.setattr(parsing._jax, "runtime_started", lambda: True)
+  ctx = parsing.make_context()
+  got = parsing.parse_crashes([GOOD, CRASHERS["SIGFPE"], GOOD, CRASHERS["SIGSEGV"], "x"], ctx)
+  assert got == [None, "MLIR's parser crashed on it (signal SIGFPE)", None,
+                 "MLIR's parser crashed on it (signal SIGSEGV)", None]
