@@ -383,3 +383,16 @@ def pallas_block_origin() -> str | None:
       return f.f_locals["self"].origin
     f = f.f_back
   return None
+
+# --- may hxmlir fork this process? (read by hxmlir.passes.parsing.parse_crash) -------
+from jax._src import xla_bridge as _xla_bridge  # noqa: E402
+
+
+def runtime_started() -> bool:
+  """Whether JAX has started its runtime (backends and their threads) in this process.
+
+  After that ``os.fork()`` may deadlock the child, and JAX warns about it (its
+  ``os.register_at_fork`` hook, installed when the first backend starts), so
+  hxmlir parses untrusted input in a fresh interpreter instead of a forked child.
+  """
+  return bool(_xla_bridge._at_fork_handler_installed or _xla_bridge._backends)

@@ -3,26 +3,29 @@
 In the spirit of ``mlir-opt`` and ``xdsl-opt``::
 
   hxmlir-opt [input|-] [-o out] [-p PIPELINE] [--split-input-file]
-             [--verify-diagnostics] [--mlir-print-debuginfo] [--emit-bytecode]
-             [--print-ir-after-all] [--timing] [--allow-unregistered-dialect]
-             [--list-passes] [--version]
+             [--verify-diagnostics] [--mlir-print-debuginfo] [--mlir-print-op-generic]
+             [--emit-bytecode] [--print-ir-after-all] [--timing]
+             [--allow-unregistered-dialect] [--list-passes] [--version]
 
 ``mlir-opt``'s single-dash spellings of the long flags (``-split-input-file``,
 ``-pass-pipeline=...``) are accepted too; ``-p`` and ``-o`` may be given once.
 
 Input is MLIR text or bytecode (file or stdin); output is text (or bytecode
-with ``--emit-bytecode``) on stdout or ``-o``. Errors — malformed input,
+with ``--emit-bytecode``) on stdout or ``-o``; with ``--split-input-file`` each
+chunk is processed and printed on its own, and a chunk that fails (even with an
+internal error) does not drop the others' output. Errors — malformed input,
 unknown passes or options, bad flags, failing passes — are printed on stderr
 as ``file:line:col: error: message`` and the exit status is 1; never a Python
-traceback. Bytecode input is checked first (header, strings) and parsed once in
-a child process, since MLIR's reader can abort or hang on a corrupted file;
-either becomes ``file:0:0: error: corrupted MLIR bytecode: ...``.
-``--verify-diagnostics`` checks the diagnostics against MLIR's
-``// expected-error @+1 {{...}}`` (``expected-warning``, ``expected-remark``,
-``expected-note``; ``@+N``, ``@-N``, ``@above``, ``@below``, ``@unknown``;
-``expected-error-re {{literal {{regex}} literal}}`` and the other ``-re`` kinds)
-annotations instead of printing them; an unknown ``expected-*`` kind is an error.
+traceback, never a signal: every input is parsed first in a child process
+(:func:`hxmlir.passes.parsing.parse_crash`), since jaxlib's parser can crash on
+some inputs, and bytecode is checked before that
+(:func:`hxmlir.passes.parsing.check_bytecode`). VHLO input (the module inside a
+``jax.export`` artifact) is upgraded to StableHLO before the passes run, so the
+output is StableHLO. ``--verify-diagnostics`` checks the diagnostics against
+MLIR's ``// expected-error @+1 {{...}}`` annotations instead of printing them
+(:mod:`hxmlir.passes.expectations`).
 
+This module is the driver only: arguments, reading and writing, chunks, timing.
 :class:`HxmlirOpt` runs in-process (``HxmlirOpt(["-p", "hx-verify", path]).run()``
 returns the exit status), so pytest drives it without subprocesses. An internal
 error (a bug) is reported in one line; set ``HXMLIR_OPT_TRACEBACK=1`` to get the
@@ -35,22 +38,18 @@ import argparse
 import io
 import os
 import re
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import IO
 
-from hxmlir.passes import PASS_REGISTRY, PassError, PipelineError, irutil, parse_pipeline
+from jaxlib.mlir import ir
+
+from hxmlir.passes import PASS_REGISTRY, PassError, PipelineError, parse_pipeline, parsing
 from hxmlir.passes.base import Diagnostic, Severity
+from hxmlir.passes.expectations import verify_diagnostics
 from hxmlir.passes.pipeline import NATIVE_PASSES, option_help
 
 SPLIT_MARKER = re.compile(r"^// -----.*$", re.MULTILINE)
-_EXPECTED = re.compile(
-    r"expected-(error|warning|remark|note)(-re)?\s*(?:@\s*([+-]\d+|above|below|unknown))?\s*"
-    r"\{\{(.*)\}\}")
-_ANY_EXPECTED = re.compile(r"\bexpected-([\w-]+)\s*(?:@|\{\{)")
-_REGEX_PART = re.compile(r"\{\{(.*?)\}\}")
 
 
 class _Usage(Exception):
@@ -114,6 +113,8 @@ def _build_parser() -> argparse.ArgumentParser:
                  help="check diagnostics against expected-* annotations in the input")
   p.add_argument("--mlir-print-debuginfo", action="store_true",
                  help="print locations in the output")
+  p.add_argument("--mlir-print-op-generic", action="store_true",
+                 help="print operations in MLIR's generic form (always re-parses)")
   p.add_argument("--emit-bytecode", action="store_true", help="write MLIR bytecode")
   p.add_argument("--print-ir-after-all", action="store_true",
                  help="print the IR on stderr after each pass")
@@ -123,21 +124,6 @@ def _build_parser() -> argparse.ArgumentParser:
   p.add_argument("--list-passes", action="store_true", help="list the available passes")
   p.add_argument("--version", action="store_true", help="print versions and exit")
   return p
-
-
-@dataclass
-class _Expected:
-  severity: str
-  line: int | None  # None: @unknown
-  text: str
-  where: str  # "file:line:col" of the annotation
-  pattern: re.Pattern | None = None  # expected-*-re: literal text with {{regex}} parts
-  seen: bool = False
-
-  def matches(self, message: str) -> bool:
-    if self.pattern is not None:
-      return self.pattern.search(message) is not None
-    return self.text in message
 
 
 class HxmlirOpt:
@@ -192,28 +178,21 @@ class HxmlirOpt:
     source_name, data = self._read(args.input)
     if data is None:
       return 1
-    if isinstance(data, bytes):  # bytecode
-      problem = check_bytecode(data) or _parse_bytecode_in_child(
-          data, args.allow_unregistered_dialect)
-      if problem:
-        self._err(f"{source_name}:0:0: error: {problem}")
-        return 1
-      if args.split_input_file or args.verify_diagnostics:
-        self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
-                  "need MLIR text input, got bytecode")
-        return 1
-      chunks = [(data, 0)]
-    else:
-      chunks = _split(data) if args.split_input_file else [(data, 0)]
-    if args.emit_bytecode and len(chunks) > 1:
-      self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
-                "do not combine it with --split-input-file")
+    ctx = parsing.make_context(args.allow_unregistered_dialect)
+    chunks = self._chunks(args, ctx, source_name, data)
+    if chunks is None:
       return 1
-    ctx = irutil.make_context(args.allow_unregistered_dialect)
     outputs: list[str | bytes] = []
     status = 0
-    for text, offset in chunks:
-      out, ok = self._process(ctx, args, pipeline, source_name, text, offset)
+    for text, offset, crash in chunks:
+      try:
+        out, ok = self._process(ctx, args, pipeline, source_name, text, offset, crash)
+      except Exception as e:  # a bug: report it for this chunk, go on with the others
+        if os.environ.get("HXMLIR_OPT_TRACEBACK"):
+          raise
+        where = f" (in the chunk at {source_name}:{offset + 1})" if len(chunks) > 1 else ""
+        self._err(f"hxmlir-opt: internal error{where}: {type(e).__name__}: {e}")
+        out, ok = None, False
       status |= 0 if ok else 1
       if out is not None:
         outputs.append(out)
@@ -222,6 +201,33 @@ class HxmlirOpt:
     if args.timing:
       self._report_timing()
     return status
+
+  def _chunks(self, args, ctx, source_name: str, data: str | bytes) -> list[tuple] | None:
+    """``(text or bytecode, lines before it, why it crashed the parser or None)`` per
+    chunk; ``None`` after reporting an input or flag combination that cannot be run.
+
+    Bytecode is checked (:func:`parsing.check_bytecode`), text split; every
+    chunk is parsed in a child process first, since jaxlib's parser can crash.
+    """
+    if isinstance(data, bytes):  # bytecode
+      problem = parsing.check_bytecode(data)
+      if problem is None and (crash := parsing.parse_crash(data, ctx, source_name)):
+        problem = f"corrupted MLIR bytecode: {crash}"
+      if problem:
+        self._err(f"{source_name}:0:0: error: {problem}")
+        return None
+      if args.split_input_file or args.verify_diagnostics:
+        self._err(f"{source_name}:0:0: error: --split-input-file and --verify-diagnostics "
+                  "need MLIR text input, got bytecode")
+        return None
+      return [(data, 0, None)]
+    chunks = _split(data) if args.split_input_file else [(data, 0)]
+    if args.emit_bytecode and len(chunks) > 1:
+      self._err("hxmlir-opt: error: --emit-bytecode writes one module; "
+                "do not combine it with --split-input-file")
+      return None
+    crashes = parsing.parse_crashes(["\n" * off + t for t, off in chunks], ctx, source_name)
+    return [(t, off, crash) for (t, off), crash in zip(chunks, crashes)]
 
   # --- input / output --------------------------------------------------------
 
@@ -240,7 +246,7 @@ class HxmlirOpt:
       name = path
     if isinstance(raw, str):
       return name, raw
-    if irutil.is_bytecode(raw):
+    if parsing.is_bytecode(raw):
       return name, raw
     try:
       return name, raw.decode("utf-8")
@@ -270,26 +276,18 @@ class HxmlirOpt:
 
   # --- one chunk --------------------------------------------------------------
 
-  def _process(self, ctx, args, pipeline, source_name, text, offset):
+  def _process(self, ctx, args, pipeline, source_name, text, offset, crash):
     """Parses, runs and prints one chunk; returns (output or None, ok)."""
     diags: list[Diagnostic] = []
     out = None
     start = time.perf_counter()
-    src = text if isinstance(text, bytes) else "\n" * offset + text
-    try:
-      module = irutil.parse_module(src, ctx, source_name)
-    except irutil.ir.MLIRError as e:
-      diags += [Diagnostic.from_mlir(d) for d in e.error_diagnostics]
-      if isinstance(text, bytes):  # MLIR's bytecode reader says "-:0:0"; name the file
-        diags = [_relocate(d, source_name) for d in diags]
-      module = None
+    module = self._parse(ctx, source_name, text, offset, crash, diags)
     self.timings.append(("(parse)", time.perf_counter() - start))
     if module is not None:
       def after(name, op, seconds):
         self.timings.append((name, seconds))
         if args.print_ir_after_all:
-          self._err(f"// -----// IR Dump After {name} //----- //\n"
-                    f"{op.get_asm(enable_debug_info=args.mlir_print_debuginfo)}")
+          self._err(f"// -----// IR Dump After {name} //----- //\n{self._asm(args, op)}")
       try:
         result = pipeline.run(module, after_pass=after)
         diags += result.diagnostics
@@ -299,44 +297,54 @@ class HxmlirOpt:
           module.write_bytecode(buf)
           out = buf.getvalue()
         else:
-          out = module.get_asm(enable_debug_info=args.mlir_print_debuginfo)
+          out = self._asm(args, module)
         self.timings.append(("(output)", time.perf_counter() - start))
       except PassError as e:
         diags += e.diagnostics
         if not args.verify_diagnostics:
           self._err(f"{e.pass_name}: {e.summary}")
     if args.verify_diagnostics:
-      return out, self._verify(source_name, text, offset, diags)
+      problems = verify_diagnostics(source_name, text, offset, diags)
+      for line in problems:
+        self._err(line)
+      return out, not problems
     for d in diags:
       self._err(str(d))
     return out, not any(d.severity is Severity.ERROR for d in diags)
 
-  def _verify(self, source_name: str, text: str, offset: int, diags: list[Diagnostic]) -> bool:
+  @staticmethod
+  def _asm(args, op) -> str:
+    return op.get_asm(enable_debug_info=args.mlir_print_debuginfo,
+                      print_generic_op_form=args.mlir_print_op_generic)
+
+  def _parse(self, ctx, source_name: str, text: str | bytes, offset: int, crash: str | None,
+             diags: list[Diagnostic]) -> ir.Operation | None:
+    """One chunk as a StableHLO module, or ``None`` after adding why not to ``diags``.
+
+    ``crash``: why the chunk crashed jaxlib's parser in a child process
+    (:func:`parsing.parse_crashes`), or ``None``; it is then parsed here. VHLO
+    (what ``jax.export`` serializes) is upgraded to StableHLO, so passes see it.
+    """
+    start = f"{source_name}:{offset + _first_code_line(text)}:1"
+    if crash:
+      diags.append(Diagnostic(Severity.ERROR, start, f"cannot parse this input: {crash}"))
+      return None
+    src = text if isinstance(text, bytes) else "\n" * offset + text
     try:
-      expected = _expectations(source_name, text, offset)
-    except _BadAnnotation as e:
-      self._err(str(e))
-      return False
-    flat = []
-    for d in diags:
-      flat.append(d)
-      flat += d.notes
-    ok = True
-    for d in flat:
-      line = _line_of(d.location, source_name)
-      match = next((e for e in expected if not e.seen and e.severity == d.severity.value
-                    and e.line == line and e.matches(d.message)), None)
-      if match is None:
-        ok = False
-        self._err(f"{d.location}: error: unexpected {d.severity.value}: {d.message}")
-      else:
-        match.seen = True
-    for e in expected:
-      if not e.seen:
-        ok = False
-        kind = f"{e.severity} matching" if e.pattern is not None else e.severity
-        self._err(f'{e.where}: error: expected {kind} "{e.text}" was not produced')
-    return ok
+      module = parsing.parse_module(src, ctx, source_name)
+    except ir.MLIRError as e:
+      found = [Diagnostic.from_mlir(d) for d in e.error_diagnostics]
+      if isinstance(text, bytes):  # MLIR's bytecode reader says "-:0:0"; name the file
+        found = [_relocate(d, source_name) for d in found]
+      diags += found
+      return None
+    if parsing.has_vhlo(module):
+      try:
+        module = parsing.upgrade_vhlo(module, ctx)
+      except ValueError as e:
+        diags.append(Diagnostic(Severity.ERROR, start, str(e)))
+        return None
+    return module
 
   # --- informational ---------------------------------------------------------
 
@@ -376,125 +384,6 @@ class HxmlirOpt:
     self._err("\n".join(lines))
 
 
-# --- bytecode ------------------------------------------------------------------
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-  """MLIR's prefix varint at ``pos``: (value, next position); raises IndexError if cut short."""
-  first = data[pos]
-  if first & 1:
-    return first >> 1, pos + 1
-  if first == 0:
-    if pos + 9 > len(data):
-      raise IndexError(pos)
-    return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
-  n = (first & -first).bit_length()  # total bytes: trailing zeros + 1
-  if pos + n > len(data):
-    raise IndexError(pos)
-  return int.from_bytes(data[pos:pos + n], "little") >> n, pos + n
-
-
-def check_bytecode(data: bytes) -> str | None:
-  """Why ``data`` is not readable MLIR bytecode, or ``None`` if its header and strings are sound.
-
-  Checks what MLIR's reader would echo back as text in its diagnostics (which
-  the Python bindings cannot convert, and then abort the process, when it is not
-  UTF-8): the ``ML\xefR`` magic, the version varint, the NUL-terminated
-  producer string, and the strings of the string section. Other structural
-  problems are left to MLIR's reader, which reports them as errors.
-  """
-  if data[:4] != b"ML\xefR":
-    return "not MLIR bytecode (the file does not start with the 'ML\\xefR' magic)"
-  try:
-    version, pos = _varint(data, 4)
-  except IndexError:
-    return "corrupted MLIR bytecode: the file ends inside the version number"
-  end = data.find(b"\0", pos)
-  if end < 0:
-    return "corrupted MLIR bytecode: the producer string is not NUL-terminated"
-  try:
-    data[pos:end].decode("utf-8")
-  except UnicodeDecodeError as e:
-    return (f"corrupted MLIR bytecode: the producer string is not valid UTF-8 "
-            f"(byte {pos + e.start} of the file)")
-  pos = end + 1
-  try:
-    while pos < len(data):
-      section, pos = data[pos], pos + 1
-      length, pos = _varint(data, pos)
-      if section & 0x80:  # aligned: alignment varint, then 0xCB padding
-        align, pos = _varint(data, pos)
-        while align > 1 and pos % align and pos < len(data) and data[pos] == 0xCB:
-          pos += 1
-      body = data[pos:pos + length]
-      if len(body) < length:
-        return None  # cut short: MLIR's reader says so
-      if section & 0x7F == 0:  # the string section: count, sizes, then the strings
-        count, p = _varint(body, 0)
-        sizes = 0
-        for _ in range(count):
-          size, p = _varint(body, p)
-          sizes += size
-        try:
-          body[len(body) - sizes:].decode("utf-8")
-        except UnicodeDecodeError as e:
-          return (f"corrupted MLIR bytecode: the string section holds text that is not valid "
-                  f"UTF-8 (byte {pos + len(body) - sizes + e.start} of the file)")
-      pos += length
-  except IndexError:
-    return None  # a malformed section: MLIR's reader reports it
-  del version
-  return None
-
-
-BYTECODE_CHECK_TIMEOUT_S = 60.0
-"""How long the child process may take to parse bytecode (a corrupted file can make MLIR's
-reader loop) before the input is reported as unreadable."""
-
-_CHILD_PARSE = """
-import sys
-from hxmlir.passes import irutil
-ctx = irutil.make_context(sys.argv[1] == "1")
-try:
-  irutil.parse_module(sys.stdin.buffer.read(), ctx)
-except irutil.ir.MLIRError:
-  pass
-"""
-
-
-def _parse_bytecode_in_child(data: bytes, allow_unregistered: bool) -> str | None:
-  """Parses ``data`` in a child process first; why it crashed there, or ``None``.
-
-  MLIR's bytecode reader may echo raw bytes of a corrupted file in a
-  diagnostic, and the Python bindings then abort the whole process (no
-  exception reaches Python), and may loop forever on others, so no in-process
-  check can be complete.
-  """
-  try:
-    child = subprocess.run([sys.executable, "-c", _CHILD_PARSE, "1" if allow_unregistered else "0"],
-                           input=data, capture_output=True, timeout=BYTECODE_CHECK_TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    return (f"corrupted MLIR bytecode: MLIR's bytecode reader did not finish within "
-            f"{BYTECODE_CHECK_TIMEOUT_S:g} s (set hxmlir.opt.BYTECODE_CHECK_TIMEOUT_S for "
-            f"larger files)")
-  except OSError as e:
-    return f"could not check the MLIR bytecode in a child process: {e}"
-  if child.returncode == 0:
-    return None
-  why = child.stderr.decode("utf-8", "replace").strip().splitlines()
-  reason = why[-1] if why else f"exit status {child.returncode}"
-  if child.returncode < 0:
-    reason = f"signal {-child.returncode}; {reason}"
-  return f"corrupted MLIR bytecode: MLIR's bytecode reader crashed on it ({reason})"
-
-
-def _relocate(d: Diagnostic, source_name: str) -> Diagnostic:
-  """``d`` (and its notes) with MLIR's ``-:0:0`` bytecode location replaced by the file name."""
-  loc = d.location
-  if loc.startswith("-:") or loc == "<unknown>":
-    loc = f"{source_name}:0:0"
-  return Diagnostic(d.severity, loc, d.message, tuple(_relocate(n, source_name) for n in d.notes))
-
-
 def _split(text: str) -> list[tuple[str, int]]:
   """Chunks separated by ``// -----`` lines, each with the number of lines before it."""
   chunks, start, line = [], 0, 0
@@ -506,70 +395,21 @@ def _split(text: str) -> list[tuple[str, int]]:
   return chunks
 
 
-class _BadAnnotation(Exception):
-  """An ``expected-*`` annotation that cannot be understood (unknown kind, bad regex)."""
+def _first_code_line(text: str | bytes) -> int:
+  """The 1-based line of ``text``'s first line that is neither blank nor a comment (1 if none)."""
+  if isinstance(text, str):
+    for i, line in enumerate(text.split("\n")):
+      if line.strip() and not line.lstrip().startswith("//"):
+        return i + 1
+  return 1
 
 
-def _regex_of(message: str) -> re.Pattern:
-  """MLIR's ``expected-*-re`` message: literal text in which ``{{regex}}`` parts are regexes."""
-  parts, pos = [], 0
-  for m in _REGEX_PART.finditer(message):
-    parts += [re.escape(message[pos:m.start()]), f"(?:{m.group(1)})"]
-    pos = m.end()
-  parts.append(re.escape(message[pos:]))
-  return re.compile("".join(parts))
-
-
-def _expectations(source_name: str, text: str, offset: int) -> list[_Expected]:
-  """The ``expected-*`` annotations of one chunk; raises :class:`_BadAnnotation`."""
-  out = []
-  lines = text.split("\n")
-  annotated = {i for i, ln in enumerate(lines) if _EXPECTED.search(ln)}
-  for i, ln in enumerate(lines):
-    known = {m.start() for m in _EXPECTED.finditer(ln)}
-    for m in _ANY_EXPECTED.finditer(ln):
-      if m.start() not in known and "//" in ln[:m.start()]:
-        raise _BadAnnotation(
-            f"{source_name}:{i + 1 + offset}:{m.start() + 1}: error: unknown annotation "
-            f"'expected-{m.group(1)}'; use expected-error, expected-warning, expected-remark or "
-            f"expected-note (with '-re' for {{{{regex}}}} parts), then "
-            f"[@+N|@-N|@above|@below|@unknown] {{{{message}}}}")
-    for m in _EXPECTED.finditer(ln):
-      sev, is_re, at, msg = m.groups()
-      where = f"{source_name}:{i + 1 + offset}:{m.start() + 1}"
-      pattern = None
-      if is_re:
-        try:
-          pattern = _regex_of(msg)
-        except re.error as e:
-          raise _BadAnnotation(f"{where}: error: invalid regex in expected-{sev}-re "
-                               f"{{{{{msg}}}}}: {e}") from None
-      if at is None:
-        target = i
-      elif at == "unknown":
-        target = None
-      elif at == "above":
-        target = i - 1
-        while target in annotated:
-          target -= 1
-      elif at == "below":
-        target = i + 1
-        while target in annotated:
-          target += 1
-      else:
-        target = i + int(at)
-      line_no = None if target is None else target + 1 + offset
-      out.append(_Expected(sev, line_no, msg, where, pattern))
-  return out
-
-
-def _line_of(location: str, source_name: str) -> int | None:
-  if not location.startswith(source_name + ":"):
-    return None
-  try:
-    return int(location[len(source_name) + 1:].split(":")[0])
-  except ValueError:
-    return None
+def _relocate(d: Diagnostic, source_name: str) -> Diagnostic:
+  """``d`` (and its notes) with MLIR's ``-:0:0`` bytecode location replaced by the file name."""
+  loc = d.location
+  if loc.startswith("-:") or loc == "<unknown>":
+    loc = f"{source_name}:0:0"
+  return Diagnostic(d.severity, loc, d.message, tuple(_relocate(n, source_name) for n in d.notes))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,13 +20,25 @@ The API other code relies on::
   MLIR's verifier fails after a pass (the error names the pass).
 - :data:`PASS_REGISTRY` maps pass names to lazy getters of their classes;
   register a new pass with one line in ``passes/registry.py``.
-- Passes run in the MLIR context JAX uses (:func:`irutil.make_context`); they
+- A pass is ``apply(module, ctx)``: ``ctx`` is a :class:`PassContext` (xDSL's
+  ``ctx``), the diagnostics sink plus what the run knows: ``ctx.platforms``, the
+  lowering's platforms (``Pipeline.run(module, platforms=...)``; ``None`` in
+  ``hxmlir-opt``). Nothing reaches a pass through global or context-variable state.
+- Passes run in the MLIR context JAX uses (:func:`parsing.make_context`); they
   read and rewrite IR only and never trace JAX code.
 - Inside a JAX lowering (``hx.install``), ``Pipeline.run_jaxpr`` first runs the
   jaxpr stage of the leading passes (:meth:`HxPass.apply_jaxpr`): part of a
   pass's rewrite done on the jaxpr before JAX lowers it, where it is cheaper
   (``hx-fold-scales``: ``x @ hx.dequantize(qw)`` -> ``hx_matmul_q``). It
   rewrites equations, never traces; the MLIR stage still runs afterwards.
+  This is the one deliberate exception to "passes read MLIR only": the jaxpr is
+  the IR one step earlier, and ``fold_scales_jaxpr.py`` binds the lowering's
+  ``hx_matmul_q_p`` (an import in the allowed direction, passes -> lowering).
+  It lives next to its pass, not in ``lowering/``, because it is that pass's
+  rewrite (same pattern, same options, same stats, and the MLIR stage must give
+  the same result for whatever it leaves), selected by the pipeline string, and
+  tested against the MLIR stage; ``lowering/`` holds rules JAX calls, not
+  rewrites a pipeline chooses.
 
 Passes: ``hx-verify`` (the IR contract of ``lowering/schema.py``),
 ``hx-fold-scales`` (dequantize -> dot_general: scales into the smaller side,
@@ -38,6 +50,7 @@ file per pass, named after it.
 from hxmlir.passes.base import Diagnostic as Diagnostic
 from hxmlir.passes.base import Diagnostics as Diagnostics
 from hxmlir.passes.base import HxPass as HxPass
+from hxmlir.passes.base import PassContext as PassContext
 from hxmlir.passes.base import PassError as PassError
 from hxmlir.passes.base import PassResult as PassResult
 from hxmlir.passes.base import PipelineError as PipelineError

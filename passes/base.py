@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from jaxlib.mlir import ir
 
-from hxmlir.passes import irutil
+from hxmlir.passes import locations
 
 
 class Severity(enum.Enum):
@@ -54,7 +54,7 @@ class Diagnostic:
     sev = {ir.DiagnosticSeverity.ERROR: Severity.ERROR,
            ir.DiagnosticSeverity.WARNING: Severity.WARNING,
            ir.DiagnosticSeverity.REMARK: Severity.REMARK}.get(d.severity, Severity.NOTE)
-    return cls(sev, irutil.location_str(d.location), d.message,
+    return cls(sev, locations.location_str(d.location), d.message,
                tuple(cls.from_mlir(n) for n in d.notes))
 
 
@@ -99,9 +99,9 @@ class Diagnostics:
     if isinstance(where, str):
       loc = where
     elif isinstance(where, ir.Location):
-      loc = irutil.location_str(where)
+      loc = locations.location_str(where)
     else:
-      loc = irutil.location_str(where.location)
+      loc = locations.location_str(where.location)
     self.items.append(Diagnostic(severity, loc, message))
 
   def error(self, where, message: str) -> None:
@@ -119,6 +119,23 @@ class Diagnostics:
   @property
   def errors(self) -> list[Diagnostic]:
     return [d for d in self.items if d.severity is Severity.ERROR]
+
+
+class PassContext(Diagnostics):
+  """What a pass is given besides the module (xDSL's ``ctx``): the diagnostics sink and
+  facts about the run.
+
+  ``platforms``: the platforms the module is being lowered for (``("cpu",)``,
+  ``("cuda", "tpu")``), when the pipeline runs inside a JAX lowering
+  (``hxmlir.installation`` gives JAX's lowering platforms); ``None`` when unknown
+  (``hxmlir-opt``). Passes may specialise on it (``hx-fold-scales`` builds
+  CPU-streaming decompositions for ``("cpu",)``). It is a :class:`Diagnostics`,
+  so passes report to it directly.
+  """
+
+  def __init__(self, platforms: tuple[str, ...] | None = None):
+    super().__init__()
+    self.platforms = None if platforms is None else tuple(platforms)
 
 
 @dataclass
@@ -142,10 +159,12 @@ class HxPass:
   analysis: ClassVar[bool] = False
   """True for passes that never modify the module (they only report)."""
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, ctx: PassContext) -> PassResult:
     """Runs on ``module`` (a ``builtin.module`` op), in place.
 
-    Reports problems to ``diags``; returns whether the IR changed and counters.
+    Reports problems to ``ctx`` (a :class:`PassContext`: a :class:`Diagnostics`
+    sink that also says what the module is lowered for); returns whether the IR
+    changed and counters.
     """
     raise NotImplementedError
 

@@ -27,8 +27,8 @@ from typing import ClassVar
 from jaxlib.mlir import ir
 
 from hxmlir import targets
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from hxmlir.passes import locations, ops
+from hxmlir.passes.base import HxPass, PassContext, PassResult
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,11 @@ class CheckExportPass(HxPass):
   analysis: ClassVar[bool] = True
   allow_targets: str = field(default="", metadata={"separator": ";"})
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, diags: PassContext) -> PassResult:
     stable = targets.jax_stable_targets() | {t for t in self.allow_targets.split(";") if t}
     offenders: list[tuple[ir.Operation, str, str | None]] = []
     checked = 0
-    for op in irutil.ops_named(module, "stablehlo.custom_call"):
+    for op in ops.ops_named(module, "stablehlo.custom_call"):
       checked += 1
       target = ir.StringAttr(op.attributes["call_target_name"]).value
       if target in stable:
@@ -66,7 +66,7 @@ class CheckExportPass(HxPass):
 
 
 def _describe(op: ir.Operation, target: str, kernel_name: str | None) -> str:
-  where = irutil.location_str(op.location)
+  where = locations.location_str(op.location)
   if kernel_name is None:
     return f"  {where}: custom call @{target} (no kernel name)"
   registered = [k for k in targets.registered_kernels() if k.target == target]

@@ -20,8 +20,8 @@ from typing import ClassVar
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from hxmlir.passes import locations, ops, shardings, symbols
+from hxmlir.passes.base import HxPass, PassContext, PassResult
 
 _MAX_ROUNDS = 64  # nesting depth bound: a decomposition that uses itself is an error
 
@@ -32,20 +32,19 @@ class DecomposePass(HxPass):
   name: ClassVar[str] = "hx-decompose"
   summary: ClassVar[str] = "inline every hx.* composite's decomposition (plain StableHLO)"
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, diags: PassContext) -> PassResult:
     inlined, used_decomps = 0, set()
     for _ in range(_MAX_ROUNDS):
-      ops = [op for op in irutil.walk(module, frozenset({"stablehlo.composite"}))
-             if irutil.is_hx_composite(op)]
-      if not ops:
+      found = ops.hx_composites(module)
+      if not found:
         break
       scopes: dict = {}  # module -> its functions (a module may nest others)
       progress = False
-      for op in ops:
-        sym = irutil.symbol_ref(irutil.attr_or_none(op, "decomposition") or ir.UnitAttr.get())
-        fn = irutil.scope_funcs(op, module, scopes).get(sym) if sym else None
+      for op in found:
+        sym = symbols.symbol_ref(ops.attr_or_none(op, "decomposition") or ir.UnitAttr.get())
+        fn = symbols.scope_funcs(op, module, scopes).get(sym) if sym else None
         if fn is None or not fn.regions[0].blocks:
-          diags.error(op, f"'{irutil.composite_name(op)}' cannot be inlined: decomposition "
+          diags.error(op, f"'{ops.composite_name(op)}' cannot be inlined: decomposition "
                       f"@{sym} is not a func.func with a body in this module")
           continue
         _inline(op, fn)
@@ -56,16 +55,14 @@ class DecomposePass(HxPass):
         break
     else:
       seen = set()
-      for op in irutil.walk(module, frozenset({"stablehlo.composite"})):
-        if not irutil.is_hx_composite(op):
-          continue
-        where = irutil.location_str(op.location)  # inlined copies share their origin's
+      for op in ops.hx_composites(module):
+        where = locations.location_str(op.location)  # inlined copies share their origin's
         if where in seen:
           continue
         seen.add(where)
-        diags.error(op, f"'{irutil.composite_name(op)}' is still present after inlining "
+        diags.error(op, f"'{ops.composite_name(op)}' is still present after inlining "
                     f"{_MAX_ROUNDS} levels: its decomposition uses itself")
-    removed = irutil.erase_unused_functions(module, used_decomps)
+    removed = symbols.erase_unused_functions(module, used_decomps)
     stats = {"composites inlined": inlined, "functions removed": removed}
     return PassResult(changed=inlined > 0, stats=stats)
 
@@ -84,7 +81,7 @@ def _inline(op: ir.Operation, fn: ir.Operation) -> None:
     _remap(clone, mapping)
     for old, new in zip(inner.results, clone.results):
       mapping[old] = new
-  sharding = irutil.as_per_value(irutil.attr_or_none(op, "sdy.sharding"))
+  sharding = shardings.as_per_value(ops.attr_or_none(op, "sdy.sharding"))
   if sharding is not None:
     with ip, op.location:
       returned = [sdy.ShardingConstraintOp(v, s).result
@@ -99,7 +96,7 @@ def _remap(op: ir.Operation, mapping: dict) -> None:
   for i, v in enumerate(op.operands):
     if v in mapping:
       op.operands[i] = mapping[v]
-  for nested in irutil.walk(op):
+  for nested in ops.walk(op):
     for i, v in enumerate(nested.operands):
       if v in mapping:
         nested.operands[i] = mapping[v]

@@ -36,8 +36,19 @@ leading batch dims, default precision, types and known shardings accepted by
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
 
-The rewrite reassociates one multiplication per term, so results differ from
-the original by float rounding only (a few ulps of each product).
+The rewrite reassociates one multiplication per term (``(q s) x`` becomes
+``q (x s)`` or ``(q x) s``). Where every intermediate product stays in f32's
+normal range, results differ from the original by float rounding only (a few
+ulps of each product). Range is not preserved: the rewrite forms ``x s`` (or
+``sum_c q x``) before the other factor, so where that intermediate overflows
+(``|x s| > 3.4e38``) the rewrite gives inf or NaN where the original may be finite
+(``q = 0``, ``s = 1e30``, ``x = 1e10``: the original gives ``0 * 1e10 = 0``, the
+rewrite ``0 * inf = NaN``), and where it underflows (below ``1.2e-38``) it loses
+precision the original kept. Quantization scales are ``absmax / 127`` of finite
+f32 weights, so this needs activations within a factor ``~1e38 / absmax`` of
+overflow; the pass does not guard against it (a guard would cost a compare
+and select per element), and ``hx-fold-scales`` should not be run on programs
+that rely on such products.
 """
 
 from __future__ import annotations
@@ -51,8 +62,8 @@ from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir.lowering import matmul_q_impl, schema
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult, PipelineError
+from hxmlir.passes import ops, shardings, symbols
+from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
 
 _ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
              "stablehlo.reshape", "stablehlo.transpose", "sdy.sharding_constraint")
@@ -83,7 +94,9 @@ class _Dequant:
 
 @dataclass
 class _State:
-  """Per-run state: decompositions built (by signature), decompositions of erased ops."""
+  """Per-run state: the decomposition to build for ``hx.matmul_q`` (``impl``),
+  decompositions built (by signature), decompositions of erased ops."""
+  impl: str = "reference"
   decompositions: dict = field(default_factory=dict)
   dropped: set = field(default_factory=set)
 
@@ -178,14 +191,14 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
   op = _owner(d)
   if op is None or dt is None or str(dt.element_type) != "f32":
     return None
-  if irutil.is_hx_composite(op) and irutil.composite_name(op) == "hx.dequantize":
+  if ops.is_hx_composite(op) and ops.composite_name(op) == "hx.dequantize":
     spec = schema.lookup("hx.dequantize")
-    version = irutil.attr_or_none(op, "version")
+    version = ops.attr_or_none(op, "version")
     if version is None or ir.IntegerAttr(version).value not in spec.versions:
       return None
     q, s = op.operands
-    qt, st = irutil.tensor_type(q.type), irutil.tensor_type(s.type)
-    if qt is None or st is None or spec.check_types([qt, st], [irutil.tensor_type(dt)]):
+    qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
+    if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)]):
       return None
     return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
   if op.name != "stablehlo.multiply":
@@ -241,7 +254,7 @@ def _broadcast(t: ir.Value, amap: list[int | None], axis_map: dict[int, int],
 
 
 def _result_sharding(dot: ir.Operation) -> ir.Attribute | None:
-  got = irutil.result_sharding_attr(dot, 0)
+  got = shardings.result_sharding_attr(dot, 0)
   if got is not None:
     return got
   for use in dot.result.uses:
@@ -257,13 +270,13 @@ def _erase_dead(op: ir.Operation | None, dropped: set[str]) -> None:
   """
   if op is None:
     return
-  pure = op.name in _ERASABLE or (irutil.is_hx_composite(op) and
-                                  irutil.composite_name(op) == "hx.dequantize")
+  pure = op.name in _ERASABLE or (ops.is_hx_composite(op) and
+                                  ops.composite_name(op) == "hx.dequantize")
   if not pure or any(True for r in op.results for _ in r.uses):
     return
   defs = [_owner(v) for v in op.operands]
   if "decomposition" in op.attributes:
-    dropped.add(irutil.symbol_ref(op.attributes["decomposition"]))
+    dropped.add(symbols.symbol_ref(op.attributes["decomposition"]))
   op.erase()
   for d in defs:
     _erase_dead(d, dropped)
@@ -313,25 +326,25 @@ class FoldScalesPass(HxPass):
     jaxpr, n = fold_scales_jaxpr.fold_closed_jaxpr(jaxpr)
     return jaxpr, ({"scales folded": n, "matmul_q formed": n} if n else {})
 
-  def _decomposition_impl(self) -> str:
+  def _decomposition_impl(self, platforms: tuple[str, ...] | None) -> str:
     if self.impl != "auto":
       return self.impl
-    return "streaming" if irutil.target_platforms() == ("cpu",) else "reference"
+    return "streaming" if platforms == ("cpu",) else "reference"
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, ctx: PassContext) -> PassResult:
     decomps = None  # the decomposition functions' names, read at the first match
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
-    state = _State()
-    for dot in irutil.ops_named(module, "stablehlo.dot_general"):
+    state = _State(impl=self._decomposition_impl(ctx.platforms))
+    for dot in ops.ops_named(module, "stablehlo.dot_general"):
       for side in (1, 0):
         m = _match(dot.operands[side])
         if m is None:
           continue
         if decomps is None:
-          decomps = {irutil.symbol_ref(op.attributes["decomposition"])
-                     for op in irutil.ops_named(module, "stablehlo.composite")
+          decomps = {symbols.symbol_ref(op.attributes["decomposition"])
+                     for op in ops.ops_named(module, "stablehlo.composite")
                      if "decomposition" in op.attributes}
-        if irutil.func_name(irutil.enclosing_func(dot)) in decomps:
+        if symbols.func_name(symbols.enclosing_func(dot)) in decomps:
           break  # decompositions are never rewritten
         how = self._fold(module, dot, side, m, state)
         if how is not None:
@@ -340,131 +353,186 @@ class FoldScalesPass(HxPass):
           break
     changed = stats["scales folded"] > 0
     if changed:
-      irutil.erase_unused_functions(module, state.dropped)
+      symbols.erase_unused_functions(module, state.dropped)
     return PassResult(changed=changed, stats=stats if changed else {})
 
   def _fold(self, module, dot: ir.Operation, side: int, m: _Dequant, state: _State
             ) -> str | None:
-    dd = hlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
-    batch = [list(dd.lhs_batching_dimensions), list(dd.rhs_batching_dimensions)]
-    contract = [list(dd.lhs_contracting_dimensions), list(dd.rhs_contracting_dimensions)]
-    other = 1 - side
-    x = dot.operands[other]
-    xt, rt = _static(x.type), _static(dot.result.type)
-    dt = ir.RankedTensorType(dot.operands[side].type)
-    if xt is None or rt is None or xt.element_type != dt.element_type or \
-       str(rt.element_type) != "f32":
+    """Rewrites ``dot`` (its operand ``side`` matched as ``m``); the stats key, or ``None``."""
+    plan = _plan(dot, side, m)
+    if plan is None:
       return None
-    tt = ir.RankedTensorType(m.t.type)
-    scaled = {a for j, a in enumerate(m.amap) if a is not None and tt.shape[j] != 1}
-    free = [a for a in range(dt.rank) if a not in batch[side] and a not in contract[side]]
-    if scaled & set(contract[side]) and scaled & set(free):
-      return None
-    to_x = dict(zip(batch[side], batch[other])) | dict(zip(contract[side], contract[other]))
-    lhs_free = [a for a in range(ir.RankedTensorType(dot.operands[0].type).rank)
-                if a not in batch[0] and a not in contract[0]]
-    offset = len(batch[side]) + (0 if side == 0 else len(lhs_free))
-    to_r = {a: i for i, a in enumerate(batch[side])} | \
-           {a: offset + i for i, a in enumerate(free)}
-    if scaled & set(contract[side]):
-      into = "operand"
-    elif scaled & set(free):
-      into = "result"
-    else:
-      into = "operand" if prod(xt.shape) <= prod(rt.shape) else "result"
-
     old = dot.operands[side]
-    ip = ir.InsertionPoint(dot)
-    with ip, dot.location:
-      if self.form_matmul_q and into == "operand" and \
-         self._try_matmul_q(module, dot, side, m, dd, state):
+    with ir.InsertionPoint(dot), dot.location:
+      if self.form_matmul_q and plan.into == "operand" and \
+         _try_matmul_q(module, dot, side, m, plan.dd, state):
         _erase_dead(_owner(old), state.dropped)
         return "matmul_q formed"
-      qf = m.qf
-      if qf is None:
-        qt = ir.RankedTensorType(m.q.type)
-        qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), dt.element_type),
-                     [m.q], sharding=irutil.value_sharding_attr(m.q))
-      for c in reversed(m.inner):
-        qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
-      if m.perm is not None:
-        qf = _create("stablehlo.transpose", dt, [qf],
-                     {"permutation": ir.DenseI64ArrayAttr.get(m.perm)})
-      for c in reversed(m.constraints):
-        qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
-      if into == "operand":
-        sh = irutil.value_sharding_attr(x)
-        b = _broadcast(m.t, m.amap, to_x, xt, sh)
-        dot.operands[other] = _create("stablehlo.multiply", xt, [x, b], sharding=sh)
-        dot.operands[side] = qf
-      else:
-        dot.operands[side] = qf
-    if into == "result":
-      sh = _result_sharding(dot)
-      with ir.InsertionPoint(dot), dot.location:
-        b = _broadcast(m.t, m.amap, to_r, rt, sh)
-        mul = _create("stablehlo.multiply", rt, [dot.result, b], sharding=sh)
-      dot.move_before(mul.owner)
-      dot.result.replace_all_uses_except(mul, mul.owner.operation)
+      qf = _unscaled_operand(m, plan.dt)
+      if plan.into == "operand":
+        x = dot.operands[plan.other]
+        sh = shardings.value_sharding_attr(x)
+        b = _broadcast(m.t, m.amap, plan.to_x, plan.xt, sh)
+        dot.operands[plan.other] = _create("stablehlo.multiply", plan.xt, [x, b], sharding=sh)
+      dot.operands[side] = qf
+    if plan.into == "result":
+      _scale_result(dot, m, plan)
     _erase_dead(_owner(old), state.dropped)
-    return f"into {into}"
+    return f"into {plan.into}"
 
-  def _try_matmul_q(self, module, dot, side, m: _Dequant, dd, state: _State) -> bool:
-    """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
-    if side != 1 or m.s is None or m.perm is not None or "algorithm" in dot.attributes:
-      return False
-    if "precision_config" in dot.attributes and any(
-        "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
-      return False
-    x = dot.operands[0]
-    xt = irutil.tensor_type(x.type)
-    qt, st = irutil.tensor_type(m.q.type), irutil.tensor_type(m.s.type)
-    yt = irutil.tensor_type(dot.result.type)
-    if None in (xt, qt, st, yt):
-      return False
-    r = len(xt.shape)
-    nb = r - 2
-    if r < 2 or list(dd.lhs_batching_dimensions) != list(range(nb)) or \
-       list(dd.rhs_batching_dimensions) != list(range(nb)) or \
-       list(dd.lhs_contracting_dimensions) != [r - 1] or \
-       list(dd.rhs_contracting_dimensions) != [r - 2]:
-      return False
-    spec = schema.lookup("hx.matmul_q")
-    if spec.check_types([xt, qt, st], [yt]):
-      return False
-    q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
-    s_sh = None
-    if q_sh is not None:
-      q_dims = irutil.dim_sharding(q_sh, r)
-      if q_dims is None:
-        return False
-      ts = irutil.as_tensor_sharding(q_sh)
-      s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
-    y_sh = _result_sharding(dot)
-    known = [irutil.value_sharding(x),
-             irutil.dim_sharding(q_sh, r) if q_sh is not None else irutil.value_sharding(m.q),
-             irutil.dim_sharding(s_sh, r - 1) if s_sh is not None else
-             irutil.value_sharding(m.s)]
-    if spec.check_shardings(known, [irutil.dim_sharding(y_sh, r)]):
-      return False
-    from hxmlir.lowering import composite  # late: only needed when forming composites
 
-    impl = self._decomposition_impl()
-    key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type), impl)
-    fn = state.decompositions.get(key)
-    if fn is None:
-      fn = composite.build_decomposition(
-          "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type],
-          matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body,
-          module=module)
-      state.decompositions[key] = fn
-    (y,) = composite.emit_composite(
-        "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
-        operand_shardings=[None, q_sh, s_sh],
-        result_shardings=[y_sh] if y_sh is not None else None)
-    dot.result.replace_all_uses_with(y)
-    dot.erase()
-    return True
+@dataclass
+class _Plan:
+  """Where a matched scale goes: ``into`` ``"operand"`` (onto ``X``, operand
+  ``other`` of type ``xt``, axes mapped by ``to_x``) or ``"result"`` (onto the
+  dot's result of type ``rt``, axes mapped by ``to_r``); ``dt``: the dequantized
+  operand's type; ``dd``: the dot's dimension numbers."""
+  into: str
+  other: int
+  xt: ir.RankedTensorType
+  rt: ir.RankedTensorType
+  dt: ir.RankedTensorType
+  to_x: dict[int, int]
+  to_r: dict[int, int]
+  dd: object
+
+
+def _plan(dot: ir.Operation, side: int, m: _Dequant) -> _Plan | None:
+  """Where the scale of ``m`` (operand ``side`` of ``dot``) can go, or ``None`` when it
+  does not factor (scaled along contracting and free axes) or the types do not fit."""
+  dd = hlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+  batch = [list(dd.lhs_batching_dimensions), list(dd.rhs_batching_dimensions)]
+  contract = [list(dd.lhs_contracting_dimensions), list(dd.rhs_contracting_dimensions)]
+  other = 1 - side
+  xt, rt = _static(dot.operands[other].type), _static(dot.result.type)
+  dt = ir.RankedTensorType(dot.operands[side].type)
+  if xt is None or rt is None or xt.element_type != dt.element_type or \
+     str(rt.element_type) != "f32":
+    return None
+  tt = ir.RankedTensorType(m.t.type)
+  scaled = {a for j, a in enumerate(m.amap) if a is not None and tt.shape[j] != 1}
+  free = [a for a in range(dt.rank) if a not in batch[side] and a not in contract[side]]
+  if scaled & set(contract[side]) and scaled & set(free):
+    return None
+  to_x = dict(zip(batch[side], batch[other])) | dict(zip(contract[side], contract[other]))
+  lhs_free = [a for a in range(ir.RankedTensorType(dot.operands[0].type).rank)
+              if a not in batch[0] and a not in contract[0]]
+  offset = len(batch[side]) + (0 if side == 0 else len(lhs_free))
+  to_r = {a: i for i, a in enumerate(batch[side])} | \
+         {a: offset + i for i, a in enumerate(free)}
+  if scaled & set(contract[side]):
+    into = "operand"
+  elif scaled & set(free):
+    into = "result"
+  else:
+    into = "operand" if prod(xt.shape) <= prod(rt.shape) else "result"
+  return _Plan(into, other, xt, rt, dt, to_x, to_r, dd)
+
+
+def _unscaled_operand(m: _Dequant, dt: ir.RankedTensorType) -> ir.Value:
+  """``Q`` in place of ``D``: ``convert(q)`` (reused when the match has one) through the
+  match's transpose and sharding constraints, typed ``dt``."""
+  qf = m.qf
+  if qf is None:
+    qt = ir.RankedTensorType(m.q.type)
+    qf = _create("stablehlo.convert", ir.RankedTensorType.get(list(qt.shape), dt.element_type),
+                 [m.q], sharding=shardings.value_sharding_attr(m.q))
+  for c in reversed(m.inner):
+    qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
+  if m.perm is not None:
+    qf = _create("stablehlo.transpose", dt, [qf],
+                 {"permutation": ir.DenseI64ArrayAttr.get(m.perm)})
+  for c in reversed(m.constraints):
+    qf = sdy.ShardingConstraintOp(qf, c.attributes["sharding"]).result
+  return qf
+
+
+def _scale_result(dot: ir.Operation, m: _Dequant, plan: _Plan) -> None:
+  """Multiplies ``dot``'s result by the broadcast scale; every use takes the product."""
+  sh = _result_sharding(dot)
+  with ir.InsertionPoint(dot), dot.location:
+    b = _broadcast(m.t, m.amap, plan.to_r, plan.rt, sh)
+    mul = _create("stablehlo.multiply", plan.rt, [dot.result, b], sharding=sh)
+  dot.move_before(mul.owner)
+  dot.result.replace_all_uses_except(mul, mul.owner.operation)
+
+
+def _try_matmul_q(module, dot, side, m: _Dequant, dd, state: _State) -> bool:
+  """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
+  if not _is_matmul_q_contract(dot, side, m, dd):
+    return False
+  shardings = _matmul_q_shardings(dot, m)
+  if shardings is None:
+    return False
+  _emit_matmul_q(module, dot, m, shardings, state)
+  return True
+
+
+def _is_matmul_q_contract(dot, side, m: _Dequant, dd) -> bool:
+  """Whether ``dot`` is ``f32[*b, m, k] @ dequantize(i8[*b, k, n], f32[*b, k])`` at default
+  precision with the types ``hx.matmul_q``'s schema accepts."""
+  if side != 1 or m.s is None or m.perm is not None or "algorithm" in dot.attributes:
+    return False
+  if "precision_config" in dot.attributes and any(
+      "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
+    return False
+  xt = ops.tensor_type(dot.operands[0].type)
+  qt, st = ops.tensor_type(m.q.type), ops.tensor_type(m.s.type)
+  yt = ops.tensor_type(dot.result.type)
+  if None in (xt, qt, st, yt):
+    return False
+  r = len(xt.shape)
+  nb = r - 2
+  if r < 2 or list(dd.lhs_batching_dimensions) != list(range(nb)) or \
+     list(dd.rhs_batching_dimensions) != list(range(nb)) or \
+     list(dd.lhs_contracting_dimensions) != [r - 1] or \
+     list(dd.rhs_contracting_dimensions) != [r - 2]:
+    return False
+  return not schema.lookup("hx.matmul_q").check_types([xt, qt, st], [yt])
+
+
+def _matmul_q_shardings(dot, m: _Dequant) -> tuple | None:
+  """``(q, s, result)`` shardings of the ``hx.matmul_q`` replacing ``dot`` (entries may
+  be ``None``), or ``None`` when the known shardings break the schema's rules."""
+  x = dot.operands[0]
+  r = ir.RankedTensorType(x.type).rank
+  q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
+  s_sh = None
+  if q_sh is not None:
+    if shardings.dim_sharding(q_sh, r) is None:
+      return None
+    ts = shardings.as_tensor_sharding(q_sh)
+    s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
+  y_sh = _result_sharding(dot)
+  known = [shardings.value_sharding(x),
+           shardings.dim_sharding(q_sh, r) if q_sh is not None else shardings.value_sharding(m.q),
+           shardings.dim_sharding(s_sh, r - 1) if s_sh is not None else
+           shardings.value_sharding(m.s)]
+  if schema.lookup("hx.matmul_q").check_shardings(known, [shardings.dim_sharding(y_sh, r)]):
+    return None
+  return q_sh, s_sh, y_sh
+
+
+def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, state: _State) -> None:
+  """Replaces ``dot`` by the composite, its decomposition built once per signature."""
+  from hxmlir.lowering import composite  # late: only needed when forming composites
+
+  x = dot.operands[0]
+  q_sh, s_sh, y_sh = shardings
+  key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type), state.impl)
+  fn = state.decompositions.get(key)
+  if fn is None:
+    fn = composite.build_decomposition(
+        "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type],
+        matmul_q_impl.streaming_decomposition if state.impl == "streaming" else _reference_body,
+        module=module)
+    state.decompositions[key] = fn
+  (y,) = composite.emit_composite(
+      "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
+      operand_shardings=[None, q_sh, s_sh],
+      result_shardings=[y_sh] if y_sh is not None else None)
+  dot.result.replace_all_uses_with(y)
+  dot.erase()
 
 
 def _reference_body(args):

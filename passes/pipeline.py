@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir, passmanager
 
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostic, Diagnostics, HxPass, PassError, PipelineError
+from hxmlir.passes import ops, parsing
+from hxmlir.passes.base import Diagnostic, HxPass, PassContext, PassError, PipelineError
 from hxmlir.passes.registry import PASS_REGISTRY
 
 NATIVE_PASSES: tuple[str, ...] = (
@@ -122,7 +122,7 @@ def _make_pass(name: str, opts_text: str, column: int) -> HxPass:
 
 @functools.cache
 def _check_context() -> ir.Context:
-  return irutil.make_context()
+  return parsing.make_context()
 
 
 def option_help(f: dataclasses.Field) -> str:
@@ -251,8 +251,8 @@ class Pipeline:
     """
     op = module.operation
     result = PipelineResult()
-    with irutil.op_index_scope(), irutil.target_platforms_scope(platforms):
-      self._run_passes(op, result, after_pass)
+    with ops.op_index_scope():
+      self._run_passes(op, result, after_pass, platforms)
     return result
 
   def run_jaxpr(self, jaxpr) -> tuple[object, dict[str, dict[str, int]], list[tuple[str, float]]]:
@@ -285,15 +285,15 @@ class Pipeline:
     return jaxpr, stats, ran
 
   def _run_passes(self, op: ir.Operation, result: PipelineResult,
-                  after_pass: AfterPass | None) -> None:
+                  after_pass: AfterPass | None, platforms: tuple[str, ...] | None) -> None:
     for p in self.passes:
       start = time.perf_counter()
       if isinstance(p, NativePass):
         changed, stats = _run_native(p, op), {}
         if changed:
-          irutil.invalidate_op_index()
+          ops.invalidate_op_index()
       else:
-        diags = Diagnostics()
+        diags = PassContext(platforms)
         with op.context, ir.Location.unknown():
           outcome = p.apply(op, diags)
         result.diagnostics += [d for d in diags.items if d not in diags.errors]
@@ -302,7 +302,7 @@ class Pipeline:
           raise PassError(p.name, f"{n} problem{'s' if n != 1 else ''} found", diags.items)
         changed, stats = outcome.changed, outcome.stats
         if changed:  # an unchanged module is as valid as before the pass
-          irutil.invalidate_op_index()
+          ops.invalidate_op_index()
           _verify_after(p.name, op)
       elapsed = time.perf_counter() - start
       result.changed |= changed

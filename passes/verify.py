@@ -30,10 +30,14 @@ from typing import ClassVar
 from jaxlib.mlir import ir
 
 from hxmlir.lowering import schema
-from hxmlir.passes import irutil
-from hxmlir.passes.base import Diagnostics, HxPass, PassResult
+from hxmlir.passes import ops, shardings, symbols
+from hxmlir.passes.base import HxPass, PassContext, PassResult
 
-_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint")
+# Ops a decomposition may hold besides StableHLO: calls, and the Shardy ops that keep
+# sharding (JAX emits sharding constraints; Shardy's propagation pipeline turns
+# constants into ``sdy.constant`` so they are not deduplicated across shardings, and
+# its export pipeline turns them back).
+_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint", "sdy.constant")
 
 
 def _attr_matches(attr: ir.Attribute, want: type) -> str | None:
@@ -65,12 +69,12 @@ class VerifyPass(HxPass):
   summary: ClassVar[str] = "check every hx.* composite against the IR contract (lowering/schema.py)"
   analysis: ClassVar[bool] = True
 
-  def apply(self, module: ir.Operation, diags: Diagnostics) -> PassResult:
+  def apply(self, module: ir.Operation, diags: PassContext) -> PassResult:
     # Per symbol table (module; one unless modules nest): its functions and which
     # of them are plain StableHLO.
     scopes: dict = {}
     plain_caches: dict = {}
-    nested = len(irutil.ops_named(module, "builtin.module")) > 1
+    nested = len(ops.ops_named(module, "builtin.module")) > 1
     # Composites equal in everything the check reads get the same verdict: a
     # model's repeated layers are checked once. The key holds the attributes the
     # contract is about and the operand shardings; operand and result types need
@@ -81,36 +85,36 @@ class VerifyPass(HxPass):
     # The verdict of a composite outside the hx namespace is None (not ours).
     verdicts: dict[tuple, list[str] | None] = {}
     checked = 0
-    sharding = irutil.value_sharding_attr
+    sharding = shardings.value_sharding_attr
     # In a module without any sharding (most of them), every operand's is unknown.
-    sharded = irutil.may_have_shardings(module)
-    for op in irutil.ops_named(module, "stablehlo.composite"):
+    sharded = shardings.may_have_shardings(module)
+    for op in ops.ops_named(module, "stablehlo.composite"):
       attrs = op.attributes
       key = (len(attrs), *[attrs[k] if k in attrs else None for k in _KEY_ATTRS],
              *([sharding(v) for v in op.operands] if sharded else [len(op.operands)]))
-      scope = irutil.enclosing_module(op) if nested else None
+      scope = symbols.enclosing_module(op) if nested else None
       if nested:
         key = (scope, *key)
       problems = verdicts.get(key, verdicts)  # (the dict itself: not seen yet)
       if problems is verdicts:
         problems = verdicts[key] = (
-            _check_composite(op, irutil.scope_funcs(op, module, scopes),
+            _check_composite(op, symbols.scope_funcs(op, module, scopes),
                              plain_caches.setdefault(scope, {}))
-            if irutil.is_hx_composite(op) else None)
+            if ops.is_hx_composite(op) else None)
       if problems is not None:
         checked += 1
         for problem in problems:
-          diags.error(op, f"'{irutil.composite_name(op)}' {problem}")
+          diags.error(op, f"'{ops.composite_name(op)}' {problem}")
     return PassResult(changed=False, stats={"composites checked": checked})
 
 
 def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
-  name = irutil.composite_name(op)
+  name = ops.composite_name(op)
   spec = schema.lookup(name)
   if spec is None:
     return [f"is not a known hx composite; known: {', '.join(sorted(schema.SCHEMAS))}"]
   errs = []
-  version_attr = irutil.attr_or_none(op, "version")
+  version_attr = ops.attr_or_none(op, "version")
   version = ir.IntegerAttr(version_attr).value if version_attr is not None else 0
   if version not in spec.versions:
     errs.append(f"version {version} is not accepted; this code accepts "
@@ -121,8 +125,8 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
     errs.append(f"{spec.signature} takes {spec.num_operands} operand(s) and "
                 f"{spec.num_results} result(s), got {len(operands)} and {len(results)}")
     return errs
-  in_t = [irutil.tensor_type(v.type) for v in operands]
-  out_t = [irutil.tensor_type(v.type) for v in results]
+  in_t = [ops.tensor_type(v.type) for v in operands]
+  out_t = [ops.tensor_type(v.type) for v in results]
   bad = [f"{what} #{i} has type {v.type}" for what, vals, ts in
          (("operand", operands, in_t), ("result", results, out_t))
          for i, (v, t) in enumerate(zip(vals, ts)) if t is None]
@@ -137,7 +141,7 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
 
 
 def _check_attributes(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
-  attrs = irutil.attr_or_none(op, "composite_attributes")
+  attrs = ops.attr_or_none(op, "composite_attributes")
   have = {} if attrs is None else {a.name: a.attr for a in ir.DictAttr(attrs)}
   errs = []
   missing = sorted(set(spec.attributes) - set(have))
@@ -154,15 +158,15 @@ def _check_attributes(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
 
 
 def _check_decomposition(op: ir.Operation, funcs, plain_cache) -> list[str]:
-  attr = irutil.attr_or_none(op, "decomposition")
-  sym = irutil.symbol_ref(attr) if attr is not None else None
+  attr = ops.attr_or_none(op, "decomposition")
+  sym = symbols.symbol_ref(attr) if attr is not None else None
   if sym is None:
     return ["has no decomposition function"]
   fn = funcs.get(sym)
   if fn is None:
     return [f"decomposition @{sym} is not a func.func of this module"]
   errs = []
-  vis = irutil.attr_or_none(fn, "sym_visibility")
+  vis = ops.attr_or_none(fn, "sym_visibility")
   if vis is None or ir.StringAttr(vis).value != "private":
     errs.append(f"decomposition @{sym} must be private")
   ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
@@ -188,10 +192,10 @@ def _non_plain_op(sym: str, funcs, cache, visiting: set) -> str | None:
     return None
   visiting.add(sym)
   found = None
-  for op in irutil.walk(funcs[sym]):
+  for op in ops.walk(funcs[sym]):
     if op.name.startswith("stablehlo.") or op.name in _PLAIN_OTHER:
       if op.name == "func.call":
-        found = _non_plain_op(irutil.symbol_ref(op.attributes["callee"]), funcs, cache,
+        found = _non_plain_op(symbols.symbol_ref(op.attributes["callee"]), funcs, cache,
                               visiting)
         if found is not None:
           break
@@ -204,24 +208,24 @@ def _non_plain_op(sym: str, funcs, cache, visiting: set) -> str | None:
 
 def _check_shardings(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
   results = list(op.results)
-  raw = irutil.attr_or_none(op, "sdy.sharding")
-  attr = irutil.as_per_value(raw)
+  raw = ops.attr_or_none(op, "sdy.sharding")
+  attr = shardings.as_per_value(raw)
   res_sh: list = [None] * len(results)
   errs = []
   if raw is not None:
     if attr is None:
       return [f"sdy.sharding must be #sdy.sharding_per_value<[...]>, got {raw}"]
-    shardings = attr.shardings
-    if len(shardings) != len(results):
-      return [f"sdy.sharding has {len(shardings)} sharding(s) for {len(results)} result(s)"]
-    for i, (s, v) in enumerate(zip(shardings, results)):
+    per_result = attr.shardings
+    if len(per_result) != len(results):
+      return [f"sdy.sharding has {len(per_result)} sharding(s) for {len(results)} result(s)"]
+    for i, (s, v) in enumerate(zip(per_result, results)):
       rank = ir.RankedTensorType(v.type).rank
-      n = len(irutil.as_tensor_sharding(s).dimension_shardings)
+      n = len(shardings.as_tensor_sharding(s).dimension_shardings)
       if n != rank:
         errs.append(f"result #{i} sharding {s} has {n} dimension(s) for a rank-{rank} result")
       else:
-        res_sh[i] = irutil.dim_sharding(s, rank)
+        res_sh[i] = shardings.dim_sharding(s, rank)
   if errs:
     return errs
-  op_sh = [irutil.value_sharding(v) for v in op.operands]
+  op_sh = [shardings.value_sharding(v) for v in op.operands]
   return spec.check_shardings(op_sh, res_sh)

@@ -13,7 +13,7 @@ from typing import ClassVar
 import pytest
 
 from hxmlir.opt import HxmlirOpt, main
-from hxmlir.passes import PASS_REGISTRY, HxPass
+from hxmlir.passes import PASS_REGISTRY, HxPass, PassResult
 
 GOOD = """// a comment line
 func.func @main(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
@@ -115,7 +115,7 @@ def test_verify_diagnostics(tmp_path):
 
 @pytest.mark.parametrize("where, line", [("@-1", 2), ("@above", 2), ("@below", 4), ("", 3)])
 def test_expected_locations(tmp_path, where, line):
-  from hxmlir.opt import _expectations
+  from hxmlir.passes.expectations import expectations as _expectations
   text = "a\nb\n// expected-remark " + where + " {{x}}\nc\n"
   (e,) = _expectations("f.mlir", text, 10)
   assert e.line == line + 10 and e.severity == "remark" and e.text == "x"
@@ -123,7 +123,7 @@ def test_expected_locations(tmp_path, where, line):
 
 @pytest.mark.parametrize("kind", ["error", "warning", "remark", "note"])
 def test_expected_re_annotations_are_regexes(kind):
-  from hxmlir.opt import _expectations
+  from hxmlir.passes.expectations import expectations as _expectations
   text = f"// expected-{kind}-re @below {{{{version {{{{[0-9]+}}}} is not (accepted)}}}}\nx\n"
   (e,) = _expectations("f.mlir", text, 0)
   assert e.severity == kind and e.line == 2 and e.pattern is not None
@@ -367,3 +367,133 @@ def test_corrupted_bytecode_corpus_never_kills_the_process(bytecode, tmp_path):
     assert "Traceback" not in err and "terminate called" not in err, err
     if proc.returncode == 1:
       assert err.startswith(f"{path}:0:0: error: "), err
+
+
+# --- foreign IR: what nobody here wrote ------------------------------------------------
+
+def test_declarations_and_type_aliases(tmp_path):
+  decl = run(["-p", "hx-verify,hx-decompose,hx-fold-scales"],
+             stdin="func.func private @ext(tensor<f32>) -> tensor<f32>\n")
+  assert decl.status == 0 and decl.err == ""
+  assert "func.func private @ext(tensor<f32>) -> tensor<f32>" in decl.out
+  p = tmp_path / "alias.mlir"
+  p.write_text("!t = tensor<4xf32>\n#a = 1 : i32\nfunc.func @f(%x: !t) -> !t {\n"
+               "  return %x : !t\n}\nfunc.func @g(%x: !t) -> !t {\n  return %y : !t\n}\n")
+  r = run([str(p), "-p", "hx-verify"])
+  assert r.status == 1  # the error is where it is (line 7), not at the wrapper
+  assert r.err.startswith(f"{p}:7:10: error: use of undeclared SSA value name"), r.err
+  p.write_text(p.read_text().replace("%y", "%x"))
+  r = run([str(p), "-p", "hx-verify"])
+  assert r.status == 0 and r.out.count("func.func @") == 2
+
+
+def test_verify_diagnostics_ignores_the_current_operation_note(tmp_path):
+  p = tmp_path / "v.mlir"
+  p.write_text("func.func @f(%a: tensor<2xf32>) -> tensor<3xf32> {\n"
+               "  // expected-error @+1 {{op requires the same shape for all operands and results}}\n"
+               "  %0 = \"stablehlo.add\"(%a, %a) : (tensor<2xf32>, tensor<2xf32>) -> tensor<3xf32>\n"
+               "  return %0 : tensor<3xf32>\n}\n")
+  r = run([str(p), "--verify-diagnostics"])
+  assert r.status == 0 and r.err == "", r.err
+  plain = run([str(p)])  # without verify mode the note is printed, as mlir-opt does
+  assert plain.status == 1 and "note: see current operation" in plain.err
+
+
+def test_an_internal_error_fails_only_its_chunk(monkeypatch, good, tmp_path):
+  @dataclass(frozen=True)
+  class CrashOnF(HxPass):
+    name: ClassVar[str] = "test-crash-on-f"
+
+    def apply(self, module, diags):
+      if "@f(" in str(module):
+        raise RuntimeError("boom")
+      return PassResult()
+
+  monkeypatch.setitem(PASS_REGISTRY, CrashOnF.name, lambda: CrashOnF)
+  p = tmp_path / "s.mlir"
+  p.write_text(GOOD + "// -----\n" + BAD_VERSION + "// -----\n" + GOOD)
+  r = run([str(p), "--split-input-file", "-p", "test-crash-on-f"])
+  assert r.status == 1
+  assert r.err == f"hxmlir-opt: internal error (in the chunk at {p}:13): RuntimeError: boom\n"
+  assert r.out.count("func.func @main") == 2  # the other chunks are printed
+
+
+CRASHERS = {  # inputs that kill jaxlib 0.10.2's parser with a signal
+    "SIGSEGV": "func.func @f(%x: tensor<?x!foo.bar, #stablehlo.bounds<4>>) {\n  return\n}\n",
+    "SIGFPE": ("func.func @f(%x: tensor<8x8xf32>) -> tensor<8x8xf32> {\n"
+               '  %0 = "stablehlo.all_to_all"(%x) {split_dimension = 1 : i64, concat_dimension = '
+               "0 : i64, split_count = 2 : i64, replica_groups = dense<0> : tensor<0x2xi64>} : "
+               "(tensor<8x8xf32>) -> tensor<8x8xf32>\n  return %0 : tensor<8x8xf32>\n}\n"),
+}
+
+
+@pytest.mark.parametrize("signal", sorted(CRASHERS))
+def test_inputs_that_crash_the_parser_are_a_diagnostic(signal, tmp_path, good):
+  p = tmp_path / "c.mlir"
+  p.write_text(GOOD + "// -----\n" + CRASHERS[signal])
+  r = run([str(p), "--split-input-file", "-p", "hx-verify"])  # in this very process
+  assert r.status == 1
+  assert r.err == (f"{p}:13:1: error: cannot parse this input: MLIR's parser crashed on it "
+                   f"(signal {signal})\n")
+  assert r.out.count("func.func @main") == 1
+
+
+def _exported_hx_module() -> str:
+  import jax
+  import jax.numpy as jnp
+
+  import hxmlir as hx
+  w = hx.quantize(jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(3, 4))
+  with hx.installed():
+    exp = jax.export.export(jax.jit(lambda x: hx.matmul_q(x, w)))(jnp.ones((2, 3)))
+  return exp.mlir_module_serialized
+
+
+def test_vhlo_input_is_upgraded_to_stablehlo(tmp_path):
+  art = tmp_path / "a.mlirbc"
+  art.write_bytes(_exported_hx_module())  # a portable artifact: VHLO bytecode
+  vhlo = run([str(art)])
+  assert vhlo.status == 0 and "vhlo." not in vhlo.out
+  assert 'stablehlo.composite "hx.matmul_q"' in vhlo.out
+  text = tmp_path / "a.mlir"  # the same module as VHLO text
+  from hxmlir.passes import parsing
+  ctx = parsing.make_context()
+  text.write_text(parsing.parse_module(art.read_bytes(), ctx).get_asm())
+  assert "vhlo.func_v1" in text.read_text()
+  r = run([str(text), "-p", "hx-verify,hx-decompose"])
+  assert r.status == 0 and "vhlo." not in r.out and "hx.matmul_q" not in r.out
+  assert "stablehlo.dot_general" in r.out or "stablehlo.while" in r.out
+
+
+WHILE_DYNAMIC = """func.func @f(%x: tensor<2xf32>) -> tensor<?xf32> {
+  %0 = "stablehlo.while"(%x) ({
+  ^bb0(%a: tensor<?xf32>):
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    stablehlo.return %c : tensor<i1>
+  }, {
+  ^bb0(%a: tensor<?xf32>):
+    stablehlo.return %a : tensor<?xf32>
+  }) : (tensor<2xf32>) -> tensor<?xf32>
+  return %0 : tensor<?xf32>
+}
+"""
+
+
+def test_print_op_generic_round_trips_where_the_pretty_form_does_not():
+  generic = run(["--mlir-print-op-generic"], stdin=WHILE_DYNAMIC)
+  assert generic.status == 0 and '"stablehlo.while"' in generic.out
+  assert '"func.func"()' in generic.out
+  again = run(["--mlir-print-op-generic"], stdin=generic.out)
+  assert again.status == 0 and again.out == generic.out
+  pretty = run([], stdin=WHILE_DYNAMIC)
+  assert run([], stdin=pretty.out).status == 1  # jaxlib's pretty form loses the block types
+
+
+def test_parse_guard_in_a_process_running_jax_uses_the_parse_server(monkeypatch):
+  # (the lit test foreign-ir.mlir covers the forked child of the command-line tool)
+  from hxmlir.passes import parsing
+  monkeypatch.setattr(parsing._jax, "runtime_started", lambda: True)
+  ctx = parsing.make_context()
+  got = parsing.parse_crashes([GOOD, CRASHERS["SIGFPE"], GOOD, CRASHERS["SIGSEGV"], "x"], ctx)
+  assert got == [None, "MLIR's parser crashed on it (signal SIGFPE)", None,
+                 "MLIR's parser crashed on it (signal SIGSEGV)", None]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jaxlib.mlir import ir
+from numerics import assert_matmul_close
 
 import hxmlir as hx
 from hxmlir.passes import (
@@ -188,7 +189,7 @@ def test_run_reports_changed_and_stats():
   fold = result.stats["hx-fold-scales"]
   assert fold["scales folded"] == 1 and fold["matmul_q formed"] == 1
   assert result.stats["cse"] == {}
-  names = [irutil.composite_name(op) for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+  names = [irutil.composite_name(op) for op in irutil.hx_composites(module)]
   assert names == ["hx.matmul_q"]
 
 
@@ -268,7 +269,7 @@ def test_locations_from_jax_point_at_the_users_line():
     return hx.matmul_q(x, qw)
   line = inspect.getsourcelines(f)[1] + 1
   module = jax.jit(f).lower(x, qw).compiler_ir("stablehlo")
-  (op,) = [op for op in irutil.walk(module.operation) if irutil.is_hx_composite(op)]
+  (op,) = irutil.hx_composites(module.operation)
   with module.context:
     op.attributes["version"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 99)
   with pytest.raises(PassError) as e:
@@ -299,7 +300,7 @@ func.func private @other(%q: tensor<6x8xi8>) -> tensor<6x8xf32> {
   %0 = stablehlo.convert %q : (tensor<6x8xi8>) -> tensor<6x8xf32>
   return %0 : tensor<6x8xf32>
 }""")
-  (op,) = [op for op in irutil.walk(module) if irutil.is_hx_composite(op)]
+  (op,) = irutil.hx_composites(module)
   with module.context:
     op.attributes["decomposition"] = ir.FlatSymbolRefAttr.get("other")
   diags = Diagnostics()
@@ -321,6 +322,9 @@ def _plain_modules():
       (lambda x, w: (x.astype(jnp.int8).astype(jnp.float32) + 2.0) @ w, (x, w)),
       (lambda x: jax.nn.softmax(x, axis=-1), (x,)),
       (lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x), (x,)),
+      # attributes jaxlib's Python bindings cannot represent (complex dense constants)
+      (lambda x: (jnp.complex64(1 + 2j) * x).real, (x,)),
+      (lambda x: jnp.linalg.eigvals(x[:, :3]), (x,)),
   ]
   return [jax.jit(f).lower(*args).as_text(debug_info=True) for f, args in fns]
 
@@ -335,8 +339,23 @@ def _hx_modules():
 
   def g(x, w):
     return hx.dequantize(hx.quantize(w)).T @ x.T
+
+  def h(x, w):  # a complex constant next to hx ops (the symbol walks skip it)
+    return (jnp.complex64(1 + 2j) * (x @ hx.dequantize(hx.quantize(w)))).imag
   return [jax.jit(f).lower(x, w).as_text(debug_info=True),
-          jax.jit(g).lower(x, w).as_text(debug_info=True), DEQ_DOT]
+          jax.jit(g).lower(x, w).as_text(debug_info=True),
+          jax.jit(h).lower(x, w).as_text(debug_info=True), DEQ_DOT]
+
+
+def test_install_with_complex_constants_and_every_pass():
+  x = jnp.ones((2, 6), "float32")
+  w = jnp.linspace(-1, 1, 30, dtype="float32").reshape(6, 5)
+  wd = np.asarray(hx.dequantize(hx.quantize(w)))
+  with hx.installed("hx-verify,hx-fold-scales,hx-decompose"):
+    y = jax.jit(lambda x, w: (jnp.complex64(1 + 2j) * hx.matmul_q(x, hx.quantize(w))).imag)(x, w)
+    ev = jax.jit(jnp.linalg.eigvals)(jnp.diag(jnp.arange(1.0, 4.0)))
+  assert_matmul_close(y, 2 * np.asarray(x), wd, extra=2)  # imag((1+2i) y) = 2 y
+  np.testing.assert_array_equal(np.sort(np.asarray(ev).real), [1.0, 2.0, 3.0])
 
 
 @pytest.mark.parametrize("name", OUR_PASSES)

@@ -17,6 +17,7 @@ import pytest
 from hx_testing import without_locations
 from jax import lax
 from jax.sharding import PartitionSpec as P
+from numerics import assert_within, dot_bound
 
 import hxmlir as hx
 from hxmlir import installation as inst  # noqa: E402
@@ -86,7 +87,7 @@ def test_rewrites_the_dot_and_drops_the_dequantize():
   # the jaxpr still evaluates to the same numbers
   got = jax.extend.core.jaxpr_as_fun(new)(x, qw.qvalue, qw.scale)[0]
   want = jax.extend.core.jaxpr_as_fun(closed)(x, qw.qvalue, qw.scale)[0]
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+  assert_within(got, want, 2 * dot_bound("mk,kn->mn", x, hx.dequantize(qw), extra=1))
 
 
 def test_nothing_to_fold_returns_the_same_object():
@@ -133,7 +134,8 @@ def _assert_left_alone_and_unchanged(*args):
   want = np.asarray(jax.jit(dequant_dot)(*args))
   with hx.installed():
     got = np.asarray(jax.jit(dequant_dot)(*args))
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  x, qw = args
+  assert_within(got, want, 2 * dot_bound("...mk,...kn->...mn", x, hx.dequantize(qw), extra=1))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
@@ -158,8 +160,8 @@ def test_dots_with_symbolic_shapes_are_left_alone():
   with hx.installed():
     exp = jax.export.export(jax.jit(f))(xs)
   x = jnp.asarray(np.random.default_rng(5).standard_normal((5, 8)), jnp.float32)
-  np.testing.assert_allclose(np.asarray(exp.call(x)), np.asarray(jax.jit(f)(x)),
-                             rtol=1e-6, atol=1e-6)
+  assert_within(exp.call(x), jax.jit(f)(x),
+                2 * dot_bound("mk,kn->mn", x, hx.dequantize(qw), extra=1))
 
 
 def test_left_alone_dots_are_still_folded_by_the_mlir_stage():

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_matmul_close, assert_within, dot_bound
 
 import hxmlir as hx
 
@@ -123,8 +124,7 @@ def test_quantize_higher_rank_rows():
 
 def test_matmul_q_equals_dense_reference(x, w):
   qw = hx.quantize(w)
-  dense = np.asarray(x) @ np.asarray(hx.dequantize(qw))
-  np.testing.assert_allclose(np.asarray(hx.matmul_q(x, qw)), dense, rtol=1e-6, atol=1e-6)
+  assert_matmul_close(hx.matmul_q(x, qw), x, hx.dequantize(qw), extra=1)
 
 
 def test_matmul_q_batched_operands():
@@ -134,8 +134,7 @@ def test_matmul_q_batched_operands():
   qw = hx.quantize(wb)
   out = hx.matmul_q(xb, qw)
   assert out.shape == (3, 2, 4)
-  dense = np.einsum("bmk,bkn->bmn", np.asarray(xb), np.asarray(hx.dequantize(qw)))
-  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  assert_matmul_close(out, xb, hx.dequantize(qw), "bmk,bkn->bmn", extra=1)
 
 
 # --- jit -----------------------------------------------------------------------
@@ -154,8 +153,8 @@ def test_jit_hi_result_and_argument(x, w):
   np.testing.assert_array_equal(np.asarray(jax.jit(hx.dequantize)(qx)),
                                 np.asarray(hx.dequantize(eager)))
   qw = hx.quantize(w)
-  np.testing.assert_allclose(np.asarray(jax.jit(hx.matmul_q)(x, qw)),
-                             np.asarray(hx.matmul_q(x, qw)), rtol=1e-6)
+  assert_within(jax.jit(hx.matmul_q)(x, qw), hx.matmul_q(x, qw),
+                2 * dot_bound("mk,kn->mn", x, hx.dequantize(qw), extra=1))
 
 
 def test_jit_hi_result_passthrough(x):

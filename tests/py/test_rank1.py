@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_einsum_close, assert_sum_close
 
 import hxmlir as hx
 
@@ -55,10 +56,8 @@ def test_jaxpr_single_value(acts, col, row):
 
 def test_matmul_r1_equals_dense(acts, col, row):
   r = hx.outer(col, row)
-  dense = np.asarray(acts) @ np.outer(np.asarray(col), np.asarray(row))
-  np.testing.assert_allclose(np.asarray(hx.matmul_r1(acts, r)), dense, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(jax.jit(hx.matmul_r1)(acts, r)), dense,
-                             rtol=1e-5, atol=1e-6)
+  assert_einsum_close(hx.matmul_r1(acts, r), "pm,m,n->pn", acts, col, row, extra=2)
+  assert_einsum_close(jax.jit(hx.matmul_r1)(acts, r), "pm,m,n->pn", acts, col, row, extra=2)
 
 
 def test_jit_rank1_argument_and_result(col, row):
@@ -76,8 +75,7 @@ def test_batched_rank1():
   xs = jnp.asarray(rng.standard_normal((2, 5, 4)), jnp.float32)
   r = hx.outer(cols, rows)
   assert str(jax.typeof(r)) == "r1[2,4,3]"
-  dense = np.einsum("bpm,bm,bn->bpn", np.asarray(xs), np.asarray(cols), np.asarray(rows))
-  np.testing.assert_allclose(np.asarray(hx.matmul_r1(xs, r)), dense, rtol=1e-5, atol=1e-5)
+  assert_einsum_close(hx.matmul_r1(xs, r), "bpm,bm,bn->bpn", xs, cols, rows, extra=2)
 
 
 # --- autodiff -----------------------------------------------------------------------
@@ -125,9 +123,7 @@ def test_checkpoint_and_linearize(acts, col, row):
   r = hx.outer(col, row)
   _, f_lin = jax.linearize(lambda x: hx.matmul_r1(x, r), acts)
   (gx,) = jax.linear_transpose(f_lin, acts)(jnp.ones((3, 5), jnp.float32))
-  dense = np.outer(np.asarray(col), np.asarray(row))
-  np.testing.assert_allclose(np.asarray(gx), np.ones((3, 5), np.float32) @ dense.T,
-                             rtol=1e-5, atol=1e-6)
+  assert_einsum_close(gx, "pn,m,n->pm", np.ones((3, 5), np.float32), col, row, extra=2)
 
 
 def test_jvp_outer_and_matmul_r1(acts, col, row):
@@ -144,7 +140,7 @@ def test_jvp_outer_and_matmul_r1(acts, col, row):
   # a dense tangent for an r1 input
   t = jnp.ones((6, 5), jnp.float32)
   _, dy = jax.jvp(lambda r: hx.matmul_r1(acts, r), (r,), (t,))
-  np.testing.assert_allclose(np.asarray(dy), np.asarray(acts @ t), rtol=1e-5, atol=1e-6)
+  assert_einsum_close(dy, "pm,mn->pn", acts, t, extra=1)
 
 
 # --- vmap and scan --------------------------------------------------------------------
@@ -156,8 +152,7 @@ def test_vmap_outer_and_matmul_r1(acts):
   rs = jax.vmap(hx.outer, out_axes=hx.Rank1Spec())(cols, rows)
   assert str(jax.typeof(rs)) == "r1[4,6,5]"
   out = jax.vmap(hx.matmul_r1, in_axes=(None, hx.Rank1Spec()), axis_size=4)(acts, rs)
-  dense = np.einsum("pm,bm,bn->bpn", np.asarray(acts), np.asarray(cols), np.asarray(rows))
-  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  assert_einsum_close(out, "pm,bm,bn->bpn", acts, cols, rows, extra=2)
   # only one factor mapped, the other broadcast
   rs1 = jax.vmap(hx.outer, in_axes=(0, None), out_axes=hx.Rank1Spec())(cols, rows[0])
   c, w = hx.factors(rs1)
@@ -166,8 +161,7 @@ def test_vmap_outer_and_matmul_r1(acts):
   xs = jnp.stack([acts, 2 * acts])
   r = hx.outer(cols[0], rows[0])
   out = jax.vmap(hx.matmul_r1, in_axes=(0, None))(xs, r)
-  dense = np.asarray(xs) @ np.outer(np.asarray(cols[0]), np.asarray(rows[0]))
-  np.testing.assert_allclose(np.asarray(out), dense, rtol=1e-5, atol=1e-5)
+  assert_einsum_close(out, "bpm,m,n->bpn", xs, cols[0], rows[0], extra=2)
   with pytest.raises(TypeError, match=r"r1\[4,6,5\] is mapped with hx\.Rank1Spec\(\), got 0"):
     jax.vmap(hx.factors, in_axes=0, axis_size=4)(rs)
 
@@ -224,10 +218,9 @@ def test_scan_over_stacked_rank1_and_rank1_carry(acts):
   assert str(jax.typeof(r_last)) == "r1[6,6]"
   assert ys.shape == (4, 3, 6)
   c_last, w_last = hx.factors(r_last)
-  np.testing.assert_allclose(np.asarray(c_last), np.asarray(cols).sum(0), rtol=1e-5, atol=1e-6)
+  assert_sum_close(c_last, cols, axis=0)
   np.testing.assert_array_equal(np.asarray(w_last), np.asarray(rows[-1]))
-  dense = np.einsum("pm,bm,bn->bpn", np.asarray(acts), np.asarray(cols), np.asarray(rows))
-  np.testing.assert_allclose(np.asarray(ys), dense, rtol=1e-5, atol=1e-5)
+  assert_einsum_close(ys, "pm,bm,bn->bpn", acts, cols, rows, extra=2)
 
 
 # --- bad input --------------------------------------------------------------------------

@@ -12,6 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hx_testing import assert_same_q
+from numerics import (
+  EPS,
+  assert_matmul_close,
+  assert_sum_close,
+  assert_within,
+  dot_bound,
+  matmul_grad_bounds,
+)
 
 import hxmlir as hx
 
@@ -60,12 +68,15 @@ def test_grad_matmul_q_both_operands_equal_dense_reference(x, w):
   gx, gw = jax.grad(loss, argnums=(0, 1))(x, qw)
   rx, rw = jax.grad(dense_loss, argnums=(0, 1))(x, hx.dequantize(qw))
   assert jax.typeof(gw).str_short(short_dtypes=True) == "f32[3,4]"
-  np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-6)
+  # d/dy sum(sin(y)^2) = sin(2y): 2-Lipschitz, a few ulps to evaluate
+  bx, bw = matmul_grad_bounds(x, hx.dequantize(qw), lambda y: np.sin(2 * y), lipschitz=2,
+                              eval_err=4 * EPS)
+  assert_within(gx, rx, bx)
+  assert_within(gw, rw, bw)
   # and under jit, with the quantization itself inside the differentiated function
   gx2, gw2 = jax.jit(jax.grad(lambda x, w: loss(x, hx.quantize(w)), argnums=(0, 1)))(x, w)
-  np.testing.assert_allclose(np.asarray(gx2), np.asarray(rx), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(gw2), np.asarray(rw), rtol=1e-5, atol=1e-6)
+  assert_within(gx2, rx, bx)
+  assert_within(gw2, rw, bw)
 
 
 def test_grad_matmul_q_batched_operands():
@@ -74,8 +85,9 @@ def test_grad_matmul_q_batched_operands():
   qw = hx.quantize(jnp.asarray(rng.standard_normal((2, 5, 4)), jnp.float32))
   gx, gw = jax.grad(lambda x, q: jnp.sum(hx.matmul_q(x, q) ** 2), argnums=(0, 1))(xb, qw)
   rx, rw = jax.grad(lambda x, w: jnp.sum((x @ w) ** 2), argnums=(0, 1))(xb, hx.dequantize(qw))
-  np.testing.assert_allclose(np.asarray(gx), np.asarray(rx), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-5)
+  bx, bw = matmul_grad_bounds(xb, hx.dequantize(qw), lambda y: 2 * y, lipschitz=2)
+  assert_within(gx, rx, bx)
+  assert_within(gw, rw, bw)
 
 
 def test_vjp_cotangent_of_quantized_input_is_dense(x, w):
@@ -83,11 +95,8 @@ def test_vjp_cotangent_of_quantized_input_is_dense(x, w):
   y, pullback = jax.vjp(hx.matmul_q, x, qw)
   ct = jnp.ones_like(y)
   gx, gw = pullback(ct)
-  np.testing.assert_allclose(np.asarray(gw), np.asarray(x).T @ np.ones((2, 4), np.float32),
-                             rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(gx),
-                             np.ones((2, 4), np.float32) @ np.asarray(hx.dequantize(qw)).T,
-                             rtol=1e-6)
+  assert_matmul_close(gw, np.asarray(x).T, np.ones((2, 4), np.float32))
+  assert_matmul_close(gx, np.ones((2, 4), np.float32), np.asarray(hx.dequantize(qw)).T, extra=1)
 
 
 # --- forward mode -------------------------------------------------------------------
@@ -110,13 +119,15 @@ def test_jvp_matmul_q_equals_dense_reference(x, w):
   tw = jnp.ones((3, 4), jnp.float32) / 3.
   y, dy = jax.jvp(hx.matmul_q, (x, qw), (tx, tw))
   ry, rdy = jax.jvp(jnp.matmul, (x, wd), (tx, tw))
-  np.testing.assert_allclose(np.asarray(y), np.asarray(ry), rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(dy), np.asarray(rdy), rtol=1e-6, atol=1e-6)
+  assert_within(y, ry, 2 * dot_bound("mk,kn->mn", x, wd, extra=1))
+  # dy = tx @ wd + x @ tw: two sums of 3 terms added (one more rounding each)
+  assert_within(dy, rdy, 2 * (dot_bound("mk,kn->mn", tx, wd, extra=2)
+                              + dot_bound("mk,kn->mn", x, tw, extra=2)))
   # one operand's tangent only (the other a symbolic zero)
   _, dy_x = jax.jvp(lambda x: hx.matmul_q(x, qw), (x,), (tx,))
-  np.testing.assert_allclose(np.asarray(dy_x), np.asarray(tx @ wd), rtol=1e-6, atol=1e-6)
+  assert_matmul_close(dy_x, tx, wd, extra=1)
   _, dy_w = jax.jvp(lambda q: hx.matmul_q(x, q), (qw,), (tw,))
-  np.testing.assert_allclose(np.asarray(dy_w), np.asarray(x @ tw), rtol=1e-6, atol=1e-6)
+  assert_matmul_close(dy_w, x, tw, extra=1)
 
 
 def test_jacfwd_wrt_quantized_equals_jacrev(x, w):
@@ -142,11 +153,11 @@ def test_linearize_and_linear_transpose_matmul_q(x, w):
   wd = np.asarray(hx.dequantize(qw))
   y, f_lin = jax.linearize(lambda x: hx.matmul_q(x, qw), x)
   tx = jnp.full_like(x, 0.5)
-  np.testing.assert_allclose(np.asarray(y), np.asarray(x) @ wd, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(f_lin(tx)), np.asarray(tx) @ wd, rtol=1e-6, atol=1e-6)
+  assert_matmul_close(y, x, wd, extra=1)
+  assert_matmul_close(f_lin(tx), tx, wd, extra=1)
   ct = jnp.ones((2, 4), jnp.float32)
   (gx,) = jax.linear_transpose(f_lin, x)(ct)  # uses MatmulQ.transpose
-  np.testing.assert_allclose(np.asarray(gx), np.ones((2, 4), np.float32) @ wd.T, rtol=1e-6)
+  assert_matmul_close(gx, np.ones((2, 4), np.float32), wd.T, extra=1)
   _, f_st = jax.linearize(roundtrip, x)
   np.testing.assert_array_equal(np.asarray(f_st(tx)), np.asarray(tx))
 
@@ -158,8 +169,9 @@ def test_checkpoint_grad_equals_plain_grad(x, w):
   expected = jax.grad(loss, argnums=(0, 1))(x, w)
   for g in (jax.grad(jax.checkpoint(loss), argnums=(0, 1))(x, w),
             jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1)))(x, w)):
-    for a, b in zip(g, expected):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    for a, b, bound in zip(g, expected, matmul_grad_bounds(
+        x, hx.dequantize(hx.quantize(w)), lambda y: 2 * y, lipschitz=2)):
+      assert_within(a, b, bound)
 
 
 def test_second_order(x, w):
@@ -167,8 +179,10 @@ def test_second_order(x, w):
   wd = np.asarray(hx.dequantize(qw))
   h = jax.hessian(lambda x: jnp.sum(hx.matmul_q(x, qw) ** 2))(x)
   # d2/dx2 sum((x W)^2) = 2 delta_ij (W W^T)_kl
-  expected = 2 * np.einsum("ij,kl->ikjl", np.eye(2), wd @ wd.T)
-  np.testing.assert_allclose(np.asarray(h), expected, rtol=1e-5, atol=1e-5)
+  expected = 2 * np.einsum("ij,kl->ikjl", np.eye(2), wd.astype(np.float64) @ wd.T)
+  assert_within(h, expected,
+                2 * np.einsum("ij,kl->ikjl", np.ones((2, 2)),
+                              dot_bound("kn,ln->kl", wd, wd, extra=2)))
 
 
 def test_control_flow_with_hi_values(x):
@@ -306,8 +320,8 @@ def test_grad_and_jvp_through_broadcast_unmapped_output(x, w):
 
   gx, gw = jax.grad(loss, argnums=(0, 1))(x, w)
   wd = np.asarray(hx.dequantize(hx.quantize(w)))
-  np.testing.assert_allclose(np.asarray(gx), 4 * np.ones((2, 4)) @ wd.T, rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(gw), 4 * np.asarray(x).T @ np.ones((2, 4)), rtol=1e-6)
+  assert_matmul_close(gx, np.ones((4, 2, 4)), wd, "bmn,kn->mk", extra=1)
+  assert_matmul_close(gw, np.broadcast_to(x, (4, 2, 3)), np.ones((4, 2, 4)), "bmk,bmn->kn")
   _, t = jax.jvp(lambda w: hx.dequantize(jax.vmap(lambda a: hx.quantize(w), out_axes=qspec)(
       jnp.ones(3))), (w,), (jnp.ones_like(w),))
   np.testing.assert_array_equal(np.asarray(t), np.ones((3, 3, 4)))
@@ -360,8 +374,7 @@ def test_vmap_matmul_q(in_axes):
   wd = np.asarray(hx.dequantize(w_arg))
   xd = np.asarray(xb if ax is not None else jnp.broadcast_to(xb[0], xb.shape))
   wd = wd if aw == "spec" else np.broadcast_to(wd, (b, *wd.shape))
-  np.testing.assert_allclose(np.asarray(out), np.einsum("bmk,bkn->bmn", xd, wd),
-                             rtol=1e-5, atol=1e-5)
+  assert_matmul_close(out, xd, wd, "bmk,bkn->bmn", extra=1)
 
 
 def test_scan_of_vmap(xs):
@@ -372,7 +385,7 @@ def test_scan_of_vmap(xs):
   total, qs = jax.lax.scan(body, jnp.float32(0.), xs)
   assert str(jax.typeof(qs)) == "q8[4,2,1,3]"
   assert_same_q(qs, hx.quantize(xs[:, :, None, :]), scale_rtol=1e-6)
-  np.testing.assert_allclose(float(total), np.asarray(hx.dequantize(qs)).sum(), rtol=1e-6)
+  assert_sum_close(total, hx.dequantize(qs))
 
 
 def test_nested_vmap(xs):
@@ -393,7 +406,7 @@ def test_scan_over_stacked_quantized(xs):
 
   total, maxes = jax.lax.scan(body, jnp.float32(0.), qxs, length=4)
   deq = np.asarray(hx.dequantize(qxs))
-  np.testing.assert_allclose(float(total), deq.sum(), rtol=1e-6)
+  assert_sum_close(total, deq)
   np.testing.assert_array_equal(np.asarray(maxes), deq.max(axis=(1, 2)))
 
 
@@ -445,10 +458,13 @@ def test_scan_matmul_q_over_stacked_weights(xs):
     return jnp.tile(y, (1, 2))[:, :3], y[0]
 
   h, ys = jax.lax.scan(body, h0, qws, length=4)
-  hr = np.asarray(h0)
+  hr = np.asarray(h0, np.float64)  # exact (float64) chain and its error bound
+  err = np.zeros_like(hr)
   wd = np.asarray(hx.dequantize(qws))
   for i in range(4):
+    # the carry's error passes through |W|, plus this step's rounding of the sum
+    err = np.abs(err) @ np.abs(wd[i]) + dot_bound("mk,kn->mn", np.abs(hr) + err, wd[i], extra=1)
     y = hr @ wd[i]
-    np.testing.assert_allclose(np.asarray(ys[i]), y[0], rtol=1e-5)
-    hr = np.tile(y, (1, 2))[:, :3]
-  np.testing.assert_allclose(np.asarray(h), hr, rtol=1e-5)
+    assert_within(ys[i], y[0], err[0])
+    hr, err = np.tile(y, (1, 2))[:, :3], np.tile(err, (1, 2))[:, :3]
+  assert_within(h, hr, err)
