@@ -3,15 +3,11 @@
 # decomposition calls the native kernel's FFI target (lowering/matmul_q_cpu.py).
 # HXMLIR_CPU_ISA=generic: the portable build runs on every CPU, so this test
 # needs only the extension (CI builds it), not AVX2.
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "Inputs"))
 import numpy as np
-from lowering_util import print_exported, print_ir
 
 import hxmlir as hx
 import hxmlir.export as hxe
+from hxmlir.testing import print_exported, print_ir
 
 print(hx.cpu_kernel_info())
 # CHECK: native CPU kernel hx_matmul_q_cpu_v1 (generic; forced by $HXMLIR_CPU_ISA)
