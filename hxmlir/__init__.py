@@ -34,6 +34,7 @@ from hxmlir.qarray import (
 from hxmlir.qarray import (
     quantize as quantize,
 )
+from hxmlir.einsum import einsum as einsum
 from hxmlir.rank1 import (
     Rank1 as Rank1,
 )

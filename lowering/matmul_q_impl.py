@@ -73,6 +73,7 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from hxmlir import dotdims
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
@@ -387,20 +388,45 @@ def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
   return [build_matmul_q_streaming(x, q, s)]
 
 
-def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value) -> list[ir.Value]:
+def collapsed_streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
+  """``hx.matmul_q`` decomposition builder for ``f32[..., k] x i8[k, n] -> f32[..., n]``:
+  ``x``'s leading dims collapsed into ``m`` by a ``stablehlo.reshape`` (free: row-major),
+  :func:`build_matmul_q_streaming`, and the result reshaped back."""
+  x, q, s = args
+  xs, n = _shape(x), _shape(q)[-1]
+  f32 = ir.F32Type.get()
+  x2 = hlo.ReshapeOp(_tensor((int(np.prod(xs[:-1], dtype=np.int64)), xs[-1]), f32), x).result
+  y = build_matmul_q_streaming(x2, q, s)
+  return [hlo.ReshapeOp(_tensor((*xs[:-1], n), f32), y).result]
+
+
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
+                       dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a streaming decomposition.
 
   The composite (name, version, attributes, shardings) is exactly the one the
-  default rule emits; only its decomposition is :func:`build_matmul_q_streaming`.
-  When :func:`choose_blocking` picks ``"whole"`` (small weights) the
-  decomposition is the reference itself, so small programs lower to the same
-  text on every platform.
+  default rule emits; only its decomposition is :func:`build_matmul_q_streaming`,
+  for the layouts it knows: ``f32[*b, m, k] x i8[*b, k, n]`` (version 1's dims) and
+  ``f32[..., k] x i8[k, n]`` (leading dims collapsed into ``m``,
+  :func:`collapsed_streaming_decomposition`). When :func:`choose_blocking` picks
+  ``"whole"`` (small weights), and for other dimension numbers, the decomposition
+  is the reference itself (which converts the whole weight).
   """
-  m, k = ctx.avals_in[0].shape[-2:]
-  n = ctx.avals_in[1].shape[-1]
+  x_aval, q_aval = ctx.avals_in[0], ctx.avals_in[1]
+  dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
+  attrs = schema.matmul_q_attributes(dims)
+  ref = reference.matmul_q_for(dims)
+  n = q_aval.shape[-1]
+  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
+    (m, k), builder = x_aval.shape[-2:], streaming_decomposition
+  elif q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
+    m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
+    k, builder = x_aval.shape[-1], collapsed_streaming_decomposition
+  else:
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   if choose_blocking(m, k, n)[0] == "whole":
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=streaming_decomposition)
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)
 
 
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")
