@@ -139,3 +139,27 @@ def batched(dims, x_rank: int, q_rank: int, x_mapped: bool, q_mapped: bool):
   if scale_side(q_rank + 1, new) is None:
     return None
   return new, len(lb) + len(free_dims(x_rank, lc, lb))
+
+
+def transpose_lhs(dims: DotDims, x_rank: int, y_rank: int, swap_ans: bool = False):
+  """How ``dot_general(x, y, dims)``'s transpose in ``x`` is computed from the cotangent
+  ``g``: ``dot_general(g, y, dims2)`` has ``x``'s dims in the order ``order``, so
+  transposing it by ``argsort(order)`` gives ``x``'s layout. ``swap_ans``: ``x`` was the
+  right operand (for the transpose in the right operand, call with the dims swapped).
+  Returns ``(dims2, order)``; JAX's own rule (``lax._dot_general_transpose_lhs``)."""
+  (xc, yc), (xb, yb) = dims
+  x_kept, y_kept = free_dims(x_rank, xc, xb), free_dims(y_rank, yc, yb)
+  nb = len(xb)
+  if swap_ans:
+    ans_y = tuple(range(nb, nb + len(y_kept)))
+  else:
+    ans_y = tuple(range(nb + len(x_kept), nb + len(x_kept) + len(y_kept)))
+  dims2 = ((ans_y, tuple(y_kept)), (tuple(range(nb)), tuple(yb)))
+  by_y = [c for _, c in sorted(zip(yc, xc))]
+  return dims2, [*xb, *x_kept, *by_y]
+
+
+def swapped(dims: DotDims) -> DotDims:
+  """The dims of ``dot_general(y, x)`` for ``dot_general(x, y, dims)``'s operands swapped."""
+  (xc, yc), (xb, yb) = dims
+  return (yc, xc), (yb, xb)

@@ -393,6 +393,16 @@ def _dot(x, w, dims, sharding):
                              out_sharding=shd.out_sharding(sharding))
 
 
+def _dot_transpose(g, y, dims, x_aval, swap_ans: bool):
+  """``dot_general(x, y, dims)``'s transpose in ``x`` at ``g`` (``dotdims.transpose_lhs``),
+  computed and placed like ``x_aval`` (``swap_ans``: ``x`` was the right operand)."""
+  dims2, order = dotdims.transpose_lhs(dims, x_aval.ndim, y.ndim, swap_ans)
+  parts = shd.partitions(x_aval.sharding, x_aval.ndim)
+  t = _dot(g, y, dims2, shd.with_partitions(x_aval.sharding, [parts[d] for d in order]))
+  perm = tuple(sorted(range(len(order)), key=order.__getitem__))
+  return t if perm == tuple(range(len(perm))) else jnp.transpose(t, perm)
+
+
 class MatmulQ(HxPrimitive):
   """``matmul_q: dot_general(f32[...], q8[..., n], dimension_numbers)``; see :func:`matmul_q`
   and :func:`hxmlir.einsum.einsum`. ``params``: ``dimension_numbers`` (``lax.dot_general``'s,
@@ -420,21 +430,17 @@ class MatmulQ(HxPrimitive):
 
   def vjp_bwd_retval(self, res, g):
     x, qw = res
-    x_aval, q_aval = self.in_avals
-    # the weight's cotangent is dense (straight-through), both pinned where their
-    # primals live: dot_general's own transposes
-    gw = jax.linear_transpose(lambda w: _dot(x, w, self.dims, self.out_aval.sharding),
-                              q_aval.to_tangent_aval())(g)[0]
+    q_aval = self.in_avals[1]
+    # the weight's cotangent is dense (straight-through); both are placed where
+    # their primals live
+    gw = _dot_transpose(g, x, dotdims.swapped(self.dims), q_aval.to_tangent_aval(), True)
     return self._x_cotangent(g, qw), shd.match_vma(gw, q_aval)
 
   def _x_cotangent(self, g, qw):
     """The transpose of ``x -> dot_general(x, dequantize(qw))`` at ``g``, placed and varying
     like ``x`` (rules are traced code: primitives, not attributes)."""
     x_aval = self.in_avals[0]
-    w = dequantize(qw)
-    gx = jax.linear_transpose(lambda x: _dot(x, w, self.dims, self.out_aval.sharding),
-                              jax.ShapeDtypeStruct(x_aval.shape, F32,
-                                                   sharding=x_aval.sharding))(g)[0]
+    gx = _dot_transpose(g, dequantize(qw), self.dims, x_aval, False)
     return shd.match_vma(gx, x_aval)
 
   def transpose(self, ct, x, qw):

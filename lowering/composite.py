@@ -142,9 +142,9 @@ def composite_attributes(name: str, attributes: Mapping[str, Any] | None,
   keys = spec.attributes_of(version)
   attributes = dict(attributes or {})
   if set(attributes) != set(keys):
-    raise ValueError(f"{name}: composite_attributes of version "
-                     f"{spec.version if version is None else version} must have keys "
-                     f"{sorted(keys)}, got {sorted(attributes)}")
+    raise ValueError(f"{name}: composite_attributes must have keys {sorted(keys)}, got "
+                     f"{sorted(attributes)} (version "
+                     f"{spec.version if version is None else version})")
   for key, value in attributes.items():
     want = keys[key]
     if not isinstance(value, ir.Attribute) and not isinstance(value, want):

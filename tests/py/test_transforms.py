@@ -463,6 +463,9 @@ def test_scan_matmul_q_over_stacked_weights(xs):
   wd = np.asarray(hx.dequantize(qws))
   for i in range(4):
     y = hr @ wd[i]
-    np.testing.assert_allclose(np.asarray(ys[i]), y[0], rtol=1e-5)
+    # f32 sums of 3 terms in any order: within 3 eps of sum |h| |w| (cancellation
+    # can leave an exact 0 on one side and 1e-6 on the other)
+    tol = 4 * 3 * np.finfo(np.float32).eps * (np.abs(hr) @ np.abs(wd[i]))[0]
+    assert np.all(np.abs(np.asarray(ys[i]) - y[0]) <= tol * 1.01 ** i)
     hr = np.tile(y, (1, 2))[:, :3]
-  np.testing.assert_allclose(np.asarray(h), hr, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(h), hr, rtol=1e-4)
