@@ -7,6 +7,7 @@ explicit sharding and ``shard_map``. They lower to ``stablehlo.composite`` ops
 named ``hx.*``.
 """
 
+from hxmlir.einsum import einsum as einsum
 from hxmlir.qarray import (
     QArray as QArray,
 )
@@ -34,7 +35,6 @@ from hxmlir.qarray import (
 from hxmlir.qarray import (
     quantize as quantize,
 )
-from hxmlir.einsum import einsum as einsum
 from hxmlir.rank1 import (
     Rank1 as Rank1,
 )

@@ -388,15 +388,17 @@ def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
   return [build_matmul_q_streaming(x, q, s)]
 
 
-def collapsed_streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
+def collapsed_streaming_decomposition(args: Sequence[ir.Value], *,
+                                      scheme: str | None = None) -> list[ir.Value]:
   """``hx.matmul_q`` decomposition builder for ``f32[..., k] x i8[k, n] -> f32[..., n]``:
   ``x``'s leading dims collapsed into ``m`` by a ``stablehlo.reshape`` (free: row-major),
-  :func:`build_matmul_q_streaming`, and the result reshaped back."""
+  :func:`build_matmul_q_streaming` (``scheme``: its argument), and the result reshaped
+  back."""
   x, q, s = args
   xs, n = _shape(x), _shape(q)[-1]
   f32 = ir.F32Type.get()
   x2 = hlo.ReshapeOp(_tensor((int(np.prod(xs[:-1], dtype=np.int64)), xs[-1]), f32), x).result
-  y = build_matmul_q_streaming(x2, q, s)
+  y = build_matmul_q_streaming(x2, q, s, scheme=scheme)
   return [hlo.ReshapeOp(_tensor((*xs[:-1], n), f32), y).result]
 
 

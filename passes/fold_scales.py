@@ -31,7 +31,8 @@ operand and ``R = dot_general(D, X)``:
 New ops carry ``sdy.sharding`` of the value they are shaped like (``X``'s, the
 dot result's, ``q``'s). Where the rewrite is exactly ``hx.matmul_q``'s
 contract (``f32[*b, m, k] x dequantize(i8[*b, k, n], f32[*b, k])`` with
-leading batch dims, default precision, types and known shardings accepted by
+leading batch dims, or ``f32[..., k] x dequantize(i8[k, n], f32[k])`` with several
+free dims on the dense side; default precision, types and known shardings accepted by
 ``lowering/schema.py``), the dot becomes that composite instead, built with
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
@@ -50,6 +51,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from hxmlir import dotdims
 from hxmlir.lowering import matmul_q_impl, schema
 from hxmlir.passes import irutil
 from hxmlir.passes.base import Diagnostics, HxPass, PassResult, PipelineError
@@ -422,30 +424,28 @@ class FoldScalesPass(HxPass):
     yt = irutil.tensor_type(dot.result.type)
     if None in (xt, qt, st, yt):
       return False
-    r = len(xt.shape)
-    nb = r - 2
-    if r < 2 or list(dd.lhs_batching_dimensions) != list(range(nb)) or \
-       list(dd.rhs_batching_dimensions) != list(range(nb)) or \
-       list(dd.lhs_contracting_dimensions) != [r - 1] or \
-       list(dd.rhs_contracting_dimensions) != [r - 2]:
+    r, qr = len(xt.shape), len(qt.shape)
+    dims = _matmul_q_layout(dd, r, qr)
+    if dims is None:
       return False
+    attrs = schema.matmul_q_attributes(dims)
     spec = schema.lookup("hx.matmul_q")
-    if spec.check_types([xt, qt, st], [yt]):
+    if spec.check_types([xt, qt, st], [yt], attrs):
       return False
     q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
     s_sh = None
     if q_sh is not None:
-      q_dims = irutil.dim_sharding(q_sh, r)
+      q_dims = irutil.dim_sharding(q_sh, qr)
       if q_dims is None:
         return False
       ts = irutil.as_tensor_sharding(q_sh)
       s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
     y_sh = _result_sharding(dot)
     known = [irutil.value_sharding(x),
-             irutil.dim_sharding(q_sh, r) if q_sh is not None else irutil.value_sharding(m.q),
-             irutil.dim_sharding(s_sh, r - 1) if s_sh is not None else
+             irutil.dim_sharding(q_sh, qr) if q_sh is not None else irutil.value_sharding(m.q),
+             irutil.dim_sharding(s_sh, qr - 1) if s_sh is not None else
              irutil.value_sharding(m.s)]
-    if spec.check_shardings(known, [irutil.dim_sharding(y_sh, r)]):
+    if spec.check_shardings(known, [irutil.dim_sharding(y_sh, len(yt.shape))], attrs):
       return False
     from hxmlir.lowering import composite  # late: only needed when forming composites
 
@@ -455,11 +455,10 @@ class FoldScalesPass(HxPass):
     if fn is None:
       fn = composite.build_decomposition(
           "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type],
-          matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body,
-          module=module)
+          _matmul_q_body(impl, collapsed=r != qr), module=module)
       state.decompositions[key] = fn
     (y,) = composite.emit_composite(
-        "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
+        "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn, attributes=attrs,
         operand_shardings=[None, q_sh, s_sh],
         result_shardings=[y_sh] if y_sh is not None else None)
     dot.result.replace_all_uses_with(y)
@@ -471,3 +470,25 @@ def _reference_body(args):
   """``hx.matmul_q``'s reference decomposition: convert the weight, one dot."""
   x, q, s = args
   return [matmul_q_impl.build_matmul_q_streaming(x, q, s, scheme="whole")]
+
+
+def _collapsed_reference_body(args):
+  """The reference for ``f32[..., k] x i8[k, n]``: leading dims collapsed, one dot."""
+  return matmul_q_impl.collapsed_streaming_decomposition(args, scheme="whole")
+
+
+def _matmul_q_body(impl: str, collapsed: bool):
+  """The decomposition builder of an ``hx.matmul_q`` formed by the pass."""
+  if collapsed:
+    return (matmul_q_impl.collapsed_streaming_decomposition if impl == "streaming"
+            else _collapsed_reference_body)
+  return matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body
+
+
+def _matmul_q_layout(dd, x_rank: int, q_rank: int):
+  """The dot's dims (``hlo.DotDimensionNumbers``) when they are one of ``hx.matmul_q``'s
+  layouts with a decomposition builder: ``f32[*b, m, k] x [*b, k, n]`` or
+  ``f32[..., k] x [k, n]`` (several free dims on the dense side); else ``None``."""
+  dims = dotdims.normalize(((dd.lhs_contracting_dimensions, dd.rhs_contracting_dimensions),
+                            (dd.lhs_batching_dimensions, dd.rhs_batching_dimensions)))
+  return dims if dims == dotdims.matmul_dims(x_rank, q_rank) else None
