@@ -381,8 +381,15 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   if dotdims.sharded_contraction(xp, qp, dims):
     raise TypeError(f"{who} requires unsharded contraction axes, got {sig}")
+  parts = dotdims.result_parts(xp, qp, dims)
+  axes = [a for p in parts if p for a in ((p,) if isinstance(p, str) else p)]
+  twice = sorted({a for a in axes if axes.count(a) > 1})
+  if twice:
+    raise TypeError(f"{who}: {sig}: the result would be sharded over mesh axis "
+                    f"{', '.join(map(repr, twice))} twice; reshard one operand "
+                    "(jax.sharding.reshard)")
   out_sharding = shd.with_partitions(shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding),
-                                     dotdims.result_parts(xp, qp, dims))
+                                     parts)
   return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims), F32,
                      sharding=out_sharding, manual_axis_type=shd.join_mat(x_aval, q_aval))
 

@@ -74,7 +74,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import dotdims
-from hxmlir.lowering import reference, schema
+from hxmlir.lowering import matmul_q_blocked, reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -410,9 +410,10 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   default rule emits; only its decomposition is :func:`build_matmul_q_streaming`,
   for the layouts it knows: ``f32[*b, m, k] x i8[*b, k, n]`` (version 1's dims) and
   ``f32[..., k] x i8[k, n]`` (leading dims collapsed into ``m``,
-  :func:`collapsed_streaming_decomposition`). When :func:`choose_blocking` picks
-  ``"whole"`` (small weights), and for other dimension numbers, the decomposition
-  is the reference itself (which converts the whole weight).
+  :func:`collapsed_streaming_decomposition`); other dimension numbers walk one
+  free axis of the weight in blocks (``lowering/matmul_q_blocked.py``). When
+  :func:`choose_blocking` picks ``"whole"`` (small weights) the decomposition is
+  the reference itself (which converts the whole weight).
   """
   x_aval, q_aval = ctx.avals_in[0], ctx.avals_in[1]
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
@@ -424,7 +425,11 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   elif q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
     m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
     k, builder = x_aval.shape[-1], collapsed_streaming_decomposition
-  else:
+  else:  # other layouts: one free axis of q walked in blocks (matmul_q_blocked.py)
+    axis = matmul_q_blocked.block_axis(q_aval.shape, dims)
+    if axis is not None:
+      ref = matmul_q_blocked.blocked_for(dims, axis,
+                                         matmul_q_blocked.block_size(q_aval.shape, axis))
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   if choose_blocking(m, k, n)[0] == "whole":
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
