@@ -110,9 +110,13 @@ def _attribute(key: str, value: Any) -> ir.Attribute:
 
 def attribute_value(attr: ir.Attribute):
   """The Python value of a ``composite_attributes`` entry: ``array<i64: ...>`` -> tuple of
-  ints, ``i64`` -> int, bool, float, string; other attributes as they are."""
+  ints (also ``dense<...> : tensor<Nxi64>``, its form after a round trip through a
+  portable artifact: StableHLO's serialization rewrites the one into the other),
+  ``i64`` -> int, bool, float, string; other attributes as they are."""
   if isinstance(attr, ir.DenseI64ArrayAttr):
     return tuple(attr)
+  if isinstance(attr, ir.DenseIntElementsAttr):
+    return tuple(int(v) for v in attr)
   if isinstance(attr, ir.BoolAttr):
     return attr.value
   if isinstance(attr, (ir.IntegerAttr, ir.FloatAttr, ir.StringAttr)):

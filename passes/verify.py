@@ -49,7 +49,10 @@ def _attr_matches(attr: ir.Attribute, want: type) -> str | None:
   if want is str:
     return None if isinstance(attr, ir.StringAttr) else "a string attribute"
   if want is tuple:
-    return None if isinstance(attr, ir.DenseI64ArrayAttr) else "an array<i64: ...> attribute"
+    # a portable artifact's round trip turns array<i64: ...> into dense<...> : tensor<Nxi64>
+    ok = isinstance(attr, ir.DenseI64ArrayAttr) or (
+        isinstance(attr, ir.DenseIntElementsAttr) and str(attr.type.element_type) == "i64")
+    return None if ok else "an array<i64: ...> attribute"
   return None
 
 

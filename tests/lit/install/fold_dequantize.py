@@ -35,7 +35,7 @@ hx.install()
 show("installed", dequant_dot, x, qw)
 # CHECK-LABEL: TEST: installed float32[2,3] q8[3,4]
 # CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
-# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {decomposition = @[[IMPL:[^,]*]], version = 1 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:[^,]*]], version = 2 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
 # CHECK-NEXT: return %[[Y]] : tensor<2x4xf32>
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x4xi8>, %{{.*}}: tensor<3xf32>) -> tensor<2x4xf32>
 
