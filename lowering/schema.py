@@ -275,17 +275,27 @@ def _shard_matmul_q(ops, res, attrs=None):
   rank = len(x) if x is not None else len(q) if q is not None and not attrs else None
   if rank is None:
     return errs
-  dims = matmul_q_dims(attrs, rank)
-  if x is not None and q is not None and dotdims.sharded_contraction(x, q, dims):
+  (lc, rc), (lb, rb) = dims = matmul_q_dims(attrs, rank)
+  if (x is not None and any(x[d] for d in lc)) or (q is not None and any(q[d] for d in rc)):
     errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
                 f"weight {fmt_sharding(q)}")
-  if y is None or x is None or q is None:
+  if y is None or x is None and q is None:
     return errs
-  want = tuple(map(tuple, dotdims.result_parts(x, q, dims)))
-  if len(want) == len(y) and want != tuple(map(tuple, y)):
-    errs.append(f"result must be sharded {fmt_sharding(want)} (batch like x, x's free dims "
-                f"like x, the weight's like the weight; dimension numbers {dims}), got "
-                f"{fmt_sharding(y)}")
+  # what each result dim must be, where the operand it comes from is known
+  n_xfree = rank - len(lc) - len(lb)
+  unknown_x = [None] * rank
+  want = dotdims.result_parts(x if x is not None else unknown_x,
+                              q if q is not None else [None] * (len(y) - len(lb) - n_xfree
+                                                               + len(rc) + len(rb)), dims)
+  nb = len(lb)
+  for what, lo, hi, src in (("x's", 0, nb + n_xfree, x), ("the weight's", nb + n_xfree, len(y), q)):
+    if src is None:
+      continue
+    bad = [i for i in range(lo, hi) if want[i] is not None and tuple(want[i]) != tuple(y[i])]
+    if bad:
+      errs.append(f"result dims {bad} must be sharded like {what} (batch like x, else the "
+                  f"weight; dimension numbers {dims}): result {fmt_sharding(y)}, x "
+                  f"{fmt_sharding(x)}, weight {fmt_sharding(q)}")
   return errs
 
 
