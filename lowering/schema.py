@@ -283,10 +283,11 @@ def _shard_matmul_q(ops, res, attrs=None):
     return errs
   # what each result dim must be, where the operand it comes from is known
   n_xfree = rank - len(lc) - len(lb)
-  unknown_x = [None] * rank
-  want = dotdims.result_parts(x if x is not None else unknown_x,
-                              q if q is not None else [None] * (len(y) - len(lb) - n_xfree
-                                                               + len(rc) + len(rb)), dims)
+  q_rank = len(y) - n_xfree + len(rc)
+  want = dotdims.result_parts(x if x is not None else [None] * rank,
+                              q if q is not None else [None] * q_rank, dims)
+  if len(want) != len(y):
+    return errs  # a wrong result rank: check_types reports it
   nb = len(lb)
   for what, lo, hi, src in (("x's", 0, nb + n_xfree, x), ("the weight's", nb + n_xfree, len(y), q)):
     if src is None:
