@@ -32,7 +32,7 @@ from jax.experimental.hijax import (
 )
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hxmlir import _jax
+from hxmlir import _jax, dotdims
 from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
@@ -345,44 +345,95 @@ class Dequantize(HxPrimitive):
     return dequantize(q), 0
 
 
-def matmul_q_result_type(x_aval, q_aval) -> ShapedArray:
-  """Typing rule of ``matmul_q``: ``f32[*b, m, k] @ q8[*b, k, n] -> f32[*b, m, n]``.
+def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | None = None,
+                         sig: str | None = None) -> ShapedArray:
+  """Typing rule of ``matmul_q``: ``lax.dot_general(x, dequantize(q), dimension_numbers)``.
 
-  The result's rows are sharded like ``x``'s, its columns like the weight's.
-  Raises ``TypeError`` naming both operand types (``f32[2,5] @ q8[3,4]``) on a
-  wrong dtype, rank, shape or batch, or when a contraction axis is sharded.
+  ``dimension_numbers`` default (:func:`hxmlir.dotdims.matmul_dims`):
+  ``f32[..., k] @ q8[k, n] -> f32[..., n]`` (any number of leading dims) and
+  ``f32[*b, m, k] @ q8[*b, k, n] -> f32[*b, m, n]`` (equal ranks). The result has
+  ``dot_general``'s layout and sharding: batch dims like ``x``'s (else ``q``'s), ``x``'s
+  free dims like ``x``, ``q``'s free dims like ``q``. ``who``/``sig`` name the caller
+  and the operands in messages (``hx.einsum`` passes its subscripts). Raises
+  ``TypeError`` naming both operand types (``f32[2,5] @ q8[3,4]``) on a wrong dtype,
+  rank, shape or batch, dims the scales cannot be folded through, or a sharded
+  contraction axis.
   """
-  sig = f"{shd.short(x_aval)} @ {shd.short(q_aval)}"
+  who = who or "hx.matmul_q"
+  sig = sig or f"{shd.short(x_aval)} @ {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy):
-    raise TypeError(f"hx.matmul_q expects a quantized right operand q8[k, n]: {sig}")
+    raise TypeError(f"{who} expects a quantized right operand q8[k, n]: {sig}")
   if not isinstance(x_aval, ShapedArray) or x_aval.dtype != F32:
-    raise TypeError(f"hx.matmul_q expects a dense f32 left operand: {sig}")
-  if x_aval.ndim < 2 or q_aval.ndim < 2 or x_aval.ndim != q_aval.ndim:
-    raise TypeError(f"hx.matmul_q expects f32[*b, m, k] @ q8[*b, k, n] of equal rank >= 2: {sig}")
-  if x_aval.shape[:-2] != q_aval.shape[:-2]:
-    raise TypeError(f"hx.matmul_q batch dimensions differ: {sig}")
-  if x_aval.shape[-1] != q_aval.shape[-2]:
-    raise TypeError(f"hx.matmul_q contracting dimensions differ "
-                    f"({x_aval.shape[-1]} vs {q_aval.shape[-2]}): {sig}")
+    raise TypeError(f"{who} expects a dense f32 left operand: {sig}")
+  dims = dimension_numbers
+  if dims is None:
+    dims = dotdims.matmul_dims(x_aval.ndim, q_aval.ndim)
+    if dims is None:
+      raise TypeError(f"{who} expects f32[..., k] @ q8[k, n] or f32[*b, m, k] @ q8[*b, k, n] "
+                      f"of equal rank >= 2: {sig} (hx.einsum takes other layouts)")
+    (lc, rc), (lb, rb) = dims
+    if [x_aval.shape[d] for d in lb] != [q_aval.shape[d] for d in rb]:
+      raise TypeError(f"{who} batch dimensions differ: {sig}")
+    if x_aval.shape[lc[0]] != q_aval.shape[rc[0]]:
+      raise TypeError(f"{who} contracting dimensions differ "
+                      f"({x_aval.shape[lc[0]]} vs {q_aval.shape[rc[0]]}): {sig}")
+  problems = dotdims.problems(x_aval.shape, q_aval.shape, dims)
+  if problems:
+    raise TypeError(f"{who}: {sig}: {problems[0]}")
   xp = shd.partitions(x_aval.sharding, x_aval.ndim)
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
-  if xp[-1] is not None or qp[-2] is not None:
-    raise TypeError(f"hx.matmul_q requires unsharded contraction axes, got {sig}")
-  out_sharding = shd.product_sharding(x_aval.sharding, xp[:-2], xp[-2],
-                                      q_aval.sharding, qp[:-2], qp[-1])
-  return ShapedArray((*x_aval.shape[:-1], q_aval.shape[-1]), F32, sharding=out_sharding,
-                     manual_axis_type=shd.join_mat(x_aval, q_aval))
+  if dotdims.sharded_contraction(xp, qp, dims):
+    raise TypeError(f"{who} requires unsharded contraction axes, got {sig}")
+  parts = dotdims.result_parts(xp, qp, dims)
+  axes = [a for p in parts if p for a in ((p,) if isinstance(p, str) else p)]
+  twice = sorted({a for a in axes if axes.count(a) > 1})
+  if twice:
+    raise TypeError(f"{who}: {sig}: the result would be sharded over mesh axis "
+                    f"{', '.join(map(repr, twice))} twice; reshard one operand "
+                    "(jax.sharding.reshard)")
+  out_sharding = shd.with_partitions(shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding),
+                                     parts)
+  return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims), F32,
+                     sharding=out_sharding, manual_axis_type=shd.join_mat(x_aval, q_aval))
+
+
+def _dot(x, w, dims, sharding):
+  """``lax.dot_general(x, w, dims)`` in f32, placed ``sharding`` (explicit mode)."""
+  return jax.lax.dot_general(x, w, dims, preferred_element_type=F32,
+                             out_sharding=shd.out_sharding(sharding))
+
+
+def _dot_transpose(g, y, dims, x_aval, swap_ans: bool):
+  """``dot_general(x, y, dims)``'s transpose in ``x`` at ``g`` (``dotdims.transpose_lhs``),
+  computed and placed like ``x_aval`` (``swap_ans``: ``x`` was the right operand)."""
+  dims2, order = dotdims.transpose_lhs(dims, x_aval.ndim, y.ndim, swap_ans)
+  parts = shd.partitions(x_aval.sharding, x_aval.ndim)
+  t = _dot(g, y, dims2, shd.with_partitions(x_aval.sharding, [parts[d] for d in order]))
+  perm = tuple(sorted(range(len(order)), key=order.__getitem__))
+  return t if perm == tuple(range(len(perm))) else jnp.transpose(t, perm)
 
 
 class MatmulQ(HxPrimitive):
-  """``matmul_q: f32[*b, m, k] @ q8[*b, k, n] -> f32[*b, m, n]``; see :func:`matmul_q`."""
+  """``matmul_q: dot_general(f32[...], q8[..., n], dimension_numbers)``; see :func:`matmul_q`
+  and :func:`hxmlir.einsum.einsum`. ``params``: ``dimension_numbers`` (``lax.dot_general``'s,
+  tuples), the lo primitive's."""
 
-  def __init__(self, x_aval, q_aval):
-    out = matmul_q_result_type(x_aval, q_aval)
+  def __init__(self, x_aval, q_aval, dimension_numbers=None, *, who=None, sig=None):
+    if dimension_numbers is not None:
+      dimension_numbers = dotdims.normalize(dimension_numbers)
+    out = matmul_q_result_type(x_aval, q_aval, dimension_numbers, who=who, sig=sig)
     self.in_avals = (x_aval, q_aval)
     self.out_aval = out
-    self.params = {}
+    self.params = {"dimension_numbers": dimension_numbers
+                   or dotdims.matmul_dims(x_aval.ndim, q_aval.ndim)}
     super().__init__()
+
+  @property
+  def dims(self):
+    return self.params["dimension_numbers"]
+
+  def _apply(self, x, qw):
+    return MatmulQ(jax.typeof(x), jax.typeof(qw), self.dims)(x, qw)
 
   def vjp_fwd(self, nzs_in, x, qw):
     return self(x, qw), (x, qw)
@@ -390,16 +441,16 @@ class MatmulQ(HxPrimitive):
   def vjp_bwd_retval(self, res, g):
     x, qw = res
     q_aval = self.in_avals[1]
-    # cotangents live where their primals live: pin the sharded contractions
-    gw = jnp.matmul(jnp.swapaxes(x, -1, -2), g, out_sharding=shd.out_sharding(q_aval.sharding))
+    # the weight's cotangent is dense (straight-through); both are placed where
+    # their primals live
+    gw = _dot_transpose(g, x, dotdims.swapped(self.dims), q_aval.to_tangent_aval(), True)
     return self._x_cotangent(g, qw), shd.match_vma(gw, q_aval)
 
   def _x_cotangent(self, g, qw):
-    """``g @ dequantize(qw)^T``, placed and varying like ``x`` (rules are traced code:
-    primitives, not attributes)."""
+    """The transpose of ``x -> dot_general(x, dequantize(qw))`` at ``g``, placed and varying
+    like ``x`` (rules are traced code: primitives, not attributes)."""
     x_aval = self.in_avals[0]
-    w = dequantize(qw)
-    gx = jnp.matmul(g, jnp.swapaxes(w, -1, -2), out_sharding=shd.out_sharding(x_aval.sharding))
+    gx = _dot_transpose(g, dequantize(qw), self.dims, x_aval, False)
     return shd.match_vma(gx, x_aval)
 
   def transpose(self, ct, x, qw):
@@ -415,33 +466,30 @@ class MatmulQ(HxPrimitive):
     zero = jax.experimental.hijax.Zero
     terms = []
     if not isinstance(dx, zero):
-      terms.append(matmul_q(dx, qw))
+      terms.append(self._apply(dx, qw))
     if not isinstance(dqw, zero):
-      terms.append(jnp.matmul(x, dqw, out_sharding=shd.out_sharding(self.out_aval.sharding)))
+      terms.append(_dot(x, dqw, self.dims, self.out_aval.sharding))
     if not terms:
       return out, instantiate(dx, self.out_aval)
     return out, sum(terms[1:], terms[0])
 
   def batch(self, axis_data, args, dims):
+    # one op, never a loop: the mapped axis becomes a batch or free dim of the
+    # dot_general (dotdims.batched's rule, as for the lo primitive)
     (x, qw), (dx, dq) = args, dims
     if dx is None and dq is None:
-      return matmul_q(x, qw), None
-    if dq is None:
-      # only activations are batched: fold the batch into the rows and keep
-      # the weight unbatched, so it is read once for the whole batch
-      x = jnp.moveaxis(x, dx, -3)
-      y = matmul_q(x.reshape(*x.shape[:-3], x.shape[-3] * x.shape[-2], x.shape[-1]), qw)
-      b = x.shape[-3]
-      y = y.reshape(*y.shape[:-2], b, y.shape[-2] // b, y.shape[-1])
-      return y, y.ndim - 3
-    if not isinstance(dq, QArraySpec):
+      return self._apply(x, qw), None
+    if dq is not None and not isinstance(dq, QArraySpec):
       raise TypeError(f"a quantized array is mapped with hx.QArraySpec(), got {dq!r}")
-    size = jax.typeof(qw).shape[0]
-    if dx is None:
-      x = jnp.broadcast_to(x, (size, *x.shape))
-    else:
+    x_aval, q_aval = self.in_avals
+    new = dotdims.batched(self.dims, x_aval.ndim, q_aval.ndim, dx is not None, dq is not None)
+    if new is None:  # only q mapped, and the scales need x mapped too
+      x, dx = jnp.broadcast_to(x, (axis_data.size, *x.shape)), 0
+      new = dotdims.batched(self.dims, x_aval.ndim, q_aval.ndim, True, True)
+    elif dx is not None:
       x = jnp.moveaxis(x, dx, 0)
-    return matmul_q(x, qw), 0
+    dims2, out = new
+    return MatmulQ(jax.typeof(x), jax.typeof(qw), dims2)(x, qw), out
 
 
 # --- building and taking apart ------------------------------------------------
@@ -610,13 +658,16 @@ def dequantize(q) -> jax.Array:
 
 
 def matmul_q(x, qw) -> jax.Array:
-  """Dense times quantized matmul: ``f32[*b, m, k] @ q8[*b, k, n] -> f32[*b, m, n]``.
+  """Dense times quantized matmul: ``f32[..., k] @ q8[k, n] -> f32[..., n]`` (any number of
+  leading dims: ``f32[b, s, d] @ q8[d, f]``), or ``f32[*b, m, k] @ q8[*b, k, n] ->
+  f32[*b, m, n]`` with batched weights of equal rank.
 
   Equals ``x @ dequantize(qw)``, computed with the per-row scales folded into
   the dense operand (``(x * scale) @ qvalue``), never a dequantized copy of the
-  weight. Rows of the result are sharded like ``x``, columns like ``qw``;
-  contraction axes must be unsharded. Gradients with respect to both operands
-  are dense ``f32`` arrays.
+  weight. The result's leading dims are sharded like ``x``'s, its columns like
+  ``qw``'s; contraction axes must be unsharded. Gradients with respect to both
+  operands are dense ``f32`` arrays. Other layouts (``[out, in]`` weights, stacked
+  weights, several contracted axes): :func:`hxmlir.einsum`.
 
   Raises ``TypeError`` at trace time naming both operand types (for example
   ``f32[2,5] @ q8[3,4]``) on mismatched shapes, ranks, dtypes or a sharded

@@ -101,25 +101,56 @@ def _attribute(key: str, value: Any) -> ir.Attribute:
     return ir.FloatAttr.get(ir.F32Type.get(), float(value))
   if isinstance(value, str):
     return ir.StringAttr.get(value)
+  if isinstance(value, tuple) and all(isinstance(v, (int, np.integer)) for v in value):
+    return ir.DenseI64ArrayAttr.get([int(v) for v in value])
   raise TypeError(f"composite attribute {key!r}: cannot convert {type(value).__name__} "
-                  "to an MLIR attribute (use bool, int, float, str or ir.Attribute)")
+                  "to an MLIR attribute (use bool, int, float, str, a tuple of ints or "
+                  "ir.Attribute)")
 
 
-def composite_attributes(name: str, attributes: Mapping[str, Any] | None) -> ir.DictAttr:
-  """``composite_attributes`` of ``name`` as a ``DictAttr``, checked against the schema.
+def attribute_value(attr: ir.Attribute):
+  """The Python value of a ``composite_attributes`` entry: ``array<i64: ...>`` -> tuple of
+  ints (also ``dense<...> : tensor<Nxi64>``, its form after a round trip through a
+  portable artifact: StableHLO's serialization rewrites the one into the other),
+  ``i64`` -> int, bool, float, string; other attributes as they are."""
+  if isinstance(attr, ir.DenseI64ArrayAttr):
+    return tuple(attr)
+  if isinstance(attr, ir.DenseIntElementsAttr):
+    return tuple(int(v) for v in attr)
+  if isinstance(attr, ir.BoolAttr):
+    return attr.value
+  if isinstance(attr, (ir.IntegerAttr, ir.FloatAttr, ir.StringAttr)):
+    return attr.value
+  return attr
+
+
+def read_attributes(attrs: ir.Attribute | None) -> dict:
+  """A composite's ``composite_attributes`` (a ``DictAttr`` or ``None``) as key -> Python
+  value (:func:`attribute_value`), what the schema's checks take."""
+  if attrs is None:
+    return {}
+  return {a.name: attribute_value(a.attr) for a in ir.DictAttr(attrs)}
+
+
+def composite_attributes(name: str, attributes: Mapping[str, Any] | None,
+                         version: int | None = None) -> ir.DictAttr:
+  """``composite_attributes`` of ``name`` as a ``DictAttr``, checked against the schema
+  of ``version`` (default: the current one).
 
   Python ``int`` becomes ``i64``, ``float`` ``f32``, ``bool`` and ``str`` their
-  attributes; ``ir.Attribute`` values pass through. Raises ``ValueError`` when
-  the keys differ from the schema's and ``TypeError`` when a value has the
-  wrong Python type.
+  attributes, a tuple of ints ``array<i64: ...>``; ``ir.Attribute`` values pass
+  through. Raises ``ValueError`` when the keys differ from the schema's and
+  ``TypeError`` when a value has the wrong Python type.
   """
   spec = _schema_of(name)
+  keys = spec.attributes_of(version)
   attributes = dict(attributes or {})
-  if set(attributes) != set(spec.attributes):
-    raise ValueError(f"{name}: composite_attributes must have keys "
-                     f"{sorted(spec.attributes)}, got {sorted(attributes)}")
+  if set(attributes) != set(keys):
+    raise ValueError(f"{name}: composite_attributes must have keys {sorted(keys)}, got "
+                     f"{sorted(attributes)} (version "
+                     f"{spec.version if version is None else version})")
   for key, value in attributes.items():
-    want = spec.attributes[key]
+    want = keys[key]
     if not isinstance(value, ir.Attribute) and not isinstance(value, want):
       raise TypeError(f"{name}: attribute {key!r} must be {want.__name__}, "
                       f"got {type(value).__name__} {value!r}")
@@ -140,7 +171,7 @@ def check_composite(name: str, *, attributes: Mapping[str, Any] | None = None,
   if version not in spec.versions:
     raise ValueError(f"{name}: unknown version {version}; this code accepts "
                      f"{', '.join(map(str, spec.versions))}")
-  composite_attributes(name, attributes)
+  composite_attributes(name, attributes, version)
   return version
 
 
@@ -233,7 +264,7 @@ def emit_composite(name: str, operands: Sequence[ir.Value], result_types: Sequen
       list(result_types), operands,
       name=ir.StringAttr.get(name),
       decomposition=ir.FlatSymbolRefAttr.get(decomposition),
-      composite_attributes=composite_attributes(name, attributes),
+      composite_attributes=composite_attributes(name, attributes, version),
       version=ir.IntegerAttr.get(ir.IntegerType.get_signless(32), version))
   if result_shardings is not None and any(s is not None for s in result_shardings):
     op.operation.attributes["sdy.sharding"] = sdy.TensorShardingPerValueAttr.get(

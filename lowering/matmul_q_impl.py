@@ -78,8 +78,9 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from hxmlir import dotdims
 from hxmlir.install_state import is_installed
-from hxmlir.lowering import matmul_q_cpu, reference, schema
+from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -404,29 +405,67 @@ def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
   return [build_matmul_q_streaming(x, q, s)]
 
 
-def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value) -> list[ir.Value]:
+def collapsed_streaming_decomposition(args: Sequence[ir.Value], *,
+                                      scheme: str | None = None) -> list[ir.Value]:
+  """``hx.matmul_q`` decomposition builder for ``f32[..., k] x i8[k, n] -> f32[..., n]``:
+  ``x``'s leading dims collapsed into ``m`` by a ``stablehlo.reshape`` (free: row-major),
+  :func:`build_matmul_q_streaming` (``scheme``: its argument), and the result reshaped
+  back."""
+  x, q, s = args
+  xs, n = _shape(x), _shape(q)[-1]
+  f32 = ir.F32Type.get()
+  x2 = hlo.ReshapeOp(_tensor((int(np.prod(xs[:-1], dtype=np.int64)), xs[-1]), f32), x).result
+  y = build_matmul_q_streaming(x2, q, s, scheme=scheme)
+  return [hlo.ReshapeOp(_tensor((*xs[:-1], n), f32), y).result]
+
+
+def _native_collapsed(x, q, s):
+  """The native kernel on ``f32[..., k] x i8[k, n]``: ``x``'s leading dims collapsed into ``m``."""
+  y = matmul_q_cpu.matmul_q_native(x.reshape(-1, x.shape[-1]), q, s)
+  return y.reshape(*x.shape[:-1], q.shape[-1])
+
+
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
+                       dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
 
   The composite (name, version, attributes, shardings) is exactly the one the
-  default rule emits; only its decomposition differs:
-
-  - weights of at most ``SMALL_WEIGHT`` elements (per batch element): the
-    reference itself, so small programs lower to the same text on every
-    platform;
-  - otherwise, while hxmlir is installed and the native kernel is active
-    (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not for ``jax.export``
-    unless ``hx.keep_native_cpu_calls()``, one device only): a call of the
-    native kernel ``hx_matmul_q_cpu_v1``;
-  - otherwise :func:`build_matmul_q_streaming`, or the reference when
-    :func:`choose_blocking` picks ``"whole"``.
+  default rule emits; only its decomposition differs. For weights of more than
+  ``SMALL_WEIGHT`` elements (per batch element), while hxmlir is installed and the
+  native kernel is active (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not
+  for ``jax.export`` unless ``hx.keep_native_cpu_calls()``, one device only), a
+  call of the native kernel ``hx_matmul_q_cpu_v1``, for the layouts it knows
+  (version 1's, and ``f32[..., k] x i8[k, n]``). Otherwise
+  :func:`build_matmul_q_streaming`, for the layouts it knows: ``f32[*b, m, k] x i8[*b, k, n]`` (version 1's dims) and
+  ``f32[..., k] x i8[k, n]`` (leading dims collapsed into ``m``,
+  :func:`collapsed_streaming_decomposition`); other dimension numbers walk one
+  free axis of the weight in blocks (``lowering/matmul_q_blocked.py``). When
+  :func:`choose_blocking` picks ``"whole"`` (small weights) the decomposition is
+  the reference itself (which converts the whole weight).
   """
-  m, k = ctx.avals_in[0].shape[-2:]
-  n = ctx.avals_in[1].shape[-1]
+  x_aval, q_aval = ctx.avals_in[0], ctx.avals_in[1]
+  dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
+  attrs = schema.matmul_q_attributes(dims)
+  ref = reference.matmul_q_for(dims)
+  n = q_aval.shape[-1]
+  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
+    (m, k), builder = x_aval.shape[-2:], streaming_decomposition
+    native = matmul_q_cpu.matmul_q_native
+  elif q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
+    m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
+    k, builder = x_aval.shape[-1], collapsed_streaming_decomposition
+    native = _native_collapsed
+  else:  # other layouts: one free axis of q walked in blocks (matmul_q_blocked.py)
+    axis = matmul_q_blocked.block_axis(q_aval.shape, dims)
+    if axis is not None:
+      ref = matmul_q_blocked.blocked_for(dims, axis,
+                                         matmul_q_blocked.block_size(q_aval.shape, axis))
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   if k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=matmul_q_cpu.matmul_q_native)
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)
   if choose_blocking(m, k, n)[0] == "whole":
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=streaming_decomposition)
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)
 
 
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")

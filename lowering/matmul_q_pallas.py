@@ -62,7 +62,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from hxmlir import _jax, targets
+from hxmlir import _jax, dotdims, targets
 from hxmlir.install_state import is_installed
 from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
@@ -220,17 +220,33 @@ _PALLAS_REFERENCES = {b: functools.partial(matmul_q_pallas, backend=b)
                       for b in ("triton", "mosaic_tpu")}
 
 
-def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str):
+def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers=None):
   """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernel as decomposition.
 
   While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls
-  the registered kernel; otherwise it is the reference (what the default rule
-  emits).
+  the registered kernel (for version 1's layout ``f32[*b, m, k] x i8[*b, k, n]``;
+  other dimension numbers keep the reference); otherwise it is the reference
+  (what the default rule emits).
   """
-  if not is_installed():
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q)
-  ref = _pallas_reference(_PLATFORM_BACKEND[platform])
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref)
+  xr, qr = ctx.avals_in[0].ndim, ctx.avals_in[1].ndim
+  dims = dimension_numbers or dotdims.v1_dims(xr)
+  attrs = schema.matmul_q_attributes(dims)
+  backend = _PLATFORM_BACKEND[platform]
+  if is_installed() and xr == qr and dims == dotdims.v1_dims(xr):
+    ref = _pallas_reference(backend)
+  elif is_installed() and qr == 2 and dims == dotdims.matmul_dims(xr, 2):
+    ref = _PALLAS_COLLAPSED[backend]  # f32[..., k] x i8[k, n]: leading dims into m
+  else:
+    ref = reference.matmul_q_for(dims)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+
+
+def _collapsed(x, q, s, *, backend: str):
+  y = matmul_q_pallas(x.reshape(-1, x.shape[-1]), q, s, backend=backend)
+  return y.reshape(*x.shape[:-1], q.shape[-1])
+
+
+_PALLAS_COLLAPSED = {b: functools.partial(_collapsed, backend=b) for b in ("triton", "mosaic_tpu")}
 
 
 for _platform in ("cuda", "rocm", "tpu"):

@@ -10,10 +10,14 @@ primitive              operands                                          results
 =====================  ================================================  ===========================
 ``hx_quantize_p``      ``x: f32[*l, n]``                                 ``q: i8[*l, n], s: f32[*l]``
 ``hx_dequantize_p``    ``q: i8[*l, n], s: f32[*l]``                      ``f32[*l, n]``
-``hx_matmul_q_p``      ``x: f32[*b, m, k], q: i8[*b, k, n], s: f32[*b, k]``  ``f32[*b, m, n]``
+``hx_matmul_q_p``      ``x: f32[...], q: i8[..., n], s: f32[...]``        ``dot_general(x, q*s, dims)``
 ``hx_outer_p``         ``col: f32[*b, m], row: f32[*b, n]``              ``col, row``
 ``hx_matmul_r1_p``     ``x: f32[*b, p, m], col: f32[*b, m], row: f32[*b, n]``  ``f32[*b, p, n]``
 =====================  ================================================  ===========================
+
+``hx_matmul_q_p`` has one parameter, ``dimension_numbers`` (``lax.dot_general``'s;
+:mod:`hxmlir.dotdims` has its rules): ``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``
+is ``dotdims.v1_dims(rank)``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from jax.experimental.hijax import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import batching
 
+from hxmlir import dotdims
 from hxmlir import shardings as shd
 from hxmlir._jax import apply_primitive
 
@@ -73,10 +78,11 @@ def _dequantize_abstract_eval(q, s):
 
 
 @hx_matmul_q_p.def_abstract_eval
-def _matmul_q_abstract_eval(x, q, s):
-  xp, qp = _parts(x), _parts(q)
-  return _f32((*x.shape[:-1], q.shape[-1]),
-              shd.product_sharding(x.sharding, xp[:-2], xp[-2], q.sharding, qp[:-2], qp[-1]),
+def _matmul_q_abstract_eval(x, q, s, *, dimension_numbers=None):
+  dims = dimension_numbers or dotdims.v1_dims(x.ndim)
+  return _f32(dotdims.result_shape(x.shape, q.shape, dims),
+              shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
+                                  dotdims.result_parts(_parts(x), _parts(q), dims)),
               x, q, s)
 
 
@@ -104,5 +110,31 @@ def _batch_leading(prim, args, dims, **params):
   return out, ([0] * len(out) if prim.multiple_results else 0)
 
 
-for _p in (hx_quantize_p, hx_dequantize_p, hx_matmul_q_p, hx_outer_p, hx_matmul_r1_p):
+for _p in (hx_quantize_p, hx_dequantize_p, hx_outer_p, hx_matmul_r1_p):
   batching.primitive_batchers[_p] = partial(_batch_leading, _p)
+
+
+def _batch_matmul_q(args, dims, *, dimension_numbers=None):
+  x, q, s = args
+  dx, dq, ds = dims
+  dimension_numbers = dimension_numbers or dotdims.v1_dims(x.ndim - (dx is not batching.not_mapped))
+  nm = batching.not_mapped
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not nm)
+  def lead(a, d):
+    return jnp.broadcast_to(a, (size, *a.shape)) if d is nm else jnp.moveaxis(a, d, 0)
+  q_mapped = dq is not nm or ds is not nm
+  if q_mapped:
+    q, s = lead(q, dq), lead(s, ds)
+  batched = dotdims.batched(dimension_numbers, x.ndim, q.ndim - q_mapped,
+                                dx is not nm, q_mapped)
+  if batched is None:  # only q mapped, the scales need x mapped too
+    dx = 0
+    x = lead(x, nm)
+    batched = dotdims.batched(dimension_numbers, x.ndim - 1, q.ndim - 1, True, True)
+  elif dx is not nm:
+    x = jnp.moveaxis(x, dx, 0)
+  new, out = batched
+  return hx_matmul_q_p.bind(x, q, s, dimension_numbers=new), out
+
+
+batching.primitive_batchers[hx_matmul_q_p] = _batch_matmul_q

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
+from hxmlir import dotdims
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import (
@@ -60,6 +61,22 @@ def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
   return rule
 
 
+def matmul_q_dims(x_aval, dimension_numbers) -> dotdims.DotDims:
+  """An ``hx_matmul_q`` equation's dims: its ``dimension_numbers`` parameter, or version 1's
+  for an equation bound without it (``f32[*b, m, k] x i8[*b, k, n]``)."""
+  return dimension_numbers or dotdims.v1_dims(x_aval.ndim)
+
+
+def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *, dimension_numbers=None):
+  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 2, its dims in ``composite_attributes``
+  (``stablehlo.dot_general``'s names), decomposition :func:`reference.matmul_q`."""
+  dims = matmul_q_dims(ctx.avals_in[0], dimension_numbers)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q_for(dims),
+                         attributes=schema.matmul_q_attributes(dims))
+
+
 for _prim, _ref in REFERENCES.items():
   _op = schema.for_primitive(_prim.name)
-  mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))
+  if _prim is not hx_matmul_q_p:
+    mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))
+mlir.register_lowering(hx_matmul_q_p, lower_matmul_q)

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hxmlir import dotdims
+from hxmlir.dotdims import DotDims
+
 PREFIX = "hx."
 
 
@@ -56,7 +59,11 @@ class OpSchema:
   primitive that lowers to the op; ``attribute_values``: the ``composite_attributes``
   the lowering emits. ``result_shardings(operand_shardings)`` gives the sharding
   each result must have, given its operands' (``None`` entries unknown);
-  ``check_shardings`` returns the problems with a full set of shardings.
+  ``check_shardings`` returns the problems with a full set of shardings. All three
+  take the op's decoded ``composite_attributes`` as an optional last argument
+  (``attrs``: key -> Python value, ``None`` for an op of an older version without
+  them). ``old_attributes``: the attribute keys of older accepted versions that
+  differ from ``attributes`` (version -> keys and types).
   """
   name: str
   version: int
@@ -67,16 +74,21 @@ class OpSchema:
   attributes: dict[str, type] = field(default_factory=dict)
   attribute_values: dict[str, object] = field(default_factory=dict)
   accepted_versions: tuple[int, ...] = ()
-  check_types: Callable[[Sequence[TensorType], Sequence[TensorType]], list[str]] = \
-      lambda ops, res: []
-  check_shardings: Callable[[Sequence[DimSharding | None], Sequence[DimSharding | None]],
-                            list[str]] = lambda ops, res: []
-  check_operands: Callable[[Sequence[TensorType]], list[str]] = lambda ops: []
+  old_attributes: dict[int, dict[str, type]] = field(default_factory=dict)
+  check_types: Callable[..., list[str]] = lambda ops, res, attrs=None: []
+  check_shardings: Callable[..., list[str]] = lambda ops, res, attrs=None: []
+  check_operands: Callable[..., list[str]] = lambda ops, attrs=None: []
 
   @property
   def versions(self) -> tuple[int, ...]:
     """Every version this code accepts (the current one last)."""
     return (*self.accepted_versions, self.version)
+
+  def attributes_of(self, version: int | None = None) -> dict[str, type]:
+    """The ``composite_attributes`` keys and Python types of ``version`` (default: current)."""
+    if version is None or version == self.version:
+      return self.attributes
+    return self.old_attributes.get(version, self.attributes)
 
 
 def _fmt(types: Sequence[TensorType]) -> str:
@@ -101,7 +113,7 @@ def _quantized_pair(q: TensorType, s: TensorType, what: str) -> list[str]:
   return errs
 
 
-def _check_quantize(ops, res):
+def _check_quantize(ops, res, attrs=None):
   (x,), (q, s) = ops, res
   errs = []
   if x.dtype != "f32" or not _rank_at_least(x, 1):
@@ -112,7 +124,7 @@ def _check_quantize(ops, res):
   return errs
 
 
-def _check_dequantize(ops, res):
+def _check_dequantize(ops, res, attrs=None):
   (q, s), (y,) = ops, res
   errs = _quantized_pair(q, s, "operand")
   if y.dtype != "f32" or y.shape != q.shape:
@@ -120,28 +132,56 @@ def _check_dequantize(ops, res):
   return errs
 
 
-def _matmul_q_operands(ops) -> list[str]:
+# --- hx.matmul_q: dot_general with a quantized right operand ------------------
+
+MATMUL_Q_ATTRIBUTES = ("lhs_batching_dimensions", "rhs_batching_dimensions",
+                       "lhs_contracting_dimensions", "rhs_contracting_dimensions")
+"""``hx.matmul_q`` v2's ``composite_attributes``: ``stablehlo.dot_general``'s names, each
+an ``array<i64: ...>``. The rules of the dimension numbers (result shape and
+sharding, where the scale goes) are :mod:`hxmlir.dotdims`'s."""
+
+
+def matmul_q_attributes(dims: DotDims) -> dict[str, tuple[int, ...]]:
+  """``composite_attributes`` of ``hx.matmul_q`` v2 for ``dims``."""
+  (lc, rc), (lb, rb) = dims
+  return {"lhs_batching_dimensions": tuple(lb), "rhs_batching_dimensions": tuple(rb),
+          "lhs_contracting_dimensions": tuple(lc), "rhs_contracting_dimensions": tuple(rc)}
+
+
+def matmul_q_dims(attrs, x_rank: int) -> DotDims:
+  """The dimension numbers of an ``hx.matmul_q`` with decoded attributes ``attrs``
+  (``None`` or empty: version 1, :func:`hxmlir.dotdims.v1_dims` of ``x_rank``)."""
+  if not attrs:
+    return dotdims.v1_dims(x_rank)
+  return ((tuple(attrs["lhs_contracting_dimensions"]), tuple(attrs["rhs_contracting_dimensions"])),
+          (tuple(attrs["lhs_batching_dimensions"]), tuple(attrs["rhs_batching_dimensions"])))
+
+
+def _matmul_q_operands(ops, attrs=None) -> list[str]:
   x, q, s = ops
   errs = _quantized_pair(q, s, "weight")
-  if x.dtype != "f32" or not _rank_at_least(x, 2) or len(x.shape) != len(q.shape):
-    errs.append(f"expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}")
-  elif x.shape[:-2] != q.shape[:-2] or x.shape[-1] != q.shape[-2]:
-    errs.append(f"operand shapes do not match f32[*b, m, k] x i8[*b, k, n]: {_fmt(ops)}")
-  return errs
-
-
-def _check_matmul_q(ops, res):
-  (x, q, _), (y,) = ops, res
-  errs = _matmul_q_operands(ops)
+  if x.dtype != "f32":
+    errs.append(f"expects a dense f32 operand, got {_fmt(ops)}")
   if errs:
     return errs
-  want = (*x.shape[:-1], q.shape[-1])
+  if not attrs and (len(x.shape) < 2 or len(x.shape) != len(q.shape)):
+    return [f"version 1 expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}"]
+  return [f"{p}: {_fmt(ops)}" for p in
+          dotdims.problems(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))]
+
+
+def _check_matmul_q(ops, res, attrs=None):
+  (x, q, _), (y,) = ops, res
+  errs = _matmul_q_operands(ops, attrs)
+  if errs:
+    return errs
+  want = dotdims.result_shape(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))
   if y.dtype != "f32" or y.shape != want:
     errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
   return errs
 
 
-def _check_outer(ops, res):
+def _check_outer(ops, res, attrs=None):
   (c, r), (c2, r2) = ops, res
   errs = []
   if c.dtype != "f32" or r.dtype != "f32" or not c.shape or not r.shape:
@@ -153,7 +193,7 @@ def _check_outer(ops, res):
   return errs
 
 
-def _check_matmul_r1(ops, res):
+def _check_matmul_r1(ops, res, attrs=None):
   (x, c, r), (y,) = ops, res
   errs = []
   if any(t.dtype != "f32" for t in (x, c, r)) or len(x.shape) < 2:
@@ -185,7 +225,7 @@ def _same(a: DimSharding | None, b: DimSharding | None) -> bool:
   return a is None or b is None or tuple(a) == tuple(b)
 
 
-def _shard_quantize(ops, res):
+def _shard_quantize(ops, res, attrs=None):
   (x,), (q, s) = ops, res
   errs = _scale_like_values(q, s, "result")
   if not _same(x, q):
@@ -194,7 +234,7 @@ def _shard_quantize(ops, res):
   return errs
 
 
-def _shard_dequantize(ops, res):
+def _shard_dequantize(ops, res, attrs=None):
   (q, s), (y,) = ops, res
   errs = _scale_like_values(q, s, "operand")
   if not _same(q, y):
@@ -225,13 +265,42 @@ def _dense_times(x: DimSharding | None, k_side: tuple[str, DimSharding | None, i
   return errs
 
 
-def _shard_matmul_q(ops, res):
+def _shard_matmul_q(ops, res, attrs=None):
+  """Per dimension numbers: contracting dims unsharded on both sides; result batch dims
+  like ``x``'s (or ``q``'s where ``x``'s is not), ``x``'s free dims like ``x``, ``q``'s
+  free dims like ``q`` (``dot_general``'s rule)."""
   (x, q, s), (y,) = ops, res
-  return (_scale_like_values(q, s, "weight")
-          + _dense_times(x, ("weight", q, -2), ("weight", q), y))
+  errs = _scale_like_values(q, s, "weight")
+  # x's rank: version 1 has equal ranks; a v2 op with x's sharding unknown checks q only
+  rank = len(x) if x is not None else len(q) if q is not None and not attrs else None
+  if rank is None:
+    return errs
+  (lc, rc), (lb, rb) = dims = matmul_q_dims(attrs, rank)
+  if (x is not None and any(x[d] for d in lc)) or (q is not None and any(q[d] for d in rc)):
+    errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
+                f"weight {fmt_sharding(q)}")
+  if y is None or x is None and q is None:
+    return errs
+  # what each result dim must be, where the operand it comes from is known
+  n_xfree = rank - len(lc) - len(lb)
+  q_rank = len(y) - n_xfree + len(rc)
+  want = dotdims.result_parts(x if x is not None else [None] * rank,
+                              q if q is not None else [None] * q_rank, dims)
+  if len(want) != len(y):
+    return errs  # a wrong result rank: check_types reports it
+  nb = len(lb)
+  for what, lo, hi, src in (("x's", 0, nb + n_xfree, x), ("the weight's", nb + n_xfree, len(y), q)):
+    if src is None:
+      continue
+    bad = [i for i in range(lo, hi) if want[i] is not None and tuple(want[i]) != tuple(y[i])]
+    if bad:
+      errs.append(f"result dims {bad} must be sharded like {what} (batch like x, else the "
+                  f"weight; dimension numbers {dims}): result {fmt_sharding(y)}, x "
+                  f"{fmt_sharding(x)}, weight {fmt_sharding(q)}")
+  return errs
 
 
-def _shard_matmul_r1(ops, res):
+def _shard_matmul_r1(ops, res, attrs=None):
   (x, c, r), (y,) = ops, res
   return _dense_times(x, ("col", c, -1), ("row", r), y)
 
@@ -256,9 +325,12 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
     OpSchema("hx.dequantize", 1, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
              primitive="hx_dequantize",
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
-    OpSchema("hx.matmul_q", 1, 3, 1,
-             "(f32[*b, m, k], i8[*b, k, n], f32[*b, k]) -> f32[*b, m, n]",
-             primitive="hx_matmul_q", check_types=_check_matmul_q,
+    OpSchema("hx.matmul_q", 2, 3, 1,
+             "(f32[...], i8[..., n], f32[...]) -> f32[...]: dot_general(x, q * s[..., None]) "
+             "with the composite's dimension numbers (version 1: f32[*b, m, k], i8[*b, k, n], "
+             "f32[*b, k] -> f32[*b, m, n])",
+             primitive="hx_matmul_q", attributes=dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
+             accepted_versions=(1,), old_attributes={1: {}}, check_types=_check_matmul_q,
              check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands),
     OpSchema("hx.outer", 1, 2, 2, "(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])",
              primitive="hx_outer", check_types=_check_outer),

@@ -42,7 +42,7 @@ def _dequantize(prim, qx):
 
 @register_to_lojax(MatmulQ)
 def _matmul_q(prim, x, qw):
-  return hx_matmul_q_p.bind(x, qw.qvalue, qw.scale)
+  return hx_matmul_q_p.bind(x, qw.qvalue, qw.scale, **prim.params)
 
 
 @register_to_lojax(Outer)

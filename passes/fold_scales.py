@@ -31,7 +31,8 @@ operand and ``R = dot_general(D, X)``:
 New ops carry ``sdy.sharding`` of the value they are shaped like (``X``'s, the
 dot result's, ``q``'s). Where the rewrite is exactly ``hx.matmul_q``'s
 contract (``f32[*b, m, k] x dequantize(i8[*b, k, n], f32[*b, k])`` with
-leading batch dims, default precision, types and known shardings accepted by
+leading batch dims, or ``f32[..., k] x dequantize(i8[k, n], f32[k])`` with several
+free dims on the dense side; default precision, types and known shardings accepted by
 ``lowering/schema.py``), the dot becomes that composite instead, built with
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
@@ -61,6 +62,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
+from hxmlir import dotdims
 from hxmlir.lowering import matmul_q_impl, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
@@ -459,61 +461,64 @@ def _scale_result(dot: ir.Operation, m: _Dequant, plan: _Plan) -> None:
 
 def _try_matmul_q(module, dot, side, m: _Dequant, dd, state: _State) -> bool:
   """Replaces ``dot`` by ``hx.matmul_q(x, q, s)`` if it is exactly that op's contract."""
-  if not _is_matmul_q_contract(dot, side, m, dd):
+  attrs = _matmul_q_contract(dot, side, m, dd)
+  if attrs is None:
     return False
-  shardings = _matmul_q_shardings(dot, m)
+  shardings = _matmul_q_shardings(dot, m, attrs)
   if shardings is None:
     return False
-  _emit_matmul_q(module, dot, m, shardings, state)
+  _emit_matmul_q(module, dot, m, shardings, attrs, state)
   return True
 
 
-def _is_matmul_q_contract(dot, side, m: _Dequant, dd) -> bool:
-  """Whether ``dot`` is ``f32[*b, m, k] @ dequantize(i8[*b, k, n], f32[*b, k])`` at default
-  precision with the types ``hx.matmul_q``'s schema accepts."""
+def _matmul_q_contract(dot, side, m: _Dequant, dd) -> dict | None:
+  """``hx.matmul_q``'s composite attributes when ``dot`` is
+  ``f32[*b, m, k] @ dequantize(i8[*b, k, n], f32[*b, k])`` or
+  ``f32[..., k] @ dequantize(i8[k, n], f32[k])`` at default precision with the types
+  ``hx.matmul_q``'s schema accepts; else ``None``."""
   if side != 1 or m.s is None or m.perm is not None or "algorithm" in dot.attributes:
-    return False
+    return None
   if "precision_config" in dot.attributes and any(
       "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
-    return False
+    return None
   xt = ops.tensor_type(dot.operands[0].type)
   qt, st = ops.tensor_type(m.q.type), ops.tensor_type(m.s.type)
   yt = ops.tensor_type(dot.result.type)
   if None in (xt, qt, st, yt):
-    return False
-  r = len(xt.shape)
-  nb = r - 2
-  if r < 2 or list(dd.lhs_batching_dimensions) != list(range(nb)) or \
-     list(dd.rhs_batching_dimensions) != list(range(nb)) or \
-     list(dd.lhs_contracting_dimensions) != [r - 1] or \
-     list(dd.rhs_contracting_dimensions) != [r - 2]:
-    return False
-  return not schema.lookup("hx.matmul_q").check_types([xt, qt, st], [yt])
+    return None
+  dims = _matmul_q_layout(dd, len(xt.shape), len(qt.shape))
+  if dims is None:
+    return None
+  attrs = schema.matmul_q_attributes(dims)
+  return None if schema.lookup("hx.matmul_q").check_types([xt, qt, st], [yt], attrs) else attrs
 
 
-def _matmul_q_shardings(dot, m: _Dequant) -> tuple | None:
+def _matmul_q_shardings(dot, m: _Dequant, attrs: dict) -> tuple | None:
   """``(q, s, result)`` shardings of the ``hx.matmul_q`` replacing ``dot`` (entries may
   be ``None``), or ``None`` when the known shardings break the schema's rules."""
   x = dot.operands[0]
-  r = ir.RankedTensorType(x.type).rank
+  qr = ir.RankedTensorType(m.q.type).rank
+  yr = ir.RankedTensorType(dot.result.type).rank
   q_sh = m.constraints[0].attributes["sharding"] if m.constraints else None
   s_sh = None
   if q_sh is not None:
-    if shardings.dim_sharding(q_sh, r) is None:
+    if shardings.dim_sharding(q_sh, qr) is None:
       return None
     ts = shardings.as_tensor_sharding(q_sh)
     s_sh = sdy.TensorShardingAttr.get(ts.mesh_or_ref, ts.dimension_shardings[:-1])
   y_sh = _result_sharding(dot)
   known = [shardings.value_sharding(x),
-           shardings.dim_sharding(q_sh, r) if q_sh is not None else shardings.value_sharding(m.q),
-           shardings.dim_sharding(s_sh, r - 1) if s_sh is not None else
+           shardings.dim_sharding(q_sh, qr) if q_sh is not None else shardings.value_sharding(m.q),
+           shardings.dim_sharding(s_sh, qr - 1) if s_sh is not None else
            shardings.value_sharding(m.s)]
-  if schema.lookup("hx.matmul_q").check_shardings(known, [shardings.dim_sharding(y_sh, r)]):
+  if schema.lookup("hx.matmul_q").check_shardings(
+      known, [shardings.dim_sharding(y_sh, yr)], attrs):
     return None
   return q_sh, s_sh, y_sh
 
 
-def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, state: _State) -> None:
+def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, attrs: dict,
+                   state: _State) -> None:
   """Replaces ``dot`` by the composite, its decomposition built once per signature."""
   from hxmlir.lowering import composite  # late: only needed when forming composites
 
@@ -524,11 +529,10 @@ def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, state: _State) ->
   if fn is None:
     fn = composite.build_decomposition(
         "hx.matmul_q", [x.type, m.q.type, m.s.type], [dot.result.type],
-        matmul_q_impl.streaming_decomposition if state.impl == "streaming" else _reference_body,
-        module=module)
+        _matmul_q_body(state.impl, collapsed=_rank(x) != _rank(m.q)), module=module)
     state.decompositions[key] = fn
   (y,) = composite.emit_composite(
-      "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn,
+      "hx.matmul_q", [x, m.q, m.s], [dot.result.type], fn, attributes=attrs,
       operand_shardings=[None, q_sh, s_sh],
       result_shardings=[y_sh] if y_sh is not None else None)
   dot.result.replace_all_uses_with(y)
@@ -539,3 +543,29 @@ def _reference_body(args):
   """``hx.matmul_q``'s reference decomposition: convert the weight, one dot."""
   x, q, s = args
   return [matmul_q_impl.build_matmul_q_streaming(x, q, s, scheme="whole")]
+
+
+def _rank(v: ir.Value) -> int:
+  return ir.RankedTensorType(v.type).rank
+
+
+def _collapsed_reference_body(args):
+  """The reference for ``f32[..., k] x i8[k, n]``: leading dims collapsed, one dot."""
+  return matmul_q_impl.collapsed_streaming_decomposition(args, scheme="whole")
+
+
+def _matmul_q_body(impl: str, collapsed: bool):
+  """The decomposition builder of an ``hx.matmul_q`` formed by the pass."""
+  if collapsed:
+    return (matmul_q_impl.collapsed_streaming_decomposition if impl == "streaming"
+            else _collapsed_reference_body)
+  return matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body
+
+
+def _matmul_q_layout(dd, x_rank: int, q_rank: int):
+  """The dot's dims (``hlo.DotDimensionNumbers``) when they are one of ``hx.matmul_q``'s
+  layouts with a decomposition builder: ``f32[*b, m, k] x [*b, k, n]`` or
+  ``f32[..., k] x [k, n]`` (several free dims on the dense side); else ``None``."""
+  dims = dotdims.normalize(((dd.lhs_contracting_dimensions, dd.rhs_contracting_dimensions),
+                            (dd.lhs_batching_dimensions, dd.rhs_batching_dimensions)))
+  return dims if dims == dotdims.matmul_dims(x_rank, q_rank) else None

@@ -16,7 +16,8 @@ afterwards as usual and gives the same result for anything this stage skips.
 
 The rewrite: an equation ``y = dot_general(x, d)`` where ``d = hx_dequantize(q,
 s)`` is defined in the same jaxpr, ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``,
-dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))``, default precision,
+dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))`` -- or ``x: f32[..., k]``,
+``q: i8[k, n]``, ``(([r-1], [0]), ([], []))`` (leading dims of x) --, default precision,
 an ``f32`` (or default) preferred element type and no explicit output sharding,
 becomes ``y = hx_matmul_q(x, q, s)`` when the operand and result types meet
 ``hx.matmul_q``'s contract in ``lowering/schema.py`` (``f32 x i8, f32``,
@@ -39,6 +40,7 @@ import numpy as np
 from jax.extend import core
 from jax.extend.core import primitives as P
 
+from hxmlir import dotdims
 from hxmlir import shardings as shd
 from hxmlir.lowering import schema
 from hxmlir.lowering.primitives import hx_dequantize_p, hx_matmul_q_p
@@ -100,45 +102,57 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> core.JaxprEqn | None
     return None
   x = dot.invars[0]
   q, s = deq.invars
-  r = len(x.aval.shape)
-  batch = tuple(range(r - 2))
-  if r < 2 or params["dimension_numbers"] != (((r - 1,), (r - 2,)), (batch, batch)):
+  dims = _matmul_q_dims(params["dimension_numbers"], x.aval.ndim, q.aval.ndim)
+  if dims is None:
     return None
-  if _result_type(x.aval, q.aval, s.aval) != dot.outvars[0].aval:
+  if _result_type(x.aval, q.aval, s.aval, dims) != dot.outvars[0].aval:
     return None
-  return dot.replace(invars=[x, q, s], primitive=hx_matmul_q_p, params={})
+  return dot.replace(invars=[x, q, s], primitive=hx_matmul_q_p,
+                     params={"dimension_numbers": dims})
 
 
-def _result_type(*avals):
+def _matmul_q_dims(dims, x_rank: int, q_rank: int):
+  """The dot's dimension numbers as ``hx_matmul_q``'s parameter, when they are one of
+  ``hx.matmul_q``'s layouts: ``f32[*b, m, k] x q[*b, k, n]`` (equal ranks) or
+  ``f32[..., k] x q[k, n]`` (leading dims of x; the CPU rule streams both); else
+  ``None`` (other dims are left to the MLIR stage, which folds the scale into the
+  dense operand or the result)."""
+  dims = dotdims.normalize(dims)
+  return dims if dims == dotdims.matmul_dims(x_rank, q_rank) else None
+
+
+def _result_type(*avals_and_dims):
   """``hx_matmul_q``'s result type for operand types ``avals``, or ``None`` when they break
   its contract (``lowering/schema.py``: types, static shapes, shardings).
 
   Memoised: a model's layers repeat a few operand types, and the abstract
   evaluation (which builds shardings) costs ~10 us.
   """
-  got = _RESULT_TYPES.get(avals, _MISSING)
+  *avals, dims = avals_and_dims
+  got = _RESULT_TYPES.get(avals_and_dims, _MISSING)
   if got is _MISSING:
     try:
-      out, effects = hx_matmul_q_p.abstract_eval(*avals)
-      got = None if effects or _breaks_contract(avals, out) else out
+      out, effects = hx_matmul_q_p.abstract_eval(*avals, dimension_numbers=dims)
+      got = None if effects or _breaks_contract(avals, out, dims) else out
     except (TypeError, ValueError):
       got = None
     if len(_RESULT_TYPES) >= _RESULT_TYPES_MAX:
       _RESULT_TYPES.clear()
-    _RESULT_TYPES[avals] = got
+    _RESULT_TYPES[avals_and_dims] = got
   return got
 
 
-def _breaks_contract(operands, result) -> bool:
+def _breaks_contract(operands, result, dims) -> bool:
   """Whether ``hx.matmul_q`` with these operand and result avals breaks the schema's
   contract: a dtype other than ``f32 x i8, f32`` (a bf16 ``x`` the dot promotes),
   a symbolic dimension (composites need static shapes), a sharded contraction axis."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]
-  if None in types or spec.check_types(types[:3], types[3:]):
+  attrs = schema.matmul_q_attributes(dims)
+  if None in types or spec.check_types(types[:3], types[3:], attrs):
     return True
   shardings = [_dim_sharding(a) for a in (*operands, result)]
-  return bool(spec.check_shardings(shardings[:3], shardings[3:]))
+  return bool(spec.check_shardings(shardings[:3], shardings[3:], attrs))
 
 
 def _schema_type(aval) -> schema.TensorType | None:

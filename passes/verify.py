@@ -29,7 +29,7 @@ from typing import ClassVar
 
 from jaxlib.mlir import ir
 
-from hxmlir.lowering import schema
+from hxmlir.lowering import composite, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult
 
@@ -52,6 +52,11 @@ def _attr_matches(attr: ir.Attribute, want: type) -> str | None:
     return None if isinstance(attr, ir.FloatAttr) else "a float attribute"
   if want is str:
     return None if isinstance(attr, ir.StringAttr) else "a string attribute"
+  if want is tuple:
+    # a portable artifact's round trip turns array<i64: ...> into dense<...> : tensor<Nxi64>
+    ok = isinstance(attr, ir.DenseI64ArrayAttr) or (
+        isinstance(attr, ir.DenseIntElementsAttr) and str(attr.type.element_type) == "i64")
+    return None if ok else "an array<i64: ...> attribute"
   return None
 
 
@@ -119,7 +124,8 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   if version not in spec.versions:
     errs.append(f"version {version} is not accepted; this code accepts "
                 f"{', '.join(map(str, spec.versions))}")
-  errs += _check_attributes(op, spec)
+  errs += _check_attributes(op, spec, version)
+  attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
   operands, results = list(op.operands), list(op.results)
   if len(operands) != spec.num_operands or len(results) != spec.num_results:
     errs.append(f"{spec.signature} takes {spec.num_operands} operand(s) and "
@@ -133,23 +139,24 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   if bad:
     errs.append(f"needs statically shaped ranked tensors: {'; '.join(bad)}")
   else:
-    errs += spec.check_types(in_t, out_t)
+    errs += spec.check_types(in_t, out_t, attrs)
   errs += _check_decomposition(op, funcs, plain_cache)
   if not bad:
-    errs += _check_shardings(op, spec)
+    errs += _check_shardings(op, spec, attrs)
   return errs
 
 
-def _check_attributes(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
+def _check_attributes(op: ir.Operation, spec: schema.OpSchema, version: int) -> list[str]:
   attrs = ops.attr_or_none(op, "composite_attributes")
   have = {} if attrs is None else {a.name: a.attr for a in ir.DictAttr(attrs)}
+  keys = spec.attributes_of(version)
   errs = []
-  missing = sorted(set(spec.attributes) - set(have))
-  extra = sorted(set(have) - set(spec.attributes))
+  missing = sorted(set(keys) - set(have))
+  extra = sorted(set(have) - set(keys))
   if missing or extra:
-    errs.append(f"composite_attributes must have keys {sorted(spec.attributes)}, got "
+    errs.append(f"composite_attributes must have keys {sorted(keys)}, got "
                 f"{sorted(have)}")
-  for key, want in spec.attributes.items():
+  for key, want in keys.items():
     if key in have:
       should = _attr_matches(have[key], want)
       if should is not None:
@@ -206,7 +213,7 @@ def _non_plain_op(sym: str, funcs, cache, visiting: set) -> str | None:
   return found
 
 
-def _check_shardings(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
+def _check_shardings(op: ir.Operation, spec: schema.OpSchema, attrs: dict) -> list[str]:
   results = list(op.results)
   raw = ops.attr_or_none(op, "sdy.sharding")
   attr = shardings.as_per_value(raw)
@@ -228,4 +235,4 @@ def _check_shardings(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
   if errs:
     return errs
   op_sh = [shardings.value_sharding(v) for v in op.operands]
-  return spec.check_shardings(op_sh, res_sh)
+  return spec.check_shardings(op_sh, res_sh, attrs)

@@ -352,7 +352,8 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
   # module parsed from text, with nothing but jaxlib.mlir.
   from jaxlib.mlir.dialects import func as func_dialect
 
-  from hxmlir.lowering import composite
+  from hxmlir.dotdims import v1_dims
+  from hxmlir.lowering import composite, schema
   text = """
   func.func @main(%x: tensor<2x600xf32>, %q: tensor<600x300xi8>, %s: tensor<600xf32>)
       -> tensor<2x300xf32> {
@@ -366,7 +367,8 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
     with ir.InsertionPoint(ret):
       (y,) = composite.build_composite("hx.matmul_q", list(fn.arguments),
                                        [ir.RankedTensorType.get([2, 300], ir.F32Type.get())],
-                                       impl.streaming_decomposition)
+                                       impl.streaming_decomposition,
+                                       attributes=schema.matmul_q_attributes(v1_dims(2)))
     ret.operands[0] = y
     assert module.operation.verify()
     out = str(module)

@@ -127,6 +127,9 @@ class Case:
   def matmul_q_form(self) -> bool:
     r = len(self.d_roles)
     nb = len(self.b)
+    if (self.side == 1 and self.perm is None and self.d_roles == [("c", 0), ("f", 0)]
+        and self.x_roles[-1] == ("c", 0) and all(a[0] == "f" for a in self.x_roles[:-1])):
+      return True  # f32[..., k] x q[k, n]: several free dims on the dense side
     return (self.side == 1 and self.perm is None and len(self.x_roles) == r and r >= 2 and len(self.c) == 1
             and self.d_roles[:nb] == [("b", i) for i in range(nb)]
             and self.x_roles[:nb] == [("b", i) for i in range(nb)]

@@ -111,7 +111,6 @@ def test_a_dequantize_with_other_uses_stays():
 @pytest.mark.parametrize("name, f", [
     # not hx.matmul_q's contract: each is left to the MLIR stage
     ("dequantized lhs", lambda x, qw: hx.dequantize(qw).T @ x.T),
-    ("batched x, unbatched weight", lambda x, qw: x[None] @ hx.dequantize(qw)),
     ("highest precision", lambda x, qw: jnp.matmul(x, hx.dequantize(qw),
                                                    precision=lax.Precision.HIGHEST)),
     ("transposed contraction", lambda x, qw: lax.dot_general(
@@ -164,9 +163,19 @@ def test_dots_with_symbolic_shapes_are_left_alone():
                 2 * dot_bound("mk,kn->mn", x, hx.dequantize(qw), extra=1))
 
 
+def test_leading_dims_of_x_form_matmul_q():
+  # f32[..., k] @ dequantize(q8[k, n]): one hx_matmul_q with dot_general's dims
+  x, qw = _data()
+  new, n = fold_closed_jaxpr(_lo_jaxpr(lambda x, qw: x[None, None] @ hx.dequantize(qw), x, qw))
+  assert n == 1 and _prims(new).count("hx_matmul_q") == 1 and "hx_dequantize" not in _prims(new)
+  (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "hx_matmul_q"]
+  assert eqn.params == {"dimension_numbers": (((3,), (0,)), ((), ()))}
+
+
 def test_left_alone_dots_are_still_folded_by_the_mlir_stage():
   x, qw = _data()
-  text = _lowered_text(lambda x, qw: x[None] @ hx.dequantize(qw), x, qw)
+  text = _lowered_text(lambda x, qw: lax.dot_general(
+      x.T, hx.dequantize(qw), (((0,), (0,)), ((), ()))), x, qw)
   assert '"hx.dequantize"' not in text and "stablehlo.convert" in text
   s = hx.stats()["hx-fold-scales"]
   assert s["into operand"] == 1 and s["matmul_q formed"] == 0

@@ -86,7 +86,8 @@ def test_jaxpr_has_single_typed_values(x, w):
   assert [v.aval.str_short(short_dtypes=True) for v in jaxpr.jaxpr.invars] == [
       "f32[2,3]", "q8[3,4]"]
   assert jaxpr.jaxpr.outvars[0].aval.str_short(short_dtypes=True) == "f32[2,4]"
-  assert "b:q8[3,4]. let\n    c:f32[2,4] = call_hi_primitive[_prim=MatmulQ" in str(jaxpr)
+  assert ("b:q8[3,4]. let\n    c:f32[2,4] = call_hi_primitive[\n      _prim=MatmulQ[{'dimension_numbers': "
+          "(((1,), (0,)), ((), ()))}]") in str(jaxpr)
   assert len(jaxpr.eqns) == 1
 
 
@@ -293,8 +294,10 @@ def test_dequantize_rejects_dense(x):
 
 @pytest.mark.parametrize("xshape, wshape, sig, what", [
     ((2, 5), (3, 4), "f32[2,5] @ q8[3,4]", "contracting dimensions differ"),
-    ((5,), (5, 4), "f32[5] @ q8[5,4]", "equal rank >= 2"),
-    ((2, 2, 3), (3, 4), "f32[2,2,3] @ q8[3,4]", "equal rank >= 2"),
+    ((5,), (5,), "f32[5] @ q8[5]", "equal rank >= 2"),
+    ((2, 3), (2, 3, 4), "f32[2,3] @ q8[2,3,4]", "equal rank >= 2"),
+    ((5, 2, 2, 3), (2, 3, 4), "f32[5,2,2,3] @ q8[2,3,4]", "hx.einsum takes other layouts"),
+    ((2, 2, 3), (4, 4), "f32[2,2,3] @ q8[4,4]", "contracting dimensions differ (3 vs 4)"),
     ((2, 2, 3), (3, 3, 4), "f32[2,2,3] @ q8[3,3,4]", "batch dimensions differ"),
 ])
 def test_matmul_q_rejects_bad_shapes(xshape, wshape, sig, what):

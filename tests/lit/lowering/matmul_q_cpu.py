@@ -59,7 +59,7 @@ x = np.ones((5, 600), np.float32)
 qw = hx.quantize(np.ones((600, 300), np.float32))
 print_ir("matmul_q_cpu_k", hx.matmul_q, x, qw)
 # CHECK-LABEL: TEST: matmul_q_cpu_k f32[5,600] q8[600,300]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {decomposition = @[[IMPL:hx.matmul_q.impl]], version = 1 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32}
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<5x600xf32>, %[[Q:[a-z0-9]+]]: tensor<600x300xi8>, %[[S:[a-z0-9]+]]: tensor<600xf32>) -> tensor<5x300xf32>
 # The scale folds into x once, before the loop.
 # CHECK-NEXT: %[[SB:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = [1] : (tensor<600xf32>) -> tensor<5x600xf32>
@@ -116,4 +116,31 @@ print_ir("matmul_q_cpu_small", hx.matmul_q, x, qw)
 # CHECK: func.func private @hx.matmul_q.impl
 # CHECK-NOT: stablehlo.while
 # CHECK: stablehlo.convert %{{.*}} : (tensor<6x5xi8>) -> tensor<6x5xf32>
-# CHECK-NEXT: stablehlo.dot_general
+# CHECK: stablehlo.dot_general
+
+# A transformer layer f32[b, s, k] @ q8[k, n]: the leading dims collapse into m with a
+# reshape inside the decomposition, then the streaming builder (here m = 8: K-streaming).
+x = np.ones((2, 4, 600), np.float32)
+qw = hx.quantize(np.ones((600, 300), np.float32))
+print_ir("matmul_q_cpu_nd", hx.matmul_q, x, qw)
+# CHECK-LABEL: TEST: matmul_q_cpu_nd f32[2,4,600] q8[600,300]
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32}
+# CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x4x600xf32>
+# CHECK-NEXT: %[[X2:[0-9]+]] = stablehlo.reshape %[[X]] : (tensor<2x4x600xf32>) -> tensor<8x600xf32>
+# CHECK: stablehlo.while
+# CHECK: %[[Y:[0-9]+]] = stablehlo.reshape %{{.*}} : (tensor<8x300xf32>) -> tensor<2x4x300xf32>
+# CHECK-NEXT: return %[[Y]] : tensor<2x4x300xf32>
+
+# The [out, in] layout of a large weight: the CPU rule walks q's rows (the output
+# columns) in blocks, scale on each block of the result; the weight is never converted whole.
+x = np.ones((8, 300), np.float32)
+qw = hx.quantize(np.ones((600, 300), np.float32))
+print_ir("einsum_cpu_out_in", lambda x, q: hx.einsum("mk,nk->mn", x, q), x, qw)
+# CHECK-LABEL: TEST: einsum_cpu_out_in f32[8,300] q8[600,300]
+# CHECK: func.func private @hx.matmul_q.impl
+# CHECK-NOT: tensor<600x300xf32>
+# CHECK: stablehlo.while
+# CHECK: stablehlo.dynamic_slice
+# CHECK: stablehlo.dot_general
+# CHECK: stablehlo.multiply
+# CHECK: stablehlo.dynamic_update_slice

@@ -19,7 +19,7 @@ print_ir("value_and_grad", jax.value_and_grad(loss, argnums=(0, 1)), x, w)
 # CHECK-LABEL: TEST: value_and_grad f32[2,3] f32[3,4]
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<2x3xf32>, %[[W:[a-z0-9]+]]: tensor<3x4xf32>)
 # CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[W]] {composite_attributes = {qmax = 127 : i64}, decomposition = @hx.quantize.impl, version = 1 : i32}
-# CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {decomposition = @hx.matmul_q.impl, version = 1 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @hx.matmul_q.impl, version = 2 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
 # CHECK: stablehlo.composite "hx.dequantize" %[[Q]]#0, %[[Q]]#1 {decomposition = @hx.dequantize.impl, version = 1 : i32} : (tensor<3x4xi8>, tensor<3xf32>) -> tensor<3x4xf32>
 # CHECK: func.func private @hx.quantize.impl(
 # CHECK: func.func private @hx.matmul_q.impl(
@@ -32,7 +32,7 @@ print_ir("vmap", jax.vmap(lambda x, w: hx.matmul_q(x, hx.quantize(w))),
 # CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %{{.*}} : (tensor<5x3x4xf32>) -> (tensor<5x3x4xi8>, tensor<5x3xf32>)
 # CHECK-NEXT: stablehlo.composite "hx.matmul_q" %{{.*}}, %[[Q]]#0, %[[Q]]#1 {{.*}} : (tensor<5x2x3xf32>, tensor<5x3x4xi8>, tensor<5x3xf32>) -> tensor<5x2x4xf32>
 # CHECK: func.func private @hx.quantize.impl(%{{.*}}: tensor<5x3x4xf32>) -> (tensor<5x3x4xi8>, tensor<5x3xf32>)
-# CHECK: stablehlo.maximum across dimensions = [2]
+# CHECK: stablehlo.reduce({{.*}}) across dimensions = [2]
 # CHECK: func.func private @hx.matmul_q.impl(%{{.*}}: tensor<5x2x3xf32>, %{{.*}}: tensor<5x3x4xi8>, %{{.*}}: tensor<5x3xf32>) -> tensor<5x2x4xf32>
 # CHECK: stablehlo.dot_general {{.*}} batching_dims = [0] x [0], contracting_dims = [2] x [1]
 

@@ -10,7 +10,7 @@
 // exactly hx.matmul_q's contract.
 // CHECK-LABEL: func.func @composite_to_matmul_q
 // CHECK-SAME: (%[[X:.*]]: tensor<4x6xf32>, %[[Q:.*]]: tensor<6x8xi8>, %[[S:.*]]: tensor<6xf32>)
-// CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT: return %[[Y]]
 // The dequantize composite is gone, and so is its decomposition.
 // CHECK-NOT: @deq
@@ -89,6 +89,35 @@ func.func private @deq(%q: tensor<3x6x8xi8>, %s: tensor<3x6xf32>) -> tensor<3x6x
   %1 = stablehlo.broadcast_in_dim %s, dims = [0, 1] : (tensor<3x6xf32>) -> tensor<3x6x8xf32>
   %2 = stablehlo.multiply %0, %1 : tensor<3x6x8xf32>
   return %2 : tensor<3x6x8xf32>
+}
+
+// -----
+
+// N-d activations: f32[2,4,6] x dequantize(i8[6,8], f32[6]) (a transformer layer, several
+// free dims on the dense side) is hx.matmul_q v2 with the dot's own dimension numbers; its
+// decomposition collapses x's leading dims into m (reshape), dots, and reshapes back.
+// CHECK-LABEL: func.func @nd_to_matmul_q
+// CHECK-NEXT: stablehlo.composite "hx.matmul_q" {{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<2x4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x4x8xf32>
+// CHECK-NOT: @deq
+// CHECK: func.func private @[[IMPL]]
+// CHECK-NEXT: stablehlo.reshape %{{.*}} : (tensor<2x4x6xf32>) -> tensor<8x6xf32>
+// CHECK: stablehlo.dot_general {{.*}} contracting_dims = [1] x [0]
+// CHECK: stablehlo.reshape %{{.*}} : (tensor<8x8xf32>) -> tensor<2x4x8xf32>
+// STREAM-LABEL: func.func @nd_to_matmul_q
+// STREAM-NEXT: stablehlo.composite "hx.matmul_q"
+// NOMQ-LABEL: func.func @nd_to_matmul_q
+// NOMQ-NOT: hx.matmul_q
+// NOMQ: stablehlo.dot_general {{.*}} contracting_dims = [2] x [0]
+func.func @nd_to_matmul_q(%x: tensor<2x4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<2x4x8xf32> {
+  %d = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 1 : i32} : (tensor<6x8xi8>, tensor<6xf32>) -> tensor<6x8xf32>
+  %r = stablehlo.dot_general %x, %d, contracting_dims = [2] x [0] : (tensor<2x4x6xf32>, tensor<6x8xf32>) -> tensor<2x4x8xf32>
+  return %r : tensor<2x4x8xf32>
+}
+func.func private @deq(%q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<6x8xf32> {
+  %0 = stablehlo.convert %q : (tensor<6x8xi8>) -> tensor<6x8xf32>
+  %1 = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<6xf32>) -> tensor<6x8xf32>
+  %2 = stablehlo.multiply %0, %1 : tensor<6x8xf32>
+  return %2 : tensor<6x8xf32>
 }
 
 // -----

@@ -221,7 +221,7 @@ func.func private @deq(%q: tensor<4x8xi32>, %s: tensor<4xf32>) -> tensor<4x8xf32
 // -----
 
 func.func @matmul_q_contraction_mismatch(%x: tensor<2x5xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<2x8xf32> {
-  // expected-error @+1 {{'hx.matmul_q' operand shapes do not match f32[*b, m, k] x i8[*b, k, n]: f32[2,5], i8[6,8], f32[6]}}
+  // expected-error @+1 {{'hx.matmul_q' contracting or batch dims differ in size for dimension numbers (((1,), (0,)), ((), ())): f32[2,5], i8[6,8], f32[6]}}
   %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 1 : i32} : (tensor<2x5xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x8xf32>
   return %0 : tensor<2x8xf32>
 }
@@ -387,7 +387,7 @@ func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>
 sdy.mesh @mesh = <["i"=2, "j"=4]>
 func.func @matmul_q_result_rows(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
   %xc = sdy.sharding_constraint %x <@mesh, [{"i"}, {}]> : tensor<4x6xf32>
-  // expected-error @+1 {{'hx.matmul_q' result rows must be sharded like x's rows: result [{"j"}, {}], x [{"i"}, {}]}}
+  // expected-error @+1 {{'hx.matmul_q' result dims [0] must be sharded like x's (batch like x, else the weight; dimension numbers (((1,), (0,)), ((), ()))): result [{"j"}, {}], x [{"i"}, {}], weight <unknown>}}
   %0 = stablehlo.composite "hx.matmul_q" %xc, %q, %s {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"j"}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
 }
@@ -438,7 +438,7 @@ sdy.mesh @mesh = <["i"=2, "j"=4]>
 func.func @matmul_q_result_columns(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
   %qc = sdy.sharding_constraint %q <@mesh, [{}, {"j"}]> : tensor<6x8xi8>
   %sc = sdy.sharding_constraint %s <@mesh, [{}]> : tensor<6xf32>
-  // expected-error @+1 {{'hx.matmul_q' result columns must be sharded like weight's columns: result [{}, {}], weight [{}, {"j"}]}}
+  // expected-error @+1 {{'hx.matmul_q' result dims [1] must be sharded like the weight's (batch like x, else the weight; dimension numbers (((1,), (0,)), ((), ()))): result [{}, {}], x <unknown>, weight [{}, {"j"}]}}
   %0 = stablehlo.composite "hx.matmul_q" %x, %qc, %sc {decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{}, {}]>]>, version = 1 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
 }
@@ -539,4 +539,51 @@ module @outer_scope {
     %1 = chlo.erf %0 : tensor<4x8xf32> -> tensor<4x8xf32>
     return %1 : tensor<4x8xf32>
   }
+}
+
+// -----
+
+// Version 2 carries dot_general's dimension numbers: f32[b, s, k] x q[k, n] (a transformer
+// layer) and the [out, in] layout verify; their result shardings follow the dims.
+sdy.mesh @mesh = <["i"=2, "j"=4]>
+func.func @matmul_q_v2_ok(%x: tensor<2x5x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>, %qo: tensor<8x6xi8>, %so: tensor<8xf32>) -> (tensor<2x5x8xf32>, tensor<2x5x8xf32>) {
+  %xc = sdy.sharding_constraint %x <@mesh, [{"i"}, {}, {}]> : tensor<2x5x6xf32>
+  %0 = stablehlo.composite "hx.matmul_q" %xc, %q, %s {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @mm, sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}, {}]>]>, version = 2 : i32} : (tensor<2x5x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x5x8xf32>
+  %1 = stablehlo.composite "hx.matmul_q" %xc, %qo, %so {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @mmo, version = 2 : i32} : (tensor<2x5x6xf32>, tensor<8x6xi8>, tensor<8xf32>) -> tensor<2x5x8xf32>
+  return %0, %1 : tensor<2x5x8xf32>, tensor<2x5x8xf32>
+}
+func.func private @mm(%x: tensor<2x5x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<2x5x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x5x8xf32>
+  return %0 : tensor<2x5x8xf32>
+}
+func.func private @mmo(%x: tensor<2x5x6xf32>, %q: tensor<8x6xi8>, %s: tensor<8xf32>) -> tensor<2x5x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<2x5x8xf32>
+  return %0 : tensor<2x5x8xf32>
+}
+
+// -----
+
+// The quantized axis contracted while the scale spans a contracted and a free axis:
+// no place for the scale.
+func.func @matmul_q_v2_unfoldable(%x: tensor<5x3x16xf32>, %q: tensor<4x3x16xi8>, %s: tensor<4x3xf32>) -> tensor<5x4xf32> {
+  // expected-error @+1 {{'hx.matmul_q' the scales cannot be folded through dimension numbers (((1, 2), (1, 2)), ((), ())): the quantized axis is contracted and the scale has both a contracted and a free axis: f32[5,3,16], i8[4,3,16], f32[4,3]}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1, 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1, 2>}, decomposition = @mm, version = 2 : i32} : (tensor<5x3x16xf32>, tensor<4x3x16xi8>, tensor<4x3xf32>) -> tensor<5x4xf32>
+  return %0 : tensor<5x4xf32>
+}
+func.func private @mm(%x: tensor<5x3x16xf32>, %q: tensor<4x3x16xi8>, %s: tensor<4x3xf32>) -> tensor<5x4xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<5x4xf32>
+  return %0 : tensor<5x4xf32>
+}
+
+// -----
+
+// Version 2 without its dimension numbers.
+func.func @matmul_q_v2_no_attributes(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' composite_attributes must have keys ['lhs_batching_dimensions', 'lhs_contracting_dimensions', 'rhs_batching_dimensions', 'rhs_contracting_dimensions'], got []}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {decomposition = @mm, version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
 }

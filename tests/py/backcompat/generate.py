@@ -82,6 +82,12 @@ CASES: dict[str, Case] = {
                           (("hx.dequantize", 1),)),
     "matmul_q_v1": Case(hx.matmul_q, lambda: (_x((2, 3), 3), hx.quantize(_x((3, 4), 4))),
                         (("hx.matmul_q", 1),)),
+    # version 2: dot_general dimension numbers in composite_attributes -- a transformer
+    # layer's f32[b, s, k] @ q8[k, n] and the [out, in] layout (scale on the result)
+    "matmul_q_v2": Case(lambda x, qw, qo: (hx.matmul_q(x, qw), hx.einsum("bsk,nk->bsn", x, qo)),
+                        lambda: (_x((2, 3, 4), 12), hx.quantize(_x((4, 5), 13)),
+                                 hx.quantize(_x((6, 4), 14))),
+                        (("hx.matmul_q", 2),)),
     "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),

@@ -1,0 +1,90 @@
+"""``hx.matmul_q`` for any dimension numbers, one block of the weight at a time.
+
+The reference (:func:`hxmlir.lowering.reference.matmul_q`) converts the whole
+weight ``q: i8[...]`` to f32 before its ``dot_general``; XLA keeps that copy in
+temporary memory (four times the int8 bytes). The streaming builders of
+``lowering/matmul_q_impl.py`` avoid it for the layouts they know
+(``f32[*b, m, k] x i8[*b, k, n]``, and ``f32[..., k] x i8[k, n]`` collapsed to
+it). For every other layout -- the ``[out, in]`` checkpoint layout ``"mk,nk->mn"``
+(scale on the result), a stack of weights ``"...ij,hjk->...ik"`` -- this module
+walks one free axis of ``q`` in blocks inside a ``lax.fori_loop``: each step
+slices ``q`` (and the scale, when it spans that axis), applies the reference to
+the block and writes the block of the result with ``dynamic_update_slice``. Each
+element is computed by the same reference arithmetic on the same values, so
+results equal the reference's up to the order XLA sums a dot in.
+
+Blocks are ``BLOCK_BYTES`` of converted f32 weight at most (and at most
+``1/MAX_FRACTION`` of the whole); the axis walked is ``q``'s largest free axis.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from hxmlir import dotdims
+from hxmlir.lowering import reference
+
+BLOCK_BYTES = 2 * 1024 * 1024
+MAX_FRACTION = 16
+# Weights of at most this many elements are converted whole (the reference).
+SMALL_WEIGHT = 64 * 1024
+
+
+def block_axis(q_shape, dims) -> int | None:
+  """The free axis of ``q`` to walk (its largest), or ``None`` when ``q`` has none or the
+  weight is small enough to convert whole."""
+  (_, rc), (_, rb) = dims
+  free = dotdims.free_dims(len(q_shape), rc, rb)
+  if not free or int(np.prod(q_shape, dtype=np.int64)) <= SMALL_WEIGHT:
+    return None
+  return max(free, key=lambda a: q_shape[a])
+
+
+def block_size(q_shape, axis: int) -> int:
+  """The block length along ``axis``: ``BLOCK_BYTES`` of f32, at most 1/MAX_FRACTION of q."""
+  other = int(np.prod(q_shape, dtype=np.int64)) // q_shape[axis]
+  budget = min(BLOCK_BYTES, 4 * other * q_shape[axis] // MAX_FRACTION)
+  return max(1, min(q_shape[axis], budget // (4 * other)))
+
+
+def matmul_q_blocked(x, q, s, dimension_numbers, *, axis: int, block: int):
+  """:func:`reference.matmul_q` computed ``block`` entries of ``q``'s free ``axis`` at a
+  time (``x: f32[...]``, ``q: i8[...]``, ``s: f32[...]``; JAX arrays or tracers)."""
+  dims = dimension_numbers
+  (lc, rc), (lb, rb) = dims
+  out_shape = dotdims.result_shape(x.shape, q.shape, dims)
+  q_free = dotdims.free_dims(q.ndim, rc, rb)
+  r_axis = len(out_shape) - len(q_free) + q_free.index(axis)
+  on_scale = axis < q.ndim - 1
+
+  def part(start, size):
+    qb = lax.dynamic_slice_in_dim(q, start, size, axis)
+    sb = lax.dynamic_slice_in_dim(s, start, size, axis) if on_scale else s
+    return reference.matmul_q(x, qb, sb, dims)
+
+  def step(i, out):
+    start = i * block
+    return lax.dynamic_update_slice_in_dim(out, part(start, block), start, r_axis)
+
+  steps, rem = divmod(q.shape[axis], block)
+  # lower_composite traces references under jax.disable_jit(), which would unroll
+  # the loop into a Python loop of constant offsets
+  with jax.disable_jit(False):
+    out = lax.fori_loop(0, steps, step, jnp.zeros(out_shape, jnp.float32))
+  if rem:
+    out = lax.dynamic_update_slice_in_dim(out, part(steps * block, rem), steps * block, r_axis)
+  return out
+
+
+@functools.cache
+def blocked_for(dimension_numbers, axis: int, block: int) -> Callable:
+  """:func:`matmul_q_blocked` with its parameters bound, one function object per set
+  (``lower_composite`` shares equal decompositions)."""
+  return functools.partial(matmul_q_blocked, dimension_numbers=dimension_numbers,
+                           axis=axis, block=block)
