@@ -273,3 +273,43 @@ def _spec_expr(spec) -> str:
 
 if vmap_batching.matchaxis is _MATCHAXIS:
   vmap_batching.matchaxis = _matchaxis
+
+
+# --- hi values are not arrays: numpy conversion, ==, hash (issue 14) ------------
+#
+# The value classes (``QArray``, ``Rank1``, ``HiTup``) are frozen dataclasses holding
+# arrays. Without these, ``np.asarray(q)`` silently makes a 0-d object array,
+# ``q1 == q2`` fails with "truth value of an array is ambiguous" and ``hash(q)`` with
+# "unhashable type: ArrayImpl". Each class binds the refusals in its body (a
+# dataclass keeps a ``__eq__``/``__hash__`` its class body defines).
+
+
+def _value_type_name(v) -> str:
+  try:
+    return shd.short(jax.typeof(v))
+  except Exception:  # a value of traced parts built by hand: its class is all we know
+    return type(v).__name__
+
+
+def value_refusals(how: str):
+  """``(__array__, __eq__, __ne__, __hash__, __bool__)`` for a hi value class.
+
+  Each raises ``TypeError`` naming the value's type; ``__array__`` (``np.asarray``,
+  ``np.array``, ``jnp.asarray``) says what to call instead: ``how``.
+  """
+  def __array__(self, dtype=None, copy=None):
+    raise TypeError(f"a {_value_type_name(self)} value has no single numpy form "
+                    f"(np.asarray / np.array / jnp.asarray); use {how}")
+
+  def __eq__(self, other):
+    raise TypeError(f"== / != on {_value_type_name(self)} values is not defined (equal dense "
+                    f"values can have different components); compare the arrays of {how}")
+
+  def __hash__(self):
+    raise TypeError(f"a {_value_type_name(self)} value is not hashable (it holds arrays); use "
+                    "id(v) as a key, or hash its type: hash(jax.typeof(v))")
+
+  def __bool__(self):
+    raise TypeError(f"the truth value of a {_value_type_name(self)} value is not defined")
+
+  return __array__, __eq__, __eq__, __hash__, __bool__

@@ -43,6 +43,7 @@ from hxmlir.hiprim import (
     is_linear_operand,
     register_to_lojax,
     shard_map_spec_hint,
+    value_refusals,
     zeros,
 )
 
@@ -88,6 +89,11 @@ class QArray:
   def size(self) -> int:
     """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
     return int(np.prod(self.shape, dtype=np.int64))
+
+  # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
+  __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
+      "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
+      "(np.asarray(q.qvalue), np.asarray(q.scale)) for the int8 values and f32 scales")
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,19 @@ class QArrayTy(HiType):
 
   def __str__(self) -> str:
     return self.str_short()
+
+  # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
+  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]``:
+    ``spec`` itself and ``spec`` without the last axis (the rule of :meth:`lo_ty`).
+    Raises ``TypeError`` if ``spec`` has more entries than the rank."""
+    parts = shd.dense_spec_entries(str(self), spec, self.ndim)
+    return shd.spec_like(spec, parts), shd.spec_like(spec, parts[:-1])
+
+  def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
+    """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
+    shd.dense_spec_entries(str(self), sharding.spec, self.ndim)
+    return QArrayTy(self.shape, sharding, self.mat)
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:

@@ -28,6 +28,7 @@ from hxmlir.hiprim import (
     broadcast_unmapped,
     is_linear_operand,
     shard_map_spec_hint,
+    value_refusals,
 )
 
 F32 = jnp.dtype("float32")
@@ -58,6 +59,11 @@ class Rank1:
   def size(self) -> int:
     """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
     return int(np.prod(self.shape, dtype=np.int64))
+
+  # not an array: np.asarray(r), r1 == r2, hash(r), bool(r) raise TypeError
+  __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
+      "hx.factors(r) for the factors (col, row), or np.outer(*hx.factors(r)) for the dense "
+      "matrix of an unbatched r1")
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,19 @@ class Rank1Ty(HiType):
 
   def __str__(self) -> str:
     return self.str_short()
+
+  # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
+  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    """The specs of ``(col, row)`` for a dense ``spec`` of this ``r1[*b, m, n]``
+    (the rule of ``shard_map``'s ``hx.Rank1P``). Raises ``TypeError`` if ``spec``
+    has more entries than the rank."""
+    shd.dense_spec_entries(str(self), spec, self.ndim)
+    return self._factor_specs(spec)
+
+  def hx_update_sharding(self, sharding: NamedSharding) -> Rank1Ty:
+    """This type with dense sharding ``sharding`` (as JAX computed it for the dense matrix)."""
+    shd.dense_spec_entries(str(self), sharding.spec, self.ndim)
+    return Rank1Ty(self.shape, sharding, self.col_mat, self.row_mat)
 
 
 def _typeof_rank1(r: Rank1) -> Rank1Ty:
