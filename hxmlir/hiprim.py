@@ -21,6 +21,10 @@ from hxmlir import shardings as shd
 from hxmlir._jax import (
     GradAccum,
     MappingSpec,
+    install_debug_rules,
+    install_device_put_rules,
+    install_jit_sharding_rules,
+    install_sharding_constraint_rules,
     plain_spec_origin,
     stage_value,
     vmap_batching,
@@ -313,3 +317,10 @@ def value_refusals(how: str):
     raise TypeError(f"the truth value of a {_value_type_name(self)} value is not defined")
 
   return __array__, __eq__, __eq__, __hash__, __bool__
+
+
+# --- JAX's placement, sharding and debugging APIs take hi values (issue 14) -------
+install_device_put_rules()
+install_sharding_constraint_rules()
+install_jit_sharding_rules()
+install_debug_rules()
