@@ -75,6 +75,7 @@ from hxmlir.tuples import (
 )
 
 # isort: split
+from hxmlir import control_flow as _control_flow  # noqa: E402,F401  (vmap of lax control flow)
 from hxmlir import lowering as _lowering  # noqa: E402,F401  (registers the rules)
 
 __version__ = "0.1.0"

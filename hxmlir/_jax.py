@@ -525,3 +525,147 @@ def install_debug_rules() -> None:
                      (_debugging.debug_print_p, _debug_print_to_lojax)):
     _make_high(prim, rule)
     _replace(_batching.fancy_primitive_batchers, prim, _wrap_debug_batcher)
+
+
+# --- vmap of scan / while_loop / fori_loop / cond / switch with hi values -----------
+from jax._src.lax.control_flow import conditionals as _conditionals  # noqa: E402
+from jax._src.lax.control_flow import loops as _loops  # noqa: E402
+
+
+def _hi_typeof(x):
+  """``core.typeof(x)`` if it is a hi type, else ``None``."""
+  try:
+    ty = core.typeof(x)
+  except TypeError:
+    return None
+  return ty if _is_hi(ty) else None
+
+
+def _is_int_dim(d) -> bool:
+  return isinstance(d, int) and not isinstance(d, bool)
+
+
+def _hi_spec(ty, d):
+  """JAX's int batch dim ``d`` of a hi value of (batched) type ``ty``, as its mapping spec:
+  ``0`` is the leading axis, the only one hi types map along."""
+  if d != 0:
+    raise NotImplementedError(f"vmap of a {_short(ty)} along axis {d}: hi values map along "
+                              f"their leading axis only ({ty.leading_axis_spec()!r})")
+  return ty.leading_axis_spec()
+
+
+def _wrap_batch_jaxpr_axes(jax_rule):
+  def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
+    in_axes = [_hi_spec(core.unmapped_aval(axis_data.size, a.leading_axis_spec(), a), d)
+               if _is_hi(a) and _is_int_dim(d) else d
+               for a, d in zip(closed_jaxpr.in_avals, in_axes)]
+    return jax_rule(closed_jaxpr, axis_data, in_axes, out_axes_dest)
+  batch_jaxpr_axes._hx_wraps = jax_rule
+  return batch_jaxpr_axes
+
+
+def _wrap_matchaxis(jax_rule):
+  def matchaxis(axis_data, src, dst, x, sum_match=False):
+    if _is_int_dim(dst) and dst == 0:
+      ty = _hi_typeof(x)
+      if ty is not None:  # control-flow rules instantiate outputs at JAX's dim 0
+        dst = ty.leading_axis_spec()
+    return jax_rule(axis_data, src, dst, x, sum_match)
+  matchaxis._hx_wraps = jax_rule
+  return matchaxis
+
+
+def _wrap_moveaxis(jax_rule, swap_leading_axes):
+  def moveaxis(x, src, dst):
+    if not isinstance(src, MappingSpec):
+      return jax_rule(x, src, dst)
+    if dst == 0:  # hi values are mapped along axis 0 already
+      return x
+    if dst == 1:  # scan xs: [B, T, ...] -> [T, B, ...]
+      return swap_leading_axes(x)
+    raise NotImplementedError(f"moving the batch axis of a {_short(core.typeof(x))} to "
+                              f"axis {dst}: hi values map along their leading axes only")
+  moveaxis._hx_wraps = jax_rule
+  return moveaxis
+
+
+def _wrap_broadcast(jax_rule, broadcast_unmapped):
+  def broadcast(x, sz, axis, mesh_axis):
+    ty = _hi_typeof(x)
+    if ty is None:
+      return jax_rule(x, sz, axis, mesh_axis)
+    if axis != 0 or mesh_axis is not None:
+      raise NotImplementedError(f"vmap broadcasting a {_short(ty)} along axis {axis} "
+                                f"(mesh axis {mesh_axis}): hi values map along their "
+                                "leading axis, on no explicit mesh axis")
+    return broadcast_unmapped(x, sz)
+  broadcast._hx_wraps = jax_rule
+  return broadcast
+
+
+def _wrap_control_flow_batcher(jax_rule, swap_leading_axes):
+  """scan/while/cond batchers return int dims for their outputs: a hi output at dim
+  ``1`` (scan ``ys``, ``[T, B, ...]``) is swapped to ``[B, T, ...]``, then dim ``0`` is
+  its leading spec."""
+  def batcher(axis_data, args, dims, **params):
+    outs, out_dims = jax_rule(axis_data, args, dims, **params)
+    new_outs, new_dims = [], []
+    for x, d in zip(outs, out_dims):
+      ty = _hi_typeof(x)
+      if ty is not None and _is_int_dim(d):
+        if d == 1:
+          x, d = swap_leading_axes(x), 0
+          ty = core.typeof(x)
+        d = _hi_spec(ty, d)
+      new_outs.append(x)
+      new_dims.append(d)
+    return new_outs, new_dims
+  batcher._hx_wraps = jax_rule
+  return batcher
+
+
+def _wrap_bcast_select(jax_rule, select_n):
+  def _bcast_select(pred, on_true, on_false):
+    if _hi_typeof(on_true) is None:
+      return jax_rule(pred, on_true, on_false)
+    return select_n(pred, on_false, on_true)  # select(p, t, f) = select_n(p, f, t)
+  _bcast_select._hx_wraps = jax_rule
+  return _bcast_select
+
+
+def _wrap_bcast_select_n(jax_rule, select_n):
+  def _bcast_select_n(pred, *cases):
+    if _hi_typeof(cases[0]) is None:
+      return jax_rule(pred, *cases)
+    return select_n(pred, *cases)
+  _bcast_select_n._hx_wraps = jax_rule
+  return _bcast_select_n
+
+
+def _stop_gradient_to_lojax(x):
+  ty = core.typeof(x)
+  return ty.raise_val(*(_ad_util.stop_gradient_p.bind(lo) for lo in ty.lower_val(x)))
+
+
+def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped) -> None:
+  """``vmap`` of ``lax.scan``/``while_loop``/``fori_loop``/``cond``/``switch`` where hi
+  values are batched (operands, carries, ``xs``/``ys``, branch results).
+
+  JAX's rules speak int batch dims; here an int dim ``0`` of a hi value means its
+  ``leading_axis_spec()`` (in ``batch_jaxpr_axes``, ``matchaxis`` and the rules'
+  outputs), and the array helpers they call learn hi values: ``moveaxis`` to axis 1
+  is ``swap_leading_axes(x)``, ``broadcast`` is ``broadcast_unmapped(x, size)``, the
+  batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; and
+  ``lax.stop_gradient`` takes hi values (componentwise). hxmlir.control_flow passes
+  its hi primitives for the three callables.
+  """
+  _replace(_batching, "batch_jaxpr_axes", _wrap_batch_jaxpr_axes)
+  _replace(_batching, "matchaxis", _wrap_matchaxis)
+  _replace(_batching, "moveaxis", lambda f: _wrap_moveaxis(f, swap_leading_axes))
+  _replace(_batching, "broadcast", lambda f: _wrap_broadcast(f, broadcast_unmapped))
+  for prim in (_loops.scan_p, _loops.while_p, _conditionals.cond_p):
+    _replace(_batching.fancy_primitive_batchers, prim,
+             lambda f: _wrap_control_flow_batcher(f, swap_leading_axes))
+  _replace(_conditionals, "_bcast_select", lambda f: _wrap_bcast_select(f, select_n))
+  _replace(_conditionals, "_bcast_select_n", lambda f: _wrap_bcast_select_n(f, select_n))
+  _make_high(_ad_util.stop_gradient_p, _stop_gradient_to_lojax)
