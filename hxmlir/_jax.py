@@ -564,11 +564,28 @@ def _wrap_batch_jaxpr_axes(jax_rule):
   return batch_jaxpr_axes
 
 
+_vmap_out_axes = _threading.local()  # .user: matching the user's vmap out_axes (from_elt)
+
+
+def _wrap_from_elt(jax_rule):
+  def from_elt(*args, **kwargs):
+    prev = getattr(_vmap_out_axes, "user", False)
+    _vmap_out_axes.user = True
+    try:
+      return jax_rule(*args, **kwargs)
+    finally:
+      _vmap_out_axes.user = prev
+  from_elt._hx_wraps = jax_rule
+  return from_elt
+
+
 def _wrap_matchaxis(jax_rule):
   def matchaxis(axis_data, src, dst, x, sum_match=False):
-    if _is_int_dim(dst) and dst == 0:
+    # JAX's own rules (batch_jaxpr, custom_jvp/vjp) instantiate outputs at dim 0; the
+    # user's out_axes=0 for a hi output stays an error saying which spec fits
+    if _is_int_dim(dst) and dst == 0 and not getattr(_vmap_out_axes, "user", False):
       ty = _hi_typeof(x)
-      if ty is not None:  # control-flow rules instantiate outputs at JAX's dim 0
+      if ty is not None:
         dst = ty.leading_axis_spec()
     return jax_rule(axis_data, src, dst, x, sum_match)
   matchaxis._hx_wraps = jax_rule
@@ -656,11 +673,13 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   outputs), and the array helpers they call learn hi values: ``moveaxis`` to axis 1
   is ``swap_leading_axes(x)``, ``broadcast`` is ``broadcast_unmapped(x, size)``, the
   batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; and
-  ``lax.stop_gradient`` takes hi values (componentwise). hxmlir.control_flow passes
+  ``lax.stop_gradient`` takes hi values (componentwise). A hi output of ``vmap`` itself
+  still needs its spec in ``out_axes`` (``0`` is refused, naming the spec). hxmlir.control_flow passes
   its hi primitives for the three callables.
   """
   _replace(_batching, "batch_jaxpr_axes", _wrap_batch_jaxpr_axes)
   _replace(_batching, "matchaxis", _wrap_matchaxis)
+  _replace(_batching, "from_elt", _wrap_from_elt)
   _replace(_batching, "moveaxis", lambda f: _wrap_moveaxis(f, swap_leading_axes))
   _replace(_batching, "broadcast", lambda f: _wrap_broadcast(f, broadcast_unmapped))
   for prim in (_loops.scan_p, _loops.while_p, _conditionals.cond_p):
