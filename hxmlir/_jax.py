@@ -409,7 +409,7 @@ def _wrap_leading_batcher(jax_rule):
 def install_sharding_constraint_rules() -> None:
   """``jax.lax.with_sharding_constraint`` of hi values (``jit``, eager, ``grad``, ``vmap``):
   one constraint per component, by :func:`component_shardings` of the dense sharding.
-  On an Explicit mesh JAX treats the call as an assertion of the type's sharding."""
+  On an Explicit mesh JAX refuses specs naming Explicit axes, as for arrays."""
   _make_high(_sharding_constraint_p, _sharding_constraint_to_lojax)
   _replace(_sharding_constraint_p, "abstract_eval", _wrap_sharding_constraint_abstract_eval)
   _replace(_batching.fancy_primitive_batchers, _sharding_constraint_p, _wrap_leading_batcher)

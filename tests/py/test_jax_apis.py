@@ -312,3 +312,10 @@ def test_debug_print_under_vmap_refuses():
   qs = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(jnp.stack([_w(), _w()]))
   with pytest.raises(TypeError, match=r"under vmap of a batched q8\[2,4,8\].*hx.dequantize"):
     jax.vmap(lambda q: jax.debug.print("{}", q), in_axes=hx.QArraySpec(), axis_size=2)(qs)
+
+
+def test_with_sharding_constraint_explicit_mesh_is_jax_refusal(mesh):
+  # as for arrays: JAX takes Auto axes only there and names reshard
+  q = jax.device_put(_q(), NamedSharding(mesh, P("i", None)))
+  with pytest.raises(ValueError, match="can only refer to Auto axes.*reshard"):
+    jax.jit(lambda q: jax.lax.with_sharding_constraint(q, NamedSharding(mesh, P("i", None))))(q)
