@@ -546,7 +546,7 @@ def _is_int_dim(d) -> bool:
 
 
 def _hi_spec(ty, d):
-  """JAX's int batch dim ``d`` of a hi value of (batched) type ``ty``, as its mapping spec:
+  """JAX's int batch dim ``d`` of a hi value of type ``ty``, as its mapping spec:
   ``0`` is the leading axis, the only one hi types map along."""
   if d != 0:
     raise NotImplementedError(f"vmap of a {_short(ty)} along axis {d}: hi values map along "
@@ -556,8 +556,7 @@ def _hi_spec(ty, d):
 
 def _wrap_batch_jaxpr_axes(jax_rule):
   def batch_jaxpr_axes(closed_jaxpr, axis_data, in_axes, out_axes_dest):
-    in_axes = [_hi_spec(core.unmapped_aval(axis_data.size, a.leading_axis_spec(), a), d)
-               if _is_hi(a) and _is_int_dim(d) else d
+    in_axes = [_hi_spec(a, d) if _is_hi(a) and _is_int_dim(d) else d
                for a, d in zip(closed_jaxpr.in_avals, in_axes)]
     return jax_rule(closed_jaxpr, axis_data, in_axes, out_axes_dest)
   batch_jaxpr_axes._hx_wraps = jax_rule
