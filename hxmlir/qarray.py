@@ -171,11 +171,10 @@ class QArrayTy(HiType):
   # lowering to lo types and values
   def lo_ty(self) -> list[ShapedArray]:
     """``[i8[*lead, n], f32[*lead]]`` with the value's and derived scale's shardings."""
-    parts = self._parts()
-    return [ShapedArray(self.shape, I8, sharding=shd.with_partitions(self.sharding, parts),
+    vspec, sspec = self._component_specs(PartitionSpec(*self._parts()))
+    return [ShapedArray(self.shape, I8, sharding=self.sharding.update(spec=vspec),
                         manual_axis_type=self.mat),
-            ShapedArray(self.shape[:-1], F32,
-                        sharding=shd.with_partitions(self.sharding, parts[:-1]),
+            ShapedArray(self.shape[:-1], F32, sharding=self.sharding.update(spec=sspec),
                         manual_axis_type=self.mat)]
 
   def lower_val(self, q: QArray) -> list:
@@ -259,12 +258,17 @@ class QArrayTy(HiType):
     """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]``:
     ``spec`` itself and ``spec`` without the last axis (the rule of :meth:`lo_ty`).
     Raises ``TypeError`` if ``spec`` has more entries than the rank."""
-    parts = shd.dense_spec_entries(str(self), spec, self.ndim)
+    shd.dense_spec_entries(self, spec, self.ndim)
+    return self._component_specs(spec)
+
+  def _component_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    # the one rule: the values take the dense spec, the scales drop its last entry
+    parts = tuple(spec) + (None,) * (self.ndim - len(spec))
     return shd.spec_like(spec, parts), shd.spec_like(spec, parts[:-1])
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
-    shd.dense_spec_entries(str(self), sharding.spec, self.ndim)
+    shd.dense_spec_entries(self, sharding.spec, self.ndim)
     return QArrayTy(self.shape, sharding, self.mat)
 
 

@@ -141,11 +141,11 @@ class Rank1Ty(HiType):
   def lo_ty(self) -> list[ShapedArray]:
     """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one and
     each factor's own manual-axis type."""
-    p = self._parts()
-    return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1]),
+    cspec, rspec = self._factor_specs(PartitionSpec(*self._parts()))
+    return [ShapedArray(self.shape[:-1], F32, sharding=self.sharding.update(spec=cspec),
                         manual_axis_type=self.col_mat),
             ShapedArray((*self.shape[:-2], self.shape[-1]), F32,
-                        sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])),
+                        sharding=self.sharding.update(spec=rspec),
                         manual_axis_type=self.row_mat)]
 
   def lower_val(self, r: Rank1) -> list:
@@ -244,12 +244,12 @@ class Rank1Ty(HiType):
     """The specs of ``(col, row)`` for a dense ``spec`` of this ``r1[*b, m, n]``
     (the rule of ``shard_map``'s ``hx.Rank1P``). Raises ``TypeError`` if ``spec``
     has more entries than the rank."""
-    shd.dense_spec_entries(str(self), spec, self.ndim)
+    shd.dense_spec_entries(self, spec, self.ndim)
     return self._factor_specs(spec)
 
   def hx_update_sharding(self, sharding: NamedSharding) -> Rank1Ty:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense matrix)."""
-    shd.dense_spec_entries(str(self), sharding.spec, self.ndim)
+    shd.dense_spec_entries(self, sharding.spec, self.ndim)
     return Rank1Ty(self.shape, sharding, self.col_mat, self.row_mat)
 
 

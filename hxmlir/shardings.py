@@ -139,18 +139,18 @@ def check_out_vma(what: str, spec, mesh, check_vma: bool, named: frozenset, mat)
       "value is replicated")
 
 
-def dense_spec_entries(what: str, spec: PartitionSpec, ndim: int) -> tuple:
+def dense_spec_entries(ty, spec: PartitionSpec, ndim: int) -> tuple:
   """The entries of a hi value's dense ``spec`` padded to ``ndim`` (``None`` for the rest).
 
   Used to derive its components' specs (``hx_lo_specs``) for JAX's placement APIs
   (``jax.device_put``, ``with_sharding_constraint``, ``jit`` ``in_shardings``).
-  Raises ``TypeError`` naming ``what`` (the hi type) when ``spec`` has more entries
-  than the dense rank.
+  Raises ``TypeError`` naming hi type ``ty`` when ``spec`` has more entries than
+  the dense rank.
   """
   parts = tuple(spec)
   if len(parts) > ndim:
     raise TypeError(f"partition spec {spec} has {len(parts)} entries, more than the dense "
-                    f"rank {ndim} of {what}")
+                    f"rank {ndim} of {short(ty)}")
   return parts + (None,) * (ndim - len(parts))
 
 
