@@ -495,23 +495,59 @@ def _debug_callback_to_lojax(*args, callback, effect, partitioned):
 
 def _debug_print_to_lojax(*args, fmt, ordered, partitioned, in_tree, static_args,
                           np_printoptions, has_placeholders, logging_record):
-  # JAX's own formatting callback (as debug_print_impl builds it), fed the hi values
-  callback = _debugging._make_flat_callback(in_tree, _partial(
-      _debugging._format_print_callback, fmt, dict(np_printoptions), has_placeholders,
-      logging_record), static_args)
-  effect = _debugging.ordered_debug_effect if ordered else _debugging.debug_effect
+  callback, effect = _print_callback(fmt, ordered, in_tree, static_args, np_printoptions,
+                                     has_placeholders, logging_record)
   return _debug_callback_to_lojax(*args, callback=callback, effect=effect,
                                   partitioned=partitioned)
 
 
-def _wrap_debug_batcher(jax_rule):
+def _print_callback(fmt, ordered, in_tree, static_args, np_printoptions, has_placeholders,
+                    logging_record):
+  """JAX's own formatting callback and effect for ``debug_print_p`` (as its impl builds them)."""
+  callback = _debugging._make_flat_callback(in_tree, _partial(
+      _debugging._format_print_callback, fmt, dict(np_printoptions), has_placeholders,
+      logging_record), static_args)
+  return callback, _debugging.ordered_debug_effect if ordered else _debugging.debug_effect
+
+
+def _example(batched_ty, ty, x, i):
+  """Example ``i`` of host value ``x`` of hi type ``batched_ty`` mapped along its leading
+  axis (element type ``ty``): each component that carries the batch axis is indexed
+  (a tuple's unmapped elements do not)."""
+  parts = [lo[i] if b.ndim == e.ndim + 1 else lo
+           for lo, b, e in zip(batched_ty.lower_val(x), batched_ty.lo_ty(), ty.lo_ty())]
+  return ty.raise_val(*parts)
+
+
+def _debug_callback_batched(axis_data, args, dims, *, callback, effect, partitioned):
+  # JAX unrolls the batch with lax.index_in_dim, which hi values do not take: one
+  # callback instead, looping over the batch on the host in the same order
+  size = axis_data.size
+  args = [_batching.moveaxis(a, d, 0) if _is_int_dim(d) else a for a, d in zip(args, dims)]
+  tys = [core.typeof(a) for a in args]
+  elt_tys = [t.dec_rank(size, d) if isinstance(d, MappingSpec) else None
+             for t, d in zip(tys, dims)]
+
+  def loop(*xs):
+    for i in range(size):
+      callback(*[x if d is None else _example(t, e, x, i) if e is not None else x[i]
+                 for x, d, t, e in zip(xs, dims, tys, elt_tys)])
+  _debugging.debug_callback_p.bind(*args, callback=loop, effect=effect, partitioned=partitioned)
+  return [], []
+
+
+def _debug_print_batched(axis_data, args, dims, *, fmt, ordered, partitioned, in_tree,
+                         static_args, np_printoptions, has_placeholders, logging_record):
+  callback, effect = _print_callback(fmt, ordered, in_tree, static_args, np_printoptions,
+                                     has_placeholders, logging_record)
+  return _debug_callback_batched(axis_data, args, dims, callback=callback, effect=effect,
+                                 partitioned=partitioned)
+
+
+def _wrap_debug_batcher(jax_rule, hi_rule):
   def batcher(axis_data, args, dims, **params):
-    for a, d in zip(args, dims):
-      if isinstance(d, MappingSpec):
-        raise TypeError(f"jax.debug.print / jax.debug.callback under vmap of a batched "
-                        f"{_short(core.typeof(a))}: JAX unrolls the batch with array indexing, "
-                        "which hi values do not take; print its arrays instead "
-                        "(hx.dequantize(q), hx.qarray_parts(q), hx.factors(r))")
+    if any(isinstance(d, MappingSpec) for d in dims):
+      return hi_rule(axis_data, args, dims, **params)
     return jax_rule(axis_data, args, dims, **params)
   batcher._hx_wraps = jax_rule
   return batcher
@@ -520,11 +556,14 @@ def _wrap_debug_batcher(jax_rule):
 def install_debug_rules() -> None:
   """``jax.debug.print`` / ``jax.debug.callback`` of hi values, eagerly and under ``jit``:
   the host callback receives the values rebuilt from their components (printed by the
-  value class's ``repr``). Under ``vmap`` a batched hi operand raises ``TypeError``."""
-  for prim, rule in ((_debugging.debug_callback_p, _debug_callback_to_lojax),
-                     (_debugging.debug_print_p, _debug_print_to_lojax)):
+  value class's ``repr``). Under ``vmap`` a batched hi operand is printed example by
+  example, as JAX does for arrays."""
+  for prim, rule, batched in (
+      (_debugging.debug_callback_p, _debug_callback_to_lojax, _debug_callback_batched),
+      (_debugging.debug_print_p, _debug_print_to_lojax, _debug_print_batched)):
     _make_high(prim, rule)
-    _replace(_batching.fancy_primitive_batchers, prim, _wrap_debug_batcher)
+    _replace(_batching.fancy_primitive_batchers, prim,
+             lambda f, batched=batched: _wrap_debug_batcher(f, batched))
 
 
 # --- vmap of scan / while_loop / fori_loop / cond / switch with hi values -----------

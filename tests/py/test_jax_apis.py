@@ -308,10 +308,26 @@ def test_debug_callback_gets_values(capfd):
     np.testing.assert_array_equal(g, hx.dequantize(hx.quantize(w)))
 
 
-def test_debug_print_under_vmap_refuses():
-  qs = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(jnp.stack([_w(), _w()]))
-  with pytest.raises(TypeError, match=r"under vmap of a batched q8\[2,4,8\].*hx.dequantize"):
-    jax.vmap(lambda q: jax.debug.print("{}", q), in_axes=hx.QArraySpec(), axis_size=2)(qs)
+@pytest.mark.parametrize("jit", [False, True])
+def test_debug_print_under_vmap_prints_each_example(capfd, jit):
+  ws = jnp.stack([_w(), 2 * _w(), -_w()])
+  qs = hx.QArray(jnp.stack([hx.quantize(w).qvalue for w in ws]),
+                 jnp.stack([hx.quantize(w).scale for w in ws]))
+
+  def f(q, k):
+    jax.debug.print("q={} k={}", q, k)
+    jax.debug.print("t={}", hx.make_tup(k, q))
+    return k
+
+  g = jax.vmap(f, in_axes=(hx.QArraySpec(), 0))
+  (jax.jit(g) if jit else g)(qs, jnp.arange(3))
+  jax.effects_barrier()
+  got = capfd.readouterr().out
+  for b in range(3):  # the same lines as a Python loop over the batch
+    f(hx.QArray(qs.qvalue[b], qs.scale[b]), jnp.arange(3)[b])
+  jax.effects_barrier()
+  want = capfd.readouterr().out
+  assert sorted(got.splitlines()) == sorted(want.splitlines()) and got.count("q=QArray") == 3
 
 
 def test_with_sharding_constraint_explicit_mesh_is_jax_refusal(mesh):
