@@ -335,3 +335,13 @@ def test_with_sharding_constraint_explicit_mesh_is_jax_refusal(mesh):
   q = jax.device_put(_q(), NamedSharding(mesh, P("i", None)))
   with pytest.raises(ValueError, match="can only refer to Auto axes.*reshard"):
     jax.jit(lambda q: jax.lax.with_sharding_constraint(q, NamedSharding(mesh, P("i", None))))(q)
+
+
+def test_jit_in_shardings_r1(auto_mesh):
+  s = NamedSharding(auto_mesh, P("i", "j"))
+  r = _r1()
+  f = jax.jit(lambda r: hx.factors(r)[0][:, None] * hx.factors(r)[1], in_shardings=s)
+  text = f.lower(r).as_text()
+  assert 'tensor<4xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"i"}]>' in text, text
+  assert 'tensor<8xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"j"}]>' in text, text
+  np.testing.assert_array_equal(f(r), np.outer(*hx.factors(r)))

@@ -226,3 +226,15 @@ def test_grad_of_vmap_cond():
 def test_stop_gradient_of_q8_under_jit():
   f = jax.jit(jax.grad(lambda x: (hx.dequantize(jax.lax.stop_gradient(hx.quantize(x))) * x).sum()))
   np.testing.assert_array_equal(f(X[0]), hx.dequantize(hx.quantize(X[0])))
+
+
+def test_while_loop_batched_predicate_tup_r1_carry():
+  def f(x, n):
+    def body(c):
+      i, t = c
+      col, row = hx.factors(hx.get_tuple_element(t, 1))
+      return i + 1, hx.make_tup(hx.get_tuple_element(t, 0) * 2, hx.outer(col + 1, row))
+    t = jax.lax.while_loop(lambda c: c[0] < n, body,
+                           (0, hx.make_tup(x, hx.outer(x[0], x[1]))))[1]
+    return hx.get_tuple_element(t, 0), hx.factors(hx.get_tuple_element(t, 1))
+  _check_against_loop(f, (X, jnp.array([0, 2, 1])), (0, 0))
