@@ -79,6 +79,7 @@ from hxmlir.tuples import (
 # The lo primitives and every rule that lowers the types above: to_lojax rules
 # (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
 # per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
+from hxmlir import control_flow as _control_flow  # noqa: E402,F401  (vmap of lax control flow)
 from hxmlir import lowering as lowering  # noqa: E402
 from hxmlir.lowering.matmul_q_cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
 from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402

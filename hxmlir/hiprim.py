@@ -24,6 +24,10 @@ from hxmlir._jax import (
   GradAccum,
   MappingSpec,
   SpecMatchError,
+  install_debug_rules,
+  install_device_put_rules,
+  install_jit_sharding_rules,
+  install_sharding_constraint_rules,
   jax_matchaxis,
   plain_spec_origin,
   stage_value,
@@ -314,3 +318,50 @@ def _spec_expr(spec) -> str:
 # Importing hxmlir makes this JAX's vmap output rule for good (see _jax.patch_matchaxis):
 # calls without a hi value or spec reach JAX's own rule unchanged.
 _jax.patch_matchaxis(_matchaxis)
+
+
+# --- hi values are not arrays: numpy conversion, ==, hash (issue 14) ------------
+#
+# The value classes (``QArray``, ``Rank1``, ``HiTup``) are frozen dataclasses holding
+# arrays. Without these, ``np.asarray(q)`` silently makes a 0-d object array,
+# ``q1 == q2`` fails with "truth value of an array is ambiguous" and ``hash(q)`` with
+# "unhashable type: ArrayImpl". Each class binds the refusals in its body (a
+# dataclass keeps a ``__eq__``/``__hash__`` its class body defines).
+
+
+def _value_type_name(v) -> str:
+  try:
+    return shd.short(jax.typeof(v))
+  except Exception:  # a value of traced parts built by hand: its class is all we know
+    return type(v).__name__
+
+
+def value_refusals(how: str):
+  """``(__array__, __eq__, __ne__, __hash__, __bool__)`` for a hi value class.
+
+  Each raises ``TypeError`` naming the value's type; ``__array__`` (``np.asarray``,
+  ``np.array``, ``jnp.asarray``) says what to call instead: ``how``.
+  """
+  def __array__(self, dtype=None, copy=None):
+    raise TypeError(f"a {_value_type_name(self)} value has no single numpy form "
+                    f"(np.asarray / np.array / jnp.asarray); use {how}")
+
+  def __eq__(self, other):
+    raise TypeError(f"== / != on {_value_type_name(self)} values is not defined (equal dense "
+                    f"values can have different components); compare the arrays of {how}")
+
+  def __hash__(self):
+    raise TypeError(f"a {_value_type_name(self)} value is not hashable (it holds arrays); use "
+                    "id(v) as a key, or hash its type: hash(jax.typeof(v))")
+
+  def __bool__(self):
+    raise TypeError(f"the truth value of a {_value_type_name(self)} value is not defined")
+
+  return __array__, __eq__, __eq__, __hash__, __bool__
+
+
+# --- JAX's placement, sharding and debugging APIs take hi values (issue 14) -------
+install_device_put_rules()
+install_sharding_constraint_rules()
+install_jit_sharding_rules()
+install_debug_rules()

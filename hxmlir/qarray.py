@@ -45,6 +45,7 @@ from hxmlir.hiprim import (
     instantiate,
     is_linear_operand,
     shard_map_spec_hint,
+    value_refusals,
     zeros,
 )
 
@@ -90,6 +91,11 @@ class QArray:
   def size(self) -> int:
     """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
     return int(np.prod(self.shape, dtype=np.int64))
+
+  # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
+  __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
+      "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
+      "(np.asarray(q.qvalue), np.asarray(q.scale)) for the int8 values and f32 scales")
 
 
 @dataclass(frozen=True)
@@ -156,11 +162,10 @@ class QArrayTy(DenseValuedType, HiType):
   # lowering to lo types and values
   def lo_ty(self) -> list[ShapedArray]:
     """``[i8[*lead, n], f32[*lead]]`` with the value's and derived scale's shardings."""
-    parts = self._parts()
-    return [ShapedArray(self.shape, I8, sharding=shd.with_partitions(self.sharding, parts),
+    vspec, sspec = self._component_specs(PartitionSpec(*self._parts()))
+    return [ShapedArray(self.shape, I8, sharding=self.sharding.update(spec=vspec),
                         manual_axis_type=self.mat),
-            ShapedArray(self.shape[:-1], F32,
-                        sharding=shd.with_partitions(self.sharding, parts[:-1]),
+            ShapedArray(self.shape[:-1], F32, sharding=self.sharding.update(spec=sspec),
                         manual_axis_type=self.mat)]
 
   def lower_val(self, q: QArray) -> list:
@@ -247,6 +252,24 @@ class QArrayTy(DenseValuedType, HiType):
   def _pallas_block_ty(self, shape) -> QArrayTy:
     return QArrayTy(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
                     self.mat)
+
+  # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
+  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]``:
+    ``spec`` itself and ``spec`` without the last axis (the rule of :meth:`lo_ty`).
+    Raises ``TypeError`` if ``spec`` has more entries than the rank."""
+    shd.dense_spec_entries(self, spec, self.ndim)
+    return self._component_specs(spec)
+
+  def _component_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    # the one rule: the values take the dense spec, the scales drop its last entry
+    parts = tuple(spec) + (None,) * (self.ndim - len(spec))
+    return shd.spec_like(spec, parts), shd.spec_like(spec, parts[:-1])
+
+  def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
+    """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
+    shd.dense_spec_entries(self, sharding.spec, self.ndim)
+    return QArrayTy(self.shape, sharding, self.mat)
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:

@@ -31,6 +31,7 @@ from hxmlir.hiprim import (
     broadcast_unmapped,
     is_linear_operand,
     shard_map_spec_hint,
+    value_refusals,
 )
 
 F32 = jnp.dtype("float32")
@@ -61,6 +62,11 @@ class Rank1:
   def size(self) -> int:
     """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
     return int(np.prod(self.shape, dtype=np.int64))
+
+  # not an array: np.asarray(r), r1 == r2, hash(r), bool(r) raise TypeError
+  __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
+      "hx.factors(r) for the factors (col, row), or np.outer(*hx.factors(r)) for the dense "
+      "matrix of an unbatched r1")
 
 
 @dataclass(frozen=True)
@@ -123,11 +129,11 @@ class Rank1Ty(DenseValuedType, HiType):
   def lo_ty(self) -> list[ShapedArray]:
     """``[f32[*b, m], f32[*b, n]]`` with shardings derived from the dense one and
     each factor's own manual-axis type."""
-    p = self._parts()
-    return [ShapedArray(self.shape[:-1], F32, sharding=shd.with_partitions(self.sharding, p[:-1]),
+    cspec, rspec = self._factor_specs(PartitionSpec(*self._parts()))
+    return [ShapedArray(self.shape[:-1], F32, sharding=self.sharding.update(spec=cspec),
                         manual_axis_type=self.col_mat),
             ShapedArray((*self.shape[:-2], self.shape[-1]), F32,
-                        sharding=shd.with_partitions(self.sharding, (*p[:-2], p[-1])),
+                        sharding=self.sharding.update(spec=rspec),
                         manual_axis_type=self.row_mat)]
 
   def lower_val(self, r: Rank1) -> list:
@@ -224,6 +230,19 @@ class Rank1Ty(DenseValuedType, HiType):
   def _pallas_block_ty(self, shape) -> Rank1Ty:
     return Rank1Ty(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
                    self.col_mat, self.row_mat)
+
+  # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
+  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+    """The specs of ``(col, row)`` for a dense ``spec`` of this ``r1[*b, m, n]``
+    (the rule of ``shard_map``'s ``hx.Rank1P``). Raises ``TypeError`` if ``spec``
+    has more entries than the rank."""
+    shd.dense_spec_entries(self, spec, self.ndim)
+    return self._factor_specs(spec)
+
+  def hx_update_sharding(self, sharding: NamedSharding) -> Rank1Ty:
+    """This type with dense sharding ``sharding`` (as JAX computed it for the dense matrix)."""
+    shd.dense_spec_entries(self, sharding.spec, self.ndim)
+    return Rank1Ty(self.shape, sharding, self.col_mat, self.row_mat)
 
 
 def _typeof_rank1(r: Rank1) -> Rank1Ty:

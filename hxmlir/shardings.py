@@ -153,3 +153,23 @@ def check_out_vma(what: str, spec, mesh, check_vma: bool, named: frozenset, mat)
       f"{{{got}}}; name {{{diff}}} in the out_specs, or reduce over them first "
       "(jax.lax.psum / jax.lax.pmax of the arrays it is built from), or pass check_vma=False to jax.shard_map if the "
       "value is replicated")
+
+
+def dense_spec_entries(ty, spec: PartitionSpec, ndim: int) -> tuple:
+  """The entries of a hi value's dense ``spec`` padded to ``ndim`` (``None`` for the rest).
+
+  Used to derive its components' specs (``hx_lo_specs``) for JAX's placement APIs
+  (``jax.device_put``, ``with_sharding_constraint``, ``jit`` ``in_shardings``).
+  Raises ``TypeError`` naming hi type ``ty`` when ``spec`` has more entries than
+  the dense rank.
+  """
+  parts = tuple(spec)
+  if len(parts) > ndim:
+    raise TypeError(f"partition spec {spec} has {len(parts)} entries, more than the dense "
+                    f"rank {ndim} of {short(ty)}")
+  return parts + (None,) * (ndim - len(parts))
+
+
+def spec_like(spec: PartitionSpec, parts: Sequence) -> PartitionSpec:
+  """``P(*parts)`` with ``spec``'s unreduced and reduced mesh axes."""
+  return PartitionSpec(*parts, unreduced=spec.unreduced, reduced=spec.reduced)

@@ -32,6 +32,7 @@ from hxmlir.hiprim import (
   is_linear_operand,
   lo_types,
   shard_map_spec_hint,
+  value_refusals,
   zeros,
 )
 
@@ -50,6 +51,10 @@ class HiTup:
 
   def __len__(self) -> int:
     return len(self.elts)
+
+  # not an array: np.asarray(t), t1 == t2, hash(t), bool(t) raise TypeError
+  __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
+      "hx.get_tuple_element(t, i) for each element")
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,20 @@ class TupTy(HiType):
     if len(dtypes) != 1 or None in dtypes:
       raise AttributeError(f"{self} has no dense dtype: its elements' dtypes differ")
     return dtypes.pop()
+
+  # JAX's placement APIs: a tuple has no dense sharding
+  def _no_dense_sharding(self, what) -> TypeError:
+    return TypeError(f"a {self} has no dense sharding to place by {what}: place its elements "
+                     "(jax.device_put / jax.lax.with_sharding_constraint / jit shardings on "
+                     "each) and rebuild it with hx.make_tup")
+
+  def hx_lo_specs(self, spec: PartitionSpec):
+    """Always raises ``TypeError``: a tuple's elements are placed one by one."""
+    raise self._no_dense_sharding(spec)
+
+  def hx_update_sharding(self, sharding):
+    """Always raises ``TypeError``: a tuple's elements are placed one by one."""
+    raise self._no_dense_sharding(sharding)
 
 
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
