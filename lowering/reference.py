@@ -44,7 +44,7 @@ def quantize(x):
     return lax.max(a[0], b[0]), lax.bitwise_or(a[1], b[1])
   amax, bad = lax.reduce((jnp.abs(x), ~jnp.isfinite(x)), (np.float32(0), np.bool_(False)),
                          combine, (x.ndim - 1,))
-  return quantize_with_amax(x, jnp.where(bad, jnp.nan, amax))
+  return _quantize_rows(x, amax, ~bad)
 
 
 def quantize_with_amax(x, amax, round_half_even=jnp.round):
@@ -55,7 +55,12 @@ def quantize_with_amax(x, amax, round_half_even=jnp.round):
   ``jnp.max`` (their blocks are never empty) and mark non-finite rows with a
   sum; Triton kernels, which have no ``round``, pass their own ``round_half_even``.
   """
-  finite = jnp.isfinite(amax)
+  return _quantize_rows(x, amax, jnp.isfinite(amax), round_half_even)
+
+
+def _quantize_rows(x, amax, finite, round_half_even=jnp.round):
+  """The values and scales of :func:`quantize` from each row's ``amax`` and whether the row
+  is ``finite`` (``bool[*lead]``; ``amax`` is ignored where it is not)."""
   scale = jnp.where(finite, amax * INV_QMAX, jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)
   q = jnp.clip(round_half_even(x / divisor[..., None]), -QMAX, QMAX)
