@@ -855,17 +855,20 @@ def _wrap_from_elt(jax_rule):
   return from_elt
 
 
-def _wrap_matchaxis(jax_rule):
-  def matchaxis(axis_data, src, dst, x, sum_match=False):
-    # JAX's own rules (batch_jaxpr, custom_jvp/vjp) instantiate outputs at dim 0; the
-    # user's out_axes=0 for a hi output stays an error saying which spec fits
-    if _is_int_dim(dst) and dst == 0 and not getattr(_vmap_out_axes, "user", False):
-      ty = _hi_typeof(x)
-      if ty is not None:
-        dst = ty.leading_axis_spec()
-    return jax_rule(axis_data, src, dst, x, sum_match)
-  matchaxis._hx_wraps = jax_rule
-  return matchaxis
+def internal_batch_dst(dst, x):
+  """The ``out_axes`` entry ``dst`` that ``batching.matchaxis`` should use for ``x``.
+
+  JAX's own rules (``batch_jaxpr``, custom_jvp/vjp) instantiate outputs at dim
+  ``0``; for a hi value that means its leading mapping spec. The user's own
+  ``vmap(out_axes=0)`` for a hi output (reached through ``from_elt``) stays
+  ``0``, so the error that names the spec to pass still fires. Called first
+  by hxmlir's one ``matchaxis`` wrapper (``hiprim._matchaxis``).
+  """
+  if _is_int_dim(dst) and dst == 0 and not getattr(_vmap_out_axes, "user", False):
+    ty = _hi_typeof(x)
+    if ty is not None:
+      return ty.leading_axis_spec()
+  return dst
 
 
 def _wrap_moveaxis(jax_rule, swap_leading_axes):
@@ -945,7 +948,8 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   values are batched (operands, carries, ``xs``/``ys``, branch results).
 
   JAX's rules speak int batch dims; here an int dim ``0`` of a hi value means its
-  ``leading_axis_spec()`` (in ``batch_jaxpr_axes``, ``matchaxis`` and the rules'
+  ``leading_axis_spec()`` (in ``batch_jaxpr_axes``, in ``matchaxis`` through
+  :func:`internal_batch_dst`, and in the rules'
   outputs), and the array helpers they call learn hi values: ``moveaxis`` to axis 1
   is ``swap_leading_axes(x)``, ``broadcast`` is ``broadcast_unmapped(x, size)``, the
   batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; and
@@ -954,7 +958,6 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   its hi primitives for the three callables.
   """
   _replace(_batching, "batch_jaxpr_axes", _wrap_batch_jaxpr_axes)
-  _replace(_batching, "matchaxis", _wrap_matchaxis)
   _replace(_batching, "from_elt", _wrap_from_elt)
   _replace(_batching, "moveaxis", lambda f: _wrap_moveaxis(f, swap_leading_axes))
   _replace(_batching, "broadcast", lambda f: _wrap_broadcast(f, broadcast_unmapped))

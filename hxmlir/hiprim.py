@@ -276,6 +276,7 @@ def _is_hi_match(src, dst, x) -> bool:
 
 def _matchaxis(axis_data, src, dst, x, sum_match=False):
   """JAX's ``matchaxis``, first offering hi values with a hi spec to their type's rule."""
+  dst = _jax.internal_batch_dst(dst, x)
   if (src == dst or dst is None or dst is vmap_infer or dst is vmap_sum_axis
       or not _is_hi_match(src, dst, x)):
     return jax_matchaxis(axis_data, src, dst, x, sum_match)

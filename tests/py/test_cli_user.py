@@ -73,7 +73,7 @@ def test_lower_a_py_file_function(user, capsys):
   assert out.startswith("module @jit_layer")
   assert re.search(r"func.func public @main\(%arg0: tensor<2x6xf32>, %arg1: tensor<6x5xi8>, "
                    r"%arg2: tensor<6xf32>\) -> \(tensor<2x5xf32>", out), out
-  assert re.search(r'stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 .*version = 1', out)
+  assert re.search(r'stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 .*version = 2', out)
   assert "stablehlo.maximum" in out
 
 
@@ -250,7 +250,7 @@ def test_inspect(block_files, capsys):
   assert out.splitlines()[0] == f"{art}: block (f32[2,4], f32[3], q8[4,3]) -> (f32[2,3])"
   assert "  platforms: cpu, cuda, tpu" in out
   assert "    a1['w']: q8[4,3]  (npz: a1['w'].qvalue, a1['w'].scale)" in out
-  assert re.search(r"  hx ops: hx\.matmul_q v1 x\d+", out), out
+  assert re.search(r"  hx ops: hx\.matmul_q v2 x\d+", out), out
   assert "tpu_custom_call x1 [hx_matmul_q_v1]" in out
   assert "__gpu$xla.gpu.triton x1 [hx_matmul_q_v1]" in out
   assert "versions: artifact format 2, written by hxmlir " in out
