@@ -43,16 +43,22 @@ def unflatten(tree, leaves: Sequence) -> Any:
       return None
     if t == "*":
       return next(it)
-    if isinstance(t, dict) and len(t) == 1:
-      (kind, v), = t.items()
-      if kind == "tuple" and isinstance(v, list):
-        return tuple(dec(e) for e in v)
-      if kind == "list" and isinstance(v, list):
-        return [dec(e) for e in v]
-      if kind == "dict" and isinstance(v, list):
-        return {k: dec(e) for k, e in v}
-    raise ValueError(f"bad tree encoding {t!r}")
+    kind, v = node(t)
+    if kind == "dict":
+      return {k: dec(e) for k, e in v}
+    return (tuple if kind == "tuple" else list)(dec(e) for e in v)
   return dec(tree)
+
+
+def node(t) -> tuple[str, list]:
+  """``(kind, elements)`` of a container node of an encoded tree: ``kind`` is ``"tuple"``,
+  ``"list"`` or ``"dict"``; ``elements`` the encoded elements (``[key, tree]`` pairs for a
+  dict). Raises ``ValueError`` for anything else (leaves ``"*"`` and ``None`` included)."""
+  if isinstance(t, dict) and len(t) == 1:
+    (kind, v), = t.items()
+    if kind in ("tuple", "list", "dict") and isinstance(v, list):
+      return kind, v
+  raise ValueError(f"bad tree encoding {t!r}")
 
 
 def count_leaves(tree) -> int:
