@@ -16,6 +16,7 @@ import pytest
 from hx_testing import assert_same_q_values as assert_same_q
 from jax.sharding import PartitionSpec as P
 from numerics import (
+  assert_einsum_close,
   assert_matmul_close,
   assert_sum_close,
   assert_within,
@@ -200,8 +201,8 @@ def test_rank1_shardings(on_mesh):
   r2 = hx.outer(jnp.asarray(col[:4]), jax.device_put(row, P("j")))
   y = hx.matmul_r1(jax.device_put(acts[:, :4], P("i")), r2)
   assert short(y) == "f32[4@i,6@j]"
-  np.testing.assert_allclose(np.asarray(y), acts[:, :4] @ np.outer(col[:4], row), rtol=1e-5,
-                             atol=1e-6)
+  # three factors a term (extra 1), the row applied before or after the sum (1 more)
+  assert_einsum_close(y, "pm,m,n->pn", acts[:, :4], col[:4], row, extra=2)
   with pytest.raises(TypeError, match=r"unsharded contraction axes, got f32\[4,8\] @ r1\[8@i,6@j\]"):
     hx.matmul_r1(jnp.asarray(acts), r)
 
