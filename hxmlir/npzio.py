@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.hijax import HiType
 
+from hxmlir.export._tree import node, unflatten
 from hxmlir.qarray import QArray, QArrayTy
 from hxmlir.rank1 import Rank1Ty
 from hxmlir.tuples import TupTy
@@ -67,33 +68,23 @@ def leaf_paths(tree, results: bool = False) -> list[str]:
   ``results=True``, an ``out_tree``. Raises ``ValueError`` on a malformed tree.
   """
   if results:
-    kind, v = _node(tree) if isinstance(tree, dict) else (None, None)
+    kind, v = node(tree) if isinstance(tree, dict) else (None, None)
     roots = [(e, f"a{i}") for i, e in enumerate(v)] if kind in ("tuple", "list") \
         else [(tree, "a0")]
   else:
-    kind, v = _node(tree)
+    kind, v = node(tree)
     if kind != "tuple" or len(v) != 2:
       raise ValueError(f"bad argument tree {tree!r}: expected ((args...), {{kwargs}})")
-    (_, args), (_, kwargs) = _node(v[0]), _node(v[1])
+    (_, args), (_, kwargs) = node(v[0]), node(v[1])
     roots = [(e, f"a{i}") for i, e in enumerate(args)] + \
         [(e, f"kw[{k!r}]") for k, e in kwargs]
   return [p for t, prefix in roots for p, _ in _walk(t, prefix)]
 
 
 def build_tree(tree, leaves: Sequence) -> Any:
-  """The Python containers of ``tree`` with ``leaves`` in its leaf slots, in order."""
-  it = iter(leaves)
-
-  def dec(t):
-    if t is None:
-      return None
-    if t == "*":
-      return next(it)
-    kind, v = _node(t)
-    if kind == "dict":
-      return {k: dec(e) for k, e in v}
-    return (tuple if kind == "tuple" else list)(dec(e) for e in v)
-  return dec(tree)
+  """The Python containers of ``tree`` with ``leaves`` in its leaf slots, in order
+  (:func:`hxmlir.export._tree.unflatten`). Raises ``ValueError`` on a malformed tree."""
+  return unflatten(tree, leaves)
 
 
 def tree_leaves(tree, value) -> list:
@@ -114,7 +105,7 @@ def _walk(t, path: str, value: Any = _PATHS_ONLY):
   if t == "*":
     yield path, value
     return
-  kind, elts = _node(t)
+  kind, elts = node(t)
   items = elts if kind == "dict" else list(enumerate(elts))
   if value is not _PATHS_ONLY:
     if kind == "dict" and (not isinstance(value, dict) or sorted(value) != [k for k, _ in elts]):
@@ -123,14 +114,6 @@ def _walk(t, path: str, value: Any = _PATHS_ONLY):
       raise ValueError(f"expected a {kind} of {len(elts)} elements, got {value!r}")
   for k, e in items:
     yield from _walk(e, f"{path}[{k!r}]", _PATHS_ONLY if value is _PATHS_ONLY else value[k])
-
-
-def _node(t) -> tuple[str, list]:
-  if isinstance(t, dict) and len(t) == 1:
-    (kind, v), = t.items()
-    if kind in ("tuple", "list", "dict") and isinstance(v, list):
-      return kind, v
-  raise ValueError(f"bad tree encoding {t!r}")
 
 
 def to_arrays(paths: Sequence[str], types: Sequence, values: Sequence) -> dict[str, np.ndarray]:

@@ -89,6 +89,8 @@ def count_composites(ir_text: str) -> dict[str, int]:
 
 
 def fmt_counts(counts: dict[str, int]) -> str:
+  """One line for a :func:`count_composites` result: ``"hx.matmul_q x24, hx.quantize x2"``
+  (in ``counts``' order), or ``"no hx.* composites"`` when ``counts`` is empty."""
   return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "no hx.* composites"
 
 

@@ -82,10 +82,15 @@ def _is_digest(c) -> bool:
 
 
 def plain_checks(lo) -> list:
+  """The ``disabled_safety_checks`` of the ``jax.export.Exported`` ``lo`` that are JAX's
+  own (the user's), without the digest entries hxmlir seals artifacts with."""
   return [c for c in lo.disabled_safety_checks if not _is_digest(c)]
 
 
 def digests(lo) -> list[str]:
+  """The digest entries of ``lo.disabled_safety_checks``: strings ``DIGEST_PREFIX`` (format
+  2) or ``DIGEST_PREFIX_V1`` (format 1) followed by 64 hex digits of SHA-256; empty
+  for an artifact hxmlir did not seal."""
   return [c.is_custom_call() for c in lo.disabled_safety_checks if _is_digest(c)]
 
 

@@ -18,6 +18,11 @@ from hxmlir.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
 
 
 def typeof(x):
+  """The abstract type of ``x`` as export sees it: a hi type (``q8[m, n]``, ``r1``,
+  ``Tup``) or ``ShapedArray`` is returned as is; a ``jax.ShapeDtypeStruct`` becomes a
+  ``ShapedArray`` of its shape, dtype and weak type, keeping its sharding only when it
+  is a ``NamedSharding``; anything else is ``jax.typeof(x)`` (which raises
+  ``TypeError`` for a non-JAX value)."""
   if isinstance(x, (HiType, ShapedArray)):
     return x
   if isinstance(x, jax.ShapeDtypeStruct):
@@ -39,6 +44,9 @@ def match_key(ty):
 
 
 def differentiable(ty) -> bool:
+  """Whether values of ``ty`` have a non-trivial tangent: an array type when its dtype is
+  inexact (``f32``, ``bf16``, ``c64``...; not ``i8``/``bool``); a hi type when its
+  tangent type is (a hi tangent type when every lo component of it is)."""
   if is_hi(ty):
     return all(differentiable(t) for t in lo_types(ty.to_tangent_aval())) \
         if is_hi(ty.to_tangent_aval()) else differentiable(ty.to_tangent_aval())
@@ -76,6 +84,10 @@ def _lower_rule(prim, v):
 
 
 def lower_flat(tys, vals, traced: bool) -> list:
+  """The flat lo components of ``vals`` (of types ``tys``, in order): arrays stay, each hi
+  value becomes its ``lo_ty()`` components (``q8[m, n]`` -> ``i8[m, n]``, ``f32[m]``).
+  ``traced``: inside a trace, bind the lowering as a primitive (``to_lojax`` applies it
+  later) rather than call the type's ``lower_val`` on a concrete value."""
   out = []
   for ty, v in zip(tys, vals):
     if not is_hi(ty):
@@ -88,6 +100,10 @@ def lower_flat(tys, vals, traced: bool) -> list:
 
 
 def raise_flat(tys, los, traced: bool) -> list:
+  """Inverse of :func:`lower_flat`: the values of types ``tys`` built from the flat lo
+  components ``los`` (each hi type takes ``len(ty.lo_ty())`` of them, its
+  ``raise_val``). ``traced`` as in :func:`lower_flat`. ``los`` must hold all the
+  components ``tys`` need."""
   it = iter(los)
   out = []
   for ty in tys:

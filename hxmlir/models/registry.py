@@ -35,6 +35,9 @@ class DemoModel:
 
 
 def rel_err(y: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+  """``(max |y - ref|, ||y - ref||_2 / ||ref||_2)`` of two arrays of one shape (any float
+  dtype; computed in float64, Frobenius norm over all elements). ``inf``/``nan`` when
+  ``ref`` is all zeros."""
   d = np.asarray(y, np.float64) - np.asarray(ref, np.float64)
   return float(np.abs(d).max()), float(np.linalg.norm(d) / np.linalg.norm(ref))
 

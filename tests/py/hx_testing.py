@@ -13,6 +13,7 @@ import jax
 import jax.extend.backend
 import numpy as np
 from jaxlib import xla_client
+from numerics import assert_within, elementwise_bound
 
 
 def compile_and_run(text: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -38,11 +39,14 @@ def assert_same_q_values(a, b) -> None:
   np.testing.assert_array_equal(np.asarray(a.scale), np.asarray(b.scale))
 
 
-def assert_same_q(a, b, scale_rtol=0.) -> None:
-  """Same type, same int8 values, same scales (to ``scale_rtol``; 0 means bitwise)."""
+def assert_same_q(a, b, scale_roundings: int = 0) -> None:
+  """Same type, same int8 values, same scales: bitwise, or within
+  :func:`numerics.elementwise_bound` of ``scale_roundings`` f32 roundings (those the two
+  scales' computations went through, together)."""
   assert jax.typeof(a) == jax.typeof(b)
-  if not scale_rtol:
+  if not scale_roundings:
     assert_same_q_values(a, b)
     return
   np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
-  np.testing.assert_allclose(np.asarray(a.scale), np.asarray(b.scale), rtol=scale_rtol)
+  assert_within(a.scale, b.scale, elementwise_bound(np.asarray(b.scale), scale_roundings),
+                "scale: ")

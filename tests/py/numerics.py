@@ -170,6 +170,14 @@ def polynomial_bound(f, *operands, depth: int) -> np.ndarray:
   return g * (1 + g) * mags + depth * TINY
 
 
+def elementwise_bound(want, roundings: int) -> np.ndarray:
+  """Bound of ``|got - want|`` for values computed elementwise (products, quotients, a
+  scale applied; no sums) where each element of ``got`` and ``want`` together passes
+  through at most ``roundings`` f32 roundings: :func:`polynomial_bound` of the identity
+  (``gamma_r (1 + gamma_r) |want| + r tiny``), so an exact zero must stay (nearly) zero."""
+  return polynomial_bound(lambda v: v, want, depth=roundings)
+
+
 def assert_einsum_close(got, subscripts: str, *operands, extra: int = 0) -> None:
   """``got`` is ``einsum(subscripts, *operands)`` (f32 operands, any number) evaluated in
   f32 in any order: compared with the float64 einsum within :func:`dot_bound`

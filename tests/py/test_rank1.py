@@ -136,7 +136,8 @@ def test_jvp_outer_and_matmul_r1(acts, col, row):
   # tangent of r1 itself is dense
   r, dr = jax.jvp(hx.outer, (col, row), (dc, jnp.zeros_like(row)))
   assert jax.typeof(dr).str_short(short_dtypes=True) == "f32[6,5]"
-  np.testing.assert_allclose(np.asarray(dr), np.outer(np.asarray(dc), np.asarray(row)), rtol=1e-6)
+  # exact: dc is ones, so each entry is 1 * row[j]
+  np.testing.assert_array_equal(np.asarray(dr), np.outer(np.asarray(dc), np.asarray(row)))
   # a dense tangent for an r1 input
   t = jnp.ones((6, 5), jnp.float32)
   _, dy = jax.jvp(lambda r: hx.matmul_r1(acts, r), (r,), (t,))
@@ -180,7 +181,8 @@ def test_vmap_broadcasts_unmapped_rank1_output(jit):
       jnp.ones((4, 1, 2), jnp.float32),
       jax.vmap(lambda a: hx.outer(c, jnp.ones(3, jnp.float32)), out_axes=hx.Rank1Spec())(
           jnp.ones(4)))))(jnp.array([1., 2.], jnp.float32))
-  np.testing.assert_allclose(np.asarray(g), [12., 12.])
+  # exact: sums of 12 products of ones
+  np.testing.assert_array_equal(np.asarray(g), [12., 12.])
   with pytest.raises(TypeError, match=r"type r1\[2,3\] is not mapped, which out_axes "
                      r"QArraySpec\(\) does not fit; its type maps with out_axes Rank1Spec\(\)"):
     jax.vmap(lambda a: r, out_axes=hx.QArraySpec())(jnp.ones(4))
@@ -283,6 +285,7 @@ def test_jacfwd_wrt_rank1_equals_jacrev(acts, col, row):
   f = lambda r: hx.matmul_r1(acts, r)  # noqa: E731
   jf, jr = jax.jacfwd(f)(r), jax.jacrev(f)(r)
   assert jf.shape == (3, 5, 6, 5)
-  np.testing.assert_allclose(np.asarray(jf), np.asarray(jr), rtol=1e-6)
-  np.testing.assert_allclose(np.asarray(jf), np.einsum("pm,nj->pnmj", np.asarray(acts), np.eye(5)),
-                             rtol=1e-6)
+  # exact: each entry is acts[p, m] times a one-hot basis entry, summed with exact zeros
+  np.testing.assert_array_equal(np.asarray(jf), np.asarray(jr))
+  np.testing.assert_array_equal(np.asarray(jf),
+                                np.einsum("pm,nj->pnmj", np.asarray(acts), np.eye(5)))
