@@ -75,8 +75,18 @@ def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *, dimension_numbers=
                          attributes=schema.matmul_q_attributes(dims))
 
 
+def lower_quantize(ctx: mlir.LoweringRuleContext, x, *, fmt="int8", group_size=None,
+                   method="absmax"):
+  """``hx_quantize_p`` -> ``hx.quantize``, decomposition :func:`reference.quantize` of the
+  equation's format, group size and method."""
+  op = schema.SCHEMAS["hx.quantize"]
+  return lower_composite(ctx, op.name, x, reference=reference.quantize_for(fmt, group_size, method),
+                         attributes=op.attribute_values)
+
+
 for _prim, _ref in REFERENCES.items():
   _op = schema.for_primitive(_prim.name)
-  if _prim is not hx_matmul_q_p:
+  if _prim not in (hx_matmul_q_p, hx_quantize_p):
     mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q)
+mlir.register_lowering(hx_quantize_p, lower_quantize)

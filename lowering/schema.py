@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.dotdims import DotDims
 
 PREFIX = "hx."
@@ -40,7 +40,8 @@ class TensorType:
     return cls(tuple(value.shape), _DTYPE_NAMES.get(str(value.dtype), str(value.dtype)))
 
 
-_DTYPE_NAMES = {"float32": "f32", "int8": "i8"}  # numpy -> MLIR spelling
+_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8",
+                "float8_e4m3fn": "f8E4M3FN"}  # numpy -> MLIR spelling
 
 
 # Sharding of one value: for each dimension, the tuple of mesh axis names it is
@@ -101,16 +102,41 @@ def _rank_at_least(t: TensorType, r: int) -> bool:
 
 # --- type invariants ---------------------------------------------------------
 
+def quantized_format(q: TensorType, s: TensorType):
+  """``(format, group, dense shape)`` of stored values ``q`` and scales ``s``
+  (:mod:`hxmlir.formats`), or a string saying what is wrong."""
+  f = formats.of_storage(q.dtype)
+  if f is None or not _rank_at_least(q, 1):
+    return (f"quantized values must be i8[..., n], ui8[..., n/2] (int4 pairs) or "
+            f"f8E4M3FN[..., n], got {q}")
+  dense = f.dense_shape(q.shape)
+  group = formats.group_of(dense, s.shape)
+  if isinstance(group, str):
+    return f"{group}: values {q} (dense {TensorType(dense, f.prefix)}), scale {s}"
+  problem = formats.check(f, dense, group)
+  if problem:
+    return f"values {q}, scale {s}: {problem}"
+  return f, group, dense
+
+
 def _quantized_pair(q: TensorType, s: TensorType, what: str) -> list[str]:
   errs = []
-  if q.dtype != "i8" or not _rank_at_least(q, 1):
-    errs.append(f"{what}: quantized values must be i8[..., n], got {q}")
+  got = quantized_format(q, s)
+  if isinstance(got, str):
+    errs.append(f"{what}: {got}")
   if s.dtype != "f32":
     errs.append(f"{what}: scale must be f32, got {s}")
-  if q.shape[:-1] != s.shape:
-    errs.append(f"{what}: scale shape must be the value shape without its last axis: "
-                f"values {q}, scale {s}")
   return errs
+
+
+def dense_shape(q: TensorType) -> tuple[int, ...]:
+  """The dense shape of stored values ``q`` (``ui8[..., m]`` int4 pairs: ``[..., 2m]``)."""
+  f = formats.of_storage(q.dtype)
+  return f.dense_shape(q.shape) if f is not None else q.shape
+
+
+def _grouped(q: TensorType, s: TensorType) -> bool:
+  return len(s.shape) == len(q.shape)
 
 
 def _check_quantize(ops, res, attrs=None):
@@ -119,7 +145,7 @@ def _check_quantize(ops, res, attrs=None):
   if x.dtype != "f32" or not _rank_at_least(x, 1):
     errs.append(f"operand must be f32[..., n], got {x}")
   errs += _quantized_pair(q, s, "result")
-  if q.shape != x.shape:
+  if dense_shape(q) != x.shape:
     errs.append(f"result values {q} must have the operand's shape {x}")
   return errs
 
@@ -127,8 +153,8 @@ def _check_quantize(ops, res, attrs=None):
 def _check_dequantize(ops, res, attrs=None):
   (q, s), (y,) = ops, res
   errs = _quantized_pair(q, s, "operand")
-  if y.dtype != "f32" or y.shape != q.shape:
-    errs.append(f"result must be f32 of the values' shape {q.shape}, got {y}")
+  if y.dtype != "f32" or y.shape != dense_shape(q):
+    errs.append(f"result must be f32 of the values' dense shape {dense_shape(q)}, got {y}")
   return errs
 
 
@@ -167,7 +193,8 @@ def _matmul_q_operands(ops, attrs=None) -> list[str]:
   if not attrs and (len(x.shape) < 2 or len(x.shape) != len(q.shape)):
     return [f"version 1 expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}"]
   return [f"{p}: {_fmt(ops)}" for p in
-          dotdims.problems(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))]
+          dotdims.problems(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)),
+                           _grouped(q, s))]
 
 
 def _check_matmul_q(ops, res, attrs=None):
@@ -175,7 +202,7 @@ def _check_matmul_q(ops, res, attrs=None):
   errs = _matmul_q_operands(ops, attrs)
   if errs:
     return errs
-  want = dotdims.result_shape(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))
+  want = dotdims.result_shape(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)))
   if y.dtype != "f32" or y.shape != want:
     errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
   return errs
@@ -215,7 +242,11 @@ def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) 
   if q is None or s is None:
     return []
   errs = []
-  if tuple(q[:-1]) != tuple(s):
+  if len(s) == len(q):  # group scales: the group axis is sharded like the last axis
+    if tuple(q) != tuple(s):
+      errs.append(f"{what}: group scale sharding {fmt_sharding(s)} must be the values' "
+                  f"sharding {fmt_sharding(q)}")
+  elif tuple(q[:-1]) != tuple(s):
     errs.append(f"{what}: scale sharding {fmt_sharding(s)} must be the values' sharding "
                 f"{fmt_sharding(q)} without its last axis")
   return errs

@@ -158,7 +158,7 @@ def _breaks_contract(operands, result, dims) -> bool:
 def _schema_type(aval) -> schema.TensorType | None:
   if not all(type(d) is int for d in aval.shape):
     return None
-  return schema.TensorType(tuple(aval.shape), _DTYPE_NAMES.get(aval.dtype, str(aval.dtype)))
+  return schema.TensorType.of(aval)
 
 
 def _dim_sharding(aval) -> schema.DimSharding:
@@ -166,7 +166,6 @@ def _dim_sharding(aval) -> schema.DimSharding:
                for p in shd.partitions(aval.sharding, aval.ndim))
 
 
-_DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("int8"): "i8"}
 _MISSING = object()
 _RESULT_TYPES: dict[tuple, object] = {}
 _RESULT_TYPES_MAX = 1024
