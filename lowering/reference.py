@@ -62,7 +62,7 @@ def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = 
                          combine, (xg.ndim - 1,))
   amax = jnp.where(bad, jnp.nan, amax)
   if method == "mse":
-    amax = _mse_amax(xg, amax, f)
+    amax = mse_amax(xg, amax, f)
   elif method != "absmax":
     raise ValueError(f"hx.quantize: method must be one of {formats.METHODS}, got {method!r}")
   q, s = quantize_with_amax(xg, amax, fmt=f)
@@ -76,12 +76,13 @@ def quantize_for(fmt: str, group_size: int | None, method: str) -> Callable:
   return functools.partial(quantize, fmt=fmt, group_size=group_size, method=method)
 
 
-def _mse_amax(x, amax, f):
-  """The clipped ``amax`` of least squared round-trip error per row (see :func:`quantize`)."""
+def mse_amax(x, amax, f, round_half_even=jnp.round):
+  """The clipped ``amax`` of least squared round-trip error per row of ``x`` (see
+  :func:`quantize`; ``f`` a :class:`hxmlir.formats.Format`)."""
   best, best_err = amax, None
   for r in formats.MSE_RATIOS:
     a = amax * np.float32(r)
-    q, s = quantize_with_amax(x, a, fmt=f)
+    q, s = quantize_with_amax(x, a, round_half_even, f)
     err = jnp.sum(jnp.square(q.astype(jnp.float32) * s[..., None] - x), axis=-1)
     if best_err is None:
       best_err = err
