@@ -80,7 +80,7 @@ from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import dotdims, formats
 from hxmlir.install_state import is_installed
-from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, schema
+from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -448,7 +448,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   """
   x_aval, q_aval, s_aval = ctx.avals_in
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
-  attrs = schema.matmul_q_attributes(dims)
+  attrs = rules.matmul_q_attributes(ctx, dims)
   ref = reference.matmul_q_for(dims)
   n = q_aval.shape[-1]
   per_row_int8 = q_aval.dtype == np.int8 and s_aval.ndim == q_aval.ndim - 1

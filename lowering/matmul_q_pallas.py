@@ -233,7 +233,7 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers
   x_aval, q_aval, s_aval = ctx.avals_in
   xr, qr = x_aval.ndim, q_aval.ndim
   dims = dimension_numbers or dotdims.v1_dims(xr)
-  attrs = schema.matmul_q_attributes(dims)
+  attrs = rules.matmul_q_attributes(ctx, dims)
   backend = _PLATFORM_BACKEND[platform]
   per_row_int8 = q_aval.dtype == jnp.int8 and s_aval.ndim == qr - 1
   if not per_row_int8:

@@ -148,8 +148,10 @@ def _breaks_contract(operands, result, dims) -> bool:
   a symbolic dimension (composites need static shapes), a sharded contraction axis."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]
-  attrs = schema.matmul_q_attributes(dims)
-  if None in types or spec.check_types(types[:3], types[3:], attrs):
+  if None in types or isinstance(schema.quantized_format(*types[1:3]), str):
+    return True
+  attrs = schema.matmul_q_attributes(dims, schema.format_attributes_of(*types[1:3]))
+  if spec.check_types(types[:3], types[3:], attrs):
     return True
   shardings = [_dim_sharding(a) for a in (*operands, result)]
   return bool(spec.check_shardings(shardings[:3], shardings[3:], attrs))

@@ -277,3 +277,50 @@ def test_int4_matmul_never_widens_the_weight(sub):
   f = jax.jit(lambda x, q: hx.einsum(sub, x, q))
   temp = f.lower(x, q).compile().memory_analysis().temp_size_in_bytes
   assert temp <= 4096 * 4096 * 4 // 8, temp
+
+
+def test_export_round_trips_every_format_in_a_fresh_process(tmp_path):
+  import subprocess
+  import sys
+  import textwrap
+
+  from hxmlir import export as hxe
+  x, xo = _w((2, 128), 1), _w((2, 3, 128), 2)
+  qs = [hx.quantize(_w((128, 64), 3 + i), d, group_size=g) for i, (d, g) in enumerate(FORMATS)]
+  qo = hx.quantize(_w((48, 128), 9), jnp.int4, group_size=32)   # [out, in], groups along in
+  def f(x, xo, qo, *qs):
+    return (hx.einsum("bsk,nk->bsn", xo, qo), *(hx.matmul_q(x, q) for q in qs),
+            hx.quantize(x, jnp.int4, group_size=32, method="mse"))
+  exp = hxe.export(jax.jit(f), platforms=("cpu", "cuda", "tpu"))(x, xo, qo, *qs)
+  assert exp.signature().startswith("(f32[2,128], f32[2,3,128], q4[48,128:g32], q8[128,64], "
+                                    "q8[128,64:g32], q4[128,64], q4[128,64:g32], f8[128,64], "
+                                    "f8[128,64:g64]) -> (")
+  (tmp_path / "f.hxa").write_bytes(bytes(exp.serialize()))
+  comps = {"x": x, "xo": xo, "qo_v": qo.qvalue, "qo_s": qo.scale}
+  for i, q in enumerate(qs):
+    comps[f"q{i}_v"], comps[f"q{i}_s"] = (np.asarray(c).view(np.uint8) if c.dtype.itemsize == 1
+                                          else c for c in hx.qarray_parts(q))
+  np.savez(tmp_path / "in.npz", **comps)
+  script = textwrap.dedent("""
+      import sys, numpy as np, hxmlir.export as hxe, hxmlir as hx
+      d = sys.argv[1]
+      exp = hxe.deserialize(open(d + "/f.hxa", "rb").read())
+      a = np.load(d + "/in.npz")
+      qs = []
+      for i, ty in enumerate(exp.in_types[3:]):
+        vt = ty.lo_ty()[0].dtype
+        qs.append(hx.QArray(a[f"q{i}_v"].view(vt), a[f"q{i}_s"]))
+      outs = exp.call(a["x"], a["xo"], hx.QArray(a["qo_v"], a["qo_s"]), *qs)
+      q = outs[-1]
+      np.savez(d + "/out.npz", *[np.asarray(o) for o in outs[:-1]],
+               qv=np.asarray(q.qvalue), qs=np.asarray(q.scale))
+  """)
+  res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                       text=True, timeout=300, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin"})
+  assert res.returncode == 0, res.stderr[-2000:]
+  got = np.load(tmp_path / "out.npz")
+  want = exp.call(x, xo, qo, *qs)
+  for i, w in enumerate(want[:-1]):
+    np.testing.assert_array_equal(got[f"arr_{i}"], np.asarray(w))  # exact: the same program
+  np.testing.assert_array_equal(got["qv"], np.asarray(want[-1].qvalue))
+  np.testing.assert_array_equal(got["qs"], np.asarray(want[-1].scale))
