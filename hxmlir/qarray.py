@@ -179,8 +179,8 @@ class QArrayTy(DenseValuedType, HiType):
     if self.group is not None and (n // self.group) % ways:
       raise TypeError(f"{self} sharded over mesh axis {over}: {n // self.group} groups of "
                       f"{self.group} cannot be split {ways} ways (a shard would split a "
-                      "group); shard another axis or use a group size that divides "
-                      f"{n} // {ways}")
+                      f"group); shard another axis, or use a group size that divides "
+                      f"{n // ways} ({n} / {ways})")
     if (n // self.format.pack) % ways:
       raise TypeError(f"{self} sharded over mesh axis {over}: its {n // self.format.pack} "
                       f"stored {self.format.storage_dtype.name} values cannot be split "
