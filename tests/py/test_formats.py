@@ -324,3 +324,15 @@ def test_export_round_trips_every_format_in_a_fresh_process(tmp_path):
     np.testing.assert_array_equal(got[f"arr_{i}"], np.asarray(w))  # exact: the same program
   np.testing.assert_array_equal(got["qv"], np.asarray(want[-1].qvalue))
   np.testing.assert_array_equal(got["qs"], np.asarray(want[-1].scale))
+
+
+@pytest.mark.parametrize("text", ["q8[64,128]", "q8[64,128:g32]", "q4[64,128]",
+                                  "q4[64,128:g32]", "f8[64,128]", "f8[64,128:g64]"])
+def test_type_text_and_descriptors_know_every_format(text):
+  from hxmlir import typedesc, typestr
+  ty = typestr.parse_type(text)
+  assert typestr.type_str(ty) == text
+  assert typedesc.parse(typedesc.describe(ty)) == ty
+  dtype = {"q8": jnp.int8, "q4": jnp.int4, "f8": jnp.float8_e4m3fn}[text[:2]]
+  g = int(text.split(":g")[1][:-1]) if ":g" in text else None
+  assert jax.typeof(hx.quantize(jnp.ones((64, 128)), dtype, group_size=g)) == ty
