@@ -336,3 +336,22 @@ def test_type_text_and_descriptors_know_every_format(text):
   dtype = {"q8": jnp.int8, "q4": jnp.int4, "f8": jnp.float8_e4m3fn}[text[:2]]
   g = int(text.split(":g")[1][:-1]) if ":g" in text else None
   assert jax.typeof(hx.quantize(jnp.ones((64, 128)), dtype, group_size=g)) == ty
+
+
+@pytest.mark.parametrize("text", ["q4[64,16:g8]", "f8[64,16:g8]"])
+def test_cli_exports_and_runs_every_format(tmp_path, capsys, text):
+  """``hxmlir export --arg 'f8[64,16:g8]'`` then ``hxmlir run`` on an .npz written with
+  np.savez (which stores float8 components as raw bytes): the values of hx.matmul_q."""
+  from hxmlir import cli
+  (tmp_path / "layer.py").write_text("import hxmlir as hx\n"
+                                     "def dense(x, w):\n  return hx.matmul_q(x, w)\n")
+  hxa, inp, out = tmp_path / "d.hxa", tmp_path / "in.npz", tmp_path / "out.npz"
+  assert cli.main(["export", f"{tmp_path}/layer.py:dense", "--arg", "f32[2,64]",
+                   "--arg", text, "-o", str(hxa)]) == 0
+  dtype = jnp.int4 if text.startswith("q4") else jnp.float8_e4m3fn
+  x, q = _w((2, 64), 1), hx.quantize(_w((64, 16)), dtype, group_size=8)
+  np.savez(inp, **{"a0": np.asarray(x), "a1.qvalue": np.asarray(q.qvalue),
+                   "a1.scale": np.asarray(q.scale)})
+  assert cli.main(["run", str(hxa), "--inputs", str(inp), "--output", str(out)]) == 0, \
+      capsys.readouterr().err
+  np.testing.assert_array_equal(np.load(out)["a0"], np.asarray(jax.jit(hx.matmul_q)(x, q)))
