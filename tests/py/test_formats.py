@@ -355,3 +355,19 @@ def test_cli_exports_and_runs_every_format(tmp_path, capsys, text):
   assert cli.main(["run", str(hxa), "--inputs", str(inp), "--output", str(out)]) == 0, \
       capsys.readouterr().err
   np.testing.assert_array_equal(np.load(out)["a0"], np.asarray(jax.jit(hx.matmul_q)(x, q)))
+
+
+def test_pallas_blocks_refuse_other_formats_with_the_way_out():
+  from jax.experimental import pallas as pl
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+  q = hx.quantize(_w((64, 32)), jnp.int4, group_size=32)
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 32), jnp.float32),
+                        in_specs=[pl.BlockSpec((8, 64), lambda i: (0, 0)),
+                                  pl.BlockSpec((64, 32), lambda i: (0, 0))],
+                        out_specs=pl.BlockSpec((8, 32), lambda i: (0, 0)), grid=(1,),
+                        interpret=True)
+  with pytest.raises(TypeError, match=r"q4\[64,32:g32\] operand of pl.pallas_call: hxmlir's "
+                     r"Pallas blocks take q8 values with per-row scales only"):
+    call(_w((8, 64)), q)
