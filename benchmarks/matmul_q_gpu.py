@@ -10,7 +10,11 @@ the achieved bandwidth and that bandwidth as a fraction of the device's peak:
 - ``hx``: ``jax.jit(hx.matmul_q)`` while hxmlir is installed (the cuda lowering
   rule picks the same kernel; a check that the rule is wired);
 - ``bf16``: XLA's ``x.astype(bf16) @ w_bf16`` (2 bytes per weight element);
-- ``f32``: XLA's ``x @ w`` on the dequantized f32 weight (4 bytes per element).
+- ``f32``: XLA's ``x @ w`` on the dequantized f32 weight (4 bytes per element);
+- ``fmt``, with ``--dtype int4|float8_e4m3fn`` and/or ``--group-size g``:
+  ``jax.jit(hx.matmul_q)`` on ``hx.quantize(w, dtype, group_size=g)`` (int4: half a
+  byte per element plus the scales; on GPU such weights use the reference
+  decomposition, hxmlir/formats.py; the Pallas kernel takes int8 per row).
 
 Times are medians over interleaved rounds (all variants called in turn), each
 call synchronised with ``block_until_ready``. Peak bandwidth comes from a table
@@ -22,6 +26,7 @@ only checks that the kernel lowers for ``cuda`` (no timing). Usage::
   python benchmarks/matmul_q_gpu.py                     # m = 1 16 64, k = n = 8192
   python benchmarks/matmul_q_gpu.py --m 1 --k 4096 --n 11008 --rounds 200
   python benchmarks/matmul_q_gpu.py --blocks 16 128 256 # (block_m, block_n, block_k)
+  python benchmarks/matmul_q_gpu.py --dtype int4 --group-size 128   # and the fmt variant
   python benchmarks/matmul_q_gpu.py --check-lowering    # CPU-only machines
 """
 
@@ -77,7 +82,13 @@ def _interleaved(calls: dict, rounds: int) -> dict[str, float]:
   return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run(ms, k, n, rounds, blocks, peak) -> None:
+def _format_weight(w32, dtype: str, group: int | None):
+  """``hx.quantize(w32, dtype, group_size=group)`` and its bytes at rest (values + scales)."""
+  qw = hx.quantize(w32, jnp.dtype(dtype), group_size=group)
+  return qw, sum(int(np.prod(c.shape)) * c.dtype.itemsize for c in hx.qarray_parts(qw))
+
+
+def run(ms, k, n, rounds, blocks, peak, fmt=None) -> None:
   dev = jax.devices()[0]
   print(f"jax {jax.__version__}, {dev.device_kind}, peak {peak or '?'} GB/s, "
         f"median of {rounds} interleaved rounds, blocks {blocks or 'default'}")
@@ -102,6 +113,10 @@ def run(ms, k, n, rounds, blocks, peak) -> None:
     }
     moved = {"pallas": k * n + 4 * k + io, "hx": k * n + 4 * k + io, "bf16": 2 * k * n + io,
              "f32": 4 * k * n + io}
+    if fmt is not None:
+      qf, nbytes = _format_weight(w32, *fmt)
+      calls["fmt"] = (hx_mm, (x, qf))
+      moved["fmt"] = nbytes + io
     with hx.installed():
       ts = _interleaved(calls, rounds)
       ys = {name: np.asarray(fn(*args)) for name, (fn, args) in calls.items()}
@@ -115,9 +130,17 @@ def run(ms, k, n, rounds, blocks, peak) -> None:
             f"{gbps:>8.1f} {frac} | {err:>11.2e}", flush=True)
 
 
-def check_lowering(k: int, n: int) -> None:
-  """Lowers the kernel for cuda on any machine (no GPU needed) and prints its custom call."""
+def check_lowering(k: int, n: int, fmt=None) -> None:
+  """Lowers the kernel for cuda on any machine (no GPU needed) and prints its custom call
+  (and, with a format, the ``hx.matmul_q`` composite of that format)."""
   x, q, s = _operands(1, k, n)
+  if fmt is not None:
+    qf, nbytes = _format_weight(jax.jit(lambda q, s: q.astype(jnp.float32) * s[:, None])(q, s),
+                                *fmt)
+    with hx.installed():
+      text = jax.jit(hx.matmul_q).trace(x, qf).lower(lowering_platforms=("cuda",)).as_text()
+    comp = [line.strip() for line in text.splitlines() if '"hx.matmul_q"' in line]
+    print(f"{jax.typeof(qf)} ({nbytes / 1e6:.1f} MB at rest) lowered for cuda: {comp[0][:160]}")
   f = jax.jit(lambda x, q, s: mqp.matmul_q_pallas(x, q, s, backend="triton"))
   text = f.trace(x, q, s).lower(lowering_platforms=("cuda",)).as_text()
   calls = [line.strip()[:120] for line in text.splitlines() if "stablehlo.custom_call" in line]
@@ -134,9 +157,14 @@ def main(argv=None) -> int:
   ap.add_argument("--rounds", type=int, default=100)
   ap.add_argument("--blocks", type=int, nargs=3, metavar=("BM", "BN", "BK"))
   ap.add_argument("--peak-gbps", type=float, help="peak memory bandwidth (default: table)")
+  ap.add_argument("--dtype", choices=("int8", "int4", "float8_e4m3fn"), default="int8",
+                  help="weight format of the fmt variant (hxmlir/formats.py)")
+  ap.add_argument("--group-size", type=int, help="elements per scale of the fmt variant")
   ap.add_argument("--check-lowering", action="store_true",
                   help="without a GPU: only check that the kernel lowers for cuda")
   args = ap.parse_args(argv)
+  fmt = None if args.dtype == "int8" and args.group_size is None else \
+      (args.dtype, args.group_size)
   try:
     gpus = jax.devices("gpu")
   except RuntimeError:
@@ -144,10 +172,10 @@ def main(argv=None) -> int:
   if not gpus:
     print("no GPU visible to JAX: nothing to time on this machine.")
     if args.check_lowering:
-      check_lowering(args.k, args.n)
+      check_lowering(args.k, args.n, fmt)
     return 0
   run(args.m, args.k, args.n, args.rounds, tuple(args.blocks) if args.blocks else None,
-      args.peak_gbps or peak_gbps(gpus[0]))
+      args.peak_gbps or peak_gbps(gpus[0]), fmt)
   return 0
 
 

@@ -467,11 +467,14 @@ def _check_keys(path: str, exp, expected, have: set[str]) -> None:
 def _read_array(z, path: str, where: str, key: str, lo):
   """Array ``key`` of the open ``.npz`` ``z``, which must be exactly ``lo``'s shape and dtype."""
   import numpy as np
+
+  from hxmlir import npzio
   try:
     a = z[key]
   except Exception as e:
     raise InputsError(f"--inputs {path}: array {key!r} cannot be read: "
                       f"{type(e).__name__}: {e}") from None
+  a = npzio.typed(a, lo.dtype)  # float8 components come back from np.savez as raw bytes
   want = f"{np.dtype(lo.dtype).name}[{','.join(map(str, lo.shape))}]"
   got = f"{a.dtype.name if a.dtype.kind not in 'OUSV' else a.dtype.str}" \
         f"[{','.join(map(str, a.shape))}]"

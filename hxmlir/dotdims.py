@@ -46,8 +46,10 @@ def free_dims(rank: int, contracting: Sequence[int], batch: Sequence[int]) -> li
   return [d for d in range(rank) if d not in contracting and d not in batch]
 
 
-def problems(x_shape: Sequence[int], q_shape: Sequence[int], dims: DotDims) -> list[str]:
-  """What is wrong with ``dims`` for these operand shapes (empty: nothing)."""
+def problems(x_shape: Sequence[int], q_shape: Sequence[int], dims: DotDims,
+             grouped: bool = False) -> list[str]:
+  """What is wrong with ``dims`` for these operand shapes (empty: nothing); ``grouped``:
+  ``q`` has group scales (:func:`split_groups`)."""
   (lc, rc), (lb, rb) = dims
   xr, qr = len(x_shape), len(q_shape)
   if len(lc) != len(rc) or len(lb) != len(rb):
@@ -59,10 +61,60 @@ def problems(x_shape: Sequence[int], q_shape: Sequence[int], dims: DotDims) -> l
     return [f"dimension numbers {dims} are out of range or repeat a dim for ranks {xr} and {qr}"]
   if any(x_shape[a] != q_shape[b] for a, b in (*zip(lc, rc), *zip(lb, rb))):
     return [f"contracting or batch dims differ in size for dimension numbers {dims}"]
-  if scale_side(qr, dims) is None:
+  if grouped:
+    if split_groups(xr, qr, dims) is None:
+      return [f"the group scales cannot be folded through dimension numbers {dims}: the "
+              "scale has both a contracted and a free axis besides the groups"]
+  elif scale_side(qr, dims) is None:
     return [f"the scales cannot be folded through dimension numbers {dims}: the quantized "
             "axis is contracted and the scale has both a contracted and a free axis"]
   return []
+
+
+def split_groups(x_rank: int, q_rank: int, dims: DotDims):
+  """``dims`` for a weight with group scales, once its last axis ``n`` is split into
+  ``(G, g)`` (``G = n // g`` groups; the scale then spans every axis but ``g``, a per-row
+  scale of a weight of rank ``q_rank + 1``) and ``x``'s axis paired with ``n`` (contracting
+  or batch) is split likewise.
+
+  Returns ``(dims2, x_axis, kind)`` or ``None`` when the group scales cannot be folded.
+  ``x_axis``: ``x``'s axis to split (``None`` when ``n`` is free). ``kind``: ``"free"``
+  (``n`` free: ``G, g`` are the result's last two axes, to merge), ``"batch"`` (``n``
+  batch: ``G, g`` adjacent batch axes of the result, to merge), ``"contracting"`` (both
+  contracted, nothing to undo), ``"partial"`` (the groups run along the contraction and
+  the scale spans a free axis too, as in ``"...k,nk->...n"``: ``G`` becomes a batch axis,
+  the last of them, so each group's partial sum is scaled; the result's axis
+  ``len(batch)`` is then summed).
+  """
+  (lc, rc), (lb, rb) = dims
+  n = q_rank - 1
+  a = lc[rc.index(n)] if n in rc else lb[rb.index(n)] if n in rb else None
+  def xm(ds):
+    return [d if a is None or d <= a else d + 1 for d in ds]
+  lc2, rc2, lb2, rb2 = xm(lc), list(rc), xm(lb), list(rb)
+  if n in rc:
+    i = rc.index(n)
+    lc2.insert(i + 1, a + 1)
+    rc2.insert(i + 1, n + 1)
+    kind = "contracting"
+  elif n in rb:
+    i = rb.index(n)
+    lb2.insert(i + 1, a + 1)
+    rb2.insert(i + 1, n + 1)
+    kind = "batch"
+  else:
+    kind = "free"
+  new = normalize(((lc2, rc2), (lb2, rb2)))
+  if scale_side(q_rank + 1, new) is not None:
+    return new, a, kind
+  if kind != "contracting":
+    return None
+  i = rc.index(n)
+  del lc2[i], rc2[i]
+  new = normalize(((lc2, rc2), ([*lb2, a], [*rb2, n])))
+  if scale_side(q_rank + 1, new) is None:
+    return None
+  return new, a, "partial"
 
 
 def result_shape(x_shape: Sequence[int], q_shape: Sequence[int], dims: DotDims) -> tuple:

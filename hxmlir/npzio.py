@@ -127,9 +127,23 @@ def to_arrays(paths: Sequence[str], types: Sequence, values: Sequence) -> dict[s
 
 
 def from_arrays(ty, arrays: Sequence) -> Any:
-  """The value of type ``ty`` made of its lo component ``arrays`` (``lo_ty()`` order)."""
+  """The value of type ``ty`` made of its lo component ``arrays`` (``lo_ty()`` order).
+
+  ``np.savez`` writes ml_dtypes arrays (an ``f8`` value's float8 components) as raw
+  bytes (``|V1``); those are read back as the component's dtype."""
+  if isinstance(ty, HiType):
+    arrays = [typed(a, t.dtype) for a, t in zip(arrays, ty.lo_ty(), strict=True)]
   arrays = [jnp.asarray(a) for a in arrays]
   return ty.raise_val(*arrays) if isinstance(ty, HiType) else arrays[0]
+
+
+def typed(a, dtype) -> np.ndarray:
+  """``a`` as read from an ``.npz``: raw bytes (``|V1``, how ``np.savez`` writes ml_dtypes
+  arrays such as float8) of ``dtype``'s item size viewed as ``dtype``; else unchanged."""
+  a = np.asarray(a)
+  if a.dtype.kind == "V" and a.dtype.itemsize == np.dtype(dtype).itemsize:
+    return a.view(dtype)
+  return a
 
 
 # --- flat lists of values (the demo's inputs and outputs) ------------------

@@ -1,10 +1,12 @@
-"""Quantized arrays: ``q8[..., n]``, int8 values with one f32 scale per row.
+"""Quantized arrays: ``q8[..., n]``, ``q4[..., n:g32]``, ``f8[..., n]``: one type family.
 
 A :class:`QArray` holds ``qvalue: i8[*lead, n]`` and ``scale: f32[*lead]``
 and stands for the dense array ``qvalue * scale[..., None]`` (symmetric
 per-row, "per-channel", absmax quantization along the last axis, as in
 LLM.int8()'s vector-wise quantization, Dettmers et al. 2022, without the
-outlier split). Its JAX type is :class:`QArrayTy`; users build and consume
+outlier split). Other formats (:mod:`hxmlir.formats`): int4 values stored two per
+byte (``q4``), float8 e4m3fn values (``f8``), and one scale per group of ``g``
+elements of the last axis (``q4[64,128:g32]``). Its JAX type is :class:`QArrayTy`; users build and consume
 values only through the primitives :func:`quantize`, :func:`dequantize`,
 :func:`matmul_q`, and :func:`make_qarray`/:func:`qarray_parts` (from and to
 the components), which work under ``jit``, ``grad``, ``vmap``, ``scan``,
@@ -16,6 +18,7 @@ JAX 0.10.2 (``VJPHiPrimitive``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,30 +26,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental.hijax import (
-    HiPspec,
-    HiType,
-    ShapedArray,
-    Zero,
-    aval_property,
-    register_hitype,
+  HiPspec,
+  HiType,
+  ShapedArray,
+  Zero,
+  aval_property,
+  register_hitype,
 )
 from jax.sharding import NamedSharding, PartitionSpec
 
-from hxmlir import _jax, dotdims
+from hxmlir import _jax, dotdims, formats
 from hxmlir import pallas as hx_pallas
 from hxmlir import shardings as shd
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
 from hxmlir.hiprim import (
-    DenseValuedType,
-    HxPrimitive,
-    NeedsJitShardMap,
-    accumulate,
-    broadcast_unmapped,
-    instantiate,
-    is_linear_operand,
-    shard_map_spec_hint,
-    value_refusals,
-    zeros,
+  DenseValuedType,
+  HxPrimitive,
+  NeedsJitShardMap,
+  accumulate,
+  broadcast_unmapped,
+  instantiate,
+  is_linear_operand,
+  shard_map_spec_hint,
+  value_refusals,
+  zeros,
 )
 
 F32 = jnp.dtype("float32")
@@ -74,8 +77,9 @@ class QArray:
 
   @property
   def shape(self) -> tuple[int, ...]:
-    """The dense shape ``(*lead, n)``."""
-    return tuple(self.qvalue.shape)
+    """The dense shape ``(*lead, n)`` (twice the stored last axis for packed int4)."""
+    f = formats.of_storage(self.qvalue.dtype)
+    return f.dense_shape(self.qvalue.shape) if f is not None else tuple(self.qvalue.shape)
 
   @property
   def dtype(self):
@@ -85,7 +89,7 @@ class QArray:
   @property
   def ndim(self) -> int:
     """The dense rank."""
-    return len(self.qvalue.shape)
+    return len(self.shape)
 
   @property
   def size(self) -> int:
@@ -146,10 +150,49 @@ class QArrayTy(DenseValuedType, HiType):
   shape: tuple[int, ...]
   sharding: NamedSharding
   mat: ManualAxisType = empty_mat
+  fmt: str = "int8"
+  group: int | None = None
 
   def __post_init__(self):
     if len(self.shape) < 1:
-      raise TypeError("a quantized array needs at least one axis, got q8[]")
+      raise TypeError(f"a quantized array needs at least one axis, got {self.format.prefix}[]")
+    problem = formats.check(self.format, self.shape, self.group)
+    if problem:
+      raise TypeError(f"{self}: {problem}")
+    self._check_last_axis_sharding()
+
+  @property
+  def format(self) -> formats.Format:
+    """The value format (:mod:`hxmlir.formats`)."""
+    return formats.FORMATS[self.fmt]
+
+  def _check_last_axis_sharding(self) -> None:
+    """A sharded last axis must split into whole groups (and whole packed bytes)."""
+    axes = self._parts()[-1]
+    if not axes:
+      return
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    mesh_shape = dict(self.sharding.mesh.shape)
+    ways = int(np.prod([mesh_shape[a] for a in axes], dtype=np.int64))
+    over = ", ".join(f"{a!r}={mesh_shape[a]}" for a in axes)
+    n = self.shape[-1]
+    if self.group is not None and (n // self.group) % ways:
+      raise TypeError(f"{self} sharded over mesh axis {over}: {n // self.group} groups of "
+                      f"{self.group} cannot be split {ways} ways (a shard would split a "
+                      f"group); shard another axis, or use a group size that divides "
+                      f"{n // ways} ({n} / {ways})")
+    if (n // self.format.pack) % ways:
+      raise TypeError(f"{self} sharded over mesh axis {over}: its {n // self.format.pack} "
+                      f"stored {self.format.storage_dtype.name} values cannot be split "
+                      f"{ways} ways")
+
+  def _with(self, **changes) -> QArrayTy:
+    """This type with ``changes`` (shape, sharding, mat), the same format."""
+    return dataclasses.replace(self, **changes)
+
+  def _dense_i8(self) -> ShapedArray:
+    # an array of the dense shape and sharding: JAX's printing and shard_map rules
+    return ShapedArray(self.shape, I8, sharding=self.sharding, manual_axis_type=self.mat)
 
   # ``q.qvalue`` and ``q.scale`` of a traced ``q`` (a tracer of this type):
   # ``hx.qarray_parts(q)``, so code reading components works traced as eagerly
@@ -161,12 +204,16 @@ class QArrayTy(DenseValuedType, HiType):
 
   # lowering to lo types and values
   def lo_ty(self) -> list[ShapedArray]:
-    """``[i8[*lead, n], f32[*lead]]`` with the value's and derived scale's shardings."""
+    """``[values, f32 scale]`` with the value's and derived scale's shardings: for
+    ``q8[*lead, n]`` ``[i8[*lead, n], f32[*lead]]``; the values are ``ui8[*lead, n // 2]``
+    for ``q4`` and ``f8E4M3FN[*lead, n]`` for ``f8``, the scale ``f32[*lead, n // g]``
+    per group (:mod:`hxmlir.formats`)."""
     vspec, sspec = self._component_specs(PartitionSpec(*self._parts()))
-    return [ShapedArray(self.shape, I8, sharding=self.sharding.update(spec=vspec),
-                        manual_axis_type=self.mat),
-            ShapedArray(self.shape[:-1], F32, sharding=self.sharding.update(spec=sspec),
-                        manual_axis_type=self.mat)]
+    f = self.format
+    return [ShapedArray(f.storage_shape(self.shape), f.storage_dtype,
+                        sharding=self.sharding.update(spec=vspec), manual_axis_type=self.mat),
+            ShapedArray(formats.scale_shape(self.shape, self.group), F32,
+                        sharding=self.sharding.update(spec=sspec), manual_axis_type=self.mat)]
 
   def lower_val(self, q: QArray) -> list:
     return [q.qvalue, q.scale]
@@ -183,14 +230,14 @@ class QArrayTy(DenseValuedType, HiType):
                        f"but the mapped size is {size}")
     if len(self.shape) < 2:
       raise TypeError(f"cannot map over the only (quantized) axis of q8[{self._dims()}]")
-    return QArrayTy(self.shape[1:], shd.with_partitions(self.sharding, self._parts()[1:]),
-                    self.mat)
+    return self._with(shape=self.shape[1:],
+                      sharding=shd.with_partitions(self.sharding, self._parts()[1:]))
 
   def inc_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
       raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
-    return QArrayTy((size, *self.shape),
-                    shd.with_partitions(self.sharding, (None, *self._parts())), self.mat)
+    return self._with(shape=(size, *self.shape),
+                      sharding=shd.with_partitions(self.sharding, (None, *self._parts())))
 
   def leading_axis_spec(self) -> QArraySpec:
     return QArraySpec()
@@ -213,23 +260,27 @@ class QArrayTy(DenseValuedType, HiType):
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> QArrayTy:
     qspec = self._check_pspec(spec)
-    qty = self.lo_ty()[0].shard(mesh, manual_axes, check_vma, qspec)
-    return QArrayTy(qty.shape, qty.sharding, qty.mat)
+    qty = self._dense_i8().shard(mesh, manual_axes, check_vma, qspec)
+    return self._with(shape=qty.shape, sharding=qty.sharding, mat=qty.mat)
 
   def unshard(self, mesh, check_vma, spec) -> QArrayTy:
     qspec = self._check_pspec(spec)
     # both components take qspec: what JAX checks for a plain P, for the pair
     shd.check_out_vma(str(self), spec, mesh, check_vma, shd.spec_axes(qspec), self.mat)
-    qty = self.lo_ty()[0].unshard(mesh, check_vma, qspec)
-    return QArrayTy(qty.shape, qty.sharding, qty.mat)
+    qty = self._dense_i8().unshard(mesh, check_vma, qspec)
+    return self._with(shape=qty.shape, sharding=qty.sharding, mat=qty.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> QArrayP:
-    return QArrayP(self.lo_ty()[0].nospec(mesh, check_vma, all_names))
+    return QArrayP(self._dense_i8().nospec(mesh, check_vma, all_names))
 
   # printing
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
-    # the int8 component prints dims, shardings and {V:...} exactly like JAX
-    return "q8" + self.lo_ty()[0].str_short(True, mesh_axis_types).removeprefix("i8")
+    # an int8 array of the dense shape prints dims, shardings and {V:...} exactly like
+    # JAX; the format's prefix replaces i8 and the group size ends the dims (q4[64,128:g32])
+    text = self._dense_i8().str_short(True, mesh_axis_types).removeprefix("i8")
+    if self.group is not None:
+      text = text.replace("]", f":g{self.group}]", 1)
+    return self.format.prefix + text
 
   def __repr__(self) -> str:
     return self.str_short()
@@ -243,6 +294,10 @@ class QArrayTy(DenseValuedType, HiType):
   """Elements per scale along the last axis: ``None``, one scale per row."""
 
   def _pallas_layout(self, rank: int | None = None) -> dict:
+    if self.fmt != "int8" or self.group is not None:
+      raise TypeError(f"a {self} operand of pl.pallas_call: hxmlir's Pallas blocks take "
+                      "q8 values with per-row scales only; pass the components "
+                      "(hx.qarray_parts) and rebuild the value in the kernel")
     # values have every dense axis, the scale every axis but the quantized one;
     # a BlockSpec has the array's rank (a block type lacks its squeezed axes)
     r = len(self.shape) if rank is None else rank
@@ -250,8 +305,8 @@ class QArrayTy(DenseValuedType, HiType):
                 group=self.QUANT_GROUP)
 
   def _pallas_block_ty(self, shape) -> QArrayTy:
-    return QArrayTy(tuple(shape), shd.with_partitions(self.sharding, (None,) * len(shape)),
-                    self.mat)
+    return self._with(shape=tuple(shape),
+                      sharding=shd.with_partitions(self.sharding, (None,) * len(shape)))
 
   # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
   def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
@@ -263,19 +318,21 @@ class QArrayTy(DenseValuedType, HiType):
 
   def _component_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
     # the one rule: the values take the dense spec, the scales drop its last entry
+    # (per row) or shard their group axis like the last axis (per group)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
-    return shd.spec_like(spec, parts), shd.spec_like(spec, parts[:-1])
+    return shd.spec_like(spec, parts), shd.spec_like(
+        spec, parts if self.group is not None else parts[:-1])
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
     shd.dense_spec_entries(self, sharding.spec, self.ndim)
-    return QArrayTy(self.shape, sharding, self.mat)
+    return self._with(sharding=sharding)
 
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
   qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
   if isinstance(qty, _jax.AbstractRef):  # the components of a q8 ref inside a Pallas kernel
-    return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)
+    return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)  # (q8 only)
   if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
     # JAX asks for the type of a value that is not a tracer (a QArray holding
     # traced components) when traced code hands it to a primitive or returns it:
@@ -284,10 +341,13 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
                     "traced arrays inside jit/grad/vmap/scan; use "
                     "hx.make_qarray(qvalue, scale) there (and hx.qarray_parts(q) to take one "
                     "apart): the QArray constructor is for concrete arrays only")
-  if (qty.dtype != I8 or sty.dtype != F32 or qty.ndim < 1
-      or tuple(sty.shape) != tuple(qty.shape[:-1])):
+  fmt = formats.of_storage(qty.dtype)
+  if (fmt is None or sty.dtype != F32 or qty.ndim < 1
+      or isinstance(formats.group_of(fmt.dense_shape(qty.shape), sty.shape), str)):
     raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
-                    f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)}")
+                    f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)} (other formats: "
+                    "ui8[*lead, n/2] int4 pairs or f8E4M3FN[*lead, n] values, "
+                    "f32[*lead, n/g] group scales)")
   # the scale's sharding and manual axes: make_qarray's rule, so the type agrees
   # with where the components live
   return make_qarray_type(qty, sty, who="hx.QArray")
@@ -313,11 +373,17 @@ def _check_quantized(op: str, aval) -> None:
 class Quantize(HxPrimitive):
   """``quantize: f32[*lead, n] -> q8[*lead, n]``; see :func:`quantize`."""
 
-  def __init__(self, x_aval):
+  def __init__(self, x_aval, fmt: str = "int8", group_size: int | None = None,
+               method: str = "absmax"):
     _check_dense_f32("quantize", x_aval, 1)
+    if method not in formats.METHODS:
+      raise ValueError(f"hx.quantize: method must be one of {formats.METHODS}, got {method!r}")
     self.in_avals = (x_aval,)
-    self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding, x_aval.mat)
-    self.params = {}
+    try:
+      self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding, x_aval.mat, fmt, group_size)
+    except TypeError as e:
+      raise TypeError(f"hx.quantize({shd.short(x_aval)}): {e}") from None
+    self.params = {"fmt": fmt, "group_size": group_size, "method": method}
     super().__init__()
 
   # straight-through estimator: the derivative of quantize is the identity
@@ -334,8 +400,9 @@ class Quantize(HxPrimitive):
   def batch(self, axis_data, args, dims):
     (x,), (d,) = args, dims
     if d is None:
-      return quantize(x), None
-    return quantize(jnp.moveaxis(x, d, 0)), QArraySpec()
+      return self(x), None
+    x = jnp.moveaxis(x, d, 0)
+    return Quantize(jax.typeof(x), **self.params)(x), QArraySpec()
 
 
 class Dequantize(HxPrimitive):
@@ -400,7 +467,7 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
     if x_aval.shape[lc[0]] != q_aval.shape[rc[0]]:
       raise TypeError(f"{who} contracting dimensions differ "
                       f"({x_aval.shape[lc[0]]} vs {q_aval.shape[rc[0]]}): {sig}")
-  problems = dotdims.problems(x_aval.shape, q_aval.shape, dims)
+  problems = dotdims.problems(x_aval.shape, q_aval.shape, dims, q_aval.group is not None)
   if problems:
     raise TypeError(f"{who}: {sig}: {problems[0]}")
   xp = shd.partitions(x_aval.sharding, x_aval.ndim)
@@ -525,33 +592,43 @@ def _same_parts(a: tuple, b: tuple) -> bool:
 
 
 def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
-  """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``.
+  """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``; every format's
+  components (:mod:`hxmlir.formats`): ``ui8[*l, n // 2]`` values -> ``q4``,
+  ``f8E4M3FN[*l, n]`` -> ``f8``, a scale ``f32[*l, n // g]`` -> groups of ``g``.
 
   The result is sharded like ``qvalue``; the scale must be sharded like
-  ``qvalue``'s leading axes (``f32[8@i]`` for ``i8[8@i,3]``). Inside
+  ``qvalue``'s leading axes (``f32[8@i]`` for ``i8[8@i,3]``; per group, like all of
+  ``qvalue``'s axes). Inside
   ``shard_map`` the result varies over the manual axes either component varies
   over. Raises ``TypeError`` naming both operand types otherwise; ``who`` names
   the caller in the message (``hx.QArray`` for the constructor's type).
   """
   got = f"{shd.short(q_aval)}, {shd.short(s_aval)}"
-  if not (isinstance(q_aval, ShapedArray) and isinstance(s_aval, ShapedArray)
-          and q_aval.dtype == I8 and s_aval.dtype == F32 and q_aval.ndim >= 1
-          and tuple(s_aval.shape) == tuple(q_aval.shape[:-1])):
+  fmt = formats.of_storage(q_aval.dtype) if isinstance(q_aval, ShapedArray) else None
+  group = None
+  if fmt is not None and isinstance(s_aval, ShapedArray) and q_aval.ndim >= 1:
+    group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
+  if not (fmt is not None and isinstance(s_aval, ShapedArray) and s_aval.dtype == F32
+          and q_aval.ndim >= 1 and not isinstance(group, str)):
     hint = ""
-    if (isinstance(q_aval, ShapedArray) and q_aval.dtype != I8
+    if (isinstance(q_aval, ShapedArray) and fmt is None
         and jnp.issubdtype(q_aval.dtype, jnp.integer)):
       hint = ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
               "integers become int32/int64 arrays)")
-    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}{hint}")
+    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}{hint} "
+                    "(other formats: ui8[*l, n/2] int4 pairs or f8E4M3FN[*l, n] values, "
+                    "and f32[*l, n/g] group scales)")
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
-  sharded = any(p is not None for p in qp[:-1])
-  if not _same_parts(sp, qp[:-1]) or (sharded and s_aval.sharding.mesh != q_aval.sharding.mesh):
-    want = ShapedArray(s_aval.shape, F32, sharding=shd.with_partitions(q_aval.sharding, qp[:-1]))
+  want_sp = qp if group is not None else qp[:-1]
+  sharded = any(p is not None for p in want_sp)
+  if not _same_parts(sp, want_sp) or (sharded and s_aval.sharding.mesh != q_aval.sharding.mesh):
+    want = ShapedArray(s_aval.shape, F32, sharding=shd.with_partitions(q_aval.sharding, want_sp))
     raise TypeError(f"{who} expects the scale sharded like qvalue's leading axes "
                     f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
                     "scale (jax.sharding.reshard) or the qvalue")
-  return QArrayTy(tuple(q_aval.shape), q_aval.sharding, shd.join_mat(q_aval, s_aval))
+  return QArrayTy(fmt.dense_shape(q_aval.shape), q_aval.sharding, shd.join_mat(q_aval, s_aval),
+                  fmt.name, group)
 
 
 class MakeQArray(HxPrimitive):
@@ -570,7 +647,7 @@ class MakeQArray(HxPrimitive):
     t_aval = self.out_aval.to_tangent_aval()
     if isinstance(dscale, Zero):
       return self(qvalue, scale), zeros(t_aval)
-    return self(qvalue, scale), qvalue.astype(F32) * dscale[..., None]
+    return self(qvalue, scale), formats.apply_scale(formats.values_f32(qvalue), dscale)
 
   def vjp_fwd(self, nzs_in, qvalue, scale):
     return self(qvalue, scale), qvalue
@@ -579,7 +656,7 @@ class MakeQArray(HxPrimitive):
     q_aval, s_aval = self.in_avals
     if isinstance(g, Zero):
       return Zero(q_aval.to_ct_aval()), Zero(s_aval.to_ct_aval())
-    gs = jnp.sum(g * qvalue.astype(F32), axis=-1)
+    gs = formats.sum_per_scale(g * formats.values_f32(qvalue), self.out_aval.group)
     return Zero(q_aval.to_ct_aval()), shd.match_vma(gs, s_aval)
 
   def batch(self, axis_data, args, dims):
@@ -592,8 +669,9 @@ class MakeQArray(HxPrimitive):
     return make_qarray(lead(qvalue, dq), lead(scale, ds)), QArraySpec()
 
 
-def scale_tangent_weights(qvalue) -> jax.Array:
-  """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts``.
+def scale_tangent_weights(qvalue, group: int | None = None) -> jax.Array:
+  """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts`` (per group of
+  ``group`` elements when given: the sum runs over each group, as everything below).
 
   The scale's tangent is read where the dequantized value is most precise, at
   the elements of largest ``|qvalue|`` in each row: ``dX_j / qvalue_j``
@@ -601,12 +679,13 @@ def scale_tangent_weights(qvalue) -> jax.Array:
   several values round to +-127). A row of zeros, and every row of an empty
   quantized axis (``n = 0``), gets ``w = 0``.
   """
-  qf = qvalue.astype(F32)
+  qf = formats.split_groups(formats.values_f32(qvalue), group)
   a = jnp.abs(qf)
   top = jnp.max(a, axis=-1, keepdims=True, initial=0)  # initial: n = 0 has no maximum
   at_top = (a == top) & (top > 0)
   count = jnp.sum(at_top, axis=-1, keepdims=True).astype(F32)
-  return jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
+  w = jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
+  return w.reshape(*w.shape[:-2], -1) if group is not None else w
 
 
 class QArrayParts(HxPrimitive):
@@ -623,7 +702,8 @@ class QArrayParts(HxPrimitive):
     q_ty, s_ty = self.out_aval
     if isinstance(dq, Zero):
       return Zero(q_ty.to_tangent_aval()), Zero(s_ty.to_tangent_aval())
-    ds = jnp.sum(scale_tangent_weights(qvalue) * dq, axis=-1)
+    group = self.in_avals[0].group
+    ds = formats.sum_per_scale(scale_tangent_weights(qvalue, group) * dq, group)
     return Zero(q_ty.to_tangent_aval()), ds
 
   def jvp(self, primals, tangents):
@@ -640,7 +720,8 @@ class QArrayParts(HxPrimitive):
     _, gs = g
     if isinstance(gs, Zero):
       return (Zero(q_aval.to_ct_aval()),)
-    gq = scale_tangent_weights(qvalue) * gs[..., None]
+    group = q_aval.group
+    gq = formats.apply_scale(scale_tangent_weights(qvalue, group), gs)
     return (shd.match_vma(gq, q_aval),)
 
   def batch(self, axis_data, args, dims):
@@ -654,21 +735,36 @@ class QArrayParts(HxPrimitive):
 
 # --- user functions ----------------------------------------------------------
 
-def quantize(x) -> QArray:
+def quantize(x, dtype=jnp.int8, *, group_size: int | None = None,
+             method: str = "absmax") -> QArray:
   """Quantize ``x: f32[*lead, n]`` to ``q8[*lead, n]``, one scale per row.
 
   ``scale = max(|row|) * f32(1/127)`` and ``qvalue = round_half_even(row / scale)``
   clipped to ``[-127, 127]`` (symmetric absmax quantization along the last
-  axis). An all-zero row gets ``scale = 0`` and zero values, so it dequantizes
+  axis).
+
+  Formats (:mod:`hxmlir.formats`, which cites the choices): ``dtype=jnp.int4`` gives
+  ``q4[*lead, n]`` (values in [-7, 7], ``scale = amax / 7``, stored two per byte:
+  ``n`` even), ``dtype=jnp.float8_e4m3fn`` gives ``f8[*lead, n]`` (``scale = amax /
+  448``, values cast round-to-nearest-even). ``group_size=g``: one scale per ``g``
+  consecutive elements of the last axis (scale ``f32[*lead, n // g]``, type
+  ``q4[*lead, n:g32]``). ``method="mse"``: per scale, the clipping ratio in [0.5, 1]
+  (20 tried) with the least squared quantization error
+  (:func:`hxmlir.lowering.reference.quantize` says why and what it costs). An all-zero row gets ``scale = 0`` and zero values, so it dequantizes
   to exact zeros; a row holding NaN or +-inf gets ``scale = NaN`` and zero
   values, so it dequantizes to NaN, never to finite garbage. The result keeps
   ``x``'s sharding (``q8[8@i,3]``); the scale drops the last axis, so with a
   sharded last axis (``q8[3,4@j]``) each row's maximum reduces across shards.
 
   Differentiates as the identity (straight-through estimator). Raises
-  ``TypeError`` at trace time unless ``x`` is a float32 array of rank >= 1.
+  ``TypeError`` at trace time unless ``x`` is a float32 array of rank >= 1, for an
+  unknown ``dtype``, when ``g`` does not divide ``n`` (naming the type,
+  ``q4[64,100:g32]``), when an int4 ``n`` or ``g`` is odd, or when a sharded last axis
+  would split a group (naming the type, the mesh axis and its size); ``ValueError`` for
+  an unknown ``method``.
   """
-  return Quantize(jax.typeof(x))(x)
+  fmt = formats.lookup(dtype)
+  return Quantize(jax.typeof(x), fmt.name, group_size, method)(x)
 
 
 def dequantize(q) -> jax.Array:

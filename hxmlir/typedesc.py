@@ -4,8 +4,14 @@ A descriptor is a one-line JSON object naming the type, the version of its
 descriptor schema, and its data::
 
   {"type":"q8","v":1,"shape":[3,4],"sharding":{"mesh":[],"spec":[null,null]}}
+  {"type":"q4","v":1,"group":32,"shape":[4,64],"sharding":{...}}
   {"type":"array","v":1,"dtype":"float32","shape":[2,3],"sharding":{...}}
   {"type":"tup","v":1,"elts":[<descriptor>, ...]}
+
+Quantized types (:mod:`hxmlir.formats`) are named by their printed prefix: ``q8``
+(int8), ``q4`` (int4), ``f8`` (float8 e4m3fn), with an optional ``group`` (elements
+per scale; absent: one scale per row). ``q8`` per row is still written as schema
+version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it).
 
 ``sharding`` holds the mesh axes as ``[[name, size], ...]``, their
 ``axis_types`` (``"Explicit"``, ``"Auto"``, ``"Manual"``), the partition spec
@@ -32,12 +38,15 @@ import numpy as np
 from jax.experimental.hijax import HiType, ShapedArray
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
+from hxmlir.formats import FORMATS
 from hxmlir.qarray import QArrayTy
 from hxmlir.rank1 import Rank1Ty
 from hxmlir.tuples import TupTy
 
-SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 1, "r1": 1, "tup": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 2, "q4": 1, "f8": 1, "r1": 1, "tup": 1}
 """The newest descriptor schema version this hxmlir reads, per type name."""
+
+_QUANTIZED = {f.prefix: f.name for f in FORMATS.values()}  # descriptor name -> format
 
 
 class DescriptorError(ValueError):
@@ -118,8 +127,12 @@ def to_json(ty) -> dict:
   Raises :class:`DescriptorError` for any other type (or a symbolic shape).
   """
   if isinstance(ty, QArrayTy):
-    return {"type": "q8", "v": SCHEMA_VERSIONS["q8"], "shape": list(ty.shape),
-            "sharding": _describe_sharding(ty.sharding)}
+    out = {"type": ty.format.prefix, "v": 1, "shape": list(ty.shape),
+           "sharding": _describe_sharding(ty.sharding)}
+    if ty.group is not None:
+      out["group"] = int(ty.group)
+      out["v"] = SCHEMA_VERSIONS[ty.format.prefix]  # q8: version 2 has groups
+    return out
   if isinstance(ty, Rank1Ty):
     return {"type": "r1", "v": SCHEMA_VERSIONS["r1"], "shape": list(ty.shape),
             "sharding": _describe_sharding(ty.sharding)}
@@ -174,8 +187,11 @@ def from_json(d, where: str = "descriptor"):
       return TupTy(tuple(from_json(e, f"{where} element {i}") for i, e in enumerate(elts)))
     shape = _shape(d, where)
     sharding = _parse_sharding(d.get("sharding"), where)
-    if name == "q8":
-      return QArrayTy(shape, sharding)
+    if name in _QUANTIZED:
+      group = d.get("group")
+      if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
+        raise DescriptorError(f"{where}: 'group' must be an int, got {group!r}")
+      return QArrayTy(shape, sharding, fmt=_QUANTIZED[name], group=group)
     if name == "r1":
       return Rank1Ty(shape, sharding)
     try:

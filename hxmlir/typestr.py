@@ -22,8 +22,8 @@ tokens.
 Types are built through :mod:`hxmlir.typedesc` (the artifact format's
 descriptors), so the text reads exactly what artifacts can hold. A hi array
 type is one entry of :data:`HI_TYPES`: its name as printed, the descriptor
-type it builds, and the options it takes after ``:`` (a future
-``q4[512,256:g32]`` is ``HiArrayType("q4", "q4", {"g": "group"})``).
+type it builds, and the options it takes after ``:`` (``q4[512,256:g32]``, int4 values
+with one scale per 32 elements, is ``HiArrayType("q4", "q4", {"g": "group"})``).
 
 Errors are :class:`TypeStrError`: one line naming the text, the column
 (1-based) and what was expected there.
@@ -55,7 +55,10 @@ class HiArrayType:
 
 
 HI_TYPES: dict[str, HiArrayType] = {t.name: t for t in (
-    HiArrayType("q8", "q8"),   # int8 values, one f32 scale per row (hxmlir.qarray)
+    # quantized formats (hxmlir.formats): q8[64,128], q4[64,128:g32], f8[64,128:g64]
+    HiArrayType("q8", "q8", {"g": "group"}),   # int8 values
+    HiArrayType("q4", "q4", {"g": "group"}),   # int4 values, two per byte
+    HiArrayType("f8", "f8", {"g": "group"}),   # float8 e4m3fn values
     HiArrayType("r1", "r1"),   # rank-1 matrix, two f32 factors (hxmlir.rank1)
 )}
 """Hi array types by printed name; a new quantized format is one entry here (and its

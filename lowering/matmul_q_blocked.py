@@ -15,6 +15,13 @@ results equal the reference's up to the order XLA sums a dot in.
 
 Blocks are ``BLOCK_BYTES`` of converted f32 weight at most (and at most
 ``1/MAX_FRACTION`` of the whole); the axis walked is ``q``'s largest free axis.
+
+Every format (:mod:`hxmlir.formats`) takes this path on CPU (the streaming builders
+and the native kernel know int8 per-row weights only): shapes and block offsets are
+the weight's dense ones; a block along the quantized axis holds whole groups and
+whole packed int4 bytes, and slices the stored values (``offset // 2`` for int4
+pairs) and the group scales (``offset // g``) to match. So an int4 or fp8 weight is
+never unpacked or converted whole.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.lowering import reference
 
 BLOCK_BYTES = 2 * 1024 * 1024
@@ -46,33 +53,58 @@ def block_axis(q_shape, dims) -> int | None:
   return max(free, key=lambda a: q_shape[a])
 
 
-def block_size(q_shape, axis: int) -> int:
-  """The block length along ``axis``: ``BLOCK_BYTES`` of f32, at most 1/MAX_FRACTION of q."""
+def block_size(q_shape, axis: int, align: int = 1) -> int:
+  """The block length along ``axis`` (of the dense shape ``q_shape``): ``BLOCK_BYTES`` of
+  f32, at most 1/MAX_FRACTION of q, a multiple of ``align`` (whole groups and packed
+  bytes along the quantized axis: :func:`alignment`)."""
   other = int(np.prod(q_shape, dtype=np.int64)) // q_shape[axis]
   budget = min(BLOCK_BYTES, 4 * other * q_shape[axis] // MAX_FRACTION)
-  return max(1, min(q_shape[axis], budget // (4 * other)))
+  b = max(1, min(q_shape[axis], budget // (4 * other)))
+  return max(align, b // align * align)
+
+
+def alignment(q_shape, axis: int, fmt: formats.Format, group: int | None) -> int:
+  """What a block length along ``axis`` must be a multiple of: whole groups and whole
+  stored bytes along the quantized (last) axis, anything elsewhere."""
+  if axis != len(q_shape) - 1:
+    return 1
+  return int(np.lcm(group or 1, fmt.pack))
 
 
 def matmul_q_blocked(x, q, s, dimension_numbers, *, axis: int, block: int):
   """:func:`reference.matmul_q` computed ``block`` entries of ``q``'s free ``axis`` at a
-  time (``x: f32[...]``, ``q: i8[...]``, ``s: f32[...]``; JAX arrays or tracers)."""
+  time (``x: f32[...]``, ``q``: stored values of any format, ``s: f32[...]``; JAX arrays
+  or tracers; ``axis`` and ``block`` count dense elements)."""
   dims = dimension_numbers
   (lc, rc), (lb, rb) = dims
-  out_shape = dotdims.result_shape(x.shape, q.shape, dims)
+  fmt = formats.of_storage(q.dtype)
+  dense = fmt.dense_shape(q.shape)
+  group = formats.group_of_scale(dense, s)
+  out_shape = dotdims.result_shape(x.shape, dense, dims)
   q_free = dotdims.free_dims(q.ndim, rc, rb)
   r_axis = len(out_shape) - len(q_free) + q_free.index(axis)
-  on_scale = axis < q.ndim - 1
+  last = axis == q.ndim - 1
+  stored = q.dtype
+  if stored != np.int8 and not fmt.pack > 1:
+    # XLA CPU has no fp8 arithmetic: it widens fp8 values to f16 where they are used,
+    # which would be the whole weight; slice the bytes and reinterpret each block
+    q = lax.bitcast_convert_type(q, jnp.uint8)
 
   def part(start, size):
-    qb = lax.dynamic_slice_in_dim(q, start, size, axis)
-    sb = lax.dynamic_slice_in_dim(s, start, size, axis) if on_scale else s
-    return reference.matmul_q(x, qb, sb, dims)
+    if last:  # the quantized axis: stored bytes and group scales in step
+      qb = lax.dynamic_slice_in_dim(q, start // fmt.pack, size // fmt.pack, axis)
+      sb = s if group is None else lax.dynamic_slice_in_dim(s, start // group, size // group,
+                                                             axis)
+    else:
+      qb = lax.dynamic_slice_in_dim(q, start, size, axis)
+      sb = lax.dynamic_slice_in_dim(s, start, size, axis)
+    return reference.matmul_q(x, lax.bitcast_convert_type(qb, stored), sb, dims)
 
   def step(i, out):
     start = i * block
     return lax.dynamic_update_slice_in_dim(out, part(start, block), start, r_axis)
 
-  steps, rem = divmod(q.shape[axis], block)
+  steps, rem = divmod(dense[axis], block)
   # lower_composite traces references under jax.disable_jit(), which would unroll
   # the loop into a Python loop of constant offsets
   with jax.disable_jit(False):

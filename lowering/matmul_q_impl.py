@@ -78,9 +78,9 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.install_state import is_installed
-from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, schema
+from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
@@ -441,13 +441,29 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   :func:`collapsed_streaming_decomposition`); other dimension numbers walk one
   free axis of the weight in blocks (``lowering/matmul_q_blocked.py``). When
   :func:`choose_blocking` picks ``"whole"`` (small weights) the decomposition is
-  the reference itself (which converts the whole weight).
+  the reference itself (which converts the whole weight). Weights of other formats
+  than int8 per row (:mod:`hxmlir.formats`) always walk a free axis in blocks of whole
+  groups and packed bytes (``lowering/matmul_q_blocked.py``), or use the reference
+  when small: never the native kernel or the int8 streaming builders.
   """
-  x_aval, q_aval = ctx.avals_in[0], ctx.avals_in[1]
+  x_aval, q_aval, s_aval = ctx.avals_in
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
-  attrs = schema.matmul_q_attributes(dims)
+  attrs = rules.matmul_q_attributes(ctx, dims)
   ref = reference.matmul_q_for(dims)
   n = q_aval.shape[-1]
+  per_row_int8 = q_aval.dtype == np.int8 and s_aval.ndim == q_aval.ndim - 1
+  if not per_row_int8:
+    # other formats: the streaming builders and the native kernel know int8 per-row
+    # weights only; walk a free axis of the dense weight in aligned blocks
+    fmt = formats.of_storage(q_aval.dtype)
+    dense = fmt.dense_shape(q_aval.shape)
+    axis = matmul_q_blocked.block_axis(dense, dims)
+    if axis is not None:
+      group = formats.group_of_scale(dense, s_aval)
+      align = matmul_q_blocked.alignment(dense, axis, fmt, group)
+      ref = matmul_q_blocked.blocked_for(dims, axis,
+                                         matmul_q_blocked.block_size(dense, axis, align))
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
     (m, k), builder = x_aval.shape[-2:], streaming_decomposition
     native = matmul_q_cpu.matmul_q_native

@@ -62,7 +62,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from hxmlir import _jax, dotdims, targets
+from hxmlir import _jax, dotdims, formats, targets
 from hxmlir.install_state import is_installed
 from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
@@ -226,13 +226,19 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers
   While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls
   the registered kernel (for version 1's layout ``f32[*b, m, k] x i8[*b, k, n]``;
   other dimension numbers keep the reference); otherwise it is the reference
-  (what the default rule emits).
+  (what the default rule emits). The kernel takes int8 weights with per-row scales;
+  int4, fp8 and group-scaled weights keep the reference on every accelerator (it
+  unpacks int4 and applies group scales per group, :mod:`hxmlir.formats`).
   """
-  xr, qr = ctx.avals_in[0].ndim, ctx.avals_in[1].ndim
+  x_aval, q_aval, s_aval = ctx.avals_in
+  xr, qr = x_aval.ndim, q_aval.ndim
   dims = dimension_numbers or dotdims.v1_dims(xr)
-  attrs = schema.matmul_q_attributes(dims)
+  attrs = rules.matmul_q_attributes(ctx, dims)
   backend = _PLATFORM_BACKEND[platform]
-  if is_installed() and xr == qr and dims == dotdims.v1_dims(xr):
+  per_row_int8 = q_aval.dtype == jnp.int8 and s_aval.ndim == qr - 1
+  if not per_row_int8:
+    ref = reference.matmul_q_for(dims)  # int4, fp8, group scales: the reference
+  elif is_installed() and xr == qr and dims == dotdims.v1_dims(xr):
     ref = _pallas_reference(backend)
   elif is_installed() and qr == 2 and dims == dotdims.matmul_dims(xr, 2):
     ref = _PALLAS_COLLAPSED[backend]  # f32[..., k] x i8[k, n]: leading dims into m
@@ -260,16 +266,22 @@ for _platform in ("cuda", "rocm", "tpu"):
 # inside a Mosaic or Triton kernel each lo primitive lowers as its reference
 # semantics, the composite's decomposition, written inline (Pallas has no
 # composites). Registered with Pallas when a hi type first meets pallas_call.
-def _quantize_in_kernel(x, round_half_even=jnp.round):
+def _quantize_in_kernel(x, fmt="int8", group_size=None, method="absmax",
+                        round_half_even=jnp.round):
   """``reference.quantize`` in a kernel: no generic reduce there, and Triton's max drops NaN.
 
-  ``amax`` is a max reduction of the (never empty) block, made NaN for rows
-  holding a NaN or an infinity (counted with a sum), which the reference
-  turns into a NaN scale and zero values just as for its own ``amax``.
+  ``amax`` is a max reduction of the (never empty) block, made NaN for rows (or groups)
+  holding a NaN or an infinity (counted with a sum), which the reference turns into a
+  NaN scale and zero values just as for its own ``amax``.
   """
-  bad = jnp.sum(jnp.where(jnp.isfinite(x), 0.0, 1.0), axis=-1) > 0
-  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(x), axis=-1))
-  return reference.quantize_with_amax(x, amax, round_half_even)
+  f = formats.lookup(fmt)
+  xg = formats.split_groups(x, group_size)
+  bad = jnp.sum(jnp.where(jnp.isfinite(xg), 0.0, 1.0), axis=-1) > 0
+  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(xg), axis=-1))
+  if method == "mse":
+    amax = reference.mse_amax(xg, amax, f, round_half_even)
+  q, s = reference.quantize_with_amax(xg, amax, round_half_even, f)
+  return formats.store(q.reshape(x.shape), f), s
 
 
 def _round_half_even_by_floor(v):

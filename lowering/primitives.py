@@ -15,7 +15,10 @@ primitive              operands                                          results
 ``hx_matmul_r1_p``     ``x: f32[*b, p, m], col: f32[*b, m], row: f32[*b, n]``  ``f32[*b, p, n]``
 =====================  ================================================  ===========================
 
-``hx_matmul_q_p`` has one parameter, ``dimension_numbers`` (``lax.dot_general``'s;
+The table shows the ``int8`` per-row format; other formats have other value components
+and group scales ``f32[*l, n // g]`` (:mod:`hxmlir.formats`). ``hx_quantize_p`` has parameters ``fmt`` (a format name), ``group_size`` (``None`` or
+``g``) and ``method`` (``"absmax"``, ``"mse"``); the other primitives read the format off
+their operands' types. ``hx_matmul_q_p`` has one parameter, ``dimension_numbers`` (``lax.dot_general``'s;
 :mod:`hxmlir.dotdims` has its rules): ``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``
 is ``dotdims.v1_dims(rank)``.
 """
@@ -29,7 +32,7 @@ from jax.experimental.hijax import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import batching
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir import shardings as shd
 from hxmlir._jax import apply_primitive
 
@@ -66,21 +69,29 @@ def _f32(shape, sharding, *operands) -> ShapedArray:
   return ShapedArray(tuple(shape), F32, sharding=sharding, manual_axis_type=shd.join_mat(*operands))
 
 
+def dense_shape(q) -> tuple[int, ...]:
+  """The dense shape of stored values ``q`` (an aval or array) of any format."""
+  f = formats.of_storage(q.dtype)
+  return f.dense_shape(q.shape) if f is not None else tuple(q.shape)
+
+
 @hx_quantize_p.def_abstract_eval
-def _quantize_abstract_eval(x):
-  p = _parts(x)
-  return [_arr(x.shape, I8, x.sharding, p, x), _arr(x.shape[:-1], F32, x.sharding, p[:-1], x)]
+def _quantize_abstract_eval(x, *, fmt="int8", group_size=None, method="absmax"):
+  p, f = _parts(x), formats.lookup(fmt)
+  sp = p if group_size is not None else p[:-1]
+  return [_arr(f.storage_shape(x.shape), f.storage_dtype, x.sharding, p, x),
+          _arr(formats.scale_shape(x.shape, group_size), F32, x.sharding, sp, x)]
 
 
 @hx_dequantize_p.def_abstract_eval
 def _dequantize_abstract_eval(q, s):
-  return _arr(q.shape, F32, q.sharding, _parts(q), q, s)
+  return _arr(dense_shape(q), F32, q.sharding, _parts(q), q, s)
 
 
 @hx_matmul_q_p.def_abstract_eval
 def _matmul_q_abstract_eval(x, q, s, *, dimension_numbers=None):
   dims = dimension_numbers or dotdims.v1_dims(x.ndim)
-  return _f32(dotdims.result_shape(x.shape, q.shape, dims),
+  return _f32(dotdims.result_shape(x.shape, dense_shape(q), dims),
               shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
                                   dotdims.result_parts(_parts(x), _parts(q), dims)),
               x, q, s)

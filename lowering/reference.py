@@ -15,23 +15,37 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.lowering.schema import QMAX
 
-# The scale is amax times the f32 reciprocal of QMAX, written as a multiply: XLA
+# The scale is amax times the f32 reciprocal of qmax, written as a multiply: XLA
 # rewrites a division by a constant into this multiply in some fusion contexts
 # and not in others; spelling it out removes that source of 1-ulp differences
 # between contexts (XLA may still reassociate constant factors across fusions).
 INV_QMAX = np.float32(1.0 / QMAX)
 
 
-def quantize(x):
-  """``f32[*lead, n] -> (i8[*lead, n], f32[*lead])``: per-row absmax quantization.
+def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = "absmax"):
+  """``f32[*lead, n] -> (values, f32 scales)``: symmetric quantization along the last axis.
 
-  ``s = max|row| * f32(1/127)``; ``q = clip(round_half_even(row / s), -127, 127)``.
-  All-zero rows: ``s = 0`` and ``q = 0``. Rows with NaN or +-inf: ``s = NaN``
-  and ``q = 0``, so they dequantize to NaN. Empty rows (``n = 0``) count as
-  all-zero rows: the maximum starts from 0.
+  ``fmt`` is a :data:`hxmlir.formats.FORMATS` name; values are stored as the format's
+  lo component (``i8[*lead, n]``, ``ui8[*lead, n // 2]`` packed int4,
+  ``f8E4M3FN[*lead, n]``); scales are ``f32[*lead]`` per row or ``f32[*lead, n // g]``
+  per group of ``g = group_size``. Per row or group: ``s = amax * f32(1/qmax)``,
+  integer values ``clip(round_half_even(x / s), -qmax, qmax)``, fp8 values
+  ``convert(clip(x / s, -448, 448))`` (round to nearest even).
+
+  ``method="absmax"``: ``amax = max|row|``. ``method="mse"``: ``amax = r * max|row|``
+  for the ratio ``r`` of :data:`hxmlir.formats.MSE_RATIOS` (20 from 1 down to 0.5)
+  whose quantize-dequantize round trip has the least squared error on that row or
+  group (ties keep the larger ``r``): clipping a few outliers buys a finer step for
+  every other value, which matters at 4 bits (HQQ, Badri & Shaji 2023; AWQ, Lin et
+  al. 2024, section 3.2, grid-searches its scales the same way). Cost: 20 more
+  quantize-dequantize passes over ``x`` at quantization time, nothing at use.
+
+  All-zero rows: ``s = 0`` and zero values. Rows (or groups) with NaN or +-inf:
+  ``s = NaN`` and zero values, so they dequantize to NaN. Empty rows (``n = 0``)
+  count as all-zero rows: the maximum starts from 0.
 
   Non-finite rows are found with a boolean OR of ``~isfinite``, carried by the
   same (variadic) reduction as the maximum, never by the maximum itself: XLA
@@ -40,58 +54,113 @@ def quantize(x):
   makes of a NaN row is ignored. One pass over ``x``, no extra buffer, and the
   same bits as a plain maximum on finite rows.
   """
+  f = formats.lookup(fmt)
+  xg = formats.split_groups(x, group_size)
   def combine(a, b):
     return lax.max(a[0], b[0]), lax.bitwise_or(a[1], b[1])
-  amax, bad = lax.reduce((jnp.abs(x), ~jnp.isfinite(x)), (np.float32(0), np.bool_(False)),
-                         combine, (x.ndim - 1,))
-  return _quantize_rows(x, amax, ~bad)
+  amax, bad = lax.reduce((jnp.abs(xg), ~jnp.isfinite(xg)), (np.float32(0), np.bool_(False)),
+                         combine, (xg.ndim - 1,))
+  amax = jnp.where(bad, jnp.nan, amax)
+  if method == "mse":
+    amax = mse_amax(xg, amax, f)
+  elif method != "absmax":
+    raise ValueError(f"hx.quantize: method must be one of {formats.METHODS}, got {method!r}")
+  q, s = quantize_with_amax(xg, amax, fmt=f)
+  return formats.store(q.reshape(x.shape), f), s
 
 
-def quantize_with_amax(x, amax, round_half_even=jnp.round):
-  """:func:`quantize` given each row's ``amax`` (``f32[*lead]``): ``max|row|``, or NaN for a
-  row holding a NaN or an infinity.
+@functools.cache
+def quantize_for(fmt: str, group_size: int | None, method: str) -> Callable:
+  """:func:`quantize` with its parameters bound, one function object per set (so
+  ``lower_composite`` shares equal decompositions within a module)."""
+  return functools.partial(quantize, fmt=fmt, group_size=group_size, method=method)
+
+
+def mse_amax(x, amax, f, round_half_even=jnp.round):
+  """The clipped ``amax`` of least squared round-trip error per row of ``x`` (see
+  :func:`quantize`; ``f`` a :class:`hxmlir.formats.Format`)."""
+  best, best_err = amax, None
+  for r in formats.MSE_RATIOS:
+    a = amax * np.float32(r)
+    q, s = quantize_with_amax(x, a, round_half_even, f)
+    err = jnp.sum(jnp.square(q.astype(jnp.float32) * s[..., None] - x), axis=-1)
+    if best_err is None:
+      best_err = err
+      continue
+    better = err < best_err
+    best, best_err = jnp.where(better, a, best), jnp.where(better, err, best_err)
+  return best
+
+
+def quantize_with_amax(x, amax, round_half_even=jnp.round, fmt="int8"):
+  """:func:`quantize`'s values (unpacked: ``int8`` for int4 too) and scales given each
+  row's ``amax`` (``f32[*lead]``): ``max|row|``, or NaN for a row holding a NaN or an
+  infinity.
 
   Pallas kernels, which have no generic reduction, compute ``amax`` with
   ``jnp.max`` (their blocks are never empty) and mark non-finite rows with a
   sum; Triton kernels, which have no ``round``, pass their own ``round_half_even``.
   """
-  return _quantize_rows(x, amax, jnp.isfinite(amax), round_half_even)
-
-
-def _quantize_rows(x, amax, finite, round_half_even=jnp.round):
-  """The values and scales of :func:`quantize` from each row's ``amax`` and whether the row
-  is ``finite`` (``bool[*lead]``; ``amax`` is ignored where it is not)."""
-  scale = jnp.where(finite, amax * INV_QMAX, jnp.nan)
+  f = formats.lookup(fmt)
+  finite = jnp.isfinite(amax)
+  inv = INV_QMAX if f.qmax == QMAX else np.float32(1.0 / f.qmax)
+  scale = jnp.where(finite, amax * inv, jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)
-  q = jnp.clip(round_half_even(x / divisor[..., None]), -QMAX, QMAX)
-  q = jnp.where(finite[..., None], q, 0.0).astype(jnp.int8)
-  return q, scale
+  v = x / divisor[..., None]
+  if f.integer:
+    v = round_half_even(v)
+  q = jnp.where(finite[..., None], jnp.clip(v, -f.qmax, f.qmax), 0.0)
+  return q.astype(jnp.int8 if f.integer else f.value_dtype), scale
 
 
 def dequantize(q, s):
-  """``(i8[*lead, n], f32[*lead]) -> f32[*lead, n]``: ``q * s[..., None]``."""
-  return q.astype(jnp.float32) * s[..., None]
+  """``(values, f32 scales) -> f32[*lead, n]``: ``values * scale`` per row or per group
+  (the format from ``q``'s dtype, the group from ``s``'s shape)."""
+  return formats.apply_scale(formats.values_f32(q), s)
 
 
 def matmul_q(x, q, s, dimension_numbers=None):
-  """``dot_general(x, q * s[..., None], dimension_numbers)`` without scaling the weight.
+  """``dot_general(x, dequantize(q, s), dimension_numbers)`` without scaling the weight.
 
-  ``x: f32[...]``, ``q: i8[..., n]``, ``s: f32[...]`` (``q``'s shape without ``n``);
-  ``dimension_numbers``: ``lax.dot_general``'s, default ``hx.matmul_q`` version 1's
-  (``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``). The result has
-  ``dot_general``'s layout: batch dims, ``x``'s free dims, ``q``'s free dims.
+  ``x: f32[...]``, ``q``: stored values of any format (:mod:`hxmlir.formats`) of dense
+  shape ``[..., n]``, ``s: f32[...]`` per row (``q``'s dense shape without ``n``) or per
+  group (with ``n // g``); ``dimension_numbers``: ``lax.dot_general``'s, default
+  ``hx.matmul_q`` version 1's (``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``).
 
-  Where the scale goes is :func:`hxmlir.dotdims.scale_side`'s rule:
-  ``"dense"``: ``(x * s) . f32(q)``, with the scale's axes that are free on
-  ``q`` added to the scaled ``x`` as batch axes (its size grows by their
-  product), the result transposed back to ``dot_general``'s order; ``"result"``:
-  ``(x . f32(q)) * s`` on the result axes the scale spans. Raises
-  ``TypeError`` when neither applies.
+  Per group, the weight's last axis is split into ``(n // g, g)`` (and ``x``'s axis
+  paired with it likewise), which makes the group scales per-row scales of a weight of
+  one more axis (:func:`hxmlir.dotdims.split_groups`); where the groups run along the
+  contraction and the scale also spans a free axis (``"...k,nk->...n"``), each group's
+  partial sum is scaled, then the partial sums are added.
   """
   dims = dimension_numbers or dotdims.v1_dims(x.ndim)
+  qf = formats.values_f32(q)
+  if s.ndim == qf.ndim - 1:
+    return _matmul_rows(x, qf, s, dims)
+  g = qf.shape[-1] // s.shape[-1]
+  plan = dotdims.split_groups(x.ndim, qf.ndim, dims)
+  if plan is None:
+    raise TypeError(f"hx.matmul_q: the group scales of {list(qf.shape)} (g={g}) cannot be "
+                    f"folded through dimension numbers {dims}")
+  dims2, xa, kind = plan
+  if xa is not None:
+    x = x.reshape(*x.shape[:xa], x.shape[xa] // g, g, *x.shape[xa + 1:])
+  y = _matmul_rows(x, formats.split_groups(qf, g), s, dims2)
+  if kind == "partial":
+    return jnp.sum(y, axis=len(dims[1][0]))
+  if kind == "free":
+    return y.reshape(*y.shape[:-2], y.shape[-2] * g)
+  if kind == "batch":
+    i = dims[1][1].index(qf.ndim - 1)
+    return y.reshape(*y.shape[:i], y.shape[i] * g, *y.shape[i + 2:])
+  return y
+
+
+def _matmul_rows(x, qf, s, dims):
+  """:func:`matmul_q` for ``f32`` values ``qf`` with per-row scales ``s``."""
   (lc, rc), (lb, rb) = dims
+  q = qf
   side = dotdims.scale_side(q.ndim, dims)
-  qf = q.astype(jnp.float32)
   scale_axes = range(q.ndim - 1)
   if side == "result":
     y = lax.dot_general(x, qf, dims, preferred_element_type=jnp.float32)

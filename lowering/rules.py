@@ -31,7 +31,7 @@ from collections.abc import Callable
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import (
@@ -67,16 +67,47 @@ def matmul_q_dims(x_aval, dimension_numbers) -> dotdims.DotDims:
   return dimension_numbers or dotdims.v1_dims(x_aval.ndim)
 
 
+def format_attributes(q_aval, s_aval) -> dict:
+  """The format ``composite_attributes`` of stored values ``q_aval`` with scales ``s_aval``
+  (:func:`schema.format_attributes_of`)."""
+  return schema.format_attributes_of(schema.TensorType.of(q_aval), schema.TensorType.of(s_aval))
+
+
+def matmul_q_attributes(ctx: mlir.LoweringRuleContext, dims) -> dict:
+  """``hx.matmul_q`` v3's ``composite_attributes`` for a rule's operands and ``dims``."""
+  return schema.matmul_q_attributes(dims, format_attributes(*ctx.avals_in[1:]))
+
+
 def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *, dimension_numbers=None):
-  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 2, its dims in ``composite_attributes``
-  (``stablehlo.dot_general``'s names), decomposition :func:`reference.matmul_q`."""
+  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 3, its dims in ``composite_attributes``
+  (``stablehlo.dot_general``'s names) with the weight's format, decomposition
+  :func:`reference.matmul_q`."""
   dims = matmul_q_dims(ctx.avals_in[0], dimension_numbers)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q_for(dims),
-                         attributes=schema.matmul_q_attributes(dims))
+                         attributes=matmul_q_attributes(ctx, dims))
+
+
+def lower_quantize(ctx: mlir.LoweringRuleContext, x, *, fmt="int8", group_size=None,
+                   method="absmax"):
+  """``hx_quantize_p`` -> ``hx.quantize``, decomposition :func:`reference.quantize` of the
+  equation's format, group size and method."""
+  f = formats.lookup(fmt)
+  attrs = {"qmax": int(f.qmax), "method": method, **schema.format_attributes(f, group_size)}
+  return lower_composite(ctx, "hx.quantize", x,
+                         reference=reference.quantize_for(fmt, group_size, method),
+                         attributes=attrs)
+
+
+def lower_dequantize(ctx: mlir.LoweringRuleContext, q, s):
+  """``hx_dequantize_p`` -> ``hx.dequantize`` version 2 with its operands' format."""
+  return lower_composite(ctx, "hx.dequantize", q, s, reference=reference.dequantize,
+                         attributes=format_attributes(*ctx.avals_in))
 
 
 for _prim, _ref in REFERENCES.items():
   _op = schema.for_primitive(_prim.name)
-  if _prim is not hx_matmul_q_p:
+  if _prim not in (hx_matmul_q_p, hx_quantize_p, hx_dequantize_p):
     mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q)
+mlir.register_lowering(hx_quantize_p, lower_quantize)
+mlir.register_lowering(hx_dequantize_p, lower_dequantize)

@@ -11,6 +11,17 @@ element type name as MLIR spells it: ``f32``, ``i8``) and shardings as
 Bump an op's ``version`` whenever its semantics or attributes change, keep the
 old version in ``accepted_versions`` while artifacts that use it may exist, and
 add a back-compat artifact for the new version (tests/py/backcompat).
+
+Quantization formats (:mod:`hxmlir.formats`, issue 15): every op over quantized
+values says its format in ``composite_attributes`` (:data:`FORMAT_ATTRIBUTES`):
+``dtype`` (``"int8"``, ``"int4"``, ``"float8_e4m3fn"``), ``group_size`` (``0``: one
+scale per row, else ``g``) and ``layout`` (the storage layout, ``"plain"`` or
+``"int4_pairs_v1"``: two int4 values per ``ui8``, element ``2j`` in the low nibble).
+``hx.quantize`` v2 adds ``method`` (``"absmax"``, ``"mse"``) and keeps ``qmax``;
+``hx.dequantize`` v2 and ``hx.matmul_q`` v3 carry the three. The attributes must agree
+with the operand types (``hx-verify`` checks both). Older versions (``hx.quantize``
+v1, ``hx.dequantize`` v1, ``hx.matmul_q`` v1 and v2) have no format attributes and
+mean int8 values with per-row scales only.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hxmlir import dotdims
+from hxmlir import dotdims, formats
 from hxmlir.dotdims import DotDims
 
 PREFIX = "hx."
@@ -40,7 +51,8 @@ class TensorType:
     return cls(tuple(value.shape), _DTYPE_NAMES.get(str(value.dtype), str(value.dtype)))
 
 
-_DTYPE_NAMES = {"float32": "f32", "int8": "i8"}  # numpy -> MLIR spelling
+_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8",
+                "float8_e4m3fn": "f8E4M3FN"}  # numpy -> MLIR spelling
 
 
 # Sharding of one value: for each dimension, the tuple of mesh axis names it is
@@ -101,16 +113,75 @@ def _rank_at_least(t: TensorType, r: int) -> bool:
 
 # --- type invariants ---------------------------------------------------------
 
-def _quantized_pair(q: TensorType, s: TensorType, what: str) -> list[str]:
+def quantized_format(q: TensorType, s: TensorType):
+  """``(format, group, dense shape)`` of stored values ``q`` and scales ``s``
+  (:mod:`hxmlir.formats`), or a string saying what is wrong."""
+  f = formats.of_storage(q.dtype)
+  if f is None or not _rank_at_least(q, 1):
+    return (f"quantized values must be i8[..., n], got {q} (or ui8[..., n/2] int4 pairs, "
+            "f8E4M3FN[..., n])")
+  dense = f.dense_shape(q.shape)
+  group = formats.group_of(dense, s.shape)
+  if isinstance(group, str):
+    return (f"scale shape must be the value shape without its last axis: values {q}, "
+            f"scale {s} (per group of g: with n // g last; dense shape {list(dense)})")
+  problem = formats.check(f, dense, group)
+  if problem:
+    return f"values {q}, scale {s}: {problem}"
+  return f, group, dense
+
+
+FORMAT_ATTRIBUTES = {"dtype": str, "group_size": int, "layout": str}
+"""The ``composite_attributes`` that say a quantized operand's or result's format."""
+
+
+def format_attributes(fmt, group: int | None) -> dict[str, object]:
+  """``{"dtype", "group_size", "layout"}`` of format ``fmt`` (a :class:`hxmlir.formats.Format`
+  or its name) with ``group`` (``None``: per row, written ``0``)."""
+  f = formats.lookup(fmt)
+  return {"dtype": f.name, "group_size": group or 0, "layout": f.layout}
+
+
+def format_attributes_of(q: TensorType, s: TensorType) -> dict[str, object]:
+  """:func:`format_attributes` of stored values ``q`` with scales ``s`` (types that
+  :func:`quantized_format` accepts)."""
+  f, group, _ = quantized_format(q, s)
+  return format_attributes(f, group)
+
+
+def _quantized_pair(q: TensorType, s: TensorType, what: str, attrs=None) -> list[str]:
   errs = []
-  if q.dtype != "i8" or not _rank_at_least(q, 1):
-    errs.append(f"{what}: quantized values must be i8[..., n], got {q}")
+  got = quantized_format(q, s)
+  if isinstance(got, str):
+    errs.append(f"{what}: {got}")
   if s.dtype != "f32":
     errs.append(f"{what}: scale must be f32, got {s}")
-  if q.shape[:-1] != s.shape:
-    errs.append(f"{what}: scale shape must be the value shape without its last axis: "
-                f"values {q}, scale {s}")
+  if errs:
+    return errs
+  have = format_attributes(got[0], got[1])
+  if attrs and "dtype" in attrs:
+    said = {k: attrs.get(k) for k in FORMAT_ATTRIBUTES}
+    if said != have:
+      errs.append(f"{what}: composite_attributes say {_fmt_attrs(said)} but the types "
+                  f"{q}, {s} are {_fmt_attrs(have)}")
+  elif have != format_attributes("int8", None):
+    errs.append(f"{what}: this version holds int8 values with per-row scales only, got "
+                f"{q}, {s} ({_fmt_attrs(have)}); newer versions carry the format")
   return errs
+
+
+def _fmt_attrs(a: dict) -> str:
+  return ", ".join(f"{k} = {a[k]!r}" for k in FORMAT_ATTRIBUTES)
+
+
+def dense_shape(q: TensorType) -> tuple[int, ...]:
+  """The dense shape of stored values ``q`` (``ui8[..., m]`` int4 pairs: ``[..., 2m]``)."""
+  f = formats.of_storage(q.dtype)
+  return f.dense_shape(q.shape) if f is not None else q.shape
+
+
+def _grouped(q: TensorType, s: TensorType) -> bool:
+  return len(s.shape) == len(q.shape)
 
 
 def _check_quantize(ops, res, attrs=None):
@@ -118,17 +189,17 @@ def _check_quantize(ops, res, attrs=None):
   errs = []
   if x.dtype != "f32" or not _rank_at_least(x, 1):
     errs.append(f"operand must be f32[..., n], got {x}")
-  errs += _quantized_pair(q, s, "result")
-  if q.shape != x.shape:
+  errs += _quantized_pair(q, s, "result", attrs)
+  if dense_shape(q) != x.shape:
     errs.append(f"result values {q} must have the operand's shape {x}")
   return errs
 
 
 def _check_dequantize(ops, res, attrs=None):
   (q, s), (y,) = ops, res
-  errs = _quantized_pair(q, s, "operand")
-  if y.dtype != "f32" or y.shape != q.shape:
-    errs.append(f"result must be f32 of the values' shape {q.shape}, got {y}")
+  errs = _quantized_pair(q, s, "operand", attrs)
+  if y.dtype != "f32" or y.shape != dense_shape(q):
+    errs.append(f"result must be f32 of the values' dense shape {dense_shape(q)}, got {y}")
   return errs
 
 
@@ -141,17 +212,19 @@ an ``array<i64: ...>``. The rules of the dimension numbers (result shape and
 sharding, where the scale goes) are :mod:`hxmlir.dotdims`'s."""
 
 
-def matmul_q_attributes(dims: DotDims) -> dict[str, tuple[int, ...]]:
-  """``composite_attributes`` of ``hx.matmul_q`` v2 for ``dims``."""
+def matmul_q_attributes(dims: DotDims, fmt_attrs: dict) -> dict[str, object]:
+  """``composite_attributes`` of ``hx.matmul_q`` v3 for ``dims`` and the weight's format
+  (:func:`format_attributes`)."""
   (lc, rc), (lb, rb) = dims
   return {"lhs_batching_dimensions": tuple(lb), "rhs_batching_dimensions": tuple(rb),
-          "lhs_contracting_dimensions": tuple(lc), "rhs_contracting_dimensions": tuple(rc)}
+          "lhs_contracting_dimensions": tuple(lc), "rhs_contracting_dimensions": tuple(rc),
+          **fmt_attrs}
 
 
 def matmul_q_dims(attrs, x_rank: int) -> DotDims:
   """The dimension numbers of an ``hx.matmul_q`` with decoded attributes ``attrs``
   (``None`` or empty: version 1, :func:`hxmlir.dotdims.v1_dims` of ``x_rank``)."""
-  if not attrs:
+  if not attrs or "lhs_contracting_dimensions" not in attrs:
     return dotdims.v1_dims(x_rank)
   return ((tuple(attrs["lhs_contracting_dimensions"]), tuple(attrs["rhs_contracting_dimensions"])),
           (tuple(attrs["lhs_batching_dimensions"]), tuple(attrs["rhs_batching_dimensions"])))
@@ -159,7 +232,7 @@ def matmul_q_dims(attrs, x_rank: int) -> DotDims:
 
 def _matmul_q_operands(ops, attrs=None) -> list[str]:
   x, q, s = ops
-  errs = _quantized_pair(q, s, "weight")
+  errs = _quantized_pair(q, s, "weight", attrs)
   if x.dtype != "f32":
     errs.append(f"expects a dense f32 operand, got {_fmt(ops)}")
   if errs:
@@ -167,7 +240,8 @@ def _matmul_q_operands(ops, attrs=None) -> list[str]:
   if not attrs and (len(x.shape) < 2 or len(x.shape) != len(q.shape)):
     return [f"version 1 expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}"]
   return [f"{p}: {_fmt(ops)}" for p in
-          dotdims.problems(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))]
+          dotdims.problems(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)),
+                           _grouped(q, s))]
 
 
 def _check_matmul_q(ops, res, attrs=None):
@@ -175,7 +249,7 @@ def _check_matmul_q(ops, res, attrs=None):
   errs = _matmul_q_operands(ops, attrs)
   if errs:
     return errs
-  want = dotdims.result_shape(x.shape, q.shape, matmul_q_dims(attrs, len(x.shape)))
+  want = dotdims.result_shape(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)))
   if y.dtype != "f32" or y.shape != want:
     errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
   return errs
@@ -215,7 +289,11 @@ def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) 
   if q is None or s is None:
     return []
   errs = []
-  if tuple(q[:-1]) != tuple(s):
+  if len(s) == len(q):  # group scales: the group axis is sharded like the last axis
+    if tuple(q) != tuple(s):
+      errs.append(f"{what}: group scale sharding {fmt_sharding(s)} must be the values' "
+                  f"sharding {fmt_sharding(q)}")
+  elif tuple(q[:-1]) != tuple(s):
     errs.append(f"{what}: scale sharding {fmt_sharding(s)} must be the values' sharding "
                 f"{fmt_sharding(q)} without its last axis")
   return errs
@@ -319,18 +397,24 @@ QMAX = 127
 ``qmax`` attribute."""
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
-    OpSchema("hx.quantize", 1, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
-             primitive="hx_quantize", attributes={"qmax": int}, attribute_values={"qmax": QMAX},
+    OpSchema("hx.quantize", 2, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
+             primitive="hx_quantize",
+             attributes={"qmax": int, "method": str, **FORMAT_ATTRIBUTES},
+             accepted_versions=(1,), old_attributes={1: {"qmax": int}},
              check_types=_check_quantize, check_shardings=_shard_quantize),
-    OpSchema("hx.dequantize", 1, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
-             primitive="hx_dequantize",
+    OpSchema("hx.dequantize", 2, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
+             primitive="hx_dequantize", attributes=dict(FORMAT_ATTRIBUTES),
+             accepted_versions=(1,), old_attributes={1: {}},
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
-    OpSchema("hx.matmul_q", 2, 3, 1,
+    OpSchema("hx.matmul_q", 3, 3, 1,
              "(f32[...], i8[..., n], f32[...]) -> f32[...]: dot_general(x, q * s[..., None]) "
              "with the composite's dimension numbers (version 1: f32[*b, m, k], i8[*b, k, n], "
              "f32[*b, k] -> f32[*b, m, n])",
-             primitive="hx_matmul_q", attributes=dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
-             accepted_versions=(1,), old_attributes={1: {}}, check_types=_check_matmul_q,
+             primitive="hx_matmul_q",
+             attributes={**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple), **FORMAT_ATTRIBUTES},
+             accepted_versions=(1, 2),
+             old_attributes={1: {}, 2: dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple)},
+             check_types=_check_matmul_q,
              check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands),
     OpSchema("hx.outer", 1, 2, 2, "(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])",
              primitive="hx_outer", check_types=_check_outer),

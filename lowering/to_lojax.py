@@ -31,7 +31,7 @@ from hxmlir.tuples import GetTupElt, HiTup, MakeTup
 
 @register_to_lojax(Quantize)
 def _quantize(prim, x):
-  q, s = hx_quantize_p.bind(x)
+  q, s = hx_quantize_p.bind(x, **prim.params)
   return QArray(q, s)
 
 

@@ -200,6 +200,9 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
       return None
     q, s = op.operands
     qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
+    # checked without attributes, the schema accepts int8 values with per-row scales
+    # only: int4 pairs, fp8 and group scales are left alone here (refused, never
+    # folded as if they were per row); the jaxpr stage forms their hx.matmul_q
     if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)]):
       return None
     return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
@@ -489,7 +492,7 @@ def _matmul_q_contract(dot, side, m: _Dequant, dd) -> dict | None:
   dims = _matmul_q_layout(dd, len(xt.shape), len(qt.shape))
   if dims is None:
     return None
-  attrs = schema.matmul_q_attributes(dims)
+  attrs = schema.matmul_q_attributes(dims, schema.format_attributes("int8", None))
   return None if schema.lookup("hx.matmul_q").check_types([xt, qt, st], [yt], attrs) else attrs
 
 

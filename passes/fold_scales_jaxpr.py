@@ -148,8 +148,10 @@ def _breaks_contract(operands, result, dims) -> bool:
   a symbolic dimension (composites need static shapes), a sharded contraction axis."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]
-  attrs = schema.matmul_q_attributes(dims)
-  if None in types or spec.check_types(types[:3], types[3:], attrs):
+  if None in types or isinstance(schema.quantized_format(*types[1:3]), str):
+    return True
+  attrs = schema.matmul_q_attributes(dims, schema.format_attributes_of(*types[1:3]))
+  if spec.check_types(types[:3], types[3:], attrs):
     return True
   shardings = [_dim_sharding(a) for a in (*operands, result)]
   return bool(spec.check_shardings(shardings[:3], shardings[3:], attrs))
@@ -158,7 +160,7 @@ def _breaks_contract(operands, result, dims) -> bool:
 def _schema_type(aval) -> schema.TensorType | None:
   if not all(type(d) is int for d in aval.shape):
     return None
-  return schema.TensorType(tuple(aval.shape), _DTYPE_NAMES.get(aval.dtype, str(aval.dtype)))
+  return schema.TensorType.of(aval)
 
 
 def _dim_sharding(aval) -> schema.DimSharding:
@@ -166,7 +168,6 @@ def _dim_sharding(aval) -> schema.DimSharding:
                for p in shd.partitions(aval.sharding, aval.ndim))
 
 
-_DTYPE_NAMES = {np.dtype("float32"): "f32", np.dtype("int8"): "i8"}
 _MISSING = object()
 _RESULT_TYPES: dict[tuple, object] = {}
 _RESULT_TYPES_MAX = 1024

@@ -18,6 +18,7 @@ import pytest
 
 import hxmlir as hx
 from hxmlir import cli, npzio, typestr
+from hxmlir.lowering import schema
 
 USER_MODULE = textwrap.dedent('''\
     import jax.numpy as jnp
@@ -73,7 +74,7 @@ def test_lower_a_py_file_function(user, capsys):
   assert out.startswith("module @jit_layer")
   assert re.search(r"func.func public @main\(%arg0: tensor<2x6xf32>, %arg1: tensor<6x5xi8>, "
                    r"%arg2: tensor<6xf32>\) -> \(tensor<2x5xf32>", out), out
-  assert re.search(r'stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 .*version = 2', out)
+  assert re.search(r'stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 .*version = 3', out)
   assert "stablehlo.maximum" in out
 
 
@@ -149,8 +150,7 @@ def test_lower_every_format(user, capsys, tmp_path, fmt):
   assert rc == 0, err
   los = typestr.parse_type(f"{fmt}[4,6]").lo_ty()
   sig = ", ".join(f"%arg{i}: tensor<{'x'.join(map(str, a.shape))}x"
-                  f"{ {'int8': 'i8', 'float32': 'f32'}[a.dtype.name]}>"
-                  for i, a in enumerate(los))
+                  f"{schema.TensorType.of(a).dtype}>" for i, a in enumerate(los))
   assert f"@main({sig})" in out, out
 
 
@@ -250,7 +250,7 @@ def test_inspect(block_files, capsys):
   assert out.splitlines()[0] == f"{art}: block (f32[2,4], f32[3], q8[4,3]) -> (f32[2,3])"
   assert "  platforms: cpu, cuda, tpu" in out
   assert "    a1['w']: q8[4,3]  (npz: a1['w'].qvalue, a1['w'].scale)" in out
-  assert re.search(r"  hx ops: hx\.matmul_q v2 x\d+", out), out
+  assert re.search(r"  hx ops: hx\.matmul_q v3 x\d+", out), out
   assert "tpu_custom_call x1 [hx_matmul_q_v1]" in out
   assert "__gpu$xla.gpu.triton x1 [hx_matmul_q_v1]" in out
   assert "versions: artifact format 2, written by hxmlir " in out

@@ -153,14 +153,15 @@ def test_vmap_stays_one_composite(sub, xshape, qshape, mapped):
     _assert_within_bound(got[i], sub, xi, qi)  # each slice: a loop over the batch
 
 
-def test_v2_composite_carries_the_dimension_numbers():
+def test_composite_carries_the_dimension_numbers_and_format():
   x, q = _data((2, 5, 64), (32, 64))
   text = jax.jit(lambda x, q: hx.einsum("bsk,nk->bsn", x, q)).lower(x, q).as_text()
   assert ('stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 {composite_attributes = '
-          '{lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, '
+          '{dtype = "int8", group_size = 0 : i64, layout = "plain", '
+          'lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, '
           'rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1>}'
           in text)
-  assert "version = 2 : i32" in text
+  assert "version = 3 : i32" in text
 
 
 def test_hi_jaxpr_has_one_matmul_q():

@@ -358,7 +358,7 @@ def test_newer_composite_version(mm_blob):
       return ir.WalkResult.ADVANCE
     m.operation.walk(visit)
   with pytest.raises(hxe.ArtifactError, match=r"uses composite hx.matmul_q version 99 at .* "
-                     r"does not accept \(accepted versions \[1, 2\]\): upgrade hxmlir"):
+                     r"does not accept \(accepted versions \[1, 2, 3\]\): upgrade hxmlir"):
     hxe.deserialize(_reseal(mm_blob, edit))
 
 
@@ -383,8 +383,8 @@ def test_missing_or_broken_signature(mm_blob):
     hxe.deserialize(_reseal(mm_blob, drop))
 
   def unknown(m, sig):
-    sig["in"][0] = {"type": "q4", "v": 1}
-  with pytest.raises(hxe.ArtifactError, match="argument 0: unknown type name 'q4'"):
+    sig["in"][0] = {"type": "q2", "v": 1}
+  with pytest.raises(hxe.ArtifactError, match="argument 0: unknown type name 'q2'"):
     hxe.deserialize(_reseal(mm_blob, unknown))
 
 

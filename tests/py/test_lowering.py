@@ -394,13 +394,18 @@ def _with_module(body):
     return module, result
 
 
+Q8 = schema.format_attributes("int8", None)  # hx.dequantize v2's attributes for i8 per row
+
+
 def test_build_composite_on_plain_mlir_creates_a_verified_composite():
   def body(block, ret):
     q, s = block.arguments
     f32 = ir.F32Type.get()
     out_t = ir.RankedTensorType.get([4, 6], f32)
-    a = composite.build_composite("hx.dequantize", [q, s], [out_t], _dequantize_builder)
-    b = composite.build_composite("hx.dequantize", [q, s], [out_t], _dequantize_builder)
+    a = composite.build_composite("hx.dequantize", [q, s], [out_t], _dequantize_builder,
+                                  attributes=Q8)
+    b = composite.build_composite("hx.dequantize", [q, s], [out_t], _dequantize_builder,
+                                  attributes=Q8)
     ret.operands[0] = b[0]
     return a, b
   module, _ = _with_module(body)
@@ -434,7 +439,7 @@ def test_build_composite_shardings():
       (y,) = composite.build_composite(
           "hx.dequantize", list(block.arguments),
           [ir.RankedTensorType.get([4, 6], ir.F32Type.get())], _dequantize_builder,
-          operand_shardings=[rows, scale], result_shardings=[rows])
+          attributes=Q8, operand_shardings=[rows, scale], result_shardings=[rows])
     ret.operands[0] = y
     assert module.operation.verify()
     (c,) = _composites(module)
@@ -445,6 +450,7 @@ def test_build_composite_shardings():
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(name="hx.nope"), ValueError, "unknown composite 'hx.nope'"),
     (dict(version=7), ValueError, "hx.dequantize: unknown version 7"),
+    (dict(attributes=None), ValueError, "composite_attributes must have keys"),
     (dict(attributes={"qmax": 127}), ValueError, "composite_attributes must have keys"),
     (dict(result_types="wrong"), ValueError, "decomposition builder returned values of types"),
     (dict(result_shardings="partial"), ValueError, "for all 1 results or none"),
@@ -455,7 +461,8 @@ def test_build_composite_errors(kwargs, error, message):
     result_types = [ir.RankedTensorType.get([4, 6], f32)]
     if kwargs.get("result_types") == "wrong":
       result_types = [ir.RankedTensorType.get([4, 7], f32)]
-    kw = {k: v for k, v in kwargs.items() if k not in ("name", "result_types")}
+    kw = {"attributes": Q8} | {k: v for k, v in kwargs.items()
+                               if k not in ("name", "result_types")}
     if kw.get("result_shardings") == "partial":
       kw["result_shardings"] = [sdy.TensorShardingAttr.parse("#sdy.sharding<@mesh, [{}, {}]>"),
                                 None]
@@ -470,7 +477,7 @@ def test_build_composite_errors(kwargs, error, message):
 
 def test_attribute_type_is_checked():
   with mlir.make_ir_context(), pytest.raises(TypeError, match="'qmax' must be int, got float"):
-    composite.composite_attributes("hx.quantize", {"qmax": 127.0})
+    composite.composite_attributes("hx.quantize", {"qmax": 127.0, "method": "absmax", **Q8})
 
 
 def test_insertion_point_outside_a_module_is_an_error():
@@ -491,7 +498,7 @@ def _tpu_dequantize_rule(ctx, q, s):
     q, s = args
     y = _dequantize_builder(args)[0]
     return [hlo.AddOp(y, y).result]
-  return composite.lower_composite(ctx, "hx.dequantize", q, s, builder=builder)
+  return composite.lower_composite(ctx, "hx.dequantize", q, s, builder=builder, attributes=Q8)
 
 
 def test_platform_specific_builder_exports_next_to_the_reference():

@@ -371,7 +371,8 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
       (y,) = composite.build_composite("hx.matmul_q", list(fn.arguments),
                                        [ir.RankedTensorType.get([2, 300], ir.F32Type.get())],
                                        impl.streaming_decomposition,
-                                       attributes=schema.matmul_q_attributes(v1_dims(2)))
+                                       attributes=schema.matmul_q_attributes(
+                                           v1_dims(2), schema.format_attributes("int8", None)))
     ret.operands[0] = y
     assert module.operation.verify()
     out = str(module)

@@ -97,8 +97,8 @@ def test_json_arguments():
 
 @pytest.mark.parametrize("text, message", [
     ("f32[8,x]", "column 7: expected a dimension size (an integer), got 'x'"),
-    ("x32[4]", "column 1: expected a type (a dtype such as f32[8,512], q8[...], r1[...] or "
-               "Tup{...}); 'x32' is not a dtype"),
+    ("x32[4]", "column 1: expected a type (a dtype such as f32[8,512], q8[...], q4[...], "
+               "f8[...], r1[...] or Tup{...}); 'x32' is not a dtype"),
     ("f32[4", "column 6: expected ',' or ']' after a dimension, got the end of the text"),
     ("f32(4)", "column 4: expected '[' after f32, got '('"),
     ("f32[4]]", "column 7: expected the end of the text, got ']'"),
@@ -108,7 +108,9 @@ def test_json_arguments():
     ("{3: f32[1]}", "column 2: expected a dict key"),
     ("Tup[f32[1]]", "column 4: expected '{' after Tup, got '['"),
     ("Tup{f32[1] q8[2]}", "column 12: expected ',' or '}' after a tuple element type"),
-    ("q8[4,3:g32]", "column 8: expected ']': q8 takes no options, got 'g32'"),
+    ("r1[4,3:g32]", "column 8: expected ']': r1 takes no options, got 'g32'"),
+    ("q4[4,3:x32]", "column 8: expected an option of q4 (gN), got 'x32'"),
+    ("q8[4,3:g32]", "q8[4,3:g32]: the last axis (3) is not a multiple of the group size 32"),
     ("f32[8@i]", "column 7: expected an unsharded dimension: a sharded dimension needs a mesh "
                  "(--mesh i=N), got 'i'"),
     ("f32[8@]", "column 7: expected a mesh axis name, got ']'"),

@@ -31,7 +31,7 @@ hx.install()
 print_ir("installed", dequant_dot, x, qw)
 # CHECK-LABEL: TEST: installed f32[2,3] q8[3,4]
 # CHECK: func.func public @main(%[[X:.*]]: tensor<2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
-# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:[^,]*]], version = 2 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:[^,]*]], version = 3 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
 # CHECK-NEXT: return %[[Y]] : tensor<2x4xf32>
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3xf32>, %{{.*}}: tensor<3x4xi8>, %{{.*}}: tensor<3xf32>) -> tensor<2x4xf32>
 
@@ -40,7 +40,7 @@ print_ir("installed_batched_x", dequant_dot, xb, qw)
 # CHECK: func.func public @main(%[[X:.*]]: tensor<5x2x3xf32>, %[[Q:.*]]: tensor<3x4xi8>, %[[S:.*]]: tensor<3xf32>)
 # N-d activations: one hx.matmul_q v2 carrying the dot's dims (never the whole weight
 # converted on CPU: the decomposition collapses x's leading dims into rows).
-# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:[^,]*]], version = 2 : i32} : (tensor<5x2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<5x2x4xf32>
+# CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:[^,]*]], version = 3 : i32} : (tensor<5x2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<5x2x4xf32>
 # CHECK-NEXT: return %[[Y]]
 # CHECK-NOT: "hx.dequantize"
 

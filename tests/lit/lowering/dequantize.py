@@ -1,5 +1,5 @@
 # RUN: env XLA_FLAGS=--xla_force_host_platform_device_count=8 %python %s | filecheck %s
-# hx.dequantize: (i8[*l, n], f32[*l]) -> f32[*l, n], no attributes.
+# hx.dequantize v2: (i8[*l, n], f32[*l]) -> f32[*l, n], the format in composite_attributes.
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
@@ -11,7 +11,7 @@ qx = hx.quantize(jnp.ones((4, 6), "float32"))
 print_ir("dequantize", hx.dequantize, qx)
 # CHECK-LABEL: TEST: dequantize q8[4,6]
 # CHECK: func.func public @main(%[[Q:[a-z0-9]+]]: tensor<4x6xi8>, %[[S:[a-z0-9]+]]: tensor<4xf32>)
-# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.dequantize" %[[Q]], %[[S]] {decomposition = @[[IMPL:hx.dequantize.impl]], version = 1 : i32} : (tensor<4x6xi8>, tensor<4xf32>) -> tensor<4x6xf32>
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.dequantize" %[[Q]], %[[S]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain"}, decomposition = @[[IMPL:hx.dequantize.impl]], version = 2 : i32} : (tensor<4x6xi8>, tensor<4xf32>) -> tensor<4x6xf32>
 # CHECK-NEXT: return %[[Y]] : tensor<4x6xf32>
 # The decomposition: q * s[..., None].
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<4x6xi8>, %[[B:[a-z0-9]+]]: tensor<4xf32>) -> tensor<4x6xf32>
@@ -29,7 +29,7 @@ with jax.set_mesh(mesh("i=4,j=2")):
 # CHECK: func.func public @main(%[[Q:[a-z0-9]+]]: tensor<8x6xi8>, %[[S:[a-z0-9]+]]: tensor<8xf32>)
 # CHECK-NEXT: %[[QC:[0-9]+]] = sdy.sharding_constraint %[[Q]] <@mesh, [{"i"}, {}]> : tensor<8x6xi8>
 # CHECK-NEXT: %[[SC:[0-9]+]] = sdy.sharding_constraint %[[S]] <@mesh, [{"i"}]> : tensor<8xf32>
-# CHECK-NEXT: stablehlo.composite "hx.dequantize" %[[QC]], %[[SC]] {decomposition = @[[IMPL:hx.dequantize.impl]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>]>, version = 1 : i32} : (tensor<8x6xi8>, tensor<8xf32>) -> tensor<8x6xf32>
+# CHECK-NEXT: stablehlo.composite "hx.dequantize" %[[QC]], %[[SC]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain"}, decomposition = @[[IMPL:hx.dequantize.impl]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>]>, version = 2 : i32} : (tensor<8x6xi8>, tensor<8xf32>) -> tensor<8x6xf32>
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<8x6xi8>, %{{.*}}: tensor<8xf32>) -> tensor<8x6xf32>
 # CHECK-NOT: sdy.
 # CHECK: return

@@ -13,7 +13,7 @@ qw = hx.quantize(jnp.ones((6, 5), "float32"))
 print_ir("matmul_q", hx.matmul_q, x, qw)
 # CHECK-LABEL: TEST: matmul_q f32[2,6] q8[6,5]
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<2x6xf32>, %[[Q:[a-z0-9]+]]: tensor<6x5xi8>, %[[S:[a-z0-9]+]]: tensor<6xf32>)
-# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32} : (tensor<2x6xf32>, tensor<6x5xi8>, tensor<6xf32>) -> tensor<2x5xf32>
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 3 : i32} : (tensor<2x6xf32>, tensor<6x5xi8>, tensor<6xf32>) -> tensor<2x5xf32>
 # CHECK-NEXT: return %[[Y]] : tensor<2x5xf32>
 # The decomposition: the weight's row scales fold into x's columns, then an f32 dot.
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<2x6xf32>, %[[B:[a-z0-9]+]]: tensor<6x5xi8>, %[[C:[a-z0-9]+]]: tensor<6xf32>) -> tensor<2x5xf32>
@@ -27,7 +27,7 @@ x3 = jnp.ones((2, 5, 6), "float32")
 print_ir("matmul_q_transformer", hx.matmul_q, x3, qw)
 # A transformer layer: f32[b, s, d] @ q8[d, f]; x's leading dims stay free dims of the dot.
 # CHECK-LABEL: TEST: matmul_q_transformer f32[2,5,6] q8[6,5]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<2x5x6xf32>, tensor<6x5xi8>, tensor<6xf32>) -> tensor<2x5x5xf32>
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32} : (tensor<2x5x6xf32>, tensor<6x5xi8>, tensor<6xf32>) -> tensor<2x5x5xf32>
 # CHECK: func.func private @[[IMPL]]
 # CHECK: stablehlo.dot_general %{{.*}}, %{{.*}}, contracting_dims = [2] x [0]{{.*}} -> tensor<2x5x5xf32>
 
@@ -37,7 +37,7 @@ print_ir("einsum_out_in", lambda x, q: hx.einsum("mk,nk->mn", x, q), xo, qo)
 # The [out, in] checkpoint layout: the sum runs over the quantized axis, so the scale
 # multiplies the dot's result (broadcast along its columns), not x.
 # CHECK-LABEL: TEST: einsum_out_in f32[3,6] q8[4,6]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<3x6xf32>, tensor<4x6xi8>, tensor<4xf32>) -> tensor<3x4xf32>
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32} : (tensor<3x6xf32>, tensor<4x6xi8>, tensor<4xf32>) -> tensor<3x4xf32>
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<3x6xf32>, %[[B:[a-z0-9]+]]: tensor<4x6xi8>, %[[C:[a-z0-9]+]]: tensor<4xf32>)
 # CHECK-NEXT: %[[QF:[0-9]+]] = stablehlo.convert %[[B]]
 # CHECK-NEXT: %[[D:[0-9]+]] = stablehlo.dot_general %[[A]], %[[QF]], contracting_dims = [1] x [1]{{.*}} -> tensor<3x4xf32>
@@ -51,7 +51,7 @@ print_ir("einsum_stacked", lambda x, q: hx.einsum("...ij,hjk->...ik", x, q), xh,
 # A stack of weights q8[h, j, k] summed over h (google/aqt#498): the scale s[h, j] makes
 # h a new batch axis of the scaled x, contracted with q's h; one composite.
 # CHECK-LABEL: TEST: einsum_stacked f32[2,3,4] q8[5,4,6]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2, 3>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1, 0>}
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2, 3>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1, 0>}
 # CHECK-SAME: -> tensor<2x3x6xf32>
 # CHECK-NOT: stablehlo.composite "hx.matmul_q"
 # CHECK-LABEL: func.func private
@@ -59,7 +59,7 @@ print_ir("einsum_stacked", lambda x, q: hx.einsum("...ij,hjk->...ik", x, q), xh,
 print_ir("matmul_q_vmap", jax.vmap(hx.matmul_q, in_axes=(0, None)), x3, qw)
 # vmap of it stays one op: the mapped axis becomes one more free dim of x.
 # CHECK-LABEL: TEST: matmul_q_vmap f32[2,5,6] q8[6,5]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>
 # CHECK-NOT: stablehlo.composite
 # CHECK-NOT: stablehlo.while
 
@@ -74,7 +74,7 @@ with jax.set_mesh(mesh("i=4,j=2")):
 # CHECK-NEXT: %[[XC:[0-9]+]] = sdy.sharding_constraint %[[X]] <@mesh, [{"i"}, {"j"}, {}]> : tensor<4x8x6xf32>
 # CHECK-NEXT: %[[QC:[0-9]+]] = sdy.sharding_constraint %[[Q]] <@mesh, [{"i"}, {}, {}]> : tensor<4x6x5xi8>
 # CHECK-NEXT: %[[SC:[0-9]+]] = sdy.sharding_constraint %[[S]] <@mesh, [{"i"}, {}]> : tensor<4x6xf32>
-# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[XC]], %[[QC]], %[[SC]] {composite_attributes = {lhs_batching_dimensions = array<i64: 0>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64: 0>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}, {}]>]>, version = 2 : i32} : (tensor<4x8x6xf32>, tensor<4x6x5xi8>, tensor<4x6xf32>) -> tensor<4x8x5xf32>
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[XC]], %[[QC]], %[[SC]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64: 0>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64: 0>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}, {}]>]>, version = 3 : i32} : (tensor<4x8x6xf32>, tensor<4x6x5xi8>, tensor<4x6xf32>) -> tensor<4x8x5xf32>
 # CHECK-NEXT: return %[[Y]]
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<4x8x6xf32>, %{{.*}}: tensor<4x6x5xi8>, %{{.*}}: tensor<4x6xf32>) -> tensor<4x8x5xf32>
 # CHECK-NOT: sdy.

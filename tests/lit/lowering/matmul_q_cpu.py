@@ -59,7 +59,7 @@ x = np.ones((5, 600), np.float32)
 qw = hx.quantize(np.ones((600, 300), np.float32))
 print_ir("matmul_q_cpu_k", hx.matmul_q, x, qw)
 # CHECK-LABEL: TEST: matmul_q_cpu_k f32[5,600] q8[600,300]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 3 : i32}
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<5x600xf32>, %[[Q:[a-z0-9]+]]: tensor<600x300xi8>, %[[S:[a-z0-9]+]]: tensor<600xf32>) -> tensor<5x300xf32>
 # The scale folds into x once, before the loop.
 # CHECK-NEXT: %[[SB:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = [1] : (tensor<600xf32>) -> tensor<5x600xf32>
@@ -124,7 +124,7 @@ x = np.ones((2, 4, 600), np.float32)
 qw = hx.quantize(np.ones((600, 300), np.float32))
 print_ir("matmul_q_cpu_nd", hx.matmul_q, x, qw)
 # CHECK-LABEL: TEST: matmul_q_cpu_nd f32[2,4,600] q8[600,300]
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32}
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x4x600xf32>
 # CHECK-NEXT: %[[X2:[0-9]+]] = stablehlo.reshape %[[X]] : (tensor<2x4x600xf32>) -> tensor<8x600xf32>
 # CHECK: stablehlo.while

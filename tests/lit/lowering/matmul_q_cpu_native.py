@@ -17,7 +17,7 @@ qw = hx.quantize(np.ones((2, 512, 300), np.float32))
 with hx.installed():
   print_ir("matmul_q_cpu_native", hx.matmul_q, x, qw)
 # CHECK-LABEL: TEST: matmul_q_cpu_native f32[2,3,512] q8[2,512,300]
-# CHECK: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 {composite_attributes = {lhs_batching_dimensions = array<i64: 0>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64: 0>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32} : (tensor<2x3x512xf32>, tensor<2x512x300xi8>, tensor<2x512xf32>) -> tensor<2x3x300xf32>
+# CHECK: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64: 0>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64: 0>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 3 : i32} : (tensor<2x3x512xf32>, tensor<2x512x300xi8>, tensor<2x512xf32>) -> tensor<2x3x300xf32>
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x3x512xf32>, %[[Q:[a-z0-9]+]]: tensor<2x512x300xi8>, %[[S:[a-z0-9]+]]: tensor<2x512xf32>) -> tensor<2x3x300xf32>
 # CHECK-NEXT: %[[C:[0-9]+]] = stablehlo.custom_call @hx_matmul_q_cpu_v1(%[[X]], %[[Q]], %[[S]]) {{.*}}mhlo.backend_config = {}{{.*}} : (tensor<2x3x512xf32>, tensor<2x512x300xi8>, tensor<2x512xf32>) -> tensor<2x3x300xf32>
 # CHECK-NEXT: return %[[C]] : tensor<2x3x300xf32>

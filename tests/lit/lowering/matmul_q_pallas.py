@@ -15,7 +15,7 @@ with hx.installed():
     print_exported(f"matmul_q_pallas_{platform}",
                    jax.export.export(jax.jit(hx.matmul_q), platforms=[platform])(x, qw))
 # CHECK-LABEL: TEST: matmul_q_pallas_cuda cuda
-# CHECK: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<1> : tensor<1xi64>, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<0> : tensor<1xi64>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32} : (tensor<3x40xf32>, tensor<40x50xi8>, tensor<40xf32>) -> tensor<3x50xf32>
+# CHECK: %[[Y:[0-9]+]] = stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<1> : tensor<1xi64>, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<0> : tensor<1xi64>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 3 : i32} : (tensor<3x40xf32>, tensor<40x50xi8>, tensor<40xf32>) -> tensor<3x50xf32>
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<3x40xf32>, %[[Q:[a-z0-9]+]]: tensor<40x50xi8>, %[[S:[a-z0-9]+]]: tensor<40xf32>) -> tensor<3x50xf32>
 # The int8 weight goes to the kernel as it is (a reshape is a bitcast); x and s
 # are zero-padded to whole blocks (16 rows for tl.dot, k to 128).
@@ -30,7 +30,7 @@ with hx.installed():
 # CHECK-NEXT: return %[[YR]]
 
 # CHECK-LABEL: TEST: matmul_q_pallas_tpu tpu
-# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<1> : tensor<1xi64>, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<0> : tensor<1xi64>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 2 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<1> : tensor<1xi64>, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<0> : tensor<1xi64>}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 3 : i32}
 # CHECK: func.func private @[[IMPL]](
 # Mosaic: 8-row blocks.
 # CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_v1"{{.*}} : (tensor<1x8x128xf32>, tensor<1x1x128xf32>, tensor<1x40x50xi8>) -> tensor<1x8x128xf32>

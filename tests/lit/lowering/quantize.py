@@ -11,7 +11,7 @@ x = jnp.ones((4, 6), "float32")
 print_ir("quantize", hx.quantize, x)
 # CHECK-LABEL: TEST: quantize f32[4,6]
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<4x6xf32>)
-# CHECK-NEXT: %[[Q:[a-z0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[X]] {composite_attributes = {qmax = 127 : i64}, decomposition = @[[IMPL:hx.quantize.impl]], version = 1 : i32} : (tensor<4x6xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
+# CHECK-NEXT: %[[Q:[a-z0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[X]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", method = "absmax", qmax = 127 : i64}, decomposition = @[[IMPL:hx.quantize.impl]], version = 2 : i32} : (tensor<4x6xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
 # CHECK-NEXT: return %[[Q]]#0, %[[Q]]#1 : tensor<4x6xi8>, tensor<4xf32>
 # The decomposition: s = max|x| * f32(1/127) per row (NaN if not finite), q = clip(round(x / s)).
 # CHECK: func.func private @[[IMPL]](%[[A:[a-z0-9]+]]: tensor<4x6xf32>) -> (tensor<4x6xi8>, tensor<4xf32>)
@@ -24,9 +24,11 @@ print_ir("quantize", hx.quantize, x)
 # CHECK-NEXT: reducer(%{{.*}}: tensor<f32>, %{{.*}}: tensor<f32>) (%{{.*}}: tensor<i1>, %{{.*}}: tensor<i1>)
 # CHECK-NEXT: stablehlo.maximum
 # CHECK-NEXT: stablehlo.or
-# CHECK: %[[FIN:[0-9]+]] = stablehlo.not %[[RED]]#1 : tensor<4xi1>
+# A non-finite row's amax is NaN, and the scale is NaN where amax is not finite:
+# CHECK: %[[AMAX:[0-9]+]] = stablehlo.select %[[RED]]#1, %{{.*}}, %[[RED]]#0 : tensor<4xi1>, tensor<4xf32>
+# CHECK: %[[FIN:[0-9]+]] = stablehlo.is_finite %[[AMAX]] : (tensor<4xf32>) -> tensor<4xi1>
 # CHECK: %[[INV:.*]] = stablehlo.constant dense<0.00787401571> : tensor<f32>
-# CHECK: %[[S0:[0-9]+]] = stablehlo.multiply %[[RED]]#0, %{{.*}} : tensor<4xf32>
+# CHECK: %[[S0:[0-9]+]] = stablehlo.multiply %[[AMAX]], %{{.*}} : tensor<4xf32>
 # CHECK: %[[S:[0-9]+]] = stablehlo.select %[[FIN]], %[[S0]], %{{.*}} : tensor<4xi1>, tensor<4xf32>
 # CHECK: stablehlo.divide %[[A]], %{{.*}} : tensor<4x6xf32>
 # CHECK: stablehlo.round_nearest_even
@@ -43,7 +45,7 @@ with jax.set_mesh(mesh("i=4,j=2")):
 # CHECK: sdy.mesh @mesh = <["i"=4, "j"=2]>
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<8x6xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"i"}, {}]>})
 # CHECK-NEXT: %[[XC:[0-9]+]] = sdy.sharding_constraint %[[X]] <@mesh, [{"i"}, {}]> : tensor<8x6xf32>
-# CHECK-NEXT: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[XC]] {composite_attributes = {qmax = 127 : i64}, decomposition = @[[IMPL:hx.quantize.impl]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>, <@mesh, [{"i"}]>]>, version = 1 : i32} : (tensor<8x6xf32>) -> (tensor<8x6xi8>, tensor<8xf32>)
+# CHECK-NEXT: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[XC]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", method = "absmax", qmax = 127 : i64}, decomposition = @[[IMPL:hx.quantize.impl]], sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"i"}, {}]>, <@mesh, [{"i"}]>]>, version = 2 : i32} : (tensor<8x6xf32>) -> (tensor<8x6xi8>, tensor<8xf32>)
 # CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<8x6xf32>) -> (tensor<8x6xi8>, tensor<8xf32>)
 # The decomposition is plain StableHLO: no sharding ops inside.
 # CHECK-NOT: sdy.

@@ -18,9 +18,9 @@ print_ir("value_and_grad", jax.value_and_grad(loss, argnums=(0, 1)), x, w)
 # (MatmulQ's VJP: gx = g @ dequantize(qw)^T).
 # CHECK-LABEL: TEST: value_and_grad f32[2,3] f32[3,4]
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<2x3xf32>, %[[W:[a-z0-9]+]]: tensor<3x4xf32>)
-# CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[W]] {composite_attributes = {qmax = 127 : i64}, decomposition = @hx.quantize.impl, version = 1 : i32}
-# CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @hx.matmul_q.impl, version = 2 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
-# CHECK: stablehlo.composite "hx.dequantize" %[[Q]]#0, %[[Q]]#1 {decomposition = @hx.dequantize.impl, version = 1 : i32} : (tensor<3x4xi8>, tensor<3xf32>) -> tensor<3x4xf32>
+# CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[W]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", method = "absmax", qmax = 127 : i64}, decomposition = @hx.quantize.impl, version = 2 : i32}
+# CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @hx.matmul_q.impl, version = 3 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
+# CHECK: stablehlo.composite "hx.dequantize" %[[Q]]#0, %[[Q]]#1 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain"}, decomposition = @hx.dequantize.impl, version = 2 : i32} : (tensor<3x4xi8>, tensor<3xf32>) -> tensor<3x4xf32>
 # CHECK: func.func private @hx.quantize.impl(
 # CHECK: func.func private @hx.matmul_q.impl(
 # CHECK: func.func private @hx.dequantize.impl(

@@ -10,7 +10,7 @@
 // exactly hx.matmul_q's contract.
 // CHECK-LABEL: func.func @composite_to_matmul_q
 // CHECK-SAME: (%[[X:.*]]: tensor<4x6xf32>, %[[Q:.*]]: tensor<6x8xi8>, %[[S:.*]]: tensor<6xf32>)
-// CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+// CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]], %[[S]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT: return %[[Y]]
 // The dequantize composite is gone, and so is its decomposition.
 // CHECK-NOT: @deq
@@ -97,7 +97,7 @@ func.func private @deq(%q: tensor<3x6x8xi8>, %s: tensor<3x6xf32>) -> tensor<3x6x
 // free dims on the dense side) is hx.matmul_q v2 with the dot's own dimension numbers; its
 // decomposition collapses x's leading dims into m (reshape), dots, and reshapes back.
 // CHECK-LABEL: func.func @nd_to_matmul_q
-// CHECK-NEXT: stablehlo.composite "hx.matmul_q" {{.*}} {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 2 : i32} : (tensor<2x4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x4x8xf32>
+// CHECK-NEXT: stablehlo.composite "hx.matmul_q" {{.*}} {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 2>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32} : (tensor<2x4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<2x4x8xf32>
 // CHECK-NOT: @deq
 // CHECK: func.func private @[[IMPL]]
 // CHECK-NEXT: stablehlo.reshape %{{.*}} : (tensor<2x4x6xf32>) -> tensor<8x6xf32>

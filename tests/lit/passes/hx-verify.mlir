@@ -122,7 +122,7 @@ func.func private @id(%x: tensor<4xf32>) -> tensor<4xf32> {
 // -----
 
 func.func @unknown_version(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32> {
-  // expected-error @+1 {{'hx.dequantize' version 7 is not accepted; this code accepts 1}}
+  // expected-error @+1 {{'hx.dequantize' version 7 is not accepted; this code accepts 1, 2}}
   %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 7 : i32} : (tensor<4x8xi8>, tensor<4xf32>) -> tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
 }
@@ -416,9 +416,9 @@ func.func private @quant(%x: tensor<4x8xf32>) -> (tensor<4x8xi8>, tensor<4xf32>)
 
 // Every problem is reported, each at its op; the pass fails once at the end.
 func.func @all_problems_reported(%q: tensor<4x8xi8>, %s: tensor<8xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
-  // expected-error @+2 {{'hx.dequantize' version 2 is not accepted}}
+  // expected-error @+2 {{'hx.dequantize' version 7 is not accepted}}
   // expected-error @+1 {{'hx.dequantize' operand: scale shape must be the value shape without its last axis}}
-  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 2 : i32} : (tensor<4x8xi8>, tensor<8xf32>) -> tensor<4x8xf32>
+  %0 = stablehlo.composite "hx.dequantize" %q, %s {decomposition = @deq, version = 7 : i32} : (tensor<4x8xi8>, tensor<8xf32>) -> tensor<4x8xf32>
   // expected-error @+1 {{'hx.nothing' is not a known hx composite}}
   %1 = stablehlo.composite "hx.nothing" %x {decomposition = @id, version = 1 : i32} : (tensor<4x8xf32>) -> tensor<4x8xf32>
   %2 = stablehlo.add %0, %1 : tensor<4x8xf32>

@@ -88,6 +88,27 @@ CASES: dict[str, Case] = {
                         lambda: (_x((2, 3, 4), 12), hx.quantize(_x((4, 5), 13)),
                                  hx.quantize(_x((6, 4), 14))),
                         (("hx.matmul_q", 2),)),
+    # issue 15's formats: hx.quantize v2, hx.dequantize v2, hx.matmul_q v3 carry dtype,
+    # group_size and layout (int4 pairs two per byte) in composite_attributes
+    "quantize_v2": Case(
+        lambda x: (hx.quantize(x, method="mse"), hx.quantize(x, jnp.int4, group_size=4),
+                   hx.quantize(x, jnp.float8_e4m3fn), hx.quantize(x, jnp.int8, group_size=2),
+                   hx.quantize(x, jnp.int4, group_size=4, method="mse")),
+        lambda: (_x((3, 8), 21),), (("hx.quantize", 2),)),
+    "dequantize_v2": Case(
+        lambda a, b, c: (hx.dequantize(a), hx.dequantize(b), hx.dequantize(c)),
+        lambda: (hx.quantize(_x((3, 8), 22), jnp.int4, group_size=4),
+                 hx.quantize(_x((3, 8), 23), jnp.float8_e4m3fn),
+                 hx.quantize(_x((3, 8), 24), jnp.int8, group_size=2)),
+        (("hx.dequantize", 2),)),
+    "matmul_q_v3": Case(
+        lambda x, xo, a, b, c: (hx.matmul_q(x, a), hx.einsum("bsk,nk->bsn", xo, b),
+                                hx.matmul_q(x, c)),
+        lambda: (_x((2, 3, 8), 25), _x((2, 3, 8), 26),
+                 hx.quantize(_x((8, 6), 27), jnp.int4, group_size=2),
+                 hx.quantize(_x((5, 8), 28), jnp.int4, group_size=4),
+                 hx.quantize(_x((8, 6), 29), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 3),)),
     "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
