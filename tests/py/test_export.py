@@ -61,6 +61,27 @@ def test_plain_jax_export_loses_the_hi_signature(data):
   assert isinstance(jax.export.export(jax.jit(hx.quantize))(w).call(w), list)
 
 
+def test_plain_jax_export_calling_convention_is_the_readmes(data):
+  # README, "Known limits": one list of lo components per argument (dense ones too),
+  # a hi result as the list of its components
+  x, w, qw = data
+  exp = jax.export.export(jax.jit(hx.matmul_q))(x, qw)
+  _assert_same(exp.call([x], [qw.qvalue, qw.scale]), hx.matmul_q(x, qw))
+  for flat in ((x, qw.qvalue, qw.scale), (x, (qw.qvalue, qw.scale))):
+    with pytest.raises(ValueError, match="same pytree structure"):
+      exp.call(*flat)
+  a = jnp.arange(3.0)
+  tup = jax.export.export(jax.jit(lambda t: hx.get_tuple_element(t, 0) * 2))(hx.make_tup(a, qw))
+  _assert_same(tup.call([a, qw.qvalue, qw.scale]), a * 2)
+  r = hx.outer(jnp.ones(6), jnp.arange(5.0))
+  r1 = jax.export.export(jax.jit(lambda r, y: hx.matmul_r1(y, r)))(r, jnp.ones((2, 6)))
+  _assert_same(r1.call(list(hx.factors(r)), [jnp.ones((2, 6))]),
+               hx.matmul_r1(jnp.ones((2, 6)), r))
+  qv, s = jax.export.export(jax.jit(hx.quantize))(w).call(w)
+  _assert_same(qv, qw.qvalue)
+  _assert_same(s, qw.scale)
+
+
 def test_matmul_q_signature_and_call(data, mm):
   x, _, qw = data
   assert [t.str_short() for t in mm.in_types] == ["float32[2,3]", "q8[3,4]"]
