@@ -67,7 +67,9 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   for idx, shape in ((xs, x_aval.shape), (qs, q_aval.shape)):
     for c, d in zip(idx, shape):
       if size.setdefault(c, d) != d:
-        raise TypeError(f"{sig}: index {c!r} has sizes {size[c]} and {d}")
+        raise TypeError(f"{sig}: {_index_name(c, subscripts)} has sizes {size[c]} and {d}"
+                        + ("; hx.einsum does not broadcast size-1 axes (broadcast the "
+                           "operand first)" if 1 in (size[c], d) else ""))
   n = qs[-1]
   if n not in xs and n not in out:
     raise TypeError(f"{sig}: sums the quantized axis {n!r} of the q8 operand alone; "
@@ -93,3 +95,11 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   if order == out:
     return y
   return jnp.transpose(y, tuple(order.index(c) for c in out))
+
+
+def _index_name(c: str, subscripts: str) -> str:
+  """How an error names index ``c``: ``index 'k'``, or an axis under ``...`` (opt_einsum
+  writes those with letters the user never wrote)."""
+  if c in subscripts.replace("...", ""):
+    return f"index {c!r}"
+  return "an axis under '...'"
