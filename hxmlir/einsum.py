@@ -37,13 +37,17 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   sharded like ``dot_general``'s (batch and ``x``'s indices like ``x``, ``q``'s like
   ``q``), then transposed.
 
-  Raises ``TypeError`` naming the subscripts and both operand types
+  Raises ``TypeError`` when ``subscripts`` is not a string, and one naming the
+  subscripts and both operand types
   (``hx.einsum('mk,njk->mn'): f32[5,16], q8[4,3,16]: ...``) when there is not exactly
   one quantized and one dense f32 operand, an index repeats within an operand
   (diagonals), sizes disagree, ``q``'s quantized axis is summed on ``q`` alone, the
   scales cannot be folded (the quantized axis is contracted and the scale spans both
   a contracted and a kept axis), or a contraction axis is sharded.
   """
+  if not isinstance(subscripts, str):
+    raise TypeError(f"hx.einsum takes its subscripts as a string first ('bsk,kn->bsn'), got "
+                    f"{type(subscripts).__name__} {subscripts!r}")
   x_aval, q_aval = jax.typeof(x), jax.typeof(q)
   swapped = isinstance(x_aval, QArrayTy) and not isinstance(q_aval, QArrayTy)
   if swapped:

@@ -195,6 +195,15 @@ def test_einsum_type_errors_name_subscripts_and_operands(sub, xshape, qshape, ms
     jax.jit(hx.einsum, static_argnums=0).trace(sub, x, q)
 
 
+@pytest.mark.parametrize("subscripts", [3, None, ["bsk", "kn"], (0, 1)])
+def test_einsum_subscripts_that_are_not_a_string_are_a_type_error(subscripts):
+  # they reached opt_einsum's parser ("lists must contain either Ellipsis or hashable ...")
+  x, q = _data((2, 3), (3, 4))
+  with pytest.raises(TypeError, match=r"hx\.einsum takes its subscripts as a string first "
+                                      r"\('bsk,kn->bsn'\), got "):
+    hx.einsum(subscripts, x, q)
+
+
 def test_einsum_needs_one_quantized_operand():
   x = jnp.ones((3, 4), jnp.float32)
   with pytest.raises(TypeError, match=r"f32\[3,4\], f32\[3,4\]: expects one dense f32 operand "
