@@ -50,17 +50,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from hxmlir import __version__
-from hxmlir.targets import PLATFORMS
+from hxmlir.targets import PLATFORMS, check_platforms
 
 
 def _platforms(text: str) -> tuple[str, ...]:
-  known = PLATFORMS
-  ps = tuple(p.strip() for p in text.split(",") if p.strip())
-  bad = [p for p in ps if p not in known]
-  if not ps or bad:
+  try:
+    return check_platforms(tuple(p.strip() for p in text.split(",") if p.strip()))
+  except ValueError:
     raise argparse.ArgumentTypeError(
-        f"invalid platforms {text!r}: a comma-separated list of {', '.join(known)}")
-  return ps
+        f"invalid platforms {text!r}: a comma-separated list of {', '.join(PLATFORMS)}") from None
 
 
 def _positive(text: str) -> int:

@@ -441,7 +441,8 @@ def test_register_kernel_checks_its_arguments(clean_targets):
     targets.register_kernel(targets.TRITON, "bad name", 1, ("cuda",))
   with pytest.raises(ValueError, match="version must be an int >= 1"):
     targets.register_kernel(targets.TRITON, "k", 0, ("cuda",))
-  with pytest.raises(ValueError, match="platforms must be a non-empty subset"):
+  with pytest.raises(ValueError, match=r"kernel platforms must be a non-empty list of cpu, "
+                                       r"cuda, rocm, tpu, got \('gpu',\) \(unknown: 'gpu'\)"):
     targets.register_kernel(targets.TRITON, "k", 1, ("gpu",))
   assert targets.lookup(targets.TRITON, "hx_test_double_v1") is k
   assert targets.lookup(targets.TRITON, "hx_test_double_v2") is None
@@ -539,3 +540,22 @@ def test_install_refuses_user_triton_kernels_without_hx_ops(clean_targets):
       jax.export.export(_triton_fn("mine"), platforms=["cuda"])(jnp.ones((8, 128), "float32"))
   finally:
     hx.uninstall()
+
+
+@pytest.mark.parametrize("platforms, unknown", [(("cpu", "tpuu"), "'tpuu'"), ("gpu", "'gpu'"),
+                                                (("CPU",), "'CPU'"), ((), None)])
+def test_every_platform_list_is_checked_against_the_known_platforms(data, platforms, unknown):
+  # jax.export exports for a misspelt platform as if it existed; hxmlir's entry points
+  # (hxmlir.export.export, hxmlir.testing.lowered_text, register_kernel) refuse it
+  from hxmlir.testing import lowered_text
+  x, _, qw = data
+  tail = r" \(unknown: " + unknown + r"\)" if unknown else "$"
+  with pytest.raises(ValueError, match=r"hxmlir\.export\.export platforms must be a non-empty "
+                                       r"list of cpu, cuda, rocm, tpu, got .*" + tail):
+    hxe.export(jax.jit(hx.matmul_q), platforms=platforms)
+  with pytest.raises(ValueError, match=r"lowered_text platforms must be a non-empty list .*" + tail):
+    lowered_text(hx.matmul_q, x, qw, platforms=platforms)
+  with pytest.raises(ValueError, match=r"kernel platforms must be a non-empty list .*" + tail):
+    targets.register_kernel(targets.TRITON, "hx_test_platforms", 1, platforms, owner="test")
+  assert hxe.export(jax.jit(hx.matmul_q), platforms=("cpu", "tpu"))(x, qw).platforms == \
+      ("cpu", "tpu")
