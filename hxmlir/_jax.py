@@ -14,6 +14,8 @@ Every change hxmlir makes to JAX's state is a named function here:
   custom-call allow-list widened per exporting thread, and put back;
 - :func:`cached_lowering`: a composite's decomposition kept in the ``ModuleContext``'s
   cache of the module being lowered (JAX's cache, used as JAX uses it).
+- :func:`install_ref_write_check`: ``ref[...] = v`` with a hi ref or value is typed by
+  hxmlir's check first (at import, for good; writes of arrays into arrays pass through).
 """
 
 from jax._src import core as core
@@ -318,6 +320,7 @@ def unscope_export_allow_list() -> None:
 
 
 # --- Pallas: hi types as operands and results of pl.pallas_call (hxmlir/pallas.py)
+from jax import tree_util as _tree_util  # noqa: E402
 from jax._src.state import indexing as _state_indexing  # noqa: E402
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 from jax._src.state import types as _state_types  # noqa: E402
@@ -335,6 +338,26 @@ def register_indexer_transform_type(ty: type) -> None:
 
   Pallas computes the type of ``ref.at[...]`` views and of reads through it."""
   _state_indexing.indexer_transform_type_registry.add(ty)
+
+
+def _wrap_ref_swap_abstract_eval(jax_rule, check_write):
+  def rule(ref_aval, val_aval, *args, tree):
+    check_write(ref_aval, val_aval, _tree_util.tree_unflatten(tree, args))
+    return jax_rule(ref_aval, val_aval, *args, tree=tree)
+  rule._hx_wraps = jax_rule
+  return rule
+
+
+def install_ref_write_check(check_write) -> None:
+  """Runs ``check_write(ref_aval, val_aval, transforms)`` before JAX types ``ref[idx] = v``.
+
+  JAX's ``swap_p`` types a write through a hi ref's indexer with the hi type's
+  ``ref_swap_abstract_eval``, but a write of the whole ref (``o_ref[...] = v``,
+  no transforms) and any write of a hi value into an array ref reach its array
+  rule, which fails later in ``_swap_to_lojax`` (``safe_zip``) or on an
+  ``assert``; ``check_write`` raises ``TypeError`` first (idempotent).
+  """
+  _replace(ref_swap_p, "abstract_eval", lambda f: _wrap_ref_swap_abstract_eval(f, check_write))
 
 
 _pallas_kernel_rules: dict = {}

@@ -50,17 +50,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from hxmlir import __version__
-from hxmlir.targets import PLATFORMS
+from hxmlir.targets import PLATFORMS, check_platforms
 
 
 def _platforms(text: str) -> tuple[str, ...]:
-  known = PLATFORMS
-  ps = tuple(p.strip() for p in text.split(",") if p.strip())
-  bad = [p for p in ps if p not in known]
-  if not ps or bad:
+  try:
+    return check_platforms(tuple(p.strip() for p in text.split(",") if p.strip()))
+  except ValueError:
     raise argparse.ArgumentTypeError(
-        f"invalid platforms {text!r}: a comma-separated list of {', '.join(known)}")
-  return ps
+        f"invalid platforms {text!r}: a comma-separated list of {', '.join(PLATFORMS)}") from None
 
 
 def _positive(text: str) -> int:
@@ -316,7 +314,7 @@ def _cmd_export(args) -> int:
     leaves = abstract_args(types, mesh)
     fn = bind_static(fn, static)
     with installed(), (jax.sharding.use_abstract_mesh(mesh) if mesh else nullcontext()):
-      blob = export(jax.jit(fn), platforms=args.platforms)(*leaves).serialize()
+      exp = export(jax.jit(fn), platforms=args.platforms)(*leaves)
   else:
     m = _quantized_model(_model_target(args))
     leaves, treedef = jax.tree.flatten((m.qparams, m.inputs))
@@ -326,14 +324,22 @@ def _cmd_export(args) -> int:
       return m.apply(qparams, *inputs)
 
     with installed():
-      blob = export(jax.jit(flat), platforms=args.platforms)(*leaves).serialize()
+      exp = export(jax.jit(flat), platforms=args.platforms)(*leaves)
+  blob = exp.serialize()
   with open(args.output, "wb") as f:
     f.write(blob)
   if inputs_out:
     np.savez(inputs_out, **flatten_values(leaves))
   print(f"wrote {args.output}: {len(blob)} bytes, platforms {','.join(args.platforms)}, "
-        f"{len(leaves)} arguments" + (f"; inputs {inputs_out}" if inputs_out else ""))
+        f"{_arguments(exp)}" + (f"; inputs {inputs_out}" if inputs_out else ""))
   return 0
+
+
+def _arguments(exp) -> str:
+  """``'3 arguments'``: the artifact's arguments as its signature lists them (each hi value
+  or array of a pytree argument is one), the count every command prints."""
+  n = len(exp.in_types)
+  return f"{n} argument{'' if n == 1 else 's'}"
 
 
 def _read_artifact(path: str):
@@ -361,7 +367,7 @@ def _cmd_run(args) -> int:
     paths = npzio.leaf_paths(exp.out_tree, results=True)
     leaves = npzio.tree_leaves(exp.out_tree, out)
     np.savez(output, **npzio.to_arrays(paths, exp.out_types, leaves))
-  print(f"ran {args.artifact} on {len(exp.in_types)} arguments: {types}"
+  print(f"ran {args.artifact} on {_arguments(exp)}: {types}"
         + (f" -> {output}" if output else ""))
   return 0
 
@@ -453,7 +459,7 @@ def _check_keys(path: str, exp, expected, have: set[str]) -> None:
   if len(sig) > 160:
     sig = f"({_brief([typestr.type_str(t) for t in exp.in_types], 6)})"
   want = [k for _, _, parts in expected for k, _ in parts]
-  takes = (f"{exp.fun_name} takes {len(expected)} arguments {sig}, named "
+  takes = (f"{exp.fun_name} takes {_arguments(exp)} {sig}, named "
            f"{_brief(want)}")
   extra = sorted(have - set(want))
   if extra:

@@ -37,13 +37,17 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   sharded like ``dot_general``'s (batch and ``x``'s indices like ``x``, ``q``'s like
   ``q``), then transposed.
 
-  Raises ``TypeError`` naming the subscripts and both operand types
+  Raises ``TypeError`` when ``subscripts`` is not a string, and one naming the
+  subscripts and both operand types
   (``hx.einsum('mk,njk->mn'): f32[5,16], q8[4,3,16]: ...``) when there is not exactly
   one quantized and one dense f32 operand, an index repeats within an operand
   (diagonals), sizes disagree, ``q``'s quantized axis is summed on ``q`` alone, the
   scales cannot be folded (the quantized axis is contracted and the scale spans both
   a contracted and a kept axis), or a contraction axis is sharded.
   """
+  if not isinstance(subscripts, str):
+    raise TypeError(f"hx.einsum takes its subscripts as a string first ('bsk,kn->bsn'), got "
+                    f"{type(subscripts).__name__} {subscripts!r}")
   x_aval, q_aval = jax.typeof(x), jax.typeof(q)
   swapped = isinstance(x_aval, QArrayTy) and not isinstance(q_aval, QArrayTy)
   if swapped:
@@ -67,7 +71,9 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   for idx, shape in ((xs, x_aval.shape), (qs, q_aval.shape)):
     for c, d in zip(idx, shape):
       if size.setdefault(c, d) != d:
-        raise TypeError(f"{sig}: index {c!r} has sizes {size[c]} and {d}")
+        raise TypeError(f"{sig}: {_index_name(c, subscripts)} has sizes {size[c]} and {d}"
+                        + ("; hx.einsum does not broadcast size-1 axes (broadcast the "
+                           "operand first)" if 1 in (size[c], d) else ""))
   n = qs[-1]
   if n not in xs and n not in out:
     raise TypeError(f"{sig}: sums the quantized axis {n!r} of the q8 operand alone; "
@@ -93,3 +99,11 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   if order == out:
     return y
   return jnp.transpose(y, tuple(order.index(c) for c in out))
+
+
+def _index_name(c: str, subscripts: str) -> str:
+  """How an error names index ``c``: ``index 'k'``, or an axis under ``...`` (opt_einsum
+  writes those with letters the user never wrote)."""
+  if c in subscripts.replace("...", ""):
+    return f"index {c!r}"
+  return "an axis under '...'"

@@ -119,13 +119,33 @@ class NeedsJitShardMap:
   JAX 0.10.2 runs an un-jitted ``shard_map`` eagerly, and that path reads
   ``spec.partitions`` as of a ``PartitionSpec``; under ``jit`` hi specs work. The
   property turns the eager path's ``AttributeError`` into a message with the way out.
+
+  Under ``jit``, JAX reads ``partitions``, ``unreduced`` and ``reduced`` off a spec
+  only when it was given for an array argument or result
+  (``_shard_shaped_array``/``_unshard_shaped_array``); those raise a ``TypeError``
+  that says so instead of JAX's ``AttributeError``.
   """
 
   @property
   def partitions(self):
-    raise TypeError(f"shard_map with {self!r} must run under jax.jit: JAX 0.10.2 runs an "
-                    "un-jitted shard_map eagerly, on PartitionSpecs of arrays only; wrap the "
-                    "shard_map (or its caller) in jax.jit")
+    if plain_spec_origin() == "eager":
+      raise TypeError(f"shard_map with {self!r} must run under jax.jit: JAX 0.10.2 runs an "
+                      "un-jitted shard_map eagerly, on PartitionSpecs of arrays only; wrap the "
+                      "shard_map (or its caller) in jax.jit")
+    raise self._given_for_an_array()
+
+  @property
+  def unreduced(self):
+    raise self._given_for_an_array()
+
+  @property
+  def reduced(self):
+    raise self._given_for_an_array()
+
+  def _given_for_an_array(self) -> TypeError:
+    return TypeError(f"shard_map spec {self!r} was given for an array argument or result; "
+                     f"{type(self).__name__} is the spec of a hxmlir value (q8, r1, Tup), an "
+                     "array takes a plain PartitionSpec: P(...)")
 
 
 def shard_map_spec_hint(spec) -> str:

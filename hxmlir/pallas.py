@@ -295,6 +295,31 @@ def ref_swap_abstract_eval(self, ref_aval, val_aval, *args, tree):
   return out, write_effects
 
 
+def check_write(ref_aval, val_aval, transforms) -> None:
+  """Refuses ``ref[idx] = v`` where a hi type meets a type it cannot be written as.
+
+  ``ref_aval``: the ref's ``AbstractRef``; ``val_aval``: ``v``'s type; ``transforms``:
+  the index (empty for a whole-ref write such as ``o_ref[...] = v``). Writes through
+  an index into a hi ref are checked by :func:`ref_swap_abstract_eval`; this covers
+  the rest: a whole hi ref must receive a value of its exact type, and a hi value
+  cannot go into an array ref. Raises ``TypeError`` naming both types.
+  """
+  if not isinstance(ref_aval, _jax.AbstractRef):
+    return
+  held = ref_aval.inner_aval
+  val_high = getattr(val_aval, "is_high", False)
+  if held.is_high and transforms:
+    return  # ref_swap_abstract_eval checks it, index and all
+  if held.is_high and not _jax.typematch(val_aval, held):
+    raise TypeError(f"writing {val_aval} to a ref of {held}: a write of the whole ref takes "
+                    f"a value of its type {held}")
+  if val_high and not held.is_high:
+    where = f" at {transforms[-1].indices}" if transforms else ""
+    raise TypeError(f"writing {val_aval} to a ref of {held}{where}: an array ref holds "
+                    f"arrays; write the components (e.g. hx.dequantize(v), hx.qarray_parts(v)) "
+                    f"or give the ref the type {val_aval}")
+
+
 def ref_get_to_lojax(self, ref, idx):
   """``ref[idx]`` on the components: each lo array indexed on its axes."""
   leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
@@ -339,3 +364,6 @@ def register_type(ty: type) -> None:
             ref_get_to_lojax, ref_swap_to_lojax, transform_ndindexer):
     setattr(ty, f.__name__, f)
   _jax.register_indexer_transform_type(ty)
+
+
+_jax.install_ref_write_check(check_write)

@@ -83,13 +83,23 @@ def _check(target, name, version, platforms) -> tuple[str, ...]:
     raise ValueError(f"kernel name must be an identifier ([A-Za-z_][A-Za-z0-9_]*), got {name!r}")
   if isinstance(version, bool) or not isinstance(version, int) or version < 1:
     raise ValueError(f"kernel version must be an int >= 1, got {version!r}")
+  return check_platforms(platforms, "kernel platforms")
+
+
+def check_platforms(platforms, what: str = "platforms") -> tuple[str, ...]:
+  """``platforms`` (a name or a sequence of names) as a tuple, each one of :data:`PLATFORMS`.
+
+  Raises ``ValueError`` naming ``what``, the unknown names and the known ones when
+  ``platforms`` is empty or names another platform (``jax.export`` would export for
+  a misspelt ``"tpuu"`` as if it existed).
+  """
   if isinstance(platforms, str):
     platforms = (platforms,)
   platforms = tuple(platforms)
   bad = [p for p in platforms if p not in PLATFORMS]
   if not platforms or bad:
-    raise ValueError(f"kernel platforms must be a non-empty subset of {PLATFORMS}, "
-                     f"got {platforms!r}")
+    raise ValueError(f"{what} must be a non-empty list of {', '.join(PLATFORMS)}, got "
+                     f"{platforms!r}" + (f" (unknown: {', '.join(map(repr, bad))})" if bad else ""))
   return platforms
 
 

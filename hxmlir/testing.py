@@ -34,6 +34,7 @@ from jax.experimental.hijax import HiType, ShapedArray
 from jax.sharding import AbstractMesh
 
 from hxmlir import typestr
+from hxmlir.targets import check_platforms
 
 
 def mesh(axes: str) -> jax.sharding.Mesh:
@@ -113,7 +114,8 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   keyword arguments bound as Python values (``fn(*args, **static)``), not
   traced. ``debug_info`` keeps the locations (``loc(...)``).
 
-  Raises :class:`hxmlir.typestr.TypeStrError` on bad type text, and what
+  Raises :class:`hxmlir.typestr.TypeStrError` on bad type text, ``ValueError`` on
+  a platform outside ``hxmlir.targets.PLATFORMS``, and what
   tracing or the pipeline raises (``TypeError`` naming operand types,
   ``hx.VerificationError``, ``PipelineError``).
   """
@@ -122,6 +124,8 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
     mesh = typestr.parse_mesh(mesh)
   abstract = abstract_args(args, mesh)
   target = bind_static(fn, static)
+  if platforms is not None:
+    platforms = check_platforms(platforms, "lowered_text platforms")
   if mesh is not None and platforms is None:
     platforms = (jax.default_backend(),)
 

@@ -124,8 +124,9 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   if version not in spec.versions:
     errs.append(f"version {version} is not accepted; this code accepts "
                 f"{', '.join(map(str, spec.versions))}")
-  if version in spec.versions:  # an unknown version's attributes are unknown too
-    errs += _check_attributes(op, spec, version)
+  # an unknown version's attributes are unknown too
+  attr_errs = _check_attributes(op, spec, version) if version in spec.versions else []
+  errs += attr_errs
   attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
   operands, results = list(op.operands), list(op.results)
   if len(operands) != spec.num_operands or len(results) != spec.num_results:
@@ -139,10 +140,10 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
          for i, (v, t) in enumerate(zip(vals, ts)) if t is None]
   if bad:
     errs.append(f"needs statically shaped ranked tensors: {'; '.join(bad)}")
-  else:
+  elif not attr_errs:  # the type rules read the attributes: only well-formed ones
     errs += spec.check_types(in_t, out_t, attrs)
   errs += _check_decomposition(op, funcs, plain_cache)
-  if not bad:
+  if not bad and not attr_errs:
     errs += _check_shardings(op, spec, attrs)
   return errs
 

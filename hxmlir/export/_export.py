@@ -15,6 +15,7 @@ from hxmlir.export._exported import Exported
 from hxmlir.export._hilo import differentiable, lower_flat, raise_flat, typeof
 from hxmlir.export._tree import flatten, unflatten
 from hxmlir.hiprim import is_hi, lo_types
+from hxmlir.targets import check_platforms
 
 
 def export(fn: Callable, platforms: Sequence[str] | None = None, *,
@@ -28,11 +29,15 @@ def export(fn: Callable, platforms: Sequence[str] | None = None, *,
   the default backend's; ``("cpu", "cuda", "tpu")`` exports for all three from any
   machine. ``disabled_checks`` is passed to ``jax.export.export``.
 
-  Returns an :class:`Exported`. Raises ``TypeError`` for containers other than
+  Returns an :class:`Exported`. Raises ``ValueError`` for a platform outside
+  ``hxmlir.targets.PLATFORMS``, ``TypeError`` for containers other than
   tuple/list/dict or types without a descriptor, and whatever
   ``jax.export.export`` raises (for example on custom calls that are not
   export-stable).
   """
+  if platforms is not None:
+    platforms = check_platforms(platforms, "hxmlir.export.export platforms")
+
   def do_export(*args, **kwargs) -> Exported:
     leaves, in_tree = flatten((args, kwargs), "arguments")
     in_tys = [typeof(x) for x in leaves]

@@ -231,6 +231,28 @@ def test_export_and_run_a_function_taking_a_dict(block_files, capsys, tmp_path):
   assert np.all(np.abs(y - np.tanh(pre)) <= tol), (y, np.tanh(pre))
 
 
+@pytest.mark.parametrize("target, args, count", [
+    ("block", ["f32[2,4]", "{w: q8[4,3], b: f32[3]}"], "3 arguments"),  # a dict: its 2 values
+    ("swap", ["Tup{f32[3],q8[2,4]}"], "1 argument"),                    # a Tup is one value
+    ("first", ["[f32[2], f32[2]]"], "2 arguments"),
+])
+def test_export_run_and_errors_count_arguments_alike(user, capsys, tmp_path, target, args,
+                                                     count):
+  # export counted positional arguments ("2 arguments" for x and a dict) while run and its
+  # errors counted the signature's values ("3 arguments"), and "1 arguments"
+  art = tmp_path / f"{target}.hxa"
+  argv = [a for t in args for a in ("--arg", t)]
+  rc, out, err = _run(capsys, "export", f"{user}/mylayer.py:{target}", *argv, "--platforms",
+                      "cpu", "-o", art)
+  assert rc == 0, err
+  assert out.endswith(f"platforms cpu, {count}\n"), out
+  rc, out, _ = _run(capsys, "inspect", art, "--json")
+  assert len(json.loads(out)["inputs"]) == int(count.split()[0]), out
+  np.savez(tmp_path / "extra.npz", zz=np.ones(1))
+  rc, _, err = _run(capsys, "run", art, "--inputs", tmp_path / "extra.npz")
+  assert rc == 1 and f"{target} takes {count} (" in err, err
+
+
 def test_run_names_a_pytree_argument_that_does_not_match(block_files, capsys, tmp_path):
   art, _, a = block_files
   bad = dict(a)

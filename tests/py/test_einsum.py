@@ -180,6 +180,12 @@ def test_hi_jaxpr_has_one_matmul_q():
      r"hx\.einsum\('ij,jk->i'\): f32\[3,4\], q8\[4,5\]: sums the quantized axis 'k'"),
     ("ii,ik->k", (4, 4), (4, 5), r"f32\[4,4\], q8\[4,5\]: index repeated within the dense"),
     ("ij,jk->ik", (3, 4), (5, 6), r"f32\[3,4\], q8\[5,6\]: index 'j' has sizes 4 and 5"),
+    # sizes of axes under '...' name no letter opt_einsum made up; size 1 never broadcasts
+    ("ab...,...->ab...", (2, 3, 4), (4, 5),
+     r"f32\[2,3,4\], q8\[4,5\]: an axis under '\.\.\.' has sizes 4 and 5($|\n)"),
+    ("...k,...kn->...n", (2, 1, 4), (3, 4, 5),
+     r"an axis under '\.\.\.' has sizes 1 and 3; hx\.einsum does not broadcast size-1 axes"),
+    ("ij,jk->ik", (3, 1), (5, 6), r"index 'j' has sizes 1 and 5; hx\.einsum does not broadcast"),
     ("ij,jk,kl->il", (3, 4), (4, 5), r"hx\.einsum\('ij,jk,kl->il'\): f32\[3,4\], q8\[4,5\]"),
 ])
 def test_einsum_type_errors_name_subscripts_and_operands(sub, xshape, qshape, msg):
@@ -188,6 +194,15 @@ def test_einsum_type_errors_name_subscripts_and_operands(sub, xshape, qshape, ms
     hx.einsum(sub, x, q)
   with pytest.raises(TypeError, match=msg):
     jax.jit(hx.einsum, static_argnums=0).trace(sub, x, q)
+
+
+@pytest.mark.parametrize("subscripts", [3, None, ["bsk", "kn"], (0, 1)])
+def test_einsum_subscripts_that_are_not_a_string_are_a_type_error(subscripts):
+  # they reached opt_einsum's parser ("lists must contain either Ellipsis or hashable ...")
+  x, q = _data((2, 3), (3, 4))
+  with pytest.raises(TypeError, match=r"hx\.einsum takes its subscripts as a string first "
+                                      r"\('bsk,kn->bsn'\), got "):
+    hx.einsum(subscripts, x, q)
 
 
 def test_einsum_needs_one_quantized_operand():

@@ -61,6 +61,27 @@ def test_plain_jax_export_loses_the_hi_signature(data):
   assert isinstance(jax.export.export(jax.jit(hx.quantize))(w).call(w), list)
 
 
+def test_plain_jax_export_calling_convention_is_the_readmes(data):
+  # README, "Known limits": one list of lo components per argument (dense ones too),
+  # a hi result as the list of its components
+  x, w, qw = data
+  exp = jax.export.export(jax.jit(hx.matmul_q))(x, qw)
+  _assert_same(exp.call([x], [qw.qvalue, qw.scale]), hx.matmul_q(x, qw))
+  for flat in ((x, qw.qvalue, qw.scale), (x, (qw.qvalue, qw.scale))):
+    with pytest.raises(ValueError, match="same pytree structure"):
+      exp.call(*flat)
+  a = jnp.arange(3.0)
+  tup = jax.export.export(jax.jit(lambda t: hx.get_tuple_element(t, 0) * 2))(hx.make_tup(a, qw))
+  _assert_same(tup.call([a, qw.qvalue, qw.scale]), a * 2)
+  r = hx.outer(jnp.ones(6), jnp.arange(5.0))
+  r1 = jax.export.export(jax.jit(lambda r, y: hx.matmul_r1(y, r)))(r, jnp.ones((2, 6)))
+  _assert_same(r1.call(list(hx.factors(r)), [jnp.ones((2, 6))]),
+               hx.matmul_r1(jnp.ones((2, 6)), r))
+  qv, s = jax.export.export(jax.jit(hx.quantize))(w).call(w)
+  _assert_same(qv, qw.qvalue)
+  _assert_same(s, qw.scale)
+
+
 def test_matmul_q_signature_and_call(data, mm):
   x, _, qw = data
   assert [t.str_short() for t in mm.in_types] == ["float32[2,3]", "q8[3,4]"]
@@ -420,7 +441,8 @@ def test_register_kernel_checks_its_arguments(clean_targets):
     targets.register_kernel(targets.TRITON, "bad name", 1, ("cuda",))
   with pytest.raises(ValueError, match="version must be an int >= 1"):
     targets.register_kernel(targets.TRITON, "k", 0, ("cuda",))
-  with pytest.raises(ValueError, match="platforms must be a non-empty subset"):
+  with pytest.raises(ValueError, match=r"kernel platforms must be a non-empty list of cpu, "
+                                       r"cuda, rocm, tpu, got \('gpu',\) \(unknown: 'gpu'\)"):
     targets.register_kernel(targets.TRITON, "k", 1, ("gpu",))
   assert targets.lookup(targets.TRITON, "hx_test_double_v1") is k
   assert targets.lookup(targets.TRITON, "hx_test_double_v2") is None
@@ -518,3 +540,22 @@ def test_install_refuses_user_triton_kernels_without_hx_ops(clean_targets):
       jax.export.export(_triton_fn("mine"), platforms=["cuda"])(jnp.ones((8, 128), "float32"))
   finally:
     hx.uninstall()
+
+
+@pytest.mark.parametrize("platforms, unknown", [(("cpu", "tpuu"), "'tpuu'"), ("gpu", "'gpu'"),
+                                                (("CPU",), "'CPU'"), ((), None)])
+def test_every_platform_list_is_checked_against_the_known_platforms(data, platforms, unknown):
+  # jax.export exports for a misspelt platform as if it existed; hxmlir's entry points
+  # (hxmlir.export.export, hxmlir.testing.lowered_text, register_kernel) refuse it
+  from hxmlir.testing import lowered_text
+  x, _, qw = data
+  tail = r" \(unknown: " + unknown + r"\)" if unknown else "$"
+  with pytest.raises(ValueError, match=r"hxmlir\.export\.export platforms must be a non-empty "
+                                       r"list of cpu, cuda, rocm, tpu, got .*" + tail):
+    hxe.export(jax.jit(hx.matmul_q), platforms=platforms)
+  with pytest.raises(ValueError, match=r"lowered_text platforms must be a non-empty list .*" + tail):
+    lowered_text(hx.matmul_q, x, qw, platforms=platforms)
+  with pytest.raises(ValueError, match=r"kernel platforms must be a non-empty list .*" + tail):
+    targets.register_kernel(targets.TRITON, "hx_test_platforms", 1, platforms, owner="test")
+  assert hxe.export(jax.jit(hx.matmul_q), platforms=("cpu", "tpu"))(x, qw).platforms == \
+      ("cpu", "tpu")

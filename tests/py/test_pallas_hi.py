@@ -194,6 +194,52 @@ def test_wrong_value_type_written_is_a_type_error():
     _call(kernel, jax.typeof(hx.quantize(x)), [spec], spec, (2,))(x)
 
 
+def _write_to_ref(ref_ty, value, index):
+  """A kernel that writes ``value(x_ref)`` to its result of type ``ref_ty`` at ``index``."""
+  def kernel(x_ref, o_ref):
+    o_ref[index] = value(x_ref[...])
+  return pl.pallas_call(kernel, out_shape=ref_ty, interpret=True)
+
+
+@pytest.mark.parametrize("ref, value, index, message", [
+    # a whole hi ref (no index) takes exactly its type
+    ("q8", lambda x: x, ..., r"writing float32\[8,128\] to a ref of q8\[8,128\]: a write of "
+                             r"the whole ref takes a value of its type q8\[8,128\]"),
+    ("q8", lambda x: hx.quantize(x[0:4]), ..., r"writing q8\[4,128\] to a ref of q8\[8,128\]"),
+    ("q8", lambda x: hx.outer(x[:, 0], x[0]), ..., r"writing r1\[8,128\] to a ref of q8\[8,128\]"),
+    ("r1", lambda x: x, ..., r"writing float32\[8,128\] to a ref of r1\[8,128\]"),
+    ("tup", lambda x: hx.make_tup(x, x), ...,
+     r"writing Tup\{f32\[8,128\],f32\[8,128\]\} to a ref of Tup\{f32\[8,128\],q8\[8,128\]\}"),
+    # a hi value never goes into an array ref, whole or indexed
+    ("f32", hx.quantize, ..., r"writing q8\[8,128\] to a ref of float32\[8,128\]: an array ref "
+                              r"holds arrays"),
+    ("f32", lambda x: hx.quantize(x[0:4]), (slice(0, 4), slice(None)),
+     r"writing q8\[4,128\] to a ref of float32\[8,128\] at .*: an array ref holds arrays"),
+    ("f32", lambda x: hx.outer(x[:, 0], x[0]), ..., r"writing r1\[8,128\] to a ref of float32"),
+])
+def test_whole_ref_and_array_ref_writes_of_the_wrong_type_are_type_errors(ref, value, index,
+                                                                            message):
+  # o_ref[...] = v reaches JAX's array rule of swap (no transforms), which failed in
+  # _swap_to_lojax (safe_zip) or on an assert; hxmlir's check names both types first
+  x = jnp.ones((8, 128), jnp.float32)
+  q = hx.quantize(x)
+  ref_ty = {"q8": jax.typeof(q), "r1": jax.typeof(hx.outer(x[:, 0], x[0])),
+            "tup": jax.typeof(hx.make_tup(x, q)),
+            "f32": jax.ShapeDtypeStruct((8, 128), jnp.float32)}[ref]
+  with pytest.raises(TypeError, match=message):
+    _write_to_ref(ref_ty, value, index)(x)
+
+
+def test_whole_ref_writes_of_the_right_type_still_work():
+  x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) / 100
+  q = hx.quantize(x)
+  out = _write_to_ref(jax.typeof(q), hx.quantize, ...)(x)
+  np.testing.assert_array_equal(np.asarray(out.qvalue), np.asarray(q.qvalue))
+  np.testing.assert_array_equal(np.asarray(out.scale), np.asarray(q.scale))
+  dense = _write_to_ref(jax.ShapeDtypeStruct((8, 128), jnp.float32), lambda v: v * 2, ...)(x)
+  np.testing.assert_array_equal(np.asarray(dense), np.asarray(x) * 2)
+
+
 @pytest.mark.parametrize("block, ok", [((8, 128), True), ((8, 256), True), ((8, 80), False),
                                        ((8, 32), True), ((8, 48), False)])
 def test_group_alignment_check(block, ok):

@@ -343,6 +343,23 @@ def test_shard_map_bad_specs(on_mesh):
                           out_specs=P("i")))(qrows)
 
 
+@pytest.mark.parametrize("check_vma", [True, False])
+@pytest.mark.parametrize("hi_spec", [hx.QArrayP(P("i")), hx.Rank1P(P("i")),
+                                     hx.TupP((P("i"), hx.QArrayP(P("i"))))])
+def test_hi_spec_given_for_an_array_is_a_type_error(on_mesh, hi_spec, check_vma):
+  # JAX read .unreduced / .partitions off the hi spec of an array argument or result:
+  # AttributeError "'QArrayP' object has no attribute 'unreduced'", or (check_vma=False,
+  # out_specs) the eager-shard_map message under jit
+  rows = jax.device_put(ROWS, P("i"))
+  msg = (r"shard_map spec " + type(hi_spec).__name__ + r"\(.*\) was given for an array "
+         r"argument or result; " + type(hi_spec).__name__ + r" is the spec of a hxmlir value "
+         r"\(q8, r1, Tup\), an array takes a plain PartitionSpec: P\(\.\.\.\)")
+  for in_spec, out_spec in [(hi_spec, P("i")), (P("i"), hi_spec)]:
+    with pytest.raises(TypeError, match=msg):
+      jax.jit(jax.shard_map(jnp.sin, in_specs=in_spec, out_specs=out_spec,
+                            check_vma=check_vma))(rows)
+
+
 def test_shard_map_rank1(on_mesh):
   col = jax.device_put(np.arange(8., dtype=np.float32), P("i"))
   row = jnp.arange(6., dtype=jnp.float32)

@@ -587,3 +587,56 @@ func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>
   %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
   return %0 : tensor<4x8xf32>
 }
+
+// -----
+
+// Malformed dimension numbers of version 2 (some keys, or a key of the wrong kind): the
+// attribute diagnostics only; the type rules, which read them, are not run (they raised
+// KeyError / an internal error before).
+// -----
+
+func.func @matmul_q_v2_some_attributes(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' composite_attributes must have keys ['lhs_batching_dimensions', 'lhs_contracting_dimensions', 'rhs_batching_dimensions', 'rhs_contracting_dimensions'], got ['lhs_contracting_dimensions']}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {composite_attributes = {lhs_contracting_dimensions = array<i64: 1>}, decomposition = @mm, version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @matmul_q_v2_string_dims(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' attribute 'rhs_contracting_dimensions' must be an array<i64: ...> attribute, got "x"}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = "x"}, decomposition = @mm, version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @matmul_q_v2_i32_dims(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' attribute 'lhs_contracting_dimensions' must be an array<i64: ...> attribute, got array<i32: 1>}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i32: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @mm, version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+
+// -----
+
+func.func @matmul_q_v2_missing_and_extra(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  // expected-error @+1 {{'hx.matmul_q' composite_attributes must have keys ['lhs_batching_dimensions', 'lhs_contracting_dimensions', 'rhs_batching_dimensions', 'rhs_contracting_dimensions'], got ['axis', 'lhs_batching_dimensions', 'lhs_contracting_dimensions', 'rhs_contracting_dimensions']}}
+  %0 = stablehlo.composite "hx.matmul_q" %x, %q, %s {composite_attributes = {lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_contracting_dimensions = array<i64: 0>, axis = 1 : i64}, decomposition = @mm, version = 2 : i32} : (tensor<4x6xf32>, tensor<6x8xi8>, tensor<6xf32>) -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+func.func private @mm(%x: tensor<4x6xf32>, %q: tensor<6x8xi8>, %s: tensor<6xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.constant dense<0.0> : tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
