@@ -36,6 +36,7 @@ Usage::
   python benchmarks/matmul_q_cpu.py                 # the issue's table
   python benchmarks/matmul_q_cpu.py --m 1 16 --rounds 50
   python benchmarks/matmul_q_cpu.py --shape 2048 8192
+  python benchmarks/matmul_q_cpu.py --inside-jit    # QArray built inside jit
 """
 
 from __future__ import annotations
@@ -73,10 +74,17 @@ def hx_native(x, q, s):
   return hx.matmul_q(x, hx.QArray(q, s))
 
 
-def _compile(fn, *args):
+def _from_parts(x, q, s):
+  """``hx.matmul_q`` on a weight assembled inside jit from its ``i8`` values and scales."""
+  return hx.matmul_q(x, hx.make_qarray(q, s))
+
+
+def _compile(fn, *args, inside_jit: bool = False):
   if fn in (hx_matmul_q, hx_native):
-    qw = hx.QArray(args[1], args[2])
     with hx.installed() if fn is hx_native else contextlib.nullcontext():
+      if inside_jit:
+        return jax.jit(_from_parts).lower(*args).compile(), args
+      qw = hx.QArray(args[1], args[2])
       c = jax.jit(hx.matmul_q).lower(args[0], qw).compile()
     return c, (args[0], qw)
   c = jax.jit(fn).lower(*args).compile()
@@ -86,11 +94,15 @@ def _compile(fn, *args):
 FLUSH_BYTES = 96 * 2**20  # 3x the 32 MiB L3 of the development machine
 
 
-def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
-            warm: bool = False) -> tuple[dict[str, tuple[float, int]], float]:
+def measure(m: int, k: int, n: int, rounds: int, seed: int = 0, warm: bool = False,
+            inside_jit: bool = False) -> tuple[dict[str, tuple[float, int]], float]:
   """``({variant: (median seconds per call, temp bytes)}, spread)`` for one shape.
 
   ``spread``: the interquartile range of the per-round ratio native / f32.
+  ``inside_jit``: ``hlo`` and ``native`` take the weight's ``i8`` values and
+  scales as plain arrays and assemble the ``QArray`` inside jit (as a layer
+  inside a model's jitted step does), instead of taking a ``QArray`` argument,
+  whose per-call dispatch in Python costs ~0.1 ms on the development machine.
   """
   rng = np.random.default_rng(seed)
   q = jnp.asarray(rng.integers(-127, 128, (k, n), dtype=np.int8))
@@ -101,7 +113,7 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
               "native": (hx_native, (x, q, s)), "f32": (f32_matmul, (x, w))}
   compiled = {}
   for name, (fn, args) in variants.items():
-    c, cargs = _compile(fn, *args)
+    c, cargs = _compile(fn, *args, inside_jit=inside_jit)
     c(*cargs).block_until_ready()  # warm up
     compiled[name] = (c, cargs)
   ys = {name: np.asarray(c(*a)) for name, (c, a) in compiled.items()}
@@ -148,6 +160,9 @@ def main(argv=None) -> None:
   ap.add_argument("--rounds", type=int, default=30)
   ap.add_argument("--warm", action="store_true",
                   help="do not evict the caches between calls")
+  ap.add_argument("--inside-jit", action="store_true",
+                  help="hlo and native assemble the QArray inside jit from i8 values and "
+                       "scales (no per-call Python dispatch of a QArray argument)")
   args = ap.parse_args(argv)
   extra = args.shape if args.shape is not None else [(512, 2048), (384, 1536)]
   cases = [(m, args.k, args.n) for m in args.m]
@@ -155,7 +170,8 @@ def main(argv=None) -> None:
 
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
         f"median of {args.rounds} interleaved rounds, "
-        f"{'warm caches' if args.warm else 'caches evicted before each call'}")
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}"
+        f"{', QArray assembled inside jit' if args.inside_jit else ''}")
   print(f"hx.matmul_q on CPU while installed: {hx.cpu_kernel_info()}")
   head = (f"{'m':>4} {'k':>5} {'n':>5} | {'naive ms':>9} {'hlo ms':>8} {'native ms':>9} "
           f"{'f32 ms':>8} | {'hlo/f32':>7} {'native/f32':>10} {'spread':>6} | "
@@ -163,7 +179,7 @@ def main(argv=None) -> None:
   print(head)
   print("-" * len(head))
   for m, k, n in cases:
-    r, spread = measure(m, k, n, args.rounds, warm=args.warm)
+    r, spread = measure(m, k, n, args.rounds, warm=args.warm, inside_jit=args.inside_jit)
     (tn, mn), (th, mh), (tv, mv), (tf, mf) = r["naive"], r["hlo"], r["native"], r["f32"]
     w32 = 4 * k * n
     target = TARGETS.get((m, k, n), 1.00)

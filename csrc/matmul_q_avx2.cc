@@ -3,7 +3,7 @@
 #define HX_NS avx2
 #define HX_ISA_NAME "avx2"
 #define HX_W 8
-#define HX_PANEL_MR 4
+#define HX_PANEL_MR 6
 #define HX_PANEL_NV 2
 #define HX_PACKED_MR 6
 #define HX_PACKED_NV 2

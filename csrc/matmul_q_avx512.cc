@@ -3,7 +3,7 @@
 #define HX_NS avx512
 #define HX_ISA_NAME "avx512"
 #define HX_W 16
-#define HX_PANEL_MR 4
+#define HX_PANEL_MR 6
 #define HX_PANEL_NV 4
 #define HX_PACKED_MR 8
 #define HX_PACKED_NV 2

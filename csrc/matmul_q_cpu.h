@@ -18,7 +18,11 @@ struct Problem {
   const float* x;     // f32[nb, m, k]
   const int8_t* q;    // s8[nb, k, n]
   const float* s;     // f32[nb, k]
-  const float* xs;    // f32[nb, m, k]: x * s (regimes "panel" and "packed"; else null)
+  // x * s (regimes "panel" and "packed"; else null), packed by PackXs: the rows
+  // of each batch element in groups of mr (the regime's *_mr; the last group may
+  // be smaller), each group column after column: xs[b, i, kk] at
+  // xs + b * m * k + i0 * k + kk * g + (i - i0), i0 = i / mr * mr, g = min(mr, m - i0).
+  const float* xs;
   float* y;           // f32[nb, m, n]
   int64_t nb, m, k, n;
 };
@@ -29,6 +33,8 @@ struct Kernels {
   const char* isa;     // "avx512", "avx2", "generic"
   int64_t panel_nr;    // column block of the "panel" regime (int8 converted in registers)
   int64_t packed_nr;   // column block of the "packed" regime (f32 micro-panels)
+  int64_t panel_mr;    // rows of xs per group in the "panel" regime (PackXs)
+  int64_t packed_mr;   // the same for the "packed" regime
   // Regime "rows" (small m): acc[m, n] = sum_{kk in [k0, k1)} (x[b, :, kk] * s[b, kk]) q[b, kk, :]
   // (overwrites acc; the whole rows of q in [k0, k1) are read once, contiguously).
   void (*rows)(const Problem& p, int64_t b, int64_t k0, int64_t k1, float* acc);
@@ -48,6 +54,22 @@ constexpr int64_t kPackedKc = 256;
 // Scratch bytes the "panel" / "packed" kernels need for `width` columns.
 constexpr int64_t ScratchBytes(int64_t width) {
   return width * (kPanelKc > 4 * kPackedKc ? kPanelKc : 4 * kPackedKc);
+}
+
+// Writes x * s of batch elements [b0, b1) into out (the whole f32[nb, m, k]
+// buffer) in the layout of Problem::xs for groups of mr rows.
+inline void PackXs(const Problem& p, int64_t mr, int64_t b0, int64_t b1, float* out) {
+  const int64_t m = p.m, k = p.k;
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* s = p.s + b * k;
+    for (int64_t i0 = 0; i0 < m; i0 += mr) {
+      const int64_t g = m - i0 < mr ? m - i0 : mr;
+      const float* x = p.x + (b * m + i0) * k;
+      float* d = out + (b * m + i0) * k;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t r = 0; r < g; ++r) d[kk * g + r] = x[r * k + kk] * s[kk];
+    }
+  }
 }
 
 const Kernels* KernelsGeneric();

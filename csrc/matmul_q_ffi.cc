@@ -154,13 +154,8 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
     job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
-    for (int64_t b = 0; b < p.nb; ++b)
-      for (int64_t i = 0; i < p.m; ++i) {
-        const float* xr = p.x + (b * p.m + i) * p.k;
-        const float* sr = p.s + b * p.k;
-        float* dr = job->xs.data() + (b * p.m + i) * p.k;
-        for (int64_t kk = 0; kk < p.k; ++kk) dr[kk] = xr[kk] * sr[kk];
-      }
+    PackXs(p, job->regime == Regime::kPanel ? kern->panel_mr : kern->packed_mr, 0, p.nb,
+           job->xs.data());
     p.xs = job->xs.data();
     // Column blocks of whole micro-panels, at most kMaxBlockColumns wide, and
     // narrower when that gives every thread about two blocks.
