@@ -97,6 +97,24 @@ def _compile(fn, *args):
 FLUSH_BYTES = 96 * 2**20  # 3x the 32 MiB L3 of the development machine
 
 
+def time_rounds(compiled: dict, rounds: int, warm: bool) -> dict[str, list[float]]:
+  """Seconds per call of each ``compiled[name] = (executable, args)``, over interleaved
+  rounds (see the module docstring), the caches evicted before each call unless ``warm``."""
+  times = {name: [] for name in compiled}
+  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
+  flush = jax.jit(jnp.sum)
+  names = list(compiled)
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:  # each follows each as often
+      c, a = compiled[name]
+      if not warm:
+        flush(flush_buf).block_until_ready()
+      t0 = time.perf_counter()
+      c(*a).block_until_ready()
+      times[name].append(time.perf_counter() - t0)
+  return times
+
+
 def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
             warm: bool = False) -> tuple[dict[str, tuple[float, int]], float]:
   """``({variant: (median seconds per call, temp bytes)}, spread)`` for one shape.
@@ -121,18 +139,7 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0,
     err = np.abs(ys[name] - ys["f32"]).max() / scale
     if err > 1e-4:
       raise AssertionError(f"{name} differs from f32 by {err:.2e} (relative) at m={m}")
-  times = {name: [] for name in compiled}
-  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
-  flush = jax.jit(jnp.sum)
-  names = list(compiled)
-  for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # each follows each as often
-      c, a = compiled[name]
-      if not warm:
-        flush(flush_buf).block_until_ready()
-      t0 = time.perf_counter()
-      c(*a).block_until_ready()
-      times[name].append(time.perf_counter() - t0)
+  times = time_rounds(compiled, rounds, warm)
   ratios = [a / b for a, b in zip(times["native"], times["f32"])]
   q1, _, q3 = statistics.quantiles(ratios, n=4)
   return {name: (statistics.median(times[name]),
@@ -188,18 +195,7 @@ def measure_format(m: int, k: int, n: int, dtype: str, group: int | None, rounds
   if err > 1e-4:
     raise AssertionError(f"hx.matmul_q on {dtype} g{group} differs from f32 by {err:.2e} "
                          f"(relative) at m={m}")
-  times = {name: [] for name in compiled}
-  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
-  flush = jax.jit(jnp.sum)
-  names = list(compiled)
-  for r in range(rounds):
-    for name in names[r % 2:] + names[:r % 2]:
-      c, a = compiled[name]
-      if not warm:
-        flush(flush_buf).block_until_ready()
-      t0 = time.perf_counter()
-      c(*a).block_until_ready()
-      times[name].append(time.perf_counter() - t0)
+  times = time_rounds(compiled, rounds, warm)
   return {"hx": statistics.median(times["hx"]), "f32": statistics.median(times["f32"]),
           "temp": c_hx.memory_analysis().temp_size_in_bytes,
           "bytes": int(q.nbytes) + int(s.nbytes)}
