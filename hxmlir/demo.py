@@ -188,7 +188,7 @@ class _Demo:
     # the IR JAX emits without the plugin: hx.* composites, no passes run yet
     self.progress("lowering without the plugin")
     self.state["before"] = {
-        "int8": jax.jit(m.apply).lower(m.qparams, *m.inputs).as_text(),
+        "quantized": jax.jit(m.apply).lower(m.qparams, *m.inputs).as_text(),
         "naive": jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs).as_text(),
     }
     # the naive dequantize-then-dot baseline, compiled as plain JAX would
@@ -212,25 +212,25 @@ class _Demo:
     t0 = time.perf_counter()
     lowered = jax.jit(m.apply).lower(m.qparams, *m.inputs)
     after = lowered.as_text()
-    self.state["int8"] = lowered.compile()
-    t_int8 = time.perf_counter() - t0
+    self.state["quantized"] = lowered.compile()
+    t_q = time.perf_counter() - t0
     self.progress("lowering the naive model under the pipeline")
     lowered_naive = jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs)
-    self.state["after"] = {"int8": after, "naive": lowered_naive.as_text()}
+    self.state["after"] = {"quantized": after, "naive": lowered_naive.as_text()}
     self.state["naive_folded"] = lowered_naive.compile()
     self.progress("compiling the f32 model")
     self.state["f32"] = jax.jit(m.apply).lower(m.params, *m.inputs).compile()
     self.state["jit"] = True
     return "ok", (f"{self.label} model lowered through the pipeline and compiled in "
-                  f"{t_int8:.1f} s"), {"quantized_lower_compile_seconds": round(t_int8, 3)}
+                  f"{t_q:.1f} s"), {"quantized_lower_compile_seconds": round(t_q, 3)}
 
   def ir(self):
     stats = installation.stats
     before, after = self.state["before"], self.state["after"]
-    for k in ("int8", "naive"):
+    for k in ("quantized", "naive"):
       self._write(f"{k}_before_passes.mlir", before[k])
       self._write(f"{k}_after_passes.mlir", after[k])
-    cb, ca = count_composites(before["int8"]), count_composites(after["int8"])
+    cb, ca = count_composites(before["quantized"]), count_composites(after["quantized"])
     nb, na = count_composites(before["naive"]), count_composites(after["naive"])
     st = _stats_delta(self.state["stats0"], stats())
     fold = st.get("hx-fold-scales", {})
@@ -238,27 +238,27 @@ class _Demo:
     counters = ", ".join(f"{int(v)} {k}" for k, v in fold.items()
                          if k not in ("modules", "rewrites", "seconds", "scales folded") and v)
     ver = st.get("hx-verify", {})
-    ok_int8, probs_int8 = verify_text(after["int8"])
+    ok_q, probs_q = verify_text(after["quantized"])
     ok_naive, probs_naive = verify_text(after["naive"])
     n_dense = sum(1 for w in jax.tree.leaves(self.m.qparams) if _nn.is_quantized(w))
     data = {"composites_before": cb, "composites_after": ca,
             "naive_composites_before": nb, "naive_composites_after": na,
             "folds_applied": folds, "fold_stats": fold,
-            "verify": {"passed": ok_int8 and ok_naive,
+            "verify": {"passed": ok_q and ok_naive,
                        "modules_verified_while_installed": int(ver.get("modules", 0)),
-                       "problems": probs_int8 + probs_naive},
+                       "problems": probs_q + probs_naive},
             "pipeline_stats": st}
     line = (f"{self.label} model: {fmt_counts(cb)} -> {fmt_counts(ca)}; naive model: "
             f"{fmt_counts(nb)} -> {fmt_counts(na)} ({folds} scales folded"
             f"{', ' + counters if counters else ''}); hx-verify "
-            + ("passed" if ok_int8 and ok_naive else
-               f"FAILED ({len(probs_int8) + len(probs_naive)} problems)"))
+            + ("passed" if ok_q and ok_naive else
+               f"FAILED ({len(probs_q) + len(probs_naive)} problems)"))
     problems = []
     if ca.get("hx.matmul_q", 0) != n_dense:
       problems.append(f"expected {n_dense} hx.matmul_q after the passes, got "
                       f"{ca.get('hx.matmul_q', 0)}")
-    if not (ok_int8 and ok_naive):
-      problems.append("hx-verify failed: " + "; ".join((probs_int8 + probs_naive)[:3]))
+    if not (ok_q and ok_naive):
+      problems.append("hx-verify failed: " + "; ".join((probs_q + probs_naive)[:3]))
     if problems:
       raise StepFailed(line + " -- " + "; ".join(problems))
     return "ok", line, data
@@ -266,8 +266,8 @@ class _Demo:
   def accuracy(self):
     m = self.m
     ref = np.asarray(self.state["f32"](m.params, *m.inputs))
-    y = np.asarray(self.state["int8"](m.qparams, *m.inputs))
-    self.state["int8_out"] = y
+    y = np.asarray(self.state["quantized"](m.qparams, *m.inputs))
+    self.state["quantized_out"] = y
     data, line, ok = m.compare(y, ref, self.fmt)
     yn = np.asarray(self.state["naive_folded"](m.qparams, *m.inputs))
     mx, rel = rel_err(yn, y)
@@ -283,7 +283,7 @@ class _Demo:
   def timing(self):
     m, st, r = self.m, self.state, self.repeats
     runs = {"f32": lambda: st["f32"](m.params, *m.inputs),
-            f"{self.label} hx.matmul_q": lambda: st["int8"](m.qparams, *m.inputs),
+            f"{self.label} hx.matmul_q": lambda: st["quantized"](m.qparams, *m.inputs),
             "naive dequantize+dot": lambda: st["naive_plain"](m.qparams, *m.inputs),
             "naive, folded by the pipeline": lambda: st["naive_folded"](m.qparams, *m.inputs)}
     rounds = time_interleaved(runs, r, self.progress)
@@ -338,7 +338,7 @@ class _Demo:
     expected = np.asarray(exp.call(*leaves))
     got = self._run_in_fresh_process(blob, leaves, expected)
     same = got.shape == expected.shape and np.array_equal(got, expected)
-    vs_jit = rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
+    vs_jit = rel_err(expected, self.state["quantized_out"])[1] if "quantized_out" in self.state else None
     data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
             "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
             "identical": bool(same), "relative_error_vs_jit": vs_jit,

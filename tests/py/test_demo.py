@@ -80,7 +80,7 @@ def test_ir_step_counts_composites_and_folds(run):
   after = (out / "naive_after_passes.mlir").read_text()
   assert demo.count_composites(before) == ir["naive_composites_before"]
   assert demo.count_composites(after) == ir["naive_composites_after"]
-  assert 'stablehlo.composite "hx.matmul_q"' in (out / "int8_after_passes.mlir").read_text()
+  assert 'stablehlo.composite "hx.matmul_q"' in (out / "quantized_after_passes.mlir").read_text()
 
 
 def test_accuracy_step_matches_an_independent_comparison(run):
