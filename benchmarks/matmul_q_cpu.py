@@ -31,6 +31,17 @@ Targets (issue 16), marked in the last column: ``native/f32 <= 0.50`` at
 64, 256`` and on the small layers (512 x 2048, 384 x 1536 at ``m = 16, 128``);
 ``temp <= 1/8`` of the f32 weight's bytes at every ``m`` (native column).
 
+``--formats [FORMAT ...]`` prints, instead, one row per weight format (issue 15;
+``int8``, ``int4:g128``, ``int4:g32``, ``float8_e4m3fn`` by default; ``:gG`` is the
+group size, none is one scale per row) at each ``--m`` (default 1 and 16 there) on
+``k x n``: the ``format`` column, ``hx.matmul_q`` compiled while installed on a
+weight assembled inside jit from its stored components (``hx.make_qarray``, as a
+layer in a model's jitted step), against ``f32`` on the same weight dequantized,
+and the weight's bytes at rest (stored values + scales, from the device buffers)
+against f32's::
+
+  python benchmarks/matmul_q_cpu.py --formats --m 1 16
+
 Usage::
 
   python benchmarks/matmul_q_cpu.py                 # the issue's table
@@ -94,6 +105,24 @@ def _compile(fn, *args, inside_jit: bool = False):
 FLUSH_BYTES = 96 * 2**20  # 3x the 32 MiB L3 of the development machine
 
 
+def time_rounds(compiled: dict, rounds: int, warm: bool) -> dict[str, list[float]]:
+  """Seconds per call of each ``compiled[name] = (executable, args)``, over interleaved
+  rounds (see the module docstring), the caches evicted before each call unless ``warm``."""
+  times = {name: [] for name in compiled}
+  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
+  flush = jax.jit(jnp.sum)
+  names = list(compiled)
+  for r in range(rounds):
+    for name in names[r % len(names):] + names[:r % len(names)]:  # each follows each as often
+      c, a = compiled[name]
+      if not warm:
+        flush(flush_buf).block_until_ready()
+      t0 = time.perf_counter()
+      c(*a).block_until_ready()
+      times[name].append(time.perf_counter() - t0)
+  return times
+
+
 def measure(m: int, k: int, n: int, rounds: int, seed: int = 0, warm: bool = False,
             inside_jit: bool = False) -> tuple[dict[str, tuple[float, int]], float]:
   """``({variant: (median seconds per call, temp bytes)}, spread)`` for one shape.
@@ -122,18 +151,7 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0, warm: bool = Fal
     err = np.abs(ys[name] - ys["f32"]).max() / scale
     if err > 1e-4:
       raise AssertionError(f"{name} differs from f32 by {err:.2e} (relative) at m={m}")
-  times = {name: [] for name in compiled}
-  flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
-  flush = jax.jit(jnp.sum)
-  names = list(compiled)
-  for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # each follows each as often
-      c, a = compiled[name]
-      if not warm:
-        flush(flush_buf).block_until_ready()
-      t0 = time.perf_counter()
-      c(*a).block_until_ready()
-      times[name].append(time.perf_counter() - t0)
+  times = time_rounds(compiled, rounds, warm)
   ratios = [a / b for a, b in zip(times["native"], times["f32"])]
   q1, _, q3 = statistics.quantiles(ratios, n=4)
   return {name: (statistics.median(times[name]),
@@ -149,6 +167,75 @@ def _mib(b: int) -> str:
   return f"{b / 2**20:.2f}"
 
 
+DEFAULT_FORMATS = ("int8", "int4:g128", "int4:g32", "float8_e4m3fn")
+
+
+def parse_format(text: str) -> tuple[str, int | None]:
+  """``"int4:g128"`` -> ``("int4", 128)``, ``"int8"`` -> ``("int8", None)``; raises
+  ``argparse.ArgumentTypeError`` naming the known formats otherwise."""
+  from hxmlir import formats
+  name, _, group = text.partition(":")
+  if name not in formats.FORMATS or (group and not (group[:1] == "g" and group[1:].isdigit())):
+    raise argparse.ArgumentTypeError(
+        f"expected FORMAT or FORMAT:gG with FORMAT one of {', '.join(formats.FORMATS)}, "
+        f"got {text!r}")
+  return name, int(group[1:]) if group else None
+
+
+def measure_format(m: int, k: int, n: int, dtype: str, group: int | None, rounds: int,
+                   seed: int = 0, warm: bool = False) -> dict[str, float | int]:
+  """One row of the formats table: ``{"hx", "f32"}`` (median seconds per call),
+  ``"temp"`` (XLA temp bytes of the ``hx`` executable) and ``"bytes"`` (the
+  quantized weight's values + scales as stored on the device).
+
+  The weight is ``hx.quantize(w, dtype, group_size=group)`` of a Gaussian ``f32[k, n]``;
+  ``hx`` is ``hx.matmul_q(x, hx.make_qarray(values, scales))`` compiled while
+  installed, ``f32`` is ``x @ hx.dequantize(qw)``. Raises ``AssertionError`` when
+  they differ by more than 1e-4 of the output's largest magnitude.
+  """
+  rng = np.random.default_rng(seed)
+  w = jnp.asarray(rng.standard_normal((k, n)).astype(np.float32) * 0.02)
+  qw = jax.jit(lambda w: hx.quantize(w, dtype, group_size=group))(w)
+  q, s = qw.qvalue, qw.scale
+  wd = jax.jit(hx.dequantize)(qw)
+  x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+  with hx.installed():
+    c_hx = jax.jit(lambda x, q, s: hx.matmul_q(x, hx.make_qarray(q, s))).lower(x, q, s).compile()
+  compiled = {"hx": (c_hx, (x, q, s)), "f32": (jax.jit(f32_matmul).lower(x, wd).compile(), (x, wd))}
+  ys = {name: np.asarray(c(*a)) for name, (c, a) in compiled.items()}
+  err = np.abs(ys["hx"] - ys["f32"]).max() / np.abs(ys["f32"]).max()
+  if err > 1e-4:
+    raise AssertionError(f"hx.matmul_q on {dtype} g{group} differs from f32 by {err:.2e} "
+                         f"(relative) at m={m}")
+  times = time_rounds(compiled, rounds, warm)
+  return {"hx": statistics.median(times["hx"]), "f32": statistics.median(times["f32"]),
+          "temp": c_hx.memory_analysis().temp_size_in_bytes,
+          "bytes": int(q.nbytes) + int(s.nbytes)}
+
+
+def main_formats(args) -> None:
+  """The ``--formats`` table (see the module docstring)."""
+  fmts = args.formats or [parse_format(f) for f in DEFAULT_FORMATS]
+  ms = args.m if args.m_given else [1, 16]
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
+        f"median of {args.rounds} interleaved rounds, "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
+        "hx.matmul_q installed, weight assembled inside jit")
+  head = (f"{'format':>18} {'m':>4} {'k':>5} {'n':>5} | {'hx ms':>8} {'f32 ms':>8} "
+          f"{'hx/f32':>6} | {'weight MiB':>10} {'f32 MiB':>7} {'f32/weight':>10} | "
+          f"{'temp MiB':>8}")
+  print(head)
+  print("-" * len(head))
+  k, n = args.k, args.n
+  for dtype, group in fmts:
+    for m in ms:
+      r = measure_format(m, k, n, dtype, group, args.rounds, warm=args.warm)
+      name = dtype + (f" g{group}" if group else "")
+      print(f"{name:>18} {m:>4} {k:>5} {n:>5} | {r['hx'] * 1e3:>8.2f} {r['f32'] * 1e3:>8.2f} "
+            f"{r['hx'] / r['f32']:>6.2f} | {_mib(r['bytes']):>10} {_mib(4 * k * n):>7} "
+            f"{4 * k * n / r['bytes']:>10.2f} | {_mib(r['temp']):>8}", flush=True)
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 64, 256])
@@ -157,6 +244,10 @@ def main(argv=None) -> None:
   ap.add_argument("--shape", type=int, nargs=2, metavar=("K", "N"), action="append",
                   help="extra weight shapes, run at m = 16 and 128 "
                        "(default: 512 2048 and 384 1536)")
+  ap.add_argument("--formats", type=parse_format, nargs="*", metavar="FORMAT",
+                  help="print the formats table instead: FORMAT is int8, int4, "
+                       "float8_e4m3fn, with :gG for groups of G (default: "
+                       f"{' '.join(DEFAULT_FORMATS)}; --m defaults to 1 16 there)")
   ap.add_argument("--rounds", type=int, default=30)
   ap.add_argument("--warm", action="store_true",
                   help="do not evict the caches between calls")
@@ -167,6 +258,9 @@ def main(argv=None) -> None:
   extra = args.shape if args.shape is not None else [(512, 2048), (384, 1536)]
   cases = [(m, args.k, args.n) for m in args.m]
   cases += [(m, k, n) for k, n in extra for m in (16, 128)]
+  if args.formats is not None:
+    args.m_given = args.m != ap.get_default("m")
+    return main_formats(args)
 
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
         f"median of {args.rounds} interleaved rounds, "

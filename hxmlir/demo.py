@@ -5,24 +5,25 @@
 (:mod:`hxmlir.models.minilm`) -- and:
 
 1. ``load``: builds the f32 model and its input;
-2. ``quantize``: quantizes every dense weight to ``q8`` (int8 + one f32 scale
-   per row) with ``hx.quantize``;
+2. ``quantize``: quantizes every dense weight with ``hx.quantize`` to the format
+   asked for (:mod:`hxmlir.formats`; default ``q8``: int8 + one f32 scale per row;
+   ``dtype="int4"``, ``group_size=32``, ``method="mse"`` give ``q4[k, n:g32]``);
 3. ``install``: ``hx.install()`` puts hxmlir's pass pipeline into JAX's lowering;
-4. ``jit``: lowers and compiles the int8 model under ``jax.jit``;
+4. ``jit``: lowers and compiles the quantized model under ``jax.jit``;
 5. ``ir``: shows what the pipeline did: ``hx.*`` composites of each kind in the
    IR before and after the passes, scale folds applied (on the naive
    dequantize-then-dot model, whose ``x @ dequantize(w)`` the pipeline folds)
    and the ``hx-verify`` result;
-6. ``accuracy``: runs the int8 and f32 models and compares them (max and
+6. ``accuracy``: runs the quantized and f32 models and compares them (max and
    relative error; for MiniLM the per-sentence cosine);
 7. ``kernel``: which ``hx.matmul_q`` implementation runs on CPU and why
    (:func:`hxmlir.cpu_kernel_info`: the native kernel or the StableHLO
-   lowering); ``timing``: times one step of the f32 model, the int8 model and
+   lowering); ``timing``: times one step of the f32 model, the quantized model and
    the naive dequantize-then-dot model (compiled without the plugin, and with
    it, which folds it into ``hx.matmul_q``) side by side, in interleaved
    rounds (median per model; the quartiles of its ratio to f32 over rounds);
-8. ``weights``: weight bytes, int8 + scales against f32;
-9. ``export``: exports the int8 model for ``cpu``, ``cuda`` and ``tpu`` with
+8. ``weights``: weight bytes as stored on the device (values + scales) against f32;
+9. ``export``: exports the quantized model for ``cpu``, ``cuda`` and ``tpu`` with
    ``hxmlir.export``, writes the artifact to a file, runs it in a fresh process
    (``python -m hxmlir.cli run``) and checks its outputs are identical to the
    exported function's outputs in this process.
@@ -56,7 +57,7 @@ import jax
 import numpy as np
 
 from hxmlir import export as hx_export
-from hxmlir import installation
+from hxmlir import formats, installation
 from hxmlir.install_state import current_pipeline, is_installed
 from hxmlir.models import _nn, minilm
 from hxmlir.models.registry import (
@@ -64,6 +65,7 @@ from hxmlir.models.registry import (
   MINILM_SENTENCES,
   MODELS,
   DemoModel,
+  QuantFormat,
   build_model,
   rel_err,
 )
@@ -119,13 +121,15 @@ def _ratio_spread(t: list[float], base: list[float]) -> tuple[float, float]:
 
 
 class _Demo:
-  def __init__(self, model: str, out: Path | None, repeats: int, platforms: Sequence[str],
-               pipeline: str | None, emit: Callable[[Step], None], progress: Callable[[str], None]):
-    self.model_name, self.out, self.repeats = model, out, repeats
+  def __init__(self, model: str, fmt: QuantFormat, out: Path | None, repeats: int,
+               platforms: Sequence[str], pipeline: str | None, emit: Callable[[Step], None],
+               progress: Callable[[str], None]):
+    self.model_name, self.fmt, self.out, self.repeats = model, fmt, out, repeats
+    self.label = fmt.label
     self.platforms = tuple(platforms)
     self.pipeline = pipeline
     self.emit, self.progress = emit, progress
-    self.report = Report(model)
+    self.report = Report(model, format=fmt.to_json())
     self.m: DemoModel | None = None
     self.state: dict[str, Any] = {}
 
@@ -169,25 +173,30 @@ class _Demo:
     return "info", self.m.description, {"description": self.m.description}
 
   def quantize(self):
-    m = self.m
-    m.qparams = m.quantize(m.params)
+    m, fmt = self.m, self.fmt
+    m.qparams = m.quantize(m.params, fmt.dtype, group_size=fmt.group_size, method=fmt.method)
     jax.block_until_ready(jax.tree.leaves(m.qparams))
-    n = sum(1 for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w))
-    qmax = max(int(np.abs(np.asarray(w.qvalue)).max())
-               for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w))
-    if n == 0 or qmax > 127:
-      raise StepFailed(f"expected q8 dense weights in [-127, 127], got {n} weights, max |q| {qmax}")
+    qs = [w for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w)]
+    n = len(qs)
+    lim = formats.lookup(fmt.dtype).qmax
+    qmax = max((float(np.abs(np.asarray(formats.values_f32(w.qvalue))).max()) for w in qs),
+               default=0.0)
+    types = sorted({str(jax.typeof(w)) for w in qs})
+    if n == 0 or qmax > lim:
+      raise StepFailed(f"expected {fmt.label} dense weights in [-{lim:g}, {lim:g}], got {n} "
+                       f"weights, max |q| {qmax:g}")
     # the IR JAX emits without the plugin: hx.* composites, no passes run yet
     self.progress("lowering without the plugin")
     self.state["before"] = {
-        "int8": jax.jit(m.apply).lower(m.qparams, *m.inputs).as_text(),
+        "quantized": jax.jit(m.apply).lower(m.qparams, *m.inputs).as_text(),
         "naive": jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs).as_text(),
     }
     # the naive dequantize-then-dot baseline, compiled as plain JAX would
     self.state["naive_plain"] = jax.jit(partial(m.apply, naive=True)).lower(
         m.qparams, *m.inputs).compile()
     self.state["quantize"] = True
-    return "ok", f"{n} dense weights -> q8 (int8 values + one f32 scale per row)", {"weights": n}
+    return "ok", f"{n} dense weights -> {fmt.describe()} ({', '.join(types[:2])}" + (
+        ", ...)" if len(types) > 2 else ")"), {"weights": n, "types": types}
 
   def install(self):
     installation.install(self.pipeline)
@@ -199,29 +208,29 @@ class _Demo:
 
   def jit(self):
     m = self.m
-    self.progress("lowering and compiling the int8 model")
+    self.progress(f"lowering and compiling the {self.label} model")
     t0 = time.perf_counter()
     lowered = jax.jit(m.apply).lower(m.qparams, *m.inputs)
     after = lowered.as_text()
-    self.state["int8"] = lowered.compile()
-    t_int8 = time.perf_counter() - t0
+    self.state["quantized"] = lowered.compile()
+    t_q = time.perf_counter() - t0
     self.progress("lowering the naive model under the pipeline")
     lowered_naive = jax.jit(partial(m.apply, naive=True)).lower(m.qparams, *m.inputs)
-    self.state["after"] = {"int8": after, "naive": lowered_naive.as_text()}
+    self.state["after"] = {"quantized": after, "naive": lowered_naive.as_text()}
     self.state["naive_folded"] = lowered_naive.compile()
     self.progress("compiling the f32 model")
     self.state["f32"] = jax.jit(m.apply).lower(m.params, *m.inputs).compile()
     self.state["jit"] = True
-    return "ok", f"int8 model lowered through the pipeline and compiled in {t_int8:.1f} s", {
-        "int8_lower_compile_seconds": round(t_int8, 3)}
+    return "ok", (f"{self.label} model lowered through the pipeline and compiled in "
+                  f"{t_q:.1f} s"), {"quantized_lower_compile_seconds": round(t_q, 3)}
 
   def ir(self):
     stats = installation.stats
     before, after = self.state["before"], self.state["after"]
-    for k in ("int8", "naive"):
+    for k in ("quantized", "naive"):
       self._write(f"{k}_before_passes.mlir", before[k])
       self._write(f"{k}_after_passes.mlir", after[k])
-    cb, ca = count_composites(before["int8"]), count_composites(after["int8"])
+    cb, ca = count_composites(before["quantized"]), count_composites(after["quantized"])
     nb, na = count_composites(before["naive"]), count_composites(after["naive"])
     st = _stats_delta(self.state["stats0"], stats())
     fold = st.get("hx-fold-scales", {})
@@ -229,27 +238,27 @@ class _Demo:
     counters = ", ".join(f"{int(v)} {k}" for k, v in fold.items()
                          if k not in ("modules", "rewrites", "seconds", "scales folded") and v)
     ver = st.get("hx-verify", {})
-    ok_int8, probs_int8 = verify_text(after["int8"])
+    ok_q, probs_q = verify_text(after["quantized"])
     ok_naive, probs_naive = verify_text(after["naive"])
     n_dense = sum(1 for w in jax.tree.leaves(self.m.qparams) if _nn.is_quantized(w))
     data = {"composites_before": cb, "composites_after": ca,
             "naive_composites_before": nb, "naive_composites_after": na,
             "folds_applied": folds, "fold_stats": fold,
-            "verify": {"passed": ok_int8 and ok_naive,
+            "verify": {"passed": ok_q and ok_naive,
                        "modules_verified_while_installed": int(ver.get("modules", 0)),
-                       "problems": probs_int8 + probs_naive},
+                       "problems": probs_q + probs_naive},
             "pipeline_stats": st}
-    line = (f"int8 model: {fmt_counts(cb)} -> {fmt_counts(ca)}; naive model: "
+    line = (f"{self.label} model: {fmt_counts(cb)} -> {fmt_counts(ca)}; naive model: "
             f"{fmt_counts(nb)} -> {fmt_counts(na)} ({folds} scales folded"
             f"{', ' + counters if counters else ''}); hx-verify "
-            + ("passed" if ok_int8 and ok_naive else
-               f"FAILED ({len(probs_int8) + len(probs_naive)} problems)"))
+            + ("passed" if ok_q and ok_naive else
+               f"FAILED ({len(probs_q) + len(probs_naive)} problems)"))
     problems = []
     if ca.get("hx.matmul_q", 0) != n_dense:
       problems.append(f"expected {n_dense} hx.matmul_q after the passes, got "
                       f"{ca.get('hx.matmul_q', 0)}")
-    if not (ok_int8 and ok_naive):
-      problems.append("hx-verify failed: " + "; ".join((probs_int8 + probs_naive)[:3]))
+    if not (ok_q and ok_naive):
+      problems.append("hx-verify failed: " + "; ".join((probs_q + probs_naive)[:3]))
     if problems:
       raise StepFailed(line + " -- " + "; ".join(problems))
     return "ok", line, data
@@ -257,23 +266,24 @@ class _Demo:
   def accuracy(self):
     m = self.m
     ref = np.asarray(self.state["f32"](m.params, *m.inputs))
-    y = np.asarray(self.state["int8"](m.qparams, *m.inputs))
-    self.state["int8_out"] = y
-    data, line, ok = m.compare(y, ref)
+    y = np.asarray(self.state["quantized"](m.qparams, *m.inputs))
+    self.state["quantized_out"] = y
+    data, line, ok = m.compare(y, ref, self.fmt)
     yn = np.asarray(self.state["naive_folded"](m.qparams, *m.inputs))
     mx, rel = rel_err(yn, y)
-    data["naive_folded_vs_int8_relative_error"] = rel
+    data["naive_vs_quantized_relative_error"] = rel
     if not np.isfinite(y).all():
-      ok, line = False, line + "; int8 output has non-finite values"
+      ok, line = False, line + f"; {self.label} output has non-finite values"
     if rel > 1e-4:
-      ok, line = False, line + f"; folded naive model differs from int8 model (rel {rel:.3g})"
+      ok, line = False, line + (f"; naive model under the pipeline differs from the "
+                                f"{self.label} model (rel {rel:.3g})")
     self.state["accuracy"] = True
     return ("ok" if ok else "failed"), line, data
 
   def timing(self):
     m, st, r = self.m, self.state, self.repeats
     runs = {"f32": lambda: st["f32"](m.params, *m.inputs),
-            "int8 hx.matmul_q": lambda: st["int8"](m.qparams, *m.inputs),
+            f"{self.label} hx.matmul_q": lambda: st["quantized"](m.qparams, *m.inputs),
             "naive dequantize+dot": lambda: st["naive_plain"](m.qparams, *m.inputs),
             "naive, folded by the pipeline": lambda: st["naive_folded"](m.qparams, *m.inputs)}
     rounds = time_interleaved(runs, r, self.progress)
@@ -301,9 +311,10 @@ class _Demo:
 
   def weights(self):
     b = _nn.weight_bytes(self.m.qparams)
-    q = b["int8"] + b["scales"]
+    q = b["values"] + b["scales"]
     mib = lambda n: f"{n / 2**20:.2f} MiB"
-    line = (f"dense weights: {mib(b['int8'])} int8 + {b['scales'] / 2**10:.1f} KiB scales = "
+    line = (f"dense weights ({self.label}, on the device): {mib(b['values'])} values + "
+            f"{b['scales'] / 2**10:.1f} KiB scales = "
             f"{mib(q)} vs {mib(b['f32_equivalent'])} f32 ({b['f32_equivalent'] / q:.2f}x smaller); "
             f"other f32 parameters {mib(b['other_f32'])}")
     return "info", line, {"bytes": b, "ratio": b["f32_equivalent"] / q}
@@ -327,7 +338,7 @@ class _Demo:
     expected = np.asarray(exp.call(*leaves))
     got = self._run_in_fresh_process(blob, leaves, expected)
     same = got.shape == expected.shape and np.array_equal(got, expected)
-    vs_jit = rel_err(expected, self.state["int8_out"])[1] if "int8_out" in self.state else None
+    vs_jit = rel_err(expected, self.state["quantized_out"])[1] if "quantized_out" in self.state else None
     data = {"platforms": list(self.platforms), "artifact_bytes": len(blob),
             "artifact": str(self.out / ARTIFACT_NAME) if self.out else None,
             "identical": bool(same), "relative_error_vs_jit": vs_jit,
@@ -401,19 +412,26 @@ def _stats_delta(before: dict, after: dict) -> dict:
   return out
 
 
-def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, repeats: int = 30,
+def run_demo(model: str = "builtin", *, dtype="int8", group_size: int | None = None,
+             method: str = "absmax", out: str | os.PathLike | None = None, repeats: int = 30,
              platforms: Sequence[str] = EXPORT_PLATFORMS, pipeline: str | None = None,
              emit: Callable[[Step], None] | None = None,
              progress: Callable[[str], None] | None = None) -> Report:
   """Runs the demo on ``model`` (``"builtin"`` or ``"minilm"``) and returns its :class:`Report`.
 
+  ``dtype``, ``group_size``, ``method``: the weights' format, as :func:`hxmlir.quantize`
+  takes it (``"int8"``, ``"int4"``, ``"float8_e4m3fn"`` or the JAX dtypes; groups of
+  ``group_size`` along each weight's last axis; ``"absmax"`` or ``"mse"`` scales); the
+  report's ``format`` says which, and the accuracy bound is the format's
+  (:data:`hxmlir.models.registry.MINILM_MIN_COSINE`, ``BUILTIN_MAX_REL_ERR``).
   ``out``: a directory that keeps the artifact (``model.hxa``), its inputs and
   outputs (``.npz``), the IR before and after the passes (``*_before_passes.mlir``,
   ``*_after_passes.mlir``) and ``report.json``. ``repeats``: timed runs per
   model (median). ``pipeline``: the pass pipeline to install (default:
   ``hx.install()``'s). ``emit(step)`` is called as each step finishes,
   ``progress(message)`` during long steps. Raises ``ValueError`` for an
-  unknown model; every other problem becomes a failed step. hxmlir is
+  unknown model or method and ``TypeError`` for an unknown dtype or a bad group size
+  (not a positive even int); every other problem becomes a failed step. hxmlir is
   uninstalled again at the end unless it was installed before (run it with
   hxmlir not installed: the IR "before the passes" is lowered without it).
   """
@@ -421,16 +439,19 @@ def run_demo(model: str = "builtin", *, out: str | os.PathLike | None = None, re
     raise ValueError(f"unknown model {model!r}: choose one of {', '.join(MODELS)}")
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
-  return _Demo(model, Path(out) if out is not None else None, repeats, platforms, pipeline,
+  fmt = QuantFormat.of(dtype, group_size, method)
+  return _Demo(model, fmt, Path(out) if out is not None else None, repeats, platforms, pipeline,
                emit or (lambda s: None), progress or (lambda m: None)).run()
 
 
 def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
-              platforms: Sequence[str], pipeline: str | None = None, stdout: TextIO | None = None,
-              stderr: TextIO | None = None) -> int:
+              platforms: Sequence[str], pipeline: str | None = None, dtype="int8",
+              group_size: int | None = None, method: str = "absmax",
+              stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
   """The ``hxmlir demo`` command: prints each step's line (or, with ``as_json``, the
   report as JSON) and returns the exit status, 0 only when every check passed.
-  ``stdout``/``stderr`` default to ``sys.stdout``/``sys.stderr`` at call time."""
+  ``stdout``/``stderr`` default to ``sys.stdout``/``sys.stderr`` at call time; the other
+  arguments are :func:`run_demo`'s."""
   stdout = stdout if stdout is not None else sys.stdout
   stderr = stderr if stderr is not None else sys.stderr
   prog = ProgressLine(stderr)
@@ -440,9 +461,11 @@ def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
     if not as_json:
       print(step.text(), file=stdout, flush=True)
 
+  fmt = QuantFormat.of(dtype, group_size, method)
   if not as_json:
-    print(f"hxmlir demo --model {model}", file=stdout, flush=True)
-  report = run_demo(model, out=out, repeats=repeats, platforms=platforms, pipeline=pipeline,
+    print(f"hxmlir demo --model {model} {fmt.flags()}".rstrip(), file=stdout, flush=True)
+  report = run_demo(model, dtype=fmt.dtype, group_size=fmt.group_size, method=fmt.method,
+                    out=out, repeats=repeats, platforms=platforms, pipeline=pipeline,
                     emit=emit,
                     progress=prog)
   prog.clear()
@@ -456,6 +479,6 @@ def main_demo(model: str, *, as_json: bool, out: str | None, repeats: int,
   return 0 if report.ok else 1
 
 
-__all__ = ["Report", "Step", "DemoModel", "build_model", "run_demo", "main_demo", "count_composites",
+__all__ = ["Report", "Step", "DemoModel", "QuantFormat", "build_model", "run_demo", "main_demo", "count_composites",
            "flatten_values", "unflatten_values", "MODELS", "EXPORT_PLATFORMS", "BUILTIN_MAX_REL_ERR",
            "MINILM_SENTENCES", "ProgressLine"]

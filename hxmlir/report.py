@@ -30,16 +30,18 @@ class Step:
 
 @dataclass
 class Report:
-  """All steps of one demo run; ``ok`` when none failed or was skipped."""
+  """All steps of one demo run; ``ok`` when none failed or was skipped. ``format``: the
+  weights' format (``{"dtype", "group_size", "method", "label"}``)."""
   model: str
   steps: list[Step] = field(default_factory=list)
+  format: dict[str, Any] = field(default_factory=dict)
 
   @property
   def ok(self) -> bool:
     return all(s.status in ("ok", "info") for s in self.steps)
 
   def to_json(self) -> dict[str, Any]:
-    return {"model": self.model, "ok": self.ok,
+    return {"model": self.model, "format": self.format, "ok": self.ok,
             "steps": [{"name": s.name, "status": s.status, "line": s.line, **s.data}
                       for s in self.steps]}
 

@@ -82,30 +82,38 @@ def map_weights(tree: Any, fn: Callable[[Any], Any], keys: Iterable[str]) -> Any
   return go(tree)
 
 
-def quantize_weights(tree: Any, keys: Iterable[str]) -> Any:
+def quantize_weights(tree: Any, keys: Iterable[str], dtype=jnp.int8, *,
+                     group_size: int | None = None, method: str = "absmax") -> Any:
   """``tree`` with every ``f32[k, n]`` leaf under one of ``keys`` quantized to ``q8[k, n]``.
 
-  Other leaves become device arrays. Runs as one jitted computation, so
-  quantizing many weights costs one compilation rather than one per weight.
+  ``dtype``, ``group_size`` and ``method`` are :func:`hxmlir.quantize`'s (the format,
+  :mod:`hxmlir.formats`: ``jnp.int4`` with ``group_size=32`` gives ``q4[k, n:g32]``,
+  groups of 32 consecutive outputs of one input row). Other leaves become device
+  arrays. Runs as one jitted computation, so quantizing many weights costs one
+  compilation rather than one per weight. Raises ``TypeError`` as ``hx.quantize`` does
+  (unknown dtype, a group size not dividing ``n``).
   """
   keys = tuple(keys)
   tree = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), tree)
-  return jax.jit(lambda t: map_weights(t, quantize, keys))(tree)
+  q = lambda w: quantize(w, dtype, group_size=group_size, method=method)
+  return jax.jit(lambda t: map_weights(t, q, keys))(tree)
 
 
 def weight_bytes(tree: Any) -> dict[str, int]:
-  """Bytes of the dense weights in ``tree``.
+  """Bytes of the dense weights in ``tree``, as stored on the device.
 
-  Returns ``{"int8": .., "scales": .., "f32_equivalent": .., "other_f32": ..}``:
-  the int8 values and f32 scales of every quantized leaf, the bytes those
-  leaves would take as f32, and the bytes of every other array leaf.
+  Returns ``{"values": .., "scales": .., "f32_equivalent": .., "other_f32": ..}``:
+  the bytes of the stored values (``qvalue``: int8, int4 packed two per byte, or
+  float8) and of the f32 scales of every quantized leaf, counted from its
+  components' device buffers (so a format's packing shows), the bytes those leaves'
+  dense values would take as f32, and the bytes of every other array leaf.
   """
-  out = {"int8": 0, "scales": 0, "f32_equivalent": 0, "other_f32": 0}
+  out = {"values": 0, "scales": 0, "f32_equivalent": 0, "other_f32": 0}
   for leaf in jax.tree.leaves(tree):
     if isinstance(leaf, QArray):
-      out["int8"] += int(np.prod(leaf.qvalue.shape))
-      out["scales"] += 4 * int(np.prod(leaf.scale.shape))
-      out["f32_equivalent"] += 4 * int(np.prod(leaf.qvalue.shape))
+      out["values"] += int(leaf.qvalue.nbytes)
+      out["scales"] += int(leaf.scale.nbytes)
+      out["f32_equivalent"] += 4 * int(np.prod(leaf.shape))
     else:
       out["other_f32"] += int(np.asarray(leaf).nbytes)
   return out

@@ -72,9 +72,11 @@ def init_params(cfg: Config = Config()) -> dict[str, Any]:
   return {"blocks": blocks, "ln_g": vec(d, 1.0, 0.1), "ln_b": vec(d, 0.0, 0.1)}
 
 
-def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
-  """``params`` with every dense weight ``f32[k, n]`` replaced by ``hx.quantize(w): q8[k, n]``."""
-  return _nn.quantize_weights(params, DENSE_WEIGHTS)
+def quantize_params(params: dict[str, Any], dtype=jnp.int8, *, group_size: int | None = None,
+                    method: str = "absmax") -> dict[str, Any]:
+  """``params`` with every dense weight ``f32[k, n]`` replaced by ``hx.quantize(w): q8[k, n]``
+  (or, with ``dtype``/``group_size``/``method``, that format: :func:`hxmlir.quantize`)."""
+  return _nn.quantize_weights(params, DENSE_WEIGHTS, dtype, group_size=group_size, method=method)
 
 
 def example_input(cfg: Config = Config()) -> np.ndarray:

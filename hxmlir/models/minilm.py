@@ -137,12 +137,17 @@ def load_params(path: Path | None = None) -> tuple[Config, dict[str, Any]]:
   return cfg, params
 
 
-def quantize_params(params: dict[str, Any]) -> dict[str, Any]:
+def quantize_params(params: dict[str, Any], dtype=jnp.int8, *, group_size: int | None = None,
+                    method: str = "absmax") -> dict[str, Any]:
   """``params`` with every dense layer's ``w: f32[in, out]`` quantized to ``q8[in, out]``.
 
-  Embedding tables, biases and LayerNorm parameters stay f32.
+  ``dtype``, ``group_size`` and ``method`` pick another format (:func:`hxmlir.quantize`):
+  scales run along the last axis, ``out``, so ``jnp.int4`` with ``group_size=32`` gives
+  ``q4[in, out:g32]``, one scale per 32 consecutive outputs of each input row. Embedding
+  tables, biases and LayerNorm parameters stay f32.
   """
-  return _nn.quantize_weights(params, DENSE_WEIGHTS)
+  return _nn.quantize_weights(params, DENSE_WEIGHTS, dtype, group_size=group_size,
+                              method=method)
 
 
 class Tokenizer:
