@@ -63,9 +63,10 @@ class QArray:
   Represents ``qvalue.astype(f32) * scale[..., None]``. Construct it with
   :func:`quantize`, or from its components with :func:`make_qarray`, which
   works everywhere (``jit``, ``grad``, ``vmap``, ``scan``, ``shard_map``) and
-  checks the components' types. The constructor itself checks only when JAX
-  asks for the type (the same rule: ``i8`` values, ``f32`` scales sharded like
-  the values' leading axes), and is for concrete arrays (for example a checkpoint
+  checks the components' types. The constructor checks concrete components
+  (NumPy or JAX arrays) at once, and others when JAX asks for the type (the same
+  rule: ``i8`` values, ``f32`` scales sharded like the values' leading axes;
+  ``TypeError`` naming both components), and is for concrete arrays (for example a checkpoint
   loaded eagerly): inside traced code a ``QArray`` of traced arrays raises
   ``TypeError`` telling you to use :func:`make_qarray` as soon as it reaches a
   primitive (returned from ``jit``, JAX reports it as not a valid JAX type).
@@ -74,6 +75,13 @@ class QArray:
   """
   qvalue: Any
   scale: Any
+
+  def __post_init__(self):
+    # concrete components are checked here, where the mistake is made: under jit JAX
+    # would report a bad argument only as "Error interpreting argument ..."
+    if all(isinstance(c, (np.ndarray, jax.Array)) and not isinstance(c, jax.core.Tracer)
+           for c in (self.qvalue, self.scale)):
+      _typeof_qarray(self)
 
   @property
   def shape(self) -> tuple[int, ...]:
