@@ -78,21 +78,22 @@ def _module_contents(text: str, signature_attr: str) -> tuple[list, list, dict]:
   from jaxlib.mlir import ir
 
   from hxmlir import targets
-  from hxmlir.passes import irutil
-  with irutil.make_context():
+  from hxmlir.passes.ops import composite_name, is_hx_composite, walk
+  from hxmlir.passes.parsing import make_context
+  with make_context():
     module = ir.Module.parse(text)
     attrs = module.operation.attributes
     sig = json.loads(ir.StringAttr(attrs[signature_attr]).value) \
         if signature_attr in attrs else {}
     ops: Counter = Counter()
     calls: dict[str, dict] = {}
-    for op in irutil.walk(module.operation, frozenset({"stablehlo.composite",
+    for op in walk(module.operation, frozenset({"stablehlo.composite",
                                                         "stablehlo.custom_call"})):
       if op.name == "stablehlo.composite":
-        if irutil.is_hx_composite(op):
+        if is_hx_composite(op):
           version = ir.IntegerAttr(op.attributes["version"]).value \
               if "version" in op.attributes else 0
-          ops[(irutil.composite_name(op), version)] += 1
+          ops[(composite_name(op), version)] += 1
         continue
       target = ir.StringAttr(op.attributes["call_target_name"]).value
       c = calls.setdefault(target, {"target": target, "count": 0, "kernels": {}})

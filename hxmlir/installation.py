@@ -70,7 +70,7 @@ from hxmlir.install_state import Setting as _Setting
 from hxmlir.install_state import current_pipeline as current_pipeline
 from hxmlir.install_state import is_installed as is_installed
 from hxmlir.passes import PassError, parse_pipeline
-from hxmlir.passes.irutil import is_hx_composite
+from hxmlir.passes.ops import is_hx_composite
 
 DEFAULT_PIPELINE = "hx-verify,hx-fold-scales"
 """The pipeline :func:`install` runs when none is given."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from hxmlir.passes import PassError, parse_pipeline
-from hxmlir.passes.irutil import make_context, parse_module
+from hxmlir.passes.parsing import make_context, parse_module
 
 _COMPOSITE_RE = re.compile(r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"')
 

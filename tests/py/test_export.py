@@ -490,7 +490,7 @@ def test_install_widens_the_allow_list_only_where_installed(clean_targets):
 
 
 def test_check_export_pass_tells_registered_from_user_kernels(clean_targets):
-  from hxmlir.passes import irutil
+  from hxmlir.passes import parsing
   from hxmlir.passes.base import Diagnostics
   from hxmlir.passes.check_export import CheckExportPass
 
@@ -499,8 +499,8 @@ def test_check_export_pass_tells_registered_from_user_kernels(clean_targets):
 
   def check(fn):
     text = fn.trace(x).lower(lowering_platforms=("cuda",)).as_text()
-    with irutil.make_context():
-      module = irutil.parse_module(text, irutil.make_context(), "m.mlir")
+    with parsing.make_context():
+      module = parsing.parse_module(text, parsing.make_context(), "m.mlir")
       diags = Diagnostics()
       CheckExportPass().apply(module, diags)
     return diags.errors

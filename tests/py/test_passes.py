@@ -25,8 +25,10 @@ from hxmlir.passes import (
   PassResult,
   PipelineError,
   Severity,
-  irutil,
+  locations,
+  ops,
   parse_pipeline,
+  parsing,
 )
 from hxmlir.passes.verify import VerifyPass
 
@@ -62,7 +64,7 @@ func.func private @id(%x: tensor<4xf32>) -> tensor<4xf32> {
 
 
 def parse(text: str, name: str = "test.mlir") -> ir.Operation:
-  return irutil.parse_module(text, irutil.make_context(), name)
+  return parsing.parse_module(text, parsing.make_context(), name)
 
 
 def asm(module: ir.Operation) -> str:
@@ -189,12 +191,12 @@ def test_run_reports_changed_and_stats():
   fold = result.stats["hx-fold-scales"]
   assert fold["scales folded"] == 1 and fold["matmul_q formed"] == 1
   assert result.stats["cse"] == {}
-  names = [irutil.composite_name(op) for op in irutil.hx_composites(module)]
+  names = [ops.composite_name(op) for op in ops.hx_composites(module)]
   assert names == ["hx.matmul_q"]
 
 
 def test_run_accepts_ir_module_and_calls_after_pass():
-  ctx = irutil.make_context()
+  ctx = parsing.make_context()
   with ctx:
     module = ir.Module.parse(DEQ_DOT)
   seen = []
@@ -227,7 +229,7 @@ class _BreakPass(HxPass):
   summary: ClassVar[str] = "makes the IR invalid"
 
   def apply(self, module, diags: Diagnostics) -> PassResult:
-    for op in irutil.walk(module):
+    for op in ops.walk(module):
       if op.name == "stablehlo.dot_general":
         op.result.set_type(ir.RankedTensorType.get([3, 3], ir.F32Type.get()))
         return PassResult(changed=True)
@@ -269,7 +271,7 @@ def test_locations_from_jax_point_at_the_users_line():
     return hx.matmul_q(x, qw)
   line = inspect.getsourcelines(f)[1] + 1
   module = jax.jit(f).lower(x, qw).compiler_ir("stablehlo")
-  (op,) = irutil.hx_composites(module.operation)
+  (op,) = ops.hx_composites(module.operation)
   with module.context:
     op.attributes["version"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 99)
   with pytest.raises(PassError) as e:
@@ -280,16 +282,16 @@ def test_locations_from_jax_point_at_the_users_line():
 
 
 def test_location_str_forms():
-  with irutil.make_context():
+  with parsing.make_context():
     f = ir.Location.file("a.py", 3, 7)
-    assert irutil.location_str(f) == "a.py:3:7"
-    assert irutil.location_str(ir.Location.name("jit(f)/dot", f)) == "a.py:3:7"
+    assert locations.location_str(f) == "a.py:3:7"
+    assert locations.location_str(ir.Location.name("jit(f)/dot", f)) == "a.py:3:7"
     callsite = ir.Location.callsite(ir.Location.name("inner", ir.Location.file("b.py", 1, 2)),
                                     [f])
-    assert irutil.location_str(callsite) == "b.py:1:2"
+    assert locations.location_str(callsite) == "b.py:1:2"
     fused = ir.Location.fused([ir.Location.unknown(), ir.Location.file("c.py", 9, 1)])
-    assert irutil.location_str(fused) == "c.py:9:1"
-    assert irutil.location_str(ir.Location.unknown()) == "<unknown>"
+    assert locations.location_str(fused) == "c.py:9:1"
+    assert locations.location_str(ir.Location.unknown()) == "<unknown>"
 
 
 def test_verify_checks_signature_of_unverified_ir():
@@ -300,7 +302,7 @@ func.func private @other(%q: tensor<6x8xi8>) -> tensor<6x8xf32> {
   %0 = stablehlo.convert %q : (tensor<6x8xi8>) -> tensor<6x8xf32>
   return %0 : tensor<6x8xf32>
 }""")
-  (op,) = irutil.hx_composites(module)
+  (op,) = ops.hx_composites(module)
   with module.context:
     op.attributes["decomposition"] = ir.FlatSymbolRefAttr.get("other")
   diags = Diagnostics()
@@ -363,7 +365,7 @@ def test_modules_without_hx_ops_are_byte_identical(name):
   for text in _plain_modules():
     module = parse(text)
     before = asm(module)
-    assert not irutil.has_hx_ops(module)
+    assert not ops.has_hx_ops(module)
     result = parse_pipeline(name).run(module)
     assert not result.changed
     assert asm(module) == before
@@ -388,8 +390,8 @@ def test_decompose_leaves_plain_stablehlo_with_same_values():
   result = parse_pipeline("hx-decompose").run(module)
   assert result.stats["hx-decompose"]["composites inlined"] == 3
   assert result.stats["hx-decompose"]["functions removed"] == 3
-  assert not irutil.has_hx_ops(module)
-  assert all(op.name != "stablehlo.composite" for op in irutil.walk(module))
+  assert not ops.has_hx_ops(module)
+  assert all(op.name != "stablehlo.composite" for op in ops.walk(module))
   rng = np.random.default_rng(0)
   args = [rng.standard_normal((2, 6), np.float32), rng.standard_normal((6, 5), np.float32)]
   before = compile_and_run(text, args)

@@ -27,7 +27,8 @@ import pytest
 from hx_testing import compile_and_run
 from numerics import assert_within, dot_bound
 
-from hxmlir.passes import irutil, parse_pipeline
+from hxmlir.passes import ops, parse_pipeline, parsing
+from hxmlir.passes import shardings as pass_shardings
 
 RTOL = 1e-5
 
@@ -230,7 +231,7 @@ def test_family_covers_every_rewrite():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_fold_preserves_semantics(case):
   text = case.mlir()
-  module = irutil.parse_module(text, irutil.make_context(), case.name)
+  module = parsing.parse_module(text, parsing.make_context(), case.name)
   result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
   stats = result.stats["hx-fold-scales"]
   want = case.expected()
@@ -239,7 +240,7 @@ def test_fold_preserves_semantics(case):
     return
   assert stats["scales folded"] == 1 and stats[want] == 1, (want, stats, text)
   folded = module.get_asm()
-  dots = [op for op in irutil.walk(module) if op.name == "stablehlo.dot_general"]
+  dots = [op for op in ops.walk(module) if op.name == "stablehlo.dot_general"]
   for dot in dots:  # no dot consumes a dequantized value any more
     for v in dot.operands:
       op = v.owner.operation if hasattr(v.owner, "operation") else None
@@ -267,7 +268,7 @@ def test_fold_on_modules_lowered_by_jax():
   rng = np.random.default_rng(7)
   args = [rng.standard_normal(s).astype(np.float32) for s in ((3, 6), (6, 5), (4, 6))]
   text = jax.jit(f).lower(*args).as_text()
-  module = irutil.parse_module(text, irutil.make_context(), "jax")
+  module = parsing.parse_module(text, parsing.make_context(), "jax")
   result = parse_pipeline("hx-verify,hx-fold-scales,hx-verify").run(module)
   stats = result.stats["hx-fold-scales"]
   # matmul_q; a scale along the transposed weight's columns; a scalar scale (result is
@@ -299,11 +300,11 @@ def test_fold_keeps_jax_shardings(mesh_2x4):
     module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
   result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
   assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
-  (op,) = irutil.hx_composites(module.operation)
-  assert irutil.composite_name(op) == "hx.matmul_q"
+  (op,) = ops.hx_composites(module.operation)
+  assert ops.composite_name(op) == "hx.matmul_q"
   assert str(op.attributes["sdy.sharding"]) == \
       '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
-  assert [irutil.value_sharding(v) for v in op.operands] == [
+  assert [pass_shardings.value_sharding(v) for v in op.operands] == [
       (("i",), ()), ((), ("j",)), ((),)]
 
 
@@ -322,7 +323,7 @@ def test_fold_reassociation_keeps_values_but_not_range_as_documented():
   # the scale moves onto x: (q s) x -> q (x s). In range, rounding only; where x s
   # overflows (x = 1e10, s = 1e30 on a zero weight) the rewrite gives NaN where the
   # original gives 1.0, as the pass docstring states.
-  module = irutil.parse_module(RANGE_CASE, irutil.make_context(), "range")
+  module = parsing.parse_module(RANGE_CASE, parsing.make_context(), "range")
   assert parse_pipeline("hx-fold-scales{form-matmul-q=false}").run(module).changed
   folded = module.get_asm()
   q = np.array([[0], [1]], np.int8)
