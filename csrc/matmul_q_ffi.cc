@@ -21,7 +21,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -143,8 +142,7 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   }
   job->kern = kern;
   const int64_t macs = p.nb * p.m * p.k * p.n;
-  static const int64_t serial = getenv("HXS") ? atoll(getenv("HXS")) : kSerialMacs;
-  const int64_t threads = macs < serial ? 1 : std::max<int64_t>(1, pool.num_threads());
+  const int64_t threads = macs < kSerialMacs ? 1 : std::max<int64_t>(1, pool.num_threads());
 
   if (p.m <= kRowsMaxM) {
     job->regime = Regime::kRows;

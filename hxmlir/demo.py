@@ -98,19 +98,22 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
   """Seconds of each call of each ``fns[name]()`` (blocking on its result), per round.
 
   After one warm-up call each, the functions run in ``repeats`` rounds, each
-  round starting one function later than the one before (each follows each
-  other equally often: what ran just before -- dirty cache lines, the
-  allocator's state -- affects a call), so a change in machine load affects
-  them all alike and the per-round ratios stay meaningful on a shared machine.
+  round in its own order (a seeded random permutation: each function follows each
+  other equally often on average, where rotating one order would put every one
+  after the same neighbour every time, and what ran just before -- the cache
+  lines it evicted, the allocator's state -- affects a call), so a change in
+  machine load affects them all alike and the per-round ratios stay meaningful
+  on a shared machine.
   """
   for fn in fns.values():
     jax.block_until_ready(fn())
   ts: dict[str, list[float]] = {k: [] for k in fns}
   names = list(fns)
+  order = np.random.default_rng(0)
   for i in range(repeats):
     if progress is not None:
       progress(f"timing round {i + 1}/{repeats}")
-    for name in names[i % len(names):] + names[:i % len(names)]:
+    for name in order.permutation(names):
       t0 = time.perf_counter()
       jax.block_until_ready(fns[name]())
       ts[name].append(time.perf_counter() - t0)
