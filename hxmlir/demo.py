@@ -59,8 +59,8 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
-from hxmlir import export as hx_export
 from hxmlir import dispatch, formats, installation
+from hxmlir import export as hx_export
 from hxmlir.install_state import current_pipeline, is_installed
 from hxmlir.models import _nn, minilm
 from hxmlir.models.registry import (

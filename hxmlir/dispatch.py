@@ -164,4 +164,5 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
     return jax.tree.map(_raise_concrete, exe(*lo[0], **lo[1]), is_leaf=_is_lo)
 
   call.lower = lower
+  call._cache_size = lambda: len(compiled)  # as jax.jit's: executables compiled so far
   return call
