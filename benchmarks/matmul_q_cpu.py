@@ -16,9 +16,9 @@ f32 scale per row), times per call, side by side in one run:
   dense model the quantized one replaces; 4x the weight bytes).
 
 The executables are compiled first, then called in interleaved rounds (each
-round starts one variant later: each follows each other equally often, as
-what ran before -- the allocator's state, dirty cache lines -- affects a
-call), so a change in machine load hits all alike; each time is the median
+round in a seeded random order: each follows each other equally often on
+average, as what ran before -- the allocator's state, dirty cache lines --
+affects a call), so a change in machine load hits all alike; each time is the median
 over rounds, and ``spread`` is the interquartile range of ``native/f32``
 over rounds (a wide one means a noisy machine). Before every timed call a
 read-only pass over a 96 MiB buffer evicts the caches (clean), so every
@@ -112,8 +112,9 @@ def time_rounds(compiled: dict, rounds: int, warm: bool) -> dict[str, list[float
   flush_buf = jnp.ones((FLUSH_BYTES // 4,), jnp.float32)
   flush = jax.jit(jnp.sum)
   names = list(compiled)
-  for r in range(rounds):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # each follows each as often
+  order = np.random.default_rng(0)
+  for _ in range(rounds):
+    for name in order.permutation(names):  # each follows each as often, on average
       c, a = compiled[name]
       if not warm:
         flush(flush_buf).block_until_ready()

@@ -18,7 +18,7 @@ struct Problem {
   const float* x;     // f32[nb, m, k]
   const int8_t* q;    // s8[nb, k, n]
   const float* s;     // f32[nb, k]
-  // x * s (regimes "panel" and "packed"; else null), packed by PackXs: the rows
+  // x * s (regime "panel"; else null), packed by PackXs: the rows
   // of each batch element in groups of mr (the regime's *_mr; the last group may
   // be smaller), each group column after column: xs[b, i, kk] at
   // xs + b * m * k + i0 * k + kk * g + (i - i0), i0 = i / mr * mr, g = min(mr, m - i0).
@@ -34,15 +34,16 @@ struct Kernels {
   int64_t panel_nr;    // column block of the "panel" regime (int8 converted in registers)
   int64_t packed_nr;   // column block of the "packed" regime (f32 micro-panels)
   int64_t panel_mr;    // rows of xs per group in the "panel" regime (PackXs)
-  int64_t packed_mr;   // the same for the "packed" regime
+  int64_t packed_mr;   // rows of x per register tile in the "packed" regime
   // Regime "rows" (small m): acc[m, n] = sum_{kk in [k0, k1)} (x[b, :, kk] * s[b, kk]) q[b, kk, :]
   // (overwrites acc; the whole rows of q in [k0, k1) are read once, contiguously).
   void (*rows)(const Problem& p, int64_t b, int64_t k0, int64_t k1, float* acc);
-  // Regimes "panel" (mid m) and "packed" (large m): y[b, :, j0:j1] = xs[b] @ f32(q[b, :, j0:j1]),
-  // q copied block by block (kPanelKc / kPackedKc rows of the columns) into `scratch` (at
-  // least ScratchBytes(j1 - j0) bytes): "panel" as int8, converted in registers by a loop
-  // holding rows of xs in registers; "packed" converted once to f32 for a register-tiled
-  // f32 loop.
+  // Regimes "panel" (mid m) and "packed" (large m): y[b, :, j0:j1] = (x[b] * s[b]) @
+  // f32(q[b, :, j0:j1]), q copied block by block (kPanelKc / kPackedKc rows of the
+  // columns) into `scratch` (at least ScratchBytes(j1 - j0) bytes): "panel" as int8,
+  // converted in registers by a loop holding rows of xs in registers; "packed"
+  // converted once to f32 times the row's scale, f32(q[kk, j]) * s[kk], for a
+  // register-tiled f32 loop reading x in place.
   void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
   void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
 };

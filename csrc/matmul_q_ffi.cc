@@ -46,6 +46,7 @@ constexpr int64_t kRowsMaxChunks = 8;
 // "panel" and "packed": at most this many columns per block (the copied block
 // of q is kPanelKc x this many int8 or kPackedKc x this many f32: 64 / 256 KiB).
 constexpr int64_t kMaxBlockColumns = 256;
+constexpr int64_t kBlocksPerThread = 4;
 // Problems under this many multiply-adds run on the calling thread alone.
 constexpr int64_t kSerialMacs = int64_t{1} << 18;
 
@@ -58,7 +59,7 @@ struct Job {
   int64_t blocks_per_batch;  // rows: chunks of k; panel/packed: column blocks
   int64_t block_len;         // rows of q (rows) or columns (panel/packed) per block
   int64_t total;
-  std::vector<float> xs;       // x * s (panel, packed)
+  std::vector<float> xs;       // x * s (panel)
   std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
@@ -153,14 +154,16 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     job->partial.resize(static_cast<size_t>(p.nb * (job->blocks_per_batch - 1) * p.m * p.n));
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
-    job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
-    PackXs(p, job->regime == Regime::kPanel ? kern->panel_mr : kern->packed_mr, 0, p.nb,
-           job->xs.data());
-    p.xs = job->xs.data();
+    if (job->regime == Regime::kPanel) {  // "packed" reads x in place
+      job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
+      PackXs(p, kern->panel_mr, 0, p.nb, job->xs.data());
+      p.xs = job->xs.data();
+    }
     // Column blocks of whole micro-panels, at most kMaxBlockColumns wide, and
-    // narrower when that gives every thread about two blocks.
+    // narrower when that gives every thread about kBlocksPerThread blocks (the
+    // shared counter then evens out a thread that starts late or runs slower).
     const int64_t nr = job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr;
-    const int64_t per = CeilDiv(CeilDiv(p.n, CeilDiv(2 * threads, p.nb)), nr);
+    const int64_t per = CeilDiv(CeilDiv(p.n, CeilDiv(kBlocksPerThread * threads, p.nb)), nr);
     job->block_len = std::clamp<int64_t>(per * nr, nr, std::max(nr, kMaxBlockColumns / nr * nr));
     job->blocks_per_batch = CeilDiv(p.n, job->block_len);
   }

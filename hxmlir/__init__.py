@@ -7,6 +7,7 @@ explicit sharding and ``shard_map``. They lower to ``stablehlo.composite`` ops
 named ``hx.*``.
 """
 
+from hxmlir.dispatch import jit as jit
 from hxmlir.einsum import einsum as einsum
 from hxmlir.qarray import (
     QArray as QArray,

@@ -142,6 +142,9 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 
 ConfigState = _config.State
 """JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""
+trace_context = _config.trace_context
+"""The hashable value of every config state that keys JAX's trace and compile caches
+(``hx.installed()``'s pipeline included): part of ``hx.jit``'s cache key."""
 jax_lower_jaxpr_to_module = _mlir.lower_jaxpr_to_module
 """JAX's own ``mlir.lower_jaxpr_to_module``, as imported."""
 

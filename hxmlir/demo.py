@@ -22,6 +22,9 @@
    the naive dequantize-then-dot model (compiled without the plugin, and with
    it, which folds it into ``hx.matmul_q``) side by side, in interleaved
    rounds (median per model; the quartiles of its ratio to f32 over rounds);
+   the quantized models are called through :func:`hxmlir.jit` (their weights cross
+   the call as arrays, like the f32 model's), and once more through ``jax.jit``'s
+   own call, whose Python dispatch of hi arguments a step pays in JAX 0.10.2;
 8. ``weights``: weight bytes as stored on the device (values + scales) against f32;
 9. ``export``: exports the quantized model for ``cpu``, ``cuda`` and ``tpu`` with
    ``hxmlir.export``, writes the artifact to a file, runs it in a fresh process
@@ -56,8 +59,8 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from hxmlir import dispatch, formats, installation
 from hxmlir import export as hx_export
-from hxmlir import formats, installation
 from hxmlir.install_state import current_pipeline, is_installed
 from hxmlir.models import _nn, minilm
 from hxmlir.models.registry import (
@@ -95,19 +98,22 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
   """Seconds of each call of each ``fns[name]()`` (blocking on its result), per round.
 
   After one warm-up call each, the functions run in ``repeats`` rounds, each
-  round starting one function later than the one before (each follows each
-  other equally often: what ran just before -- dirty cache lines, the
-  allocator's state -- affects a call), so a change in machine load affects
-  them all alike and the per-round ratios stay meaningful on a shared machine.
+  round in its own order (a seeded random permutation: each function follows each
+  other equally often on average, where rotating one order would put every one
+  after the same neighbour every time, and what ran just before -- the cache
+  lines it evicted, the allocator's state -- affects a call), so a change in
+  machine load affects them all alike and the per-round ratios stay meaningful
+  on a shared machine.
   """
   for fn in fns.values():
     jax.block_until_ready(fn())
   ts: dict[str, list[float]] = {k: [] for k in fns}
   names = list(fns)
+  order = np.random.default_rng(0)
   for i in range(repeats):
     if progress is not None:
       progress(f"timing round {i + 1}/{repeats}")
-    for name in names[i % len(names):] + names[:i % len(names)]:
+    for name in order.permutation(names):
       t0 = time.perf_counter()
       jax.block_until_ready(fns[name]())
       ts[name].append(time.perf_counter() - t0)
@@ -282,10 +288,15 @@ class _Demo:
 
   def timing(self):
     m, st, r = self.m, self.state, self.repeats
+    # the quantized models through hx.jit (their q8 weights cross the call as arrays,
+    # as the f32 model's do); jax.jit's Python dispatch of hi arguments timed too
+    quantized, naive_folded = dispatch.jit(m.apply), dispatch.jit(partial(m.apply, naive=True))
     runs = {"f32": lambda: st["f32"](m.params, *m.inputs),
-            f"{self.label} hx.matmul_q": lambda: st["quantized"](m.qparams, *m.inputs),
+            f"{self.label} hx.matmul_q": lambda: quantized(m.qparams, *m.inputs),
             "naive dequantize+dot": lambda: st["naive_plain"](m.qparams, *m.inputs),
-            "naive, folded by the pipeline": lambda: st["naive_folded"](m.qparams, *m.inputs)}
+            "naive, folded by the pipeline": lambda: naive_folded(m.qparams, *m.inputs),
+            f"{self.label}, jax.jit with QArray arguments":
+                lambda: st["quantized"](m.qparams, *m.inputs)}
     rounds = time_interleaved(runs, r, self.progress)
     ms = {k: float(np.median(v)) * 1e3 for k, v in rounds.items()}
     spread = {k: _ratio_spread(v, rounds["f32"]) for k, v in rounds.items() if k != "f32"}

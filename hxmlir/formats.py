@@ -114,11 +114,20 @@ def lookup(dtype) -> Format:
 
 def of_storage(dtype) -> Format | None:
   """The format whose lo values have numpy ``dtype`` or MLIR element type name, else ``None``."""
+  try:
+    return _OF_STORAGE[dtype]
+  except (KeyError, TypeError):  # TypeError: an unhashable argument
+    pass
   key = str(dtype)
-  for f in FORMATS.values():
-    if key in (f.storage_dtype.name, f.mlir):
-      return f
-  return None
+  found = next((f for f in FORMATS.values() if key in (f.storage_dtype.name, f.mlir)), None)
+  try:
+    _OF_STORAGE[dtype] = found
+  except TypeError:
+    pass
+  return found
+
+
+_OF_STORAGE: dict = {}  # of_storage's answers by argument (str(dtype) is slow on numpy dtypes)
 
 
 def scale_shape(shape: Sequence[int], group: int | None) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ JAX 0.10.2 (``VJPHiPrimitive``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,6 +350,14 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
                     "traced arrays inside jit/grad/vmap/scan; use "
                     "hx.make_qarray(qvalue, scale) there (and hx.qarray_parts(q) to take one "
                     "apart): the QArray constructor is for concrete arrays only")
+  return _concrete_qarray_type(qty, sty)
+
+
+@functools.lru_cache(maxsize=4096)
+def _concrete_qarray_type(qty, sty) -> QArrayTy:
+  # JAX asks for the type of every QArray argument three times per call of a jitted
+  # function (its Python dispatch path for hi values); a model's step takes dozens of
+  # them, so the type is computed once per pair of component types
   fmt = formats.of_storage(qty.dtype)
   if (fmt is None or sty.dtype != F32 or qty.ndim < 1
       or isinstance(formats.group_of(fmt.dense_shape(qty.shape), sty.shape), str)):

@@ -102,7 +102,7 @@ def test_timing_and_weights(run):
   _, report, _ = run
   ms = _step(report, "timing")["milliseconds"]
   assert set(ms) == {"f32", "int8 hx.matmul_q", "naive dequantize+dot",
-                     "naive, folded by the pipeline"}
+                     "naive, folded by the pipeline", "int8, jax.jit with QArray arguments"}
   assert all(v > 0 for v in ms.values())
   q = _step(report, "timing")["relative_to_f32_quartiles"]
   assert set(q) == set(ms) - {"f32"} and all(0 < lo <= hi for lo, hi in q.values())

@@ -1,0 +1,168 @@
+"""``hx.jit``: ``jax.jit`` whose concrete hi arguments and results cross the call as lo arrays.
+
+JAX 0.10.2 calls a jitted function whose arguments or results include a hi
+value (``q8``, ``r1``, ``Tup``) through its Python dispatch path: every argument
+leaf, arrays included, is checked in Python on every call, where a call with
+plain arrays takes JAX's C++ path. A model step taking its quantized weights as
+arguments pays for it on every call: all-MiniLM-L6-v2's 36 ``q8`` weights and
+~100 other parameters cost about 1.8 ms per call on the development machine (a
+step is ~20 ms), the 24 of the built-in model about 0.9 ms (a step is ~5 ms).
+
+:func:`jit` passes each concrete hi value as its lo components instead (a
+``q8`` as its values and scales, an ``r1`` as its factors, a ``Tup`` as its
+elements), rebuilds it inside the traced function (``hx.make_qarray``,
+``hx.outer``, ``hx.make_tup``), and does the reverse for hi results, so the call
+takes the C++ path. The program is the one ``jax.jit`` compiles (the rebuild
+and the take-apart are free there). Under an outer transformation (hi
+arguments that are tracers) nothing is rewritten: the call is ``jax.jit``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from hxmlir import _jax
+from hxmlir.qarray import QArray, QArrayTy, make_qarray, qarray_parts
+from hxmlir.rank1 import Rank1, Rank1Ty, factors, outer
+from hxmlir.tuples import HiTup, TupTy, get_tuple_element, make_tup
+
+
+@jax.tree_util.register_pytree_node_class
+class _Lo:
+  """A hi value as its lo components: a pytree node whose children are the components
+  (arrays, or ``_Lo`` for hi elements of a tuple) and whose aux data is the kind."""
+
+  __slots__ = ("kind", "parts")
+
+  def __init__(self, kind: type, parts: tuple):
+    self.kind, self.parts = kind, parts
+
+  def tree_flatten(self):
+    return self.parts, self.kind
+
+  @classmethod
+  def tree_unflatten(cls, kind, parts):
+    return cls(kind, tuple(parts))
+
+
+def _lower_concrete(v) -> Any:
+  """A concrete hi value as ``_Lo`` of its stored components; anything else unchanged."""
+  if isinstance(v, QArray):
+    return _Lo(QArray, (v.qvalue, v.scale))
+  if isinstance(v, Rank1):
+    return _Lo(Rank1, (v.col, v.row))
+  if isinstance(v, HiTup):
+    return _Lo(HiTup, tuple(_lower_concrete(e) for e in v.elts))
+  return v
+
+
+def _raise_traced(v) -> Any:
+  """Inside the jitted function: ``_Lo`` back to the hi value, by the types' primitives."""
+  if not isinstance(v, _Lo):
+    return v
+  if v.kind is QArray:
+    return make_qarray(*v.parts)
+  if v.kind is Rank1:
+    return outer(*v.parts)
+  return make_tup(*(_raise_traced(e) for e in v.parts))
+
+
+def _lower_traced(v) -> Any:
+  """Inside the jitted function: a hi result as ``_Lo`` of its components."""
+  aval = jax.typeof(v) if isinstance(v, jax.core.Tracer) else None
+  if isinstance(aval, QArrayTy):
+    return _Lo(QArray, tuple(qarray_parts(v)))
+  if isinstance(aval, Rank1Ty):
+    return _Lo(Rank1, tuple(factors(v)))
+  if isinstance(aval, TupTy):
+    return _Lo(HiTup, tuple(_lower_traced(get_tuple_element(v, i))
+                            for i in range(len(aval.tys))))
+  return v
+
+
+def _raise_concrete(v) -> Any:
+  """After the call: ``_Lo`` of concrete arrays back to the hi value."""
+  if not isinstance(v, _Lo):
+    return v
+  if v.kind is QArray:
+    return QArray(*v.parts)
+  if v.kind is Rank1:
+    return Rank1(*v.parts)
+  return HiTup(tuple(_raise_concrete(e) for e in v.parts))
+
+
+def _is_lo(v) -> bool:
+  return isinstance(v, _Lo)
+
+
+def _leaf_key(a) -> tuple:
+  """What a compiled executable depends on in an argument leaf: its type (for Python
+  scalars, weakly typed in JAX), and for arrays shape, dtype, weak type and sharding."""
+  shape = getattr(a, "shape", None)
+  if shape is None:
+    return (type(a),)
+  return (type(a), shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
+
+
+_FORBIDDEN = ("in_shardings", "out_shardings", "static_argnums", "static_argnames")
+
+
+def jit(fun: Callable, **jit_kwargs) -> Callable:
+  """``jax.jit(fun, **jit_kwargs)``, called with concrete hi values as their lo components.
+
+  Same results, same compiled program and the same errors as ``jax.jit(fun)``;
+  only the call differs: each concrete ``hx.QArray`` (``q8``/``q4``/``f8``,
+  per-row or grouped), ``hx.Rank1`` and ``hx.HiTup`` among the arguments
+  (anywhere in their pytrees) travels as its arrays, and hi results come back
+  rebuilt. The function is lowered and compiled once per signature (the pytree
+  structure, each array's shape, dtype, weak type and sharding, and JAX's trace
+  context, which holds ``hx.installed()``'s pipeline), and each call goes to the
+  compiled executable through JAX's C++ dispatch (see the module docstring for
+  what that saves). ``jit_kwargs`` are ``jax.jit``'s (``donate_argnums``,
+  ``keep_unused``, ...; argument positions are unchanged). The returned function
+  has ``lower(*args, **kwargs)``: the ``jax.jit`` lowering of the same call over the
+  components. Inside another transformation (an argument that is a tracer) it is
+  ``jax.jit(fun)``.
+
+  Raises ``TypeError`` for ``in_shardings``/``out_shardings`` (they would name the
+  components: place the arguments with ``jax.device_put`` instead) and for
+  ``static_argnums``/``static_argnames`` (use ``functools.partial``).
+  """
+  bad = [k for k in _FORBIDDEN if k in jit_kwargs]
+  if bad:
+    raise TypeError(f"hx.jit does not take {', '.join(bad)}: shardings would name the lo "
+                    "components (place the arguments with jax.device_put) and static "
+                    "arguments take functools.partial; or use jax.jit")
+
+  def inner(*args, **kwargs):
+    args, kwargs = jax.tree.map(_raise_traced, (args, kwargs), is_leaf=_is_lo)
+    return jax.tree.map(_lower_traced, fun(*args, **kwargs))
+
+  functools.update_wrapper(inner, fun)
+  jitted = jax.jit(inner, **jit_kwargs)
+  plain = jax.jit(fun, **jit_kwargs)
+  compiled: dict = {}
+
+  def lower(*args, **kwargs):
+    return jitted.lower(*jax.tree.map(_lower_concrete, args),
+                        **jax.tree.map(_lower_concrete, kwargs))
+
+  @functools.wraps(fun)
+  def call(*args, **kwargs):
+    lo = jax.tree.map(_lower_concrete, (args, kwargs))
+    leaves, tree = jax.tree.flatten(lo)
+    if any(isinstance(v, jax.core.Tracer) for v in leaves):
+      return plain(*args, **kwargs)
+    key = (tree, tuple(map(_leaf_key, leaves)), _jax.trace_context())
+    exe = compiled.get(key)
+    if exe is None:
+      exe = compiled[key] = jitted.lower(*lo[0], **lo[1]).compile()
+    return jax.tree.map(_raise_concrete, exe(*lo[0], **lo[1]), is_leaf=_is_lo)
+
+  call.lower = lower
+  call._cache_size = lambda: len(compiled)  # as jax.jit's: executables compiled so far
+  return call

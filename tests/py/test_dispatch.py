@@ -1,0 +1,114 @@
+"""hx.jit: jax.jit with concrete hi arguments and results passed as their lo components."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hxmlir as hx
+
+RNG = np.random.default_rng(7)
+
+
+def _w(k, n):
+  return jnp.asarray(RNG.standard_normal((k, n)).astype(np.float32))
+
+
+FORMATS = [(jnp.int8, None), (jnp.int4, 32), (jnp.float8_e4m3fn, None), (jnp.int8, 16)]
+
+
+def _parts_equal(a, b):
+  """Hi values (or arrays) with bitwise-equal components and the same type."""
+  assert jax.typeof(a) == jax.typeof(b)
+  if isinstance(a, hx.QArray):
+    return all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+               for x, y in zip(hx.qarray_parts(a), hx.qarray_parts(b)))
+  if isinstance(a, hx.Rank1):
+    return all(np.array_equal(x, y) for x, y in zip(hx.factors(a), hx.factors(b)))
+  if isinstance(a, hx.HiTup):
+    return all(_parts_equal(x, y) for x, y in zip(a.elts, b.elts))
+  return np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype,group", FORMATS)
+def test_same_results_as_jax_jit_for_every_format(dtype, group):
+  params = {"w": [hx.quantize(_w(64, 32), dtype, group_size=group) for _ in range(3)],
+            "b": jnp.arange(32.0)}
+  x = _w(5, 64)
+
+  def step(params, x, *, scale=1.0):
+    for q in params["w"]:
+      x = jnp.tanh(hx.matmul_q(x, q) + params["b"]) @ jnp.ones((32, 64)) * scale
+    return x, params["w"][0]
+
+  want_y, want_q = jax.jit(step)(params, x, scale=0.5)
+  got_y, got_q = hx.jit(step)(params, x, scale=0.5)
+  np.testing.assert_array_equal(got_y, want_y)   # the same program: bitwise equal
+  assert isinstance(got_q, hx.QArray) and _parts_equal(got_q, want_q)
+
+
+def test_rank1_and_nested_tuples_round_trip():
+  q = hx.quantize(_w(8, 6))
+  r = hx.outer(jnp.arange(3.0), jnp.arange(4.0) + 1)
+  t = hx.make_tup(q, hx.make_tup(r, jnp.ones(2)))
+
+  def f(t, r):
+    inner = hx.get_tuple_element(t, 1)
+    return hx.make_tup(hx.get_tuple_element(inner, 0), r), hx.get_tuple_element(t, 0)
+
+  want, got = jax.jit(f)(t, r), hx.jit(f)(t, r)
+  for a, b in zip(got, want):
+    assert _parts_equal(a, b)
+  assert str(jax.typeof(got[0])) == "Tup{r1[3,4],r1[3,4]}"
+
+
+def test_compiles_once_per_signature_and_pipeline():
+  f = hx.jit(lambda x, q: hx.matmul_q(x, q))
+  q = hx.quantize(_w(16, 8))
+  f(_w(2, 16), q)
+  f(_w(2, 16), q)
+  assert f._cache_size() == 1
+  f(_w(3, 16), q)                                   # another shape
+  assert f._cache_size() == 2
+  with hx.installed("hx-verify"):                   # another pipeline keys JAX's caches
+    f(_w(3, 16), q)
+  assert f._cache_size() == 3
+
+
+def test_under_transformations_it_is_jax_jit():
+  qs = [hx.quantize(_w(16, 16)) for _ in range(2)]
+
+  def f(x, qs):
+    return sum(hx.matmul_q(x, q) for q in qs).sum()
+
+  x = _w(4, 16)
+  np.testing.assert_array_equal(jax.grad(hx.jit(f))(x, qs), jax.grad(jax.jit(f))(x, qs))
+  xs = _w(12, 16).reshape(3, 4, 16)
+  np.testing.assert_array_equal(jax.vmap(hx.jit(f), (0, None))(xs, qs),
+                                jax.vmap(jax.jit(f), (0, None))(xs, qs))
+
+
+def test_lower_is_the_lowering_over_components():
+  q = hx.quantize(_w(16, 8))
+  text = hx.jit(hx.matmul_q).lower(_w(2, 16), q).as_text()
+  assert 'stablehlo.composite "hx.matmul_q"' in text
+  assert "tensor<16x8xi8>" in text and "tensor<16xf32>" in text
+
+
+@pytest.mark.parametrize("kw", [{"in_shardings": None}, {"out_shardings": None},
+                                {"static_argnums": 0}, {"static_argnames": "n"}])
+def test_refuses_what_would_name_components(kw):
+  with pytest.raises(TypeError, match=f"hx.jit does not take {next(iter(kw))}"):
+    hx.jit(lambda x: x, **kw)
+
+
+def test_errors_are_jax_jits():
+  q = hx.quantize(_w(16, 8))
+  f = functools.partial(hx.matmul_q)
+  with pytest.raises(TypeError) as want:
+    jax.jit(f)(_w(2, 15), q)
+  with pytest.raises(TypeError) as got:
+    hx.jit(f)(_w(2, 15), q)
+  assert str(got.value) == str(want.value)
