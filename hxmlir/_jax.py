@@ -16,6 +16,8 @@ Every change hxmlir makes to JAX's state is a named function here:
   cache of the module being lowered (JAX's cache, used as JAX uses it).
 - :func:`install_ref_write_check`: ``ref[...] = v`` with a hi ref or value is typed by
   hxmlir's check first (at import, for good; writes of arrays into arrays pass through).
+- :func:`install_jnp_array_check`: ``jnp.array``/``jnp.asarray`` of a traced hi value
+  raise its type's ``TypeError`` (at import, for good; arrays pass through).
 """
 
 from jax._src import core as core
@@ -993,3 +995,58 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   _replace(_conditionals, "_bcast_select", lambda f: _wrap_bcast_select(f, select_n))
   _replace(_conditionals, "_bcast_select_n", lambda f: _wrap_bcast_select_n(f, select_n))
   _make_high(_ad_util.stop_gradient_p, _stop_gradient_to_lojax)
+
+
+# =============================================================================
+# JAX's array API on hi values (hiprim.refuse_array_api): the names JAX forwards
+# from a tracer to its type (``x + y`` -> ``typeof(x)._add(x, y)``, ``x.sum()`` ->
+# ``typeof(x).sum.fun(x)``, ``x.T`` -> ``typeof(x).T.fget(x)``; jax/_src/core.py's
+# ``Tracer`` and jax/_src/numpy/array_methods.py's ``_set_tracer_aval_forwarding``),
+# and ``__jax_array__``, which jax.numpy calls on every operand that is not an array.
+# Nothing of JAX's is changed: hiprim sets these on hxmlir's own classes (methods and
+# properties as jax.experimental.hijax's public ``aval_method``/``aval_property``).
+# =============================================================================
+import functools as _functools  # noqa: E402
+
+import jax.numpy as _jnp  # noqa: E402
+from jax._src.numpy import array_constructors as _array_constructors  # noqa: E402
+from jax._src.numpy import array_methods as _array_methods  # noqa: E402
+
+
+def array_api_names() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+  """``(operators, methods, properties)`` of ``jax.Array`` that a tracer forwards to its type.
+
+  Operators without underscores (``add``, ``rmatmul``, ``getitem``); public
+  methods (``sum``, ``reshape``, ``astype``); properties (``T``, ``at``).
+  """
+  return (tuple(_array_methods._array_operators),
+          tuple(n for n in _array_methods._array_methods if not n.startswith("_")),
+          tuple(_array_methods._array_properties))
+
+
+
+def _wrap_jnp_array(jax_array):
+  def array(object, *args, **kwargs):
+    # JAX's fast path returns (or copies) any traced value as it is; a traced hi value
+    # gets its type's ``__jax_array__`` refusal, as an eager one does
+    if isinstance(object, core.Tracer) and _is_hi(object.aval):
+      refuse = getattr(object.aval, "__jax_array__", None)
+      if refuse is not None:
+        refuse.fun(object)
+    return jax_array(object, *args, **kwargs)
+  _functools.update_wrapper(array, jax_array)
+  array._hx_wraps = jax_array
+  return array
+
+
+def install_jnp_array_check() -> None:
+  """``jnp.array(v)`` / ``jnp.asarray(v)`` of a traced hi value ``v`` call its type's
+  ``__jax_array__`` (hiprim.refuse_array_api: a ``TypeError`` saying what to call).
+
+  JAX 0.10.2's ``array`` returns a tracer unconverted (``asarray``: the hi value itself,
+  silently; ``array``: a copy that fails later in ``lower_jaxpr``); eager values already
+  reach ``__jax_array__``. Wraps ``array`` in ``jax._src.numpy.array_constructors``
+  (``asarray`` calls it there) and ``jax.numpy.array``; arrays pass through unchanged.
+  """
+  _replace(_array_constructors, "array", _wrap_jnp_array)
+  _replace(_jnp, "array", _wrap_jnp_array)

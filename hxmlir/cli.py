@@ -32,7 +32,9 @@ arrays of an ``.npz`` file, keyed as :mod:`hxmlir.npzio` documents (``a0``,
 ``a0.1`` for a ``Tup`` element), each with exactly the shape and dtype the
 artifact expects (no casts); results are written the same way (``a0``, or
 ``a<i>`` for element ``i`` of returned tuples; ``Tup`` and ``r1`` results as
-their components). ``inspect`` prints what an artifact holds
+their components). Without ``--output`` ``run`` prints each result under the same
+key, its type and its values as numpy prints them (large arrays summarised); a hi
+result component by component. ``inspect`` prints what an artifact holds
 (:mod:`hxmlir.artifact_info`). ``.npz`` output paths (``run --output``,
 ``export --inputs-out``) get ``.npz`` appended when they lack it, as
 ``numpy.savez`` does, and the path actually written is printed. Errors are one
@@ -374,13 +376,36 @@ def _cmd_run(args) -> int:
   out = exp.call(*a, **kw)
   jax.block_until_ready(out)
   types = ", ".join(map(str, exp.out_types))
+  paths = npzio.leaf_paths(exp.out_tree, results=True)
+  arrays = npzio.to_arrays(paths, exp.out_types, npzio.tree_leaves(exp.out_tree, out))
   if output:
-    paths = npzio.leaf_paths(exp.out_tree, results=True)
-    leaves = npzio.tree_leaves(exp.out_tree, out)
-    np.savez(output, **npzio.to_arrays(paths, exp.out_types, leaves))
+    np.savez(output, **arrays)
   print(f"ran {args.artifact} on {_arguments(exp)}: {types}"
         + (f" -> {output}" if output else ""))
+  if not output:
+    sys.stdout.write(_format_results(paths, exp.out_types, arrays))
   return 0
+
+
+def _format_results(paths: Sequence[str], types: Sequence, arrays: dict) -> str:
+  """The results of ``run`` as text: per result its key and type, then its values as
+  ``print(numpy_array)`` shows them (``numpy.array2string``: large arrays summarised with
+  ``...`` past ``numpy.get_printoptions()['threshold']`` elements); a hi result
+  (``q8``, ``r1``, ``Tup``) per component, under the keys ``--output`` writes."""
+  import numpy as np
+  from jax.experimental.hijax import HiType
+
+  from hxmlir import npzio, typestr
+  lines = []
+  for path, ty in zip(paths, types):
+    if isinstance(ty, HiType):
+      lines.append(f"{path}: {typestr.type_str(ty)}")
+    keys = [path + k for k in npzio.component_keys(ty)]
+    los = ty.lo_ty() if isinstance(ty, HiType) else [ty]
+    for key, lo in zip(keys, los, strict=True):
+      lines.append(f"{key}: {typestr.type_str(lo)}")
+      lines.append(np.array2string(arrays[key]))
+  return "".join(line + "\n" for line in lines)
 
 
 def _cmd_inspect(args) -> int:

@@ -15,7 +15,14 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
-from jax.experimental.hijax import HiType, ShapedArray, VJPHiPrimitive, Zero
+from jax.experimental.hijax import (
+  HiType,
+  ShapedArray,
+  VJPHiPrimitive,
+  Zero,
+  aval_method,
+  aval_property,
+)
 from jax.sharding import PartitionSpec
 
 from hxmlir import _jax
@@ -381,8 +388,111 @@ def value_refusals(how: str):
   return __array__, __eq__, __eq__, __hash__, __bool__
 
 
+
+# --- hi values are not arrays: JAX's operators, jax.numpy and array methods ---------
+#
+# A tracer forwards ``x + y``, ``x.sum()`` and ``x.T`` to its type (``_add``, ``sum``,
+# ``T``: see _jax.array_api_names) and jax.numpy converts every operand that is not an
+# array with ``__jax_array__`` (``jnp.sum(q)``, ``jnp.dot(x, q)``, ``x @ q``,
+# ``jnp.asarray(q)``). Without these, JAX reports "'QArrayTy' object has no attribute
+# '_rmatmul'" or "sum requires ndarray or scalar arguments, got DynamicJaxprTracer".
+
+_SYMBOLS = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+    "pow": "**", "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<",
+    "rshift": ">>", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+}
+_UNARY = {"neg": "-{}", "pos": "+{}", "abs": "abs({})", "invert": "~{}", "round": "round({})",
+          "iter": "iter({})", "len": "len({})"}
+# kept as they are: copying a value copies its arrays; the value classes define their
+# own ==, != (value_refusals) and a Tup its len()
+_KEPT = frozenset({"copy", "deepcopy"})
+
+
+def _operand_text(x) -> str:
+  """An operand as the message shows it: ``1`` for a Python scalar, else its type (``f32[2,3]``)."""
+  if isinstance(x, (bool, int, float, complex)):
+    return repr(x)
+  return _value_type_name(x)
+
+
+def _operator_text(name: str, v, args) -> str:
+  """``q8[3,4] + 1``, ``f32[2,3] @ q8[3,4]`` (a reflected operator), ``-q8[3,4]``, ``q8[3,4][...]``."""
+  me = _value_type_name(v)
+  if name in _UNARY:
+    return _UNARY[name].format(me)
+  if name in ("getitem", "setitem"):
+    return f"{me}[...]" + (" = ..." if name == "setitem" else "")
+  if name == "contains":
+    return f"... in {me}"
+  other = _operand_text(args[0]) if args else "..."
+  reflected = name.startswith("r") and name[1:] in (*_SYMBOLS, "divmod")  # 1 + q: q.__radd__(1)
+  base = name[1:] if reflected else name
+  a, b = (other, me) if reflected else (me, other)
+  if base == "divmod":
+    return f"divmod({a}, {b})"
+  return f"{a} {_SYMBOLS.get(base, f'<{base}>')} {b}"
+
+def refuse_array_api(value_cls: type, type_cls: type, kind: str, uses: str) -> None:
+  """Make JAX's array API on values of a hi type a ``TypeError`` that says what to call.
+
+  Sets, on the value class (``QArray``) and for its tracers on the type
+  (``QArrayTy``): every operator of ``jax.Array`` (``+``, ``@``, reflected ones,
+  ``[]``, unary ``-``; not copying), its public methods (``.sum()``,
+  ``.reshape()``, ``.astype()``), and ``__jax_array__`` (``jnp.sum(q)``,
+  ``jnp.dot(x, q)``, ``x @ q``, ``jnp.asarray(q)``; traced values through
+  :func:`hxmlir._jax.install_jnp_array_check`), ``iter`` and ``len``: each raises ``TypeError``
+  naming the operand types (``f32[2,3] @ q8[3,4]``), that the value is a ``kind``
+  and not an array, and ``uses``. Its properties (``.T``, ``.at``) raise
+  ``AttributeError`` with the same text, so ``hasattr`` keeps working. Names the class
+  already defines are left alone.
+  """
+  operators, methods, properties = _jax.array_api_names()
+  tail = f"a {kind} is not a jax.Array (JAX's operators, jax.numpy and array methods take arrays); {uses}"
+
+  def has(cls, attr):
+    return any(attr in vars(k) for k in cls.__mro__[:-1])
+
+  def operator(name):
+    def refuse(v, *args):
+      raise TypeError(f"{_operator_text(name, v, args)}: {tail}")
+    return refuse
+
+  def method(name):
+    def refuse(v, *args, **kwargs):
+      raise TypeError(f"{_value_type_name(v)}.{name}(): {tail}")
+    return refuse
+
+  def prop(name):
+    def refuse(v):
+      raise AttributeError(f"{_value_type_name(v)}.{name}: {tail}")
+    return refuse
+
+  def jax_array(v):
+    raise TypeError(f"a {_value_type_name(v)} operand where JAX expects an array "
+                    f"(a jax.numpy function, or an operator with an array on its left): {tail}")
+
+  for name in (*operators, "iter", "len"):  # iter / len: Python's, forwarded by tracers too
+    if name in _KEPT:
+      continue
+    if not has(value_cls, f"__{name}__"):
+      setattr(value_cls, f"__{name}__", operator(name))
+    if not has(type_cls, f"_{name}"):
+      setattr(type_cls, f"_{name}", staticmethod(operator(name)))
+  for name in methods:
+    for cls, wrap in ((value_cls, lambda f: f), (type_cls, aval_method)):
+      if not has(cls, name):
+        setattr(cls, name, wrap(method(name)))
+  for name in properties:
+    for cls, wrap in ((value_cls, property), (type_cls, aval_property)):
+      if not has(cls, name):
+        setattr(cls, name, wrap(prop(name)))
+  value_cls.__jax_array__ = jax_array
+  type_cls.__jax_array__ = aval_method(jax_array)
+
 # --- JAX's placement, sharding and debugging APIs take hi values (issue 14) -------
 install_device_put_rules()
 install_sharding_constraint_rules()
 install_jit_sharding_rules()
 install_debug_rules()
+_jax.install_jnp_array_check()

@@ -48,6 +48,7 @@ from hxmlir.hiprim import (
   broadcast_unmapped,
   instantiate,
   is_linear_operand,
+  refuse_array_api,
   shard_map_spec_hint,
   value_refusals,
   zeros,
@@ -371,6 +372,9 @@ def _concrete_qarray_type(qty, sty) -> QArrayTy:
 
 
 register_hitype(QArray, _typeof_qarray)
+refuse_array_api(QArray, QArrayTy, "quantized array",
+                 "call hx.matmul_q(x, q) or hx.einsum(spec, x, q) for a product, hx.dequantize(q) "
+                 "for the dense f32 array, hx.qarray_parts(q) for its values and scales")
 hx_pallas.register_type(QArrayTy)
 
 

@@ -30,6 +30,7 @@ from hxmlir.hiprim import (
     accumulate,
     broadcast_unmapped,
     is_linear_operand,
+    refuse_array_api,
     shard_map_spec_hint,
     value_refusals,
 )
@@ -260,6 +261,9 @@ def _typeof_rank1(r: Rank1) -> Rank1Ty:
 
 
 register_hitype(Rank1, _typeof_rank1)
+refuse_array_api(Rank1, Rank1Ty, "rank-1 matrix",
+                 "call hx.matmul_r1(x, r) for a product, hx.factors(r) for its factors (col, row), "
+                 "jnp.outer(*hx.factors(r)) for the dense f32 matrix of an unbatched r1")
 hx_pallas.register_type(Rank1Ty)
 
 

@@ -31,6 +31,7 @@ from hxmlir.hiprim import (
   is_hi,
   is_linear_operand,
   lo_types,
+  refuse_array_api,
   shard_map_spec_hint,
   value_refusals,
   zeros,
@@ -95,6 +96,11 @@ class TupTy(HiType):
 
   def lo_ty(self) -> list:
     return [lo for ty in self.tys for lo in lo_types(ty)]
+
+  @staticmethod
+  def _len(t) -> int:
+    """``len(t)`` of a traced tuple: its element count, as for a ``HiTup`` value."""
+    return len(t.aval.tys)
 
   @property
   def mat(self):
@@ -235,6 +241,7 @@ class TupTy(HiType):
 
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
                 TupTy(tuple(jax.typeof(e) for e in t.elts)))
+refuse_array_api(HiTup, TupTy, "tuple", "call hx.get_tuple_element(t, i) for element i")
 hx_pallas.register_type(TupTy)
 
 

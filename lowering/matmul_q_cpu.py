@@ -43,9 +43,16 @@ KERNEL_VERSION = 1
 TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
 """The FFI custom-call target (its name carries the version)."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
-"""Set to a non-empty value other than ``0`` to keep the StableHLO lowering on CPU."""
+"""A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
+flags (``jax._src.config.bool_env``): :data:`TRUE_VALUES` / :data:`FALSE_VALUES`, any
+case; empty is false. Anything else warns and counts as true (the portable path)."""
+TRUE_VALUES = ("1", "true", "t", "yes", "y", "on")
+FALSE_VALUES = ("0", "false", "f", "no", "n", "off")
 ISA_ENV = "HXMLIR_CPU_ISA"
-"""Force the kernel's ISA: ``avx512``, ``avx2`` or ``generic`` (portable C++)."""
+"""Force the kernel's ISA: one of :data:`ISAS` (any case). A value that is not one, or
+an ISA this CPU and build do not run, warns and keeps the StableHLO lowering."""
+ISAS = ("avx512", "avx2", "generic")
+"""The kernel builds, best first; ``generic`` is portable C++."""
 DEFAULT_ISAS = ("avx512", "avx2")
 """ISAs used without ``$HXMLIR_CPU_ISA``, best first."""
 
@@ -77,23 +84,43 @@ class CpuKernelInfo:
 
 
 def _load() -> CpuKernelInfo:
+  import warnings  # here, not at the top: this function is the environment's one reader
+
   def off(reason: str, supported: tuple[str, ...] = ()) -> CpuKernelInfo:
     return CpuKernelInfo(False, None, TARGET, reason, supported)
 
-  if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-    return off(f"disabled by ${DISABLE_ENV}={os.environ[DISABLE_ENV]}")
+  def warn(msg: str) -> None:
+    warnings.warn(f"hxmlir: {msg}", UserWarning, stacklevel=3)
+
+  disable = os.environ.get(DISABLE_ENV, "")
+  if disable.strip().lower() not in ("", *FALSE_VALUES):
+    how = ""
+    if disable.strip().lower() not in TRUE_VALUES:
+      how = " (not a truth value: read as true)"
+      warn(f"${DISABLE_ENV}={disable!r} is not a truth value ({'/'.join(TRUE_VALUES)} to "
+           f"disable, {'/'.join(FALSE_VALUES)} or empty to enable, as JAX's boolean flags); "
+           "read as true: hx.matmul_q uses the StableHLO lowering on CPU")
+    return off(f"disabled by ${DISABLE_ENV}={disable}{how}")
+  want = os.environ.get(ISA_ENV, "")
+  unknown = want.strip().lower() not in ("", *ISAS)
+  if unknown:
+    warn(f"${ISA_ENV}={want!r} is not one of {', '.join(ISAS)}; hx.matmul_q uses the "
+         f"StableHLO lowering on CPU (unset ${ISA_ENV} for the best ISA this CPU runs)")
   try:
     from hxmlir import _matmul_q_cpu as ext
   except ImportError as e:
     return off(f"the extension hxmlir._matmul_q_cpu is not built ({e}); reinstall hxmlir "
                "with g++ or clang++ available")
   supported = tuple(ext.supported_isas())
-  want = os.environ.get(ISA_ENV, "")
   if want:
-    if want not in supported:
+    if unknown or want.strip().lower() not in supported:
+      if not unknown:
+        warn(f"${ISA_ENV}={want!r}, but this CPU and build run only {', '.join(supported)}; "
+             "hx.matmul_q uses the StableHLO lowering on CPU (set one of those, or unset "
+             f"${ISA_ENV} for the best of them)")
       return off(f"${ISA_ENV}={want}, but this CPU and build run only "
                  f"{', '.join(supported)}", supported)
-    isa, why = want, f"forced by ${ISA_ENV}"
+    isa, why = want.strip().lower(), f"forced by ${ISA_ENV}"
   else:
     best = [i for i in DEFAULT_ISAS if i in supported]
     if not best:

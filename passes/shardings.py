@@ -1,7 +1,8 @@
 """Shardy shardings as the passes read them: ``#sdy.sharding`` attributes as the schema's
 :data:`~hxmlir.lowering.schema.DimSharding`, the sharding fixed for a value (by
-its defining op, a sharding constraint, or its function argument), and whether a
-module has any (answered from the shared op index)."""
+its defining op, a sharding constraint, or its function argument), whether a
+module has any (answered from the shared op index), and the sizes of the mesh axes a
+sharding names."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from jaxlib.mlir.dialects import sdy
 
 from hxmlir.lowering.schema import DimSharding
 from hxmlir.passes.ops import _ANY_SHARDING, _SHARDED, index, index_cache
-from hxmlir.passes.symbols import func_ops
+from hxmlir.passes.symbols import enclosing_module as _enclosing_module
+from hxmlir.passes.symbols import func_ops, symbol_ref
 
 
 def may_have_shardings(module: ir.Operation) -> bool:
@@ -151,3 +153,44 @@ def value_sharding(value: ir.Value) -> DimSharding | None:
   t = value.type
   rank = t.rank if isinstance(t, ir.RankedTensorType) else None
   return dim_sharding(value_sharding_attr(value), rank)
+
+
+def mesh_axis_sizes(attr: ir.Attribute | None, at: ir.Operation) -> dict[str, int] | None:
+  """``{axis name: size}`` of the mesh a ``#sdy.sharding`` ``attr`` is over, or ``None``.
+
+  The mesh is inline (``<mesh<["i"=4]>, [...]>``) or a symbol (``<@mesh, [...]>``) naming
+  an ``sdy.mesh`` op of the module enclosing ``at``; ``None`` when ``attr`` is not a
+  sharding or the module declares no such mesh.
+  """
+  attr = as_tensor_sharding(attr)
+  if attr is None:
+    return None
+  mesh = attr.mesh_or_ref
+  if not sdy.MeshAttr.isinstance(mesh):
+    name = symbol_ref(mesh)
+    if name is None:
+      return None
+    module = _enclosing_module(at)
+    if module is None:
+      return None
+    decl = next((o for o in module.regions[0].blocks[0].operations
+                 if o.operation.name == "sdy.mesh"
+                 and ir.StringAttr(o.operation.attributes["sym_name"]).value == name), None)
+    if decl is None:
+      return None
+    mesh = decl.operation.attributes["mesh"]
+  return {sdy.MeshAxisAttr(a).name: sdy.MeshAxisAttr(a).size for a in sdy.MeshAttr(mesh).axes}
+
+
+def axes_size(axes: tuple[str, ...], sizes: dict[str, int]) -> int | None:
+  """How many ways a dimension sharded over ``axes`` (a :data:`DimSharding` entry, sub-axes
+  spelled ``"x:(1)2"``) is split on a mesh of axis ``sizes``; ``None`` for an unknown axis."""
+  ways = 1
+  for a in axes:
+    if ":(" in a:  # a sub-axis "x:(pre)size" has its own size
+      ways *= int(a.rsplit(")", 1)[1])
+    elif a in sizes:
+      ways *= sizes[a]
+    else:
+      return None
+  return ways

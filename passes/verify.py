@@ -29,6 +29,8 @@ from typing import ClassVar
 
 from jaxlib.mlir import ir
 
+from hxmlir import formats
+from hxmlir import shardings as type_shardings
 from hxmlir.lowering import composite, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult
@@ -145,6 +147,7 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   errs += _check_decomposition(op, funcs, plain_cache)
   if not bad and not attr_errs:
     errs += _check_shardings(op, spec, attrs)
+    errs += _check_whole_groups(op, name)
   return errs
 
 
@@ -238,3 +241,55 @@ def _check_shardings(op: ir.Operation, spec: schema.OpSchema, attrs: dict) -> li
     return errs
   op_sh = [shardings.value_sharding(v) for v in op.operands]
   return spec.check_shardings(op_sh, res_sh, attrs)
+
+
+# The quantized pair (values, scales) of each op that has one: operands or results, their
+# indices, and what the schema's messages call it.
+_QUANTIZED_PAIR = {"hx.quantize": ("result", 0, 1), "hx.dequantize": ("operand", 0, 1),
+                   "hx.matmul_q": ("weight", 1, 2)}
+
+
+def _check_whole_groups(op: ir.Operation, name: str) -> list[str]:
+  """A sharded quantized (last) axis must split into whole groups and stored values.
+
+  The rule of ``hx.QArrayTy._check_last_axis_sharding`` (README, "Sharding is checked by
+  the type"), on the values' and the group scale's last-axis shardings with the sizes of
+  the mesh they name; nothing is checked for unknown shardings or an undeclared mesh.
+  """
+  pair = _QUANTIZED_PAIR.get(name)
+  if pair is None:
+    return []
+  what, iq, i_s = pair
+  vals = list(op.results if what == "result" else op.operands)
+  q_t, s_t = (ops.tensor_type(vals[i].type) for i in (iq, i_s))
+  fmt = schema.quantized_format(q_t, s_t)
+  if isinstance(fmt, str):  # reported by the type check
+    return []
+  f, group, dense = fmt
+  carriers = [(iq, q_t)] + ([(i_s, s_t)] if group is not None else [])
+  seen = set()
+  for i, t in carriers:
+    attr = (shardings.result_sharding_attr(op, i) if what == "result"
+            else shardings.value_sharding_attr(vals[i]))
+    sh = shardings.dim_sharding(attr, len(t.shape))
+    if sh is None or not sh[-1] or sh[-1] in seen:
+      continue
+    seen.add(sh[-1])
+    sizes = shardings.mesh_axis_sizes(attr, op)
+    ways = shardings.axes_size(sh[-1], sizes) if sizes is not None else None
+    if ways is None or ways == 1:
+      continue
+    # the type as the user wrote it: q4[4,128@i:g32] (a group scale's dims stand for the
+    # values' leading dims and the quantized axis)
+    parts = [None if not d else d[0] if len(d) == 1 else d for d in sh]
+    ty = formats.type_name(f, type_shardings.dims_str(dense, parts), group)
+    over = ", ".join(f"'{a}'={shardings.axes_size((a,), sizes)}" for a in sh[-1])
+    n = dense[-1]
+    if group is not None and (n // group) % ways:
+      return [f"{what}: {ty} sharded over mesh axis {over}: {n // group} groups of {group} "
+              f"cannot be split {ways} ways (a shard would split a group); shard another "
+              f"axis, or use a group size that divides {n // ways} ({n} / {ways})"]
+    if q_t.shape[-1] % ways:
+      return [f"{what}: {ty} sharded over mesh axis {over}: its {q_t.shape[-1]} stored "
+              f"{q_t.dtype} values cannot be split {ways} ways"]
+  return []

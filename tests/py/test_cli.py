@@ -145,3 +145,37 @@ def test_pipeline_is_checked_before_the_model_loads(no_model, capsys, command, p
   assert cli.main([command, "--pipeline", pipeline]) == 1
   err = _err(capsys)
   assert f"hxmlir {command}: error: PipelineError:" in err and message in err
+
+
+# --- run without --output: the values ---------------------------------------------------------
+
+def test_run_prints_the_result_values(files, capsys):
+  _, art, inp, want = files
+  assert cli.main(["run", str(art), "--inputs", str(inp)]) == 0
+  out = capsys.readouterr().out
+  assert out == (f"ran {art} on 2 arguments: float32[2,4]\n"
+                 f"a0: f32[2,4]\n{np.array2string(want)}\n")
+
+
+def test_run_prints_hi_results_per_component_and_summarises_large_ones(capsys, tmp_path):
+  x = np.arange(6, dtype=np.float32).reshape(2, 3) / 5 - 0.4
+  fns = {"q": hx.quantize,
+         "tup": lambda x: hx.make_tup(x[0], hx.outer(x[0], x[1])),
+         "big": lambda x: jnp.tile(x, (200, 10))}   # f32[400,30]: 12000 > numpy's threshold
+  np.savez(tmp_path / "in.npz", a0=x)
+  printed = {}
+  for name, fn in fns.items():
+    (tmp_path / f"{name}.hxa").write_bytes(bytes(hxe.export(fn, platforms=["cpu"])(x).serialize()))
+    assert cli.main(["run", str(tmp_path / f"{name}.hxa"), "--inputs", str(tmp_path / "in.npz")]) == 0
+    printed[name] = capsys.readouterr().out.split("\n", 1)[1]
+  q = hx.quantize(x)
+  assert printed["q"] == (f"a0: q8[2,3]\na0.qvalue: i8[2,3]\n{np.array2string(np.asarray(q.qvalue))}\n"
+                          f"a0.scale: f32[2]\n{np.array2string(np.asarray(q.scale))}\n")
+  assert printed["tup"] == (f"a0: Tup{{f32[3],r1[3,3]}}\na0.0: f32[3]\n{np.array2string(x[0])}\n"
+                            f"a0.1.col: f32[3]\n{np.array2string(x[0])}\n"
+                            f"a0.1.row: f32[3]\n{np.array2string(x[1])}\n")
+  big = printed["big"].splitlines()
+  assert big[0] == "a0: f32[400,30]"
+  assert "\n".join(big[1:]) == np.array2string(np.tile(x, (200, 10)))
+  # summarised: 3 + 3 rows around a "..." row, each row 3 + 3 values around "..."
+  assert len(big) < 20 and " ... " in big[1] and any(ln.strip() == "..." for ln in big), big

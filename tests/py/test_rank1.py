@@ -12,7 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numerics import assert_einsum_close, assert_sum_close
+from numerics import (
+  EPS,
+  assert_einsum_close,
+  assert_sum_close,
+  assert_within,
+  dot_bound,
+  matmul_grad_bounds,
+  polynomial_bound,
+)
 
 import hxmlir as hx
 
@@ -84,15 +92,24 @@ def test_grad_wrt_rank1_is_dense_and_matches_reference(acts, col, row):
   r = hx.outer(col, row)
   g = jax.grad(lambda x, r: jnp.sum(hx.matmul_r1(x, r) ** 2), argnums=1)(acts, r)
   assert jax.typeof(g).str_short(short_dtypes=True) == "f32[6,5]"
-  gd = jax.grad(lambda x, w: jnp.sum((x @ w) ** 2), argnums=1)(acts, jnp.outer(col, row))
-  np.testing.assert_allclose(np.asarray(g), np.asarray(gd), rtol=1e-5, atol=1e-5)
+  dense_grad = jax.grad(lambda x, w: jnp.sum((x @ w) ** 2), argnums=1)
+  gd = dense_grad(acts, jnp.outer(col, row))
+  # 2 x^T (x (c r^T)): 6-term sums of 3 factors (8 roundings), 2y (1), 3-term sums of
+  # 2 factors (4): depth 13, +1 for the reference's rounded outer product; two f32
+  # evaluations: twice the bound
+  assert_within(g, gd, 2 * polynomial_bound(lambda a, c, r: dense_grad(a, jnp.outer(c, r)),
+                                            acts, col, row, depth=14))
 
 
 def test_grad_wrt_dense_operand(acts, col, row):
   r = hx.outer(col, row)
   g = jax.grad(lambda x: jnp.sum(jnp.cos(hx.matmul_r1(x, r))))(acts)
   gd = jax.grad(lambda x: jnp.sum(jnp.cos(x @ jnp.outer(col, row))))(acts)
-  np.testing.assert_allclose(np.asarray(g), np.asarray(gd), rtol=1e-5, atol=1e-6)
+  # -sin(x W) W^T, W = c r^T: two products per term (extra 2), sin (1-Lipschitz) within a
+  # few ulp; the bound is for two f32 evaluations
+  bx, _ = matmul_grad_bounds(acts, np.outer(col, row), lambda y: -np.sin(y), 1.0,
+                             eval_err=4 * EPS, extra=2)
+  assert_within(g, gd, bx)
 
 
 def test_grads_through_outer_land_on_factors(acts, col, row):
@@ -106,10 +123,26 @@ def test_grads_through_outer_land_on_factors(acts, col, row):
   assert jax.typeof(gc).str_short(short_dtypes=True) == "f32[6]"
   assert jax.typeof(gw).str_short(short_dtypes=True) == "f32[5]"
   rc, rw = jax.grad(dense, argnums=(0, 1))(col, row)
-  np.testing.assert_allclose(np.asarray(gc), np.asarray(rc), rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(gw), np.asarray(rw), rtol=1e-5, atol=1e-5)
+  bc, bw = _loss_grad_bounds(acts, col, row)
+  assert_within(gc, rc, bc, "gc: ")
+  assert_within(gw, rw, bw, "gw: ")
   gj = jax.jit(jax.grad(loss, argnums=(0, 1)))(col, row)
-  np.testing.assert_allclose(np.asarray(gj[0]), np.asarray(rc), rtol=1e-5, atol=1e-5)
+  assert_within(gj[0], rc, bc, "jit gc: ")
+
+
+def _loss_grad_bounds(x, c, w):
+  """Bounds on two f32 evaluations of the gradients of ``sum((x @ outer(c, w)) ** 2)``
+  with respect to ``c`` and ``w``: ``y`` is a sum of ``m`` 3-factor terms (``m + 2``
+  roundings), ``2 y`` one more, and each gradient sums ``p * n`` (or ``p * m``) 3-factor
+  terms of it: :func:`polynomial_bound` of the gradient, depth ``m + p * max(m, n) + 6``,
+  twice (two evaluations)."""
+  p, m = np.shape(x)[-2:]
+  depth = m + p * max(m, np.shape(w)[-1]) + 6
+
+  def grad(i):
+    return lambda a, c, w: jax.grad(lambda c, w: jnp.sum((a @ jnp.outer(c, w)) ** 2),
+                                    argnums=i)(c, w)
+  return tuple(2 * polynomial_bound(grad(i), x, c, w, depth=depth) for i in (0, 1))
 
 
 def test_checkpoint_and_linearize(acts, col, row):
@@ -118,8 +151,8 @@ def test_checkpoint_and_linearize(acts, col, row):
 
   expected = jax.grad(loss, argnums=(0, 1))(col, row)
   got = jax.jit(jax.grad(jax.checkpoint(loss), argnums=(0, 1)))(col, row)
-  for a, b in zip(got, expected):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  for a, b, bound in zip(got, expected, _loss_grad_bounds(acts, col, row)):
+    assert_within(a, b, bound)
   r = hx.outer(col, row)
   _, f_lin = jax.linearize(lambda x: hx.matmul_r1(x, r), acts)
   (gx,) = jax.linear_transpose(f_lin, acts)(jnp.ones((3, 5), jnp.float32))
@@ -131,8 +164,14 @@ def test_jvp_outer_and_matmul_r1(acts, col, row):
   dw = jnp.full_like(row, 0.5)
   y, dy = jax.jvp(lambda c, w: hx.matmul_r1(acts, hx.outer(c, w)), (col, row), (dc, dw))
   ry, rdy = jax.jvp(lambda c, w: acts @ jnp.outer(c, w), (col, row), (dc, dw))
-  np.testing.assert_allclose(np.asarray(y), np.asarray(ry), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(dy), np.asarray(rdy), rtol=1e-5, atol=1e-6)
+  assert_einsum_close(y, "pm,m,n->pn", acts, col, row, extra=2)
+  assert_einsum_close(ry, "pm,m,n->pn", acts, col, row, extra=2)
+  # dy = x (dc r^T) + x (c dw^T): two such einsums and their sum (extra 3 each)
+  parts = [("pm,m,n->pn", acts, dc, row), ("pm,m,n->pn", acts, col, dw)]
+  exact = sum(np.einsum(s, *(np.asarray(o, np.float64) for o in ops)) for s, *ops in parts)
+  bound = sum(dot_bound(s, *ops, extra=3) for s, *ops in parts)
+  assert_within(dy, exact, bound, "dy: ")
+  assert_within(rdy, exact, bound, "reference dy: ")
   # tangent of r1 itself is dense
   r, dr = jax.jvp(hx.outer, (col, row), (dc, jnp.zeros_like(row)))
   assert jax.typeof(dr).str_short(short_dtypes=True) == "f32[6,5]"
@@ -199,8 +238,9 @@ def test_vmap_of_grad_through_outer(acts):
   g = jax.vmap(jax.grad(loss, argnums=(0, 1)))(cols, rows)
   rg = jax.vmap(jax.grad(lambda c, w: jnp.sum((acts @ jnp.outer(c, w)) ** 2),
                          argnums=(0, 1)))(cols, rows)
-  for a, b in zip(g, rg):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  for i in range(3):
+    for a, b, bound in zip(g, rg, _loss_grad_bounds(acts, cols[i], rows[i])):
+      assert_within(a[i], b[i], bound, f"example {i}: ")
 
 
 def test_scan_over_stacked_rank1_and_rank1_carry(acts):
