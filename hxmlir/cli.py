@@ -121,7 +121,7 @@ def make_parser() -> argparse.ArgumentParser:
   d.add_argument("--out", metavar="DIR",
                  help="keep the artifact, its inputs/outputs and the IR before/after the passes")
   d.add_argument("--repeats", type=_positive, default=30, metavar="N",
-                 help="timed runs per model (the median is reported; default 10)")
+                 help="timed runs per model (the median is reported; default 30)")
   d.add_argument("--platforms", type=_platforms, default=EXPORT_PLATFORMS,
                  help="export platforms (default cpu,cuda,tpu)")
   d.add_argument("--pipeline", help="pass pipeline to install (default: hx.install()'s)")
