@@ -88,6 +88,7 @@ would change the custom call (a new kernel version).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -153,6 +154,10 @@ def _pow2_at_least(v: int) -> int:
   return p
 
 
+MOSAIC_MAX_BLOCK_N = 2048
+"""The widest tile :func:`default_blocks` takes on Mosaic to hold whole groups."""
+
+
 def _fits_group(block_n: int, group: int | None) -> bool:
   """Whether a ``block_n``-column tile holds whole groups of ``group`` or lies in one."""
   return group is None or block_n % group == 0 or group % block_n == 0
@@ -172,9 +177,11 @@ def default_blocks(m: int, k: int, n: int, backend: str, fmt=formats.INT8,
   ``block_m`` a multiple of 8. Group scales need a tile of whole groups or one
   inside a group (``block_n % g == 0`` or ``g % block_n == 0``): the default
   ``block_n`` when it fits; else on Triton the largest power of two dividing
-  ``g`` (at most 128), on Mosaic the least multiple of ``g`` at least as wide.
-  Returns ``None`` when no Triton tile fits ``g`` (its largest power-of-two
-  divisor is below 16: ``g = 24`` or ``g = 6``).
+  ``g`` (at most 128), on Mosaic the least common multiple of ``g`` and the
+  default (stored tiles of whole 128-lane rows). Returns ``None`` when no tile
+  fits ``g``: on Triton when its largest power-of-two divisor is below 16
+  (``g = 24`` or ``g = 6``), on Mosaic when the multiple exceeds
+  :data:`MOSAIC_MAX_BLOCK_N`.
   """
   f = formats.lookup(fmt)
   if backend == "triton":
@@ -186,8 +193,10 @@ def default_blocks(m: int, k: int, n: int, backend: str, fmt=formats.INT8,
       block_n = min(128, group & -group)  # the largest power of two dividing g
       if block_n < 16:
         return None
-    else:
-      block_n = _round_up(block_n, group)
+    else:  # whole groups in a tile of whole 128-lane rows of stored values
+      block_n = math.lcm(block_n, group)
+      if block_n > MOSAIC_MAX_BLOCK_N:
+        return None
   return block_m, block_n, 128
 
 
@@ -283,7 +292,7 @@ def _check_operands(x, q, s):
                                        schema.format_attributes(got[0], got[1]))
     errs = schema.SCHEMAS["hx.matmul_q"].check_operands(ops, attrs)
   if errs or not 2 <= len(ops[0].shape) == len(ops[1].shape):
-    types = ", ".join(jax.typeof(v).str_short(short_dtypes=True) for v in (x, q, s))
+    types = ", ".join(map(str, ops))
     raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], values of dense shape "
                     f"[*b, k, n] (i8, ui8 int4 pairs or f8E4M3FN) and f32[*b, k] or "
                     f"f32[*b, k, n/g] scales, got {types}")
