@@ -191,3 +191,26 @@ def test_out_in_layout_keeps_the_reference():
   with hx.installed():
     exp = hxe.export(lambda x, q: hx.einsum("mk,nk->mn", x, q), platforms=["cuda", "tpu"])(x, qw)
   assert _custom_calls(exp.mlir_module()) == []
+
+
+# --- benchmarks/matmul_q_gpu.py on a machine without a GPU ---------------------
+
+def test_gpu_benchmark_parses_formats_and_dry_runs_on_cpu(capsys):
+  import pathlib
+  import runpy
+  bench = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "benchmarks" /
+                             "matmul_q_gpu.py"))
+  assert bench["parse_format"]("int4:g128") == ("int4", 128)
+  assert bench["parse_format"]("fp8") == ("float8_e4m3fn", None)
+  assert bench["main"](["--dry-run", "--m", "1", "--k", "64", "--n", "256",
+                        "--formats", "int8", "int4:g32", "fp8"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert [line.split()[0] for line in out] == ["q8", "q4:g32", "f8"]
+  assert "kernel hx_matmul_q_v1; hx.matmul_q (installed) calls hx_matmul_q_v1" in out[0]
+  assert "kernel hx_matmul_q_v2; hx.matmul_q (installed) calls hx_matmul_q_v2" in out[1]
+  for argv, msg in [(["--formats", "int3"], "unknown format 'int3'"),
+                    (["--formats", "int4:g100"], "--n 8192 is not a multiple of the group "
+                                                 "size of q4:g100")]:
+    with pytest.raises(SystemExit):
+      bench["main"](argv)
+    assert msg in capsys.readouterr().err
