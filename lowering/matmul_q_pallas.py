@@ -50,7 +50,9 @@ a conversion), multiplies it with the ``x`` chunk and accumulates (f32 dot at
 multiply the converted weight tile, ``f32[block_k, block_n / g]`` of them (each
 broadcast over its ``g`` columns; ``block_n`` is a multiple of ``g``) or, when a
 group is wider than the tile (``g`` a multiple of ``block_n``), one column
-``f32[block_k, 1]``. The dequantized weight exists only one tile at a time.
+``f32[block_k, 1]``, sliced from the program's block of scales: all ``n / g`` groups
+of the weight's rows (a Mosaic block's last dim must be the array's or a multiple
+of 128 lanes; fetched once per batch element, ``k * n / g * 4`` bytes of VMEM). The dequantized weight exists only one tile at a time.
 Weight bytes are read once per row block of ``x``: at decode shapes
 (``m <= block_m``) exactly once, so the kernel is meant to be bound by the
 weight's bandwidth (int4: half of int8's bytes). Not yet measured on a GPU or
@@ -58,9 +60,9 @@ TPU (``benchmarks/matmul_q_gpu.py`` does that, per format): the exact-f32 dot
 runs on CUDA cores rather than tensor cores, Triton's ``tl.dot`` pads decode
 rows to 16, and ``n / block_n`` programs may leave SMs idle at ``m = 1`` (a split
 over ``k`` would need a new kernel version, since it changes the custom call's
-result). Unverified on hardware: whether Mosaic accepts the in-register
-reshapes of the int4 interleave and of the group broadcast, and scale blocks
-narrower than 128 lanes.
+result). Unverified on hardware: whether Mosaic compiles the in-register
+reshapes of the int4 interleave and of the group broadcast, and the dynamic
+lane slice of the group scales (all three lower from CPU).
 
 Ragged shapes. ``x`` and per-row ``s`` (small: ``m * k`` and ``k`` elements) are
 zero-padded to whole blocks (``m`` to ``block_m``, ``k`` to ``block_k``) and the

@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.interpreters import mlir
-from jaxlib.mlir import ir
 from numerics import assert_within, dot_bound
 from test_formats import _dense64
+from test_matmul_q_kernels import _custom_calls
 
 import hxmlir as hx
 from hxmlir import export as hxe
@@ -123,21 +122,6 @@ def test_kernel_errors_name_the_problem():
 
 
 # --- the cuda/rocm/tpu lowering rules, export and hx-check-export ---------------
-
-def _custom_calls(text: str) -> list[tuple[str, str | None]]:
-  """``(target, kernel name)`` of every custom call in a module's text."""
-  found = []
-  with mlir.make_ir_context():
-    module = ir.Module.parse(text)
-
-    def visit(op):
-      if op.name == "stablehlo.custom_call":
-        found.append((ir.StringAttr(op.attributes["call_target_name"]).value,
-                      targets.kernel_name_of(op)))
-      return ir.WalkResult.ADVANCE
-    module.operation.walk(visit)
-  return found
-
 
 def _check_export_errors(text: str) -> list:
   from hxmlir.passes import parsing
