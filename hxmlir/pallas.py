@@ -19,7 +19,10 @@ share, described per type by
   leave no ``q8``), and a write must cover them whole (writing half a row with
   its own scale would rescale the other half).
 * ``group``: elements per scale along the last axis (``None``: one scale per
-  row, today's only ``q8`` format). A block or slice along a grouped axis must
+  row, the only format refs take today: a ``q4``/``f8``/grouped operand is a
+  ``TypeError`` that says to pass the components, ``hx.qarray_parts``; hxmlir's own
+  ``matmul_q`` kernel takes every format that way, ``lowering/matmul_q_pallas.py``).
+  A block or slice along a grouped axis must
   hold whole groups (:func:`check_whole_groups`, :func:`check_index`). A
   grouped format (scale ``f32[*l, n // g]``) passes its ``g``; what it adds
   here is its scale's last block dim and index, the dense ones divided by

@@ -1,60 +1,96 @@
-"""A Pallas kernel for ``hx.matmul_q`` that reads int8 weight tiles and scales directly.
+"""A Pallas kernel for ``hx.matmul_q`` that reads quantized weight tiles and scales directly.
 
-``y = (x * s[..., None, :]) @ q`` for ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``,
-``s: f32[*b, k]`` -> ``f32[*b, m, n]``. One kernel body, written once, lowered
-by Pallas for
+``y = x @ dequantize(q, s)`` for ``x: f32[*b, m, k]`` and a weight of dense shape
+``[*b, k, n]`` in any format of :mod:`hxmlir.formats`, quantized along ``n``:
+``q: i8[*b, k, n]`` (int8), ``ui8[*b, k, n / 2]`` (int4, layout ``int4_pairs_v1``) or
+``f8E4M3FN[*b, k, n]`` (fp8 e4m3fn), with scales ``s: f32[*b, k]`` (one per row of
+the weight) or ``f32[*b, k, n / g]`` (one per group of ``g`` consecutive elements of
+``n``, the free axis) -> ``f32[*b, m, n]``. One kernel body, written once, lowered by
+Pallas for
 
 - TPU: Mosaic, custom call ``tpu_custom_call`` (``kernel_name`` attribute),
 - GPU: Triton, custom call ``__gpu$xla.gpu.triton`` (``name`` in its backend
   config), with the Triton compiler parameters given explicitly,
 - any platform: Pallas interpret mode (``interpret=True``) runs either flavour
   (with the Triton flavour's masked loads) as plain XLA, which is how the
-  kernel is tested on CPU.
+  kernel is tested on CPU. No GPU or TPU has been lent to this project: the
+  kernel has run in interpret mode only, and the Triton and Mosaic flavours are
+  checked by lowering for ``cuda`` and ``tpu`` from CPU (Mosaic's own compiler,
+  which runs on a TPU host, has not seen them).
 
-Its kernel name is ``hx_matmul_q_v1`` (:data:`KERNEL_VERSION`), registered in
+Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
 :mod:`hxmlir.targets` for ``cuda``, ``rocm`` (Triton) and ``tpu`` (Mosaic), so
-``jax.export`` accepts it once ``hx.install()`` has run. The platform-specific
-lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
+``jax.export`` accepts them once ``hx.install()`` has run), operands ``(x, s, q)``:
+
+- ``hx_matmul_q_v1``: ``x: f32[B, mp, kp]``, ``s: f32[B, 1, kp]``, ``q: i8[B, k, n]``
+  -> ``f32[B, mp, np]`` (int8 values, per-row scales; ``B`` the batch dims
+  collapsed, ``mp``/``kp``/``np`` ``m``/``k``/``n`` rounded up to whole blocks,
+  ``x`` and ``s`` zero-padded).
+- ``hx_matmul_q_v2``: the same, with ``q`` of any format (``ui8[B, k, n / 2]``,
+  ``f8E4M3FN[B, k, n]``) and, per group of ``g``, ``s: f32[B, k, n / g]``, not padded
+  (the format and the group follow from the operand types). The kernel emits
+  ``v1`` for int8 per-row weights (exactly v1's call, so those artifacts keep
+  loading in code that knows v1 only) and ``v2`` for every other format.
+
+The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys);
-otherwise they emit the default composite with the reference decomposition.
+installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
+for every format; otherwise they emit the default composite with the reference
+decomposition.
 
 The kernel. Grid ``(batch, cdiv(m, block_m), cdiv(n, block_n))``, all
 parallel. Each program holds one ``block_m x block_n`` output tile in
 registers (GPU) or vector memory (TPU) and walks the contraction axis in
-chunks of ``block_k``: it loads a ``block_k x block_n`` int8 tile of ``q``,
-converts it to f32, multiplies it with the scaled ``x`` chunk
-(``x * s``, ``block_m x block_k``) and accumulates (f32 dot at
-``Precision.HIGHEST``). The dequantized weight exists only one tile at a time.
+chunks of ``block_k``: it loads a ``block_k x block_n / pack`` tile of stored
+values, turns it into f32 (int4: each byte's two nibbles sign-extended with
+shifts and interleaved, element ``2j`` from byte ``j``'s low nibble; fp8 and int8:
+a conversion), multiplies it with the ``x`` chunk and accumulates (f32 dot at
+``Precision.HIGHEST``). Per-row scales multiply the ``x`` chunk (``x * s``,
+``block_m x block_k``, cheaper than scaling the weight tile); group scales
+multiply the converted weight tile, ``f32[block_k, block_n / g]`` of them (each
+broadcast over its ``g`` columns; ``block_n`` is a multiple of ``g``) or, when a
+group is wider than the tile (``g`` a multiple of ``block_n``), one column
+``f32[block_k, 1]``, sliced from the program's block of scales: all ``n / g`` groups
+of the weight's rows (a Mosaic block's last dim must be the array's or a multiple
+of 128 lanes; fetched once per batch element, ``k * n / g * 4`` bytes of VMEM). The dequantized weight exists only one tile at a time.
 Weight bytes are read once per row block of ``x``: at decode shapes
-(``m <= block_m``) exactly once, so the kernel is meant to be bound by int8
-bandwidth. Not yet measured on a GPU or TPU (``benchmarks/matmul_q_gpu.py``
-does that): the exact-f32 dot runs on CUDA cores rather than tensor cores,
-Triton's ``tl.dot`` pads decode rows to 16, and ``n / block_n`` programs may
-leave SMs idle at ``m = 1`` (a split over ``k`` would need a new kernel
-version, since it changes the custom call's result).
+(``m <= block_m``) exactly once, so the kernel is meant to be bound by the
+weight's bandwidth (int4: half of int8's bytes). Not yet measured on a GPU or
+TPU (``benchmarks/matmul_q_gpu.py`` does that, per format): the exact-f32 dot
+runs on CUDA cores rather than tensor cores, Triton's ``tl.dot`` pads decode
+rows to 16, and ``n / block_n`` programs may leave SMs idle at ``m = 1`` (a split
+over ``k`` would need a new kernel version, since it changes the custom call's
+result). Unverified on hardware: whether Mosaic compiles the in-register
+reshapes of the int4 interleave and of the group broadcast, and the dynamic
+lane slice of the group scales (all three lower from CPU).
 
-Ragged shapes. ``x`` and ``s`` (small: ``m * k`` and ``k`` elements) are
+Ragged shapes. ``x`` and per-row ``s`` (small: ``m * k`` and ``k`` elements) are
 zero-padded to whole blocks (``m`` to ``block_m``, ``k`` to ``block_k``) and the
-result is padded to whole ``block_n`` columns and sliced back; the weight is
-never copied. Weight tiles past the array's end are masked on GPU (Triton
-loads with ``mask``/``other=0``); on TPU the Mosaic pipeline copies the valid
-part of an edge block and the rest of the tile is stale int8 data -- finite, and
-multiplied by the zero padding of ``x * s``, so it adds exact zeros (Pallas'
-documented edge-block behaviour; checked here in interpret mode only).
+result is padded to whole ``block_n`` columns and sliced back; the weight and
+group scales (``k * n / g`` elements, a quarter of an int4 weight's bytes at
+``g = 32``) are never copied. Weight and scale tiles past the arrays' ends are
+masked on GPU (Triton loads with ``mask``/``other=0``). On TPU the Mosaic pipeline
+copies the valid part of an edge block and the rest of the tile is stale data:
+stale int8 or int4 values are finite and meet the zero padding of ``x * s``, so
+they add exact zeros; stale fp8 values or group scales may be NaN, so for those
+the kernel zeroes the converted tile's rows ``>= k`` with a select (columns
+``>= n`` land in the result's padding, sliced away). Pallas' interpret mode
+fills the stale part with NaN (floats) or the integer minimum, so the tests
+check exactly this.
 
-Why over int8 and scale refs, not a ``q8`` ref (which ``pl.pallas_call``
-accepts, see :mod:`hxmlir.pallas`): the kernel pads the scales (never the
+Why over value and scale refs, not a ``q8`` ref (which ``pl.pallas_call``
+accepts, see :mod:`hxmlir.pallas`): the kernel pads per-row scales (never the
 weight) so stale rows of an edge weight tile meet zeros, masks its Triton
-loads on the int8 component, and its operands ``(x, s[b, 1, kp], q)`` are the
-calling convention of the registered ``hx_matmul_q_v1`` and of its back-compat
-artifacts. A ``q8`` of padded scales and unpadded values is not a type, and a
-``q8`` operand would change the custom call (a new kernel version).
+loads on the stored component, and its operands ``(x, s, q)`` are the calling
+convention of the registered kernels and of their back-compat artifacts. A
+``q8`` of padded scales and unpadded values is not a type, and a ``q8`` operand
+would change the custom call (a new kernel version).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -69,14 +105,22 @@ from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
 
 KERNEL_NAME = "hx_matmul_q"
-KERNEL_VERSION = 1
-"""Bump when the kernel's semantics or calling convention change (and add back-compat cases)."""
+KERNEL_VERSION = 2
+"""The newest calling convention (see the module docstring); bump when the kernel's
+semantics or calling convention change (and add back-compat cases)."""
+V1_VERSION = 1
+"""int8 values with per-row scales: emitted under version 1's name, v1's exact call."""
 
-TRITON_KERNEL = targets.register_kernel(targets.TRITON, KERNEL_NAME, KERNEL_VERSION,
-                                        ("cuda", "rocm"), owner="hxmlir")
-MOSAIC_TPU_KERNEL = targets.register_kernel(targets.MOSAIC_TPU, KERNEL_NAME, KERNEL_VERSION,
-                                            ("tpu",), owner="hxmlir")
-assert TRITON_KERNEL.ir_name == MOSAIC_TPU_KERNEL.ir_name == f"{KERNEL_NAME}_v{KERNEL_VERSION}"
+TRITON_KERNELS = {v: targets.register_kernel(targets.TRITON, KERNEL_NAME, v, ("cuda", "rocm"),
+                                             owner="hxmlir")
+                  for v in (V1_VERSION, KERNEL_VERSION)}
+MOSAIC_TPU_KERNELS = {v: targets.register_kernel(targets.MOSAIC_TPU, KERNEL_NAME, v, ("tpu",),
+                                                 owner="hxmlir")
+                      for v in (V1_VERSION, KERNEL_VERSION)}
+TRITON_KERNEL, MOSAIC_TPU_KERNEL = TRITON_KERNELS[V1_VERSION], MOSAIC_TPU_KERNELS[V1_VERSION]
+"""Version 1's records (int8 per row)."""
+assert all(TRITON_KERNELS[v].ir_name == MOSAIC_TPU_KERNELS[v].ir_name == f"{KERNEL_NAME}_v{v}"
+           for v in TRITON_KERNELS)
 
 BACKENDS = ("triton", "mosaic_tpu")
 _PLATFORM_BACKEND = {"cuda": "triton", "rocm": "triton", "tpu": "mosaic_tpu"}
@@ -84,6 +128,12 @@ _PLATFORM_BACKEND = {"cuda": "triton", "rocm": "triton", "tpu": "mosaic_tpu"}
 TRITON_NUM_WARPS = 4
 TRITON_NUM_STAGES = 3
 """Triton compiler parameters, passed explicitly (Pallas' defaults could change)."""
+
+
+def kernel_version(fmt: formats.Format, group: int | None) -> int:
+  """The kernel version a weight of format ``fmt`` with ``group`` is emitted under:
+  1 for int8 per row (v1's call), else :data:`KERNEL_VERSION`."""
+  return V1_VERSION if fmt is formats.INT8 and group is None else KERNEL_VERSION
 
 
 def _compiler_params(backend: str):
@@ -106,101 +156,220 @@ def _pow2_at_least(v: int) -> int:
   return p
 
 
-def default_blocks(m: int, k: int, n: int, backend: str) -> tuple[int, int, int]:
-  """``(block_m, block_n, block_k)`` for ``x: f32[m, k]``, ``q: i8[k, n]`` on ``backend``.
+MOSAIC_MAX_BLOCK_N = 2048
+"""The widest tile :func:`default_blocks` takes on Mosaic to hold whole groups."""
+
+
+def _fits_group(block_n: int, group: int | None) -> bool:
+  """Whether a ``block_n``-column tile holds whole groups of ``group`` or lies in one."""
+  return group is None or block_n % group == 0 or group % block_n == 0
+
+
+def default_blocks(m: int, k: int, n: int, backend: str, fmt=formats.INT8,
+                   group: int | None = None) -> tuple[int, int, int] | None:
+  """``(block_m, block_n, block_k)`` for ``x: f32[m, k]`` and a weight of dense shape
+  ``[k, n]`` in format ``fmt`` (a :class:`hxmlir.formats.Format` or its name) with
+  ``group`` elements per scale (``None``: per row) on ``backend``.
 
   Decode shapes (small ``m``) take one row block so the weight is read once;
   ``block_n = 128`` columns (TPU lane width; on GPU 128 int8 columns are one
-  128-byte line per row) and ``block_k = 128`` (TPU: int8 sublane tiles of 32
-  rows divide it). Triton needs powers of two and at least 16 rows for
-  ``tl.dot``; Mosaic needs ``block_m`` a multiple of 8.
+  128-byte line per row; int4 on TPU: 256, so a tile's stored bytes fill 128
+  lanes) and ``block_k = 128`` (TPU: int8 sublane tiles of 32 rows divide it).
+  Triton needs powers of two and at least 16 rows for ``tl.dot``; Mosaic needs
+  ``block_m`` a multiple of 8. Group scales need a tile of whole groups or one
+  inside a group (``block_n % g == 0`` or ``g % block_n == 0``): the default
+  ``block_n`` when it fits; else on Triton the largest power of two dividing
+  ``g`` (at most 128), on Mosaic the least common multiple of ``g`` and the
+  default (stored tiles of whole 128-lane rows). Returns ``None`` when no tile
+  fits ``g``: on Triton when its largest power-of-two divisor is below 16
+  (``g = 24`` or ``g = 6``), on Mosaic when the multiple exceeds
+  :data:`MOSAIC_MAX_BLOCK_N`.
   """
+  f = formats.lookup(fmt)
   if backend == "triton":
-    return min(64, max(16, _pow2_at_least(m))), 128, 128
-  return min(128, _round_up(max(m, 1), 8)), 128, 128
+    block_m, block_n = min(64, max(16, _pow2_at_least(m))), 128
+  else:
+    block_m, block_n = min(128, _round_up(max(m, 1), 8)), 128 * f.pack
+  if not _fits_group(block_n, group):
+    if backend == "triton":
+      block_n = min(128, group & -group)  # the largest power of two dividing g
+      if block_n < 16:
+        return None
+    else:  # whole groups in a tile of whole 128-lane rows of stored values
+      block_n = math.lcm(block_n, group)
+      if block_n > MOSAIC_MAX_BLOCK_N:
+        return None
+  return block_m, block_n, 128
 
 
-def _kernel(x_ref, s_ref, q_ref, o_ref, *, k: int, n: int, block_k: int, masked: bool):
-  """One ``block_m x block_n`` output tile: ``o = (x * s) @ f32(q)`` over chunks of ``block_k``.
+def _dense_tile(qt, f: formats.Format):
+  """A tile of stored values ``qt`` (``f``'s storage dtype) as ``f32`` of the dense shape
+  (int4: :func:`hxmlir.formats.unpack_int4`, layout ``int4_pairs_v1``)."""
+  if f.pack == 2:
+    qt = formats.unpack_int4(qt)
+  return qt.astype(jnp.float32)
 
-  ``x_ref: f32[block_m, kp]``, ``s_ref: f32[1, kp]`` (``kp`` = ``k`` rounded up
-  to ``block_k``, zero-padded), ``q_ref: i8[kp, block_n]`` (rows ``>= k`` and
-  columns ``>= n`` lie past the array: masked when ``masked``),
-  ``o_ref: f32[block_m, block_n]``.
+
+def _scale_tile(w, st, group: int):
+  """Weight tile ``w: f32[bk, bn]`` times its group scales ``st``: ``f32[bk, bn / g]`` (whole
+  groups in the tile) or ``f32[bk, 1]`` (the tile inside one group)."""
+  bk, bn = w.shape
+  if st.shape[-1] == 1:
+    return w * st
+  return (w.reshape(bk, st.shape[-1], group) * st[:, :, None]).reshape(bk, bn)
+
+
+def _kernel(x_ref, s_ref, q_ref, o_ref, *, k: int, n: int, block_k: int, masked: bool,
+            fmt: str, group: int | None):
+  """One ``block_m x block_n`` output tile: ``o = x @ dequantize(q, s)`` over chunks of ``block_k``.
+
+  ``x_ref: f32[block_m, kp]`` (``kp`` = ``k`` rounded up to ``block_k``, zero-padded),
+  ``q_ref``: stored values ``[kp, block_n / pack]`` (rows ``>= k`` and dense columns
+  ``>= n`` lie past the array: masked when ``masked``), ``s_ref``: per row
+  ``f32[1, kp]`` (zero-padded), per group ``f32[kp, block_n / g]`` or ``f32[kp, 1]`` (past
+  the array like ``q``), ``o_ref: f32[block_m, block_n]``.
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import triton as pltriton
+  f = formats.FORMATS[fmt]
   block_m, kp = x_ref.shape
   block_n = o_ref.shape[-1]
-  col0 = pl.program_id(2) * block_n
+  j = pl.program_id(2)
+  # on Mosaic (no masked loads) stale rows of an edge tile may be NaN: fp8 values,
+  # group scales; they are selected away
+  select_rows = not masked and (group is not None or not f.integer)
+
+  def masked_load(ref, k0, c0, width: int, col0, ncols: int, other=0):
+    # ref[k0:k0+block_k, c0:c0+width], reading rows >= k and columns whose index
+    # (col0 + c) is >= ncols as `other`; returns the mask too
+    shape = (block_k, width)
+    rows = k0 + lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = col0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+    mask = (rows < k) & (cols < ncols)
+    return pltriton.load(ref.at[pl.ds(k0, block_k), pl.ds(c0, width)], mask=mask,
+                         other=other), mask
 
   def step(t, acc):
     k0 = pl.multiple_of(t * block_k, block_k)
     ks = pl.ds(k0, block_k)
-    xs = x_ref[:, ks] * s_ref[:, ks]
-    if masked:
-      rows = k0 + lax.broadcasted_iota(jnp.int32, (block_k, block_n), 0)
-      cols = col0 + lax.broadcasted_iota(jnp.int32, (block_k, block_n), 1)
-      qt = pltriton.load(q_ref.at[ks, :], mask=(rows < k) & (cols < n), other=0)
+    xs = x_ref[:, ks]
+    if group is None:
+      xs = xs * s_ref[:, ks]
+    mask = None
+    if masked:  # Triton has no fp8 `other`: masked fp8 lanes are selected away below
+      bs = q_ref.shape[-1]
+      qt, mask = masked_load(q_ref, k0, 0, bs, j * bs, n // f.pack,
+                             other=0 if f.integer else None)
     else:
       qt = q_ref[ks, :]
-    return acc + jnp.dot(xs, qt.astype(jnp.float32), precision=lax.Precision.HIGHEST,
+    w = _dense_tile(qt, f)
+    if masked and not f.integer:
+      w = jnp.where(mask, w, 0.0)
+    if group is not None:  # this tile's scales: groups c0 .. c0 + tpg of the row block
+      # lax.div: jnp's // on a traced int lowers through `sign`, which Mosaic lowers per chip
+      c0, tpg = lax.div(j * block_n, group), max(block_n // group, 1)
+      if masked:  # groups past n read as 0, like their columns
+        st, _ = masked_load(s_ref, k0, c0, tpg, c0, n // group)
+      else:
+        st = s_ref[ks, pl.ds(c0, tpg)]
+      w = _scale_tile(w, st, group)
+    if select_rows:
+      rows = k0 + lax.broadcasted_iota(jnp.int32, (block_k, block_n), 0)
+      w = jnp.where(rows < k, w, 0.0)
+    return acc + jnp.dot(xs, w, precision=lax.Precision.HIGHEST,
                          preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, kp // block_k, step, jnp.zeros((block_m, block_n), jnp.float32))
   o_ref[...] = acc
 
 
+def _check_operands(x, q, s):
+  """``(format, group)`` of ``hx.matmul_q``'s operands ``f32[*b, m, k]``, values of dense
+  shape ``[*b, k, n]``, scales per row or group; ``TypeError`` naming them otherwise."""
+  ops = [schema.TensorType.of(v) for v in (x, q, s)]
+  got = schema.quantized_format(ops[1], ops[2])
+  errs = [got] if isinstance(got, str) else []
+  if not errs:
+    attrs = schema.matmul_q_attributes(dotdims.v1_dims(len(ops[0].shape)),
+                                       schema.format_attributes(got[0], got[1]))
+    errs = schema.SCHEMAS["hx.matmul_q"].check_operands(ops, attrs)
+  if errs or not 2 <= len(ops[0].shape) == len(ops[1].shape):
+    types = ", ".join(map(str, ops))
+    raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], values of dense shape "
+                    f"[*b, k, n] (i8, ui8 int4 pairs or f8E4M3FN) and f32[*b, k] or "
+                    f"f32[*b, k, n/g] scales, got {types}")
+  return got[0], got[1]
+
+
 def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
                     blocks: Sequence[int] | None = None):
-  """``(x * s[..., None, :]) @ q`` with the Pallas kernel.
+  """``x @ dequantize(q, s)`` with the Pallas kernel, for every format.
 
-  ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` -> ``f32[*b, m, n]``
-  (JAX arrays or tracers). ``backend``: ``"triton"`` (GPU: masked weight
-  loads, Triton compiler parameters) or ``"mosaic_tpu"`` (TPU). ``interpret``:
-  run that flavour in Pallas interpret mode (any platform). ``blocks``:
-  ``(block_m, block_n, block_k)``, default :func:`default_blocks`. The kernel
-  is named ``hx_matmul_q_v1`` in the emitted custom call. Raises ``TypeError``
-  naming the operand types when they are not those of ``hx.matmul_q``, and
-  ``ValueError`` for an unknown backend or blocks Triton cannot take (not
-  powers of two, or under 16).
+  ``x: f32[*b, m, k]``; ``q``: stored values of dense shape ``[*b, k, n]``
+  (``i8[*b, k, n]``, ``ui8[*b, k, n / 2]`` int4 pairs, ``f8E4M3FN[*b, k, n]``;
+  :mod:`hxmlir.formats`); ``s: f32[*b, k]`` (per row) or ``f32[*b, k, n / g]`` (per
+  group of ``g``) -> ``f32[*b, m, n]`` (JAX arrays or tracers). ``backend``:
+  ``"triton"`` (GPU: masked loads, Triton compiler parameters) or
+  ``"mosaic_tpu"`` (TPU). ``interpret``: run that flavour in Pallas interpret
+  mode (any platform). ``blocks``: ``(block_m, block_n, block_k)``, default
+  :func:`default_blocks`. The emitted custom call is named ``hx_matmul_q_v1``
+  for int8 per-row weights and ``hx_matmul_q_v2`` otherwise. Raises
+  ``TypeError`` naming the operand types when they are not those of
+  ``hx.matmul_q``, and ``ValueError`` for an unknown backend, blocks Triton
+  cannot take (not powers of two, or under 16), or a ``block_n`` that neither
+  holds whole groups nor lies inside one (nor an odd one for int4).
   """
   if backend not in BACKENDS:
     raise ValueError(f"matmul_q_pallas: unknown backend {backend!r}; expected one of {BACKENDS}")
   x, q, s = (jnp.asarray(v) if not isinstance(v, jax.core.Tracer) else v for v in (x, q, s))
-  types = ", ".join(jax.typeof(v).str_short(short_dtypes=True) for v in (x, q, s))
-  if schema.SCHEMAS["hx.matmul_q"].check_operands([schema.TensorType.of(v) for v in (x, q, s)]):
-    raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], i8[*b, k, n], f32[*b, k], "
-                    f"got {types}")
+  f, group = _check_operands(x, q, s)
   *batch, m, k = x.shape
-  n = q.shape[-1]
-  block_m, block_n, block_k = blocks or default_blocks(m, k, n, backend)
+  n = f.dense_shape(q.shape)[-1]
+  chosen = blocks or default_blocks(m, k, n, backend, f, group)
+  if chosen is None:
+    raise ValueError(f"matmul_q_pallas: no Triton block_n (a power of two >= 16) holds whole "
+                     f"groups of {group} or lies inside one; use the reference (hx.matmul_q "
+                     "without install) for this group size")
+  block_m, block_n, block_k = chosen
   if backend == "triton" and any(b < 16 or b & (b - 1) for b in (block_m, block_n, block_k)):
     raise ValueError(f"matmul_q_pallas: Triton blocks must be powers of two >= 16, got "
                      f"(block_m, block_n, block_k) = {(block_m, block_n, block_k)}")
+  if not _fits_group(block_n, group) or block_n % f.pack:
+    raise ValueError(f"matmul_q_pallas: block_n = {block_n} must be a multiple or a divisor "
+                     f"of the group size {group} (and a multiple of {f.pack} for {f.name})")
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   nb = 1
   for d in batch:
     nb *= d
-  x3 = x.reshape(nb, m, k)
-  q3 = q.reshape(nb, k, n)
-  s3 = s.reshape(nb, 1, k)
   mp, kp, np_ = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
-  x3 = jnp.pad(x3, ((0, 0), (0, mp - m), (0, kp - k)))
-  s3 = jnp.pad(s3, ((0, 0), (0, 0), (0, kp - k)))
+  x3 = jnp.pad(x.reshape(nb, m, k), ((0, 0), (0, mp - m), (0, kp - k)))
+  q3 = q.reshape(nb, k, q.shape[-1])
   sq = pl.squeezed
-  kernel = functools.partial(_kernel, k=k, n=n, block_k=block_k, masked=backend == "triton")
+  if group is None:
+    s3 = jnp.pad(s.reshape(nb, 1, k), ((0, 0), (0, 0), (0, kp - k)))
+    s_spec = pl.BlockSpec((sq, 1, kp), lambda b, i, j: (b, 0, 0))
+  else:
+    # the whole row block of scales (a Mosaic block's last dim must be the array's or a
+    # multiple of 128 lanes); the kernel slices each tile's groups. With ragged n the
+    # last tile reaches past the last group: the block then has whole tiles of groups,
+    # rounded up to 128 (the groups past n scale columns past n, sliced away).
+    groups, covered = n // group, max(np_ // group, n // group)
+    s3 = s.reshape(nb, k, groups)
+    width = groups if covered == groups else _round_up(covered, 128)
+    s_spec = pl.BlockSpec((sq, kp, width), lambda b, i, j: (b, 0, 0))
+  kernel = functools.partial(_kernel, k=k, n=n, block_k=block_k, masked=backend == "triton",
+                             fmt=f.name, group=group)
   call = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((nb, mp, np_), jnp.float32),
       grid=(nb, mp // block_m, np_ // block_n),
       in_specs=[pl.BlockSpec((sq, block_m, kp), lambda b, i, j: (b, i, 0)),
-                pl.BlockSpec((sq, 1, kp), lambda b, i, j: (b, 0, 0)),
-                pl.BlockSpec((sq, kp, block_n), lambda b, i, j: (b, 0, j))],
+                s_spec,
+                pl.BlockSpec((sq, kp, block_n // f.pack), lambda b, i, j: (b, 0, j))],
       out_specs=pl.BlockSpec((sq, block_m, block_n), lambda b, i, j: (b, i, j)),
       compiler_params=None if interpret else _compiler_params(backend),
       interpret=interpret,
-      name=TRITON_KERNEL.ir_name,
+      name=TRITON_KERNELS[kernel_version(f, group)].ir_name,
   )
   # lower_composite traces references under jax.disable_jit(), which would run
   # the kernel's fori_loop as a Python loop (unrolled, with constant offsets).
@@ -220,36 +389,45 @@ _PALLAS_REFERENCES = {b: functools.partial(matmul_q_pallas, backend=b)
                       for b in ("triton", "mosaic_tpu")}
 
 
+def _kernel_fits(q_aval, s_aval, backend: str) -> bool:
+  """Whether the kernel takes this weight's format on ``backend`` (every format; a group
+  size without a Triton tile, :func:`default_blocks`, keeps the reference)."""
+  f = formats.of_storage(q_aval.dtype)
+  dense = f.dense_shape(q_aval.shape)
+  group = formats.group_of_scale(dense, s_aval)
+  return default_blocks(1, dense[-2], dense[-1], backend, f, group) is not None
+
+
 def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers=None):
   """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernel as decomposition.
 
   While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls
-  the registered kernel (for version 1's layout ``f32[*b, m, k] x i8[*b, k, n]``;
-  other dimension numbers keep the reference); otherwise it is the reference
-  (what the default rule emits). The kernel takes int8 weights with per-row scales;
-  int4, fp8 and group-scaled weights keep the reference on every accelerator (it
-  unpacks int4 and applies group scales per group, :mod:`hxmlir.formats`).
+  the registered kernel, for every format (int8, int4, fp8; per-row or group
+  scales), for version 1's layout ``f32[*b, m, k] x Q[*b, k, n]`` and for
+  ``f32[..., k] x Q[k, n]`` (``x``'s leading dims collapsed into ``m``); other
+  dimension numbers (``[out, in]`` weights, groups along the contraction) and
+  group sizes no Triton tile fits (:func:`default_blocks`) keep the reference
+  (which unpacks int4 and applies group scales per group, :mod:`hxmlir.formats`).
+  Otherwise the decomposition is the reference (what the default rule emits).
   """
   x_aval, q_aval, s_aval = ctx.avals_in
   xr, qr = x_aval.ndim, q_aval.ndim
   dims = dimension_numbers or dotdims.v1_dims(xr)
   attrs = rules.matmul_q_attributes(ctx, dims)
   backend = _PLATFORM_BACKEND[platform]
-  per_row_int8 = q_aval.dtype == jnp.int8 and s_aval.ndim == qr - 1
-  if not per_row_int8:
-    ref = reference.matmul_q_for(dims)  # int4, fp8, group scales: the reference
-  elif is_installed() and xr == qr and dims == dotdims.v1_dims(xr):
-    ref = _pallas_reference(backend)
-  elif is_installed() and qr == 2 and dims == dotdims.matmul_dims(xr, 2):
-    ref = _PALLAS_COLLAPSED[backend]  # f32[..., k] x i8[k, n]: leading dims into m
-  else:
-    ref = reference.matmul_q_for(dims)
+  ref = reference.matmul_q_for(dims)
+  if is_installed() and _kernel_fits(q_aval, s_aval, backend):
+    if xr == qr and dims == dotdims.v1_dims(xr):
+      ref = _pallas_reference(backend)
+    elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
+      ref = _PALLAS_COLLAPSED[backend]  # f32[..., k] x Q[k, n]: leading dims into m
   return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
 
 
 def _collapsed(x, q, s, *, backend: str):
+  dense_n = formats.of_storage(q.dtype).dense_shape(q.shape)[-1]
   y = matmul_q_pallas(x.reshape(-1, x.shape[-1]), q, s, backend=backend)
-  return y.reshape(*x.shape[:-1], q.shape[-1])
+  return y.reshape(*x.shape[:-1], dense_n)
 
 
 _PALLAS_COLLAPSED = {b: functools.partial(_collapsed, backend=b) for b in ("triton", "mosaic_tpu")}

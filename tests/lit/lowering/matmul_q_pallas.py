@@ -3,9 +3,11 @@
 # decomposition calls the registered Pallas kernel hx_matmul_q_v1
 # (lowering/matmul_q_pallas.py); without install, the reference decomposition.
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
+from hxmlir import export as hxe
 from hxmlir.testing import print_exported
 
 x = np.ones((3, 40), np.float32)
@@ -42,3 +44,38 @@ print_exported("matmul_q_not_installed",
 # CHECK-NOT: custom_call
 # CHECK: stablehlo.dot_general
 # CHECK-NOT: custom_call
+
+# Every other format (issue 15) uses the kernel too, under the name hx_matmul_q_v2:
+# int4 pairs (ui8, half the columns), fp8, and group scales f32[k, n/g] passed whole
+# (not padded: the kernel masks or selects rows past k).
+xs = np.ones((3, 64), np.float32)
+w = np.ones((64, 256), np.float32)
+with hx.installed():
+  for label, qf in (("q4", hx.quantize(w, jnp.int4)),
+                    ("f8", hx.quantize(w, jnp.float8_e4m3fn)),
+                    ("q4_g32", hx.quantize(w, jnp.int4, group_size=32))):
+    print_exported(f"matmul_q_pallas_{label}",
+                   hxe.export(hx.matmul_q, platforms=["cuda", "tpu"])(xs, qf))
+# Each platform branch has its composite; the decompositions follow.
+# CHECK-LABEL: TEST: matmul_q_pallas_q4 cuda,tpu
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int4", group_size = 0 : i64, layout = "int4_pairs_v1", {{.*}}}, decomposition = @[[IMPL:hx.matmul_q.impl[_0-9]*]], version = 3 : i32} : (tensor<3x64xf32>, tensor<64x128xui8>, tensor<64xf32>) -> tensor<3x256xf32>
+# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}layout = "int4_pairs_v1"{{.*}}decomposition = @[[TIMPL:hx.matmul_q.impl[_0-9]*]]
+# CHECK: func.func private @[[IMPL]](
+# The packed weight goes to the kernel as it is; x and the per-row scales are padded.
+# CHECK: stablehlo.custom_call @__gpu$xla.gpu.triton({{.*}}) {mhlo.backend_config = {{{.*}}name = "hx_matmul_q_v2"{{.*}} : (tensor<1x16x128xf32>, tensor<1x1x128xf32>, tensor<1x64x128xui8>) -> tensor<1x16x256xf32>
+# CHECK: func.func private @[[TIMPL]](
+# Mosaic: int4 tiles of 256 columns, 128 bytes.
+# CHECK: stablehlo.custom_call @tpu_custom_call({{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_v2"{{.*}} : (tensor<1x8x128xf32>, tensor<1x1x128xf32>, tensor<1x64x128xui8>) -> tensor<1x8x256xf32>
+
+# CHECK-LABEL: TEST: matmul_q_pallas_f8 cuda,tpu
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "float8_e4m3fn", group_size = 0 : i64, layout = "plain", {{.*}}} : (tensor<3x64xf32>, tensor<64x256xf8E4M3FN>, tensor<64xf32>) -> tensor<3x256xf32>
+# CHECK: stablehlo.custom_call @__gpu$xla.gpu.triton({{.*}}name = "hx_matmul_q_v2"{{.*}} : (tensor<1x16x128xf32>, tensor<1x1x128xf32>, tensor<1x64x256xf8E4M3FN>) -> tensor<1x16x256xf32>
+# CHECK: stablehlo.custom_call @tpu_custom_call({{.*}}kernel_name = "hx_matmul_q_v2"{{.*}} : (tensor<1x8x128xf32>, tensor<1x1x128xf32>, tensor<1x64x256xf8E4M3FN>) -> tensor<1x8x256xf32>
+
+# CHECK-LABEL: TEST: matmul_q_pallas_q4_g32 cuda,tpu
+# CHECK: stablehlo.composite "hx.matmul_q" %{{.*}} {composite_attributes = {dtype = "int4", group_size = 32 : i64, layout = "int4_pairs_v1", {{.*}}} : (tensor<3x64xf32>, tensor<64x128xui8>, tensor<64x8xf32>) -> tensor<3x256xf32>
+# CHECK: func.func private @{{.*}}(%{{.*}}: tensor<3x64xf32>, %{{.*}}: tensor<64x128xui8>, %[[GS:[a-z0-9]+]]: tensor<64x8xf32>)
+# The group scales go to the kernel as they are (a reshape is a bitcast), never padded.
+# CHECK: %[[GS3:[0-9]+]] = stablehlo.reshape %[[GS]] : (tensor<64x8xf32>) -> tensor<1x64x8xf32>
+# CHECK: stablehlo.custom_call @__gpu$xla.gpu.triton(%{{.*}}, %[[GS3]], %{{.*}}) {{.*}}name = "hx_matmul_q_v2"{{.*}} : (tensor<1x16x128xf32>, tensor<1x64x8xf32>, tensor<1x64x128xui8>) -> tensor<1x16x256xf32>
+# CHECK: stablehlo.custom_call @tpu_custom_call({{.*}}kernel_name = "hx_matmul_q_v2"{{.*}} : (tensor<1x8x128xf32>, tensor<1x64x8xf32>, tensor<1x64x128xui8>) -> tensor<1x8x256xf32>

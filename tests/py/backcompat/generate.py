@@ -119,6 +119,15 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 1),), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v1"),))
       for p in ("cuda", "rocm", "tpu")},
+    # version 2 of the Pallas kernel: int4 pairs, fp8 and group scales (issue 15)
+    **{f"hx_matmul_q_v2_{p}": Case(
+        lambda x, a, b, c: (hx.matmul_q(x, a), hx.matmul_q(x, b), hx.matmul_q(x, c)),
+        lambda: (_x((3, 40), 15), hx.quantize(_x((40, 64), 16), jnp.int4),
+                 hx.quantize(_x((40, 64), 17), jnp.float8_e4m3fn),
+                 hx.quantize(_x((40, 64), 18), jnp.int4, group_size=32)),
+        (("hx.matmul_q", 3),), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v2"),))
+      for p in ("cuda", "rocm", "tpu")},
     # the native CPU kernel (lowering/matmul_q_cpu.py), kept by hx.keep_native_cpu_calls();
     # a weight above matmul_q_impl.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
     "hx_matmul_q_cpu_v1_cpu": Case(
