@@ -32,11 +32,13 @@ Targets (issue 16), marked in the last column: ``native/f32 <= 0.50`` at
 ``temp <= 1/8`` of the f32 weight's bytes at every ``m`` (native column).
 
 ``--formats [FORMAT ...]`` prints, instead, one row per weight format (issue 15;
-``int8``, ``int4:g128``, ``int4:g32``, ``float8_e4m3fn`` by default; ``:gG`` is the
-group size, none is one scale per row) at each ``--m`` (default 1 and 16 there) on
+``int8``, ``int4``, ``int4:g128``, ``int4:g32``, ``float8_e4m3fn``, ``int8:g128`` by
+default; ``:gG`` is the group size, none is one scale per row) at each ``--m`` (default 1 and 16 there) on
 ``k x n``: the ``format`` column, ``hx.matmul_q`` compiled while installed on a
 weight assembled inside jit from its stored components (``hx.make_qarray``, as a
-layer in a model's jitted step), against ``f32`` on the same weight dequantized,
+layer in a model's jitted step; the native kernel ``hx_matmul_q_cpu_v1`` for int8 per
+row, ``hx_matmul_q_cpu_v2`` for every other format), against ``f32`` on the same
+weight dequantized,
 and the weight's bytes at rest (stored values + scales, from the device buffers)
 against f32's::
 
@@ -168,7 +170,7 @@ def _mib(b: int) -> str:
   return f"{b / 2**20:.2f}"
 
 
-DEFAULT_FORMATS = ("int8", "int4:g128", "int4:g32", "float8_e4m3fn")
+DEFAULT_FORMATS = ("int8", "int4", "int4:g128", "int4:g32", "float8_e4m3fn", "int8:g128")
 
 
 def parse_format(text: str) -> tuple[str, int | None]:

@@ -8,5 +8,7 @@
 #define HX_PACKED_MR 6
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#include "matmul_q_formats.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsAvx2() { return &avx2::kKernels; }
+const hxmlir::FormatKernels* hxmlir::FormatKernelsAvx2() { return &avx2::kFormatKernels; }

@@ -8,5 +8,7 @@
 #define HX_PACKED_MR 8
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#include "matmul_q_formats.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsAvx512() { return &avx512::kKernels; }
+const hxmlir::FormatKernels* hxmlir::FormatKernelsAvx512() { return &avx512::kFormatKernels; }

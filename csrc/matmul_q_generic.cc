@@ -8,5 +8,7 @@
 #define HX_PACKED_MR 4
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#include "matmul_q_formats.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsGeneric() { return &generic::kKernels; }
+const hxmlir::FormatKernels* hxmlir::FormatKernelsGeneric() { return &generic::kFormatKernels; }

@@ -1,13 +1,22 @@
-"""``hx.matmul_q``'s native CPU kernel: loading, ISA dispatch, FFI registration, policy.
+"""``hx.matmul_q``'s native CPU kernels: loading, ISA dispatch, FFI registration, policy.
 
-The kernel (``csrc/``, built by ``pip install`` into the extension module
-``hxmlir._matmul_q_cpu``) computes ``y = (x * s[..., None, :]) @ f32(q)`` for
-``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` -> ``f32[*b, m, n]``
-(hxmlir's q8 format, :mod:`hxmlir.qarray`), f32 accumulation, and is
-registered with XLA's FFI as the custom-call target ``hx_matmul_q_cpu_v1``
-(:data:`TARGET`; the version is part of the name: a change of semantics or
-calling convention gets a new target). It runs on XLA's intra-op thread pool
-(three regimes by ``m``, see ``csrc/matmul_q_ffi.cc``).
+The kernels (``csrc/``, built by ``pip install`` into the extension module
+``hxmlir._matmul_q_cpu``) are registered with XLA's FFI as two custom-call
+targets (the version is part of the name: a change of semantics or calling
+convention gets a new target), both with f32 accumulation on XLA's intra-op
+thread pool:
+
+- ``hx_matmul_q_cpu_v1`` (:data:`TARGET`): ``y = (x * s[..., None, :]) @ f32(q)``
+  for ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``, ``s: f32[*b, k]`` ->
+  ``f32[*b, m, n]`` (int8, one scale per row; three regimes by ``m``, see
+  ``csrc/matmul_q_ffi.cc``).
+- ``hx_matmul_q_cpu_v2`` (:data:`TARGET_V2`): ``y = x @ dequantize(q, s)`` for every
+  format of :mod:`hxmlir.formats` in the same layout: ``q: T[*b, k, n / pack]``
+  (``i8`` int8, ``ui8`` int4 in layout ``int4_pairs_v1``, ``f8E4M3FN``),
+  ``s: f32[*b, k]`` (per row) or ``f32[*b, k, n / g]`` (per group of ``g`` along
+  ``n``), with the attributes ``dtype``, ``layout`` and ``group_size`` (``0``: per
+  row) naming the format; the kernel refuses operands that disagree with them
+  (``csrc/matmul_q_formats_ffi.cc``, ``csrc/matmul_q_formats.h``).
 
 At import this module picks the kernel's ISA (the best of ``avx512``, ``avx2``
 this CPU runs; ``$HXMLIR_CPU_ISA`` forces one, ``generic`` included) and
@@ -23,8 +32,8 @@ composite's decomposition calls the kernel only while hxmlir is installed,
 the kernel is active, the module is for one device, and either the lowering is
 not for ``jax.export`` or the export opted in with :func:`keep_native_cpu_calls`.
 Everything else gets the portable StableHLO decomposition, so artifacts run
-anywhere by default. An artifact that keeps the call names ``hx_matmul_q_cpu_v1``;
-:func:`native_call_problem` tells a loading process what it lacks.
+anywhere by default. An artifact that keeps the call names ``hx_matmul_q_cpu_v1``
+or ``_v2``; :func:`native_call_problem` tells a loading process what it lacks.
 """
 
 from __future__ import annotations
@@ -35,13 +44,18 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hxmlir import _jax, targets
+from hxmlir import _jax, formats, targets
 
 KERNEL_NAME = "hx_matmul_q_cpu"
 KERNEL_VERSION = 1
 TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
-"""The FFI custom-call target (its name carries the version)."""
+"""The FFI custom-call target of int8 per-row weights (its name carries the version)."""
+TARGET_V2 = f"{KERNEL_NAME}_v2"
+"""The FFI custom-call target of every format (:mod:`hxmlir.formats`)."""
+TARGETS = (TARGET, TARGET_V2)
+"""Every version of the kernel this hxmlir has, oldest first."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
 """A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
 flags (``jax._src.config.bool_env``): :data:`TRUE_VALUES` / :data:`FALSE_VALUES`, any
@@ -58,7 +72,8 @@ DEFAULT_ISAS = ("avx512", "avx2")
 
 CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu",),
                                      owner="hxmlir")
-assert CPU_KERNEL.ir_name == TARGET
+CPU_KERNEL_V2 = targets.register_kernel(TARGET_V2, KERNEL_NAME, 2, ("cpu",), owner="hxmlir")
+assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name) == TARGETS
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,8 @@ class CpuKernelInfo:
 
   ``active``: the native kernel is registered and used while hxmlir is
   installed; ``isa``: its instruction set (``"avx512"``, ``"avx2"``,
-  ``"generic"``) or ``None``; ``target``: the FFI custom-call target;
+  ``"generic"``) or ``None``; ``target``: the FFI custom-call target of int8 per-row
+  weights (every format's, ``hx_matmul_q_cpu_v2``, is registered with it);
   ``reason``: why this path (always set); ``supported_isas``: the kernel
   builds this CPU can run, best first (empty without the extension).
   """
@@ -129,6 +145,7 @@ def _load() -> CpuKernelInfo:
     isa, why = best[0], "the best ISA this CPU runs"
   ext.select_isa(isa)
   jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_V2, ext.handler_v2(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported)
 
 
@@ -147,7 +164,7 @@ def cpu_kernel_info() -> CpuKernelInfo:
 
 _keep_native = _jax.ConfigState(
     "hxmlir_keep_native_cpu_calls", False,
-    "Let jax.export lowerings keep hx.matmul_q's native CPU kernel (hx_matmul_q_cpu_v1).",
+    "Let jax.export lowerings keep hx.matmul_q's native CPU kernel (hx_matmul_q_cpu_v1/_v2).",
     include_in_jit_key=True, include_in_trace_context=True)
 
 
@@ -156,7 +173,8 @@ def keep_native_cpu_calls(keep: bool = True):
 
   ``with hx.installed(), hx.keep_native_cpu_calls(): exp = hxmlir.export.export(f)(...)``
   gives an artifact whose ``hx.matmul_q`` decompositions call the custom-call
-  target ``hx_matmul_q_cpu_v1`` instead of the portable StableHLO: it runs
+  target ``hx_matmul_q_cpu_v1`` (int8 per row) or ``hx_matmul_q_cpu_v2`` (other
+  formats) instead of the portable StableHLO: it runs
   only in a process where hxmlir (with its kernel built and active) is
   imported, and ``hxmlir.export.deserialize`` says so otherwise. Effective
   only while hxmlir is installed, where the kernel is active
@@ -195,23 +213,48 @@ def matmul_q_native(x, q, s):
   return jax.ffi.ffi_call(TARGET, out)(x, q, s)
 
 
+def matmul_q_native_v2(x, q, s):
+  """``x @ dequantize(q, s)`` through the custom call ``hx_matmul_q_cpu_v2``, any format.
+
+  ``x: f32[*b, m, k]``, ``q``: stored values of a format of :mod:`hxmlir.formats`
+  (``i8[*b, k, n]``, ``ui8[*b, k, n // 2]`` for int4, ``f8E4M3FN[*b, k, n]``),
+  ``s: f32[*b, k]`` (one scale per row) or ``f32[*b, k, n // g]`` (per group of ``g``)
+  -> ``f32[*b, m, n]``. The format and group size are read from ``q``'s dtype and
+  ``s``'s shape and passed as the call's ``dtype``/``layout``/``group_size``
+  attributes. Raises ``TypeError`` naming the operand types when ``q``'s dtype is no
+  format's or ``s``'s shape fits no group size; runs only where the target is
+  registered (:func:`cpu_kernel_info`).
+  """
+  fmt = formats.of_storage(q.dtype)
+  dense = None if fmt is None else fmt.dense_shape(q.shape)
+  group = None if fmt is None else formats.group_of(dense, s.shape)
+  if fmt is None or isinstance(group, str):
+    raise TypeError(f"hx_matmul_q_cpu_v2: no quantization format for values {q.dtype}"
+                    f"{list(q.shape)} with scales {s.dtype}{list(s.shape)}"
+                    + ("" if fmt is None else f": {group}"))
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[-1]), jnp.float32)
+  return jax.ffi.ffi_call(TARGET_V2, out)(x, q, s, dtype=fmt.name, layout=fmt.layout,
+                                          group_size=np.int64(group or 0))
+
+
 def native_call_problem(call_targets: Iterable[str]) -> str | None:
   """Why this process cannot run a module calling ``call_targets``, or ``None``.
 
   Looks only at this kernel's family of targets (``hx_matmul_q_cpu_v<N>``): a
-  version this hxmlir does not have, or the kernel inactive here (with
-  :func:`cpu_kernel_info`'s reason). Used by ``hxmlir.export.deserialize``.
+  version this hxmlir does not have (it has :data:`TARGETS`), or the kernel
+  inactive here (with :func:`cpu_kernel_info`'s reason). Used by
+  ``hxmlir.export.deserialize``.
   """
   needed = sorted({t for t in call_targets if t.startswith(f"{KERNEL_NAME}_v")})
   if not needed:
     return None
-  other = [t for t in needed if t != TARGET]
+  other = [t for t in needed if t not in TARGETS]
   if other:
     return (f"it calls the native CPU kernel {', '.join(other)}, which this hxmlir does not "
-            f"have (it has {TARGET}): upgrade hxmlir, or re-export without "
+            f"have (it has {', '.join(TARGETS)}): upgrade hxmlir, or re-export without "
             "hx.keep_native_cpu_calls()")
   if not _INFO.active:
-    return (f"it calls the native CPU kernel {TARGET} (exported with "
+    return (f"it calls the native CPU kernel {', '.join(needed)} (exported with "
             f"hx.keep_native_cpu_calls()), which is not available in this process: "
             f"{_INFO.reason}; re-export without hx.keep_native_cpu_calls() for a portable "
             "artifact")

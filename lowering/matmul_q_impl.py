@@ -419,10 +419,24 @@ def collapsed_streaming_decomposition(args: Sequence[ir.Value], *,
   return [hlo.ReshapeOp(_tensor((*xs[:-1], n), f32), y).result]
 
 
-def _native_collapsed(x, q, s):
-  """The native kernel on ``f32[..., k] x i8[k, n]``: ``x``'s leading dims collapsed into ``m``."""
-  y = matmul_q_cpu.matmul_q_native(x.reshape(-1, x.shape[-1]), q, s)
-  return y.reshape(*x.shape[:-1], q.shape[-1])
+def _collapsed(native):
+  """``native`` (a kernel call on ``f32[m, k] x Q[k, n]``) on ``f32[..., k] x Q[k, n]``:
+  ``x``'s leading dims collapsed into ``m`` (free: row-major) and restored on the result."""
+  def call(x, q, s):
+    y = native(x.reshape(-1, x.shape[-1]), q, s)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+  return call
+
+
+def _kernel_layout(x_aval, q_aval, dims) -> str | None:
+  """``"batched"`` (version 1's dims: ``f32[*b, m, k] x Q[*b, k, n]``), ``"collapsed"``
+  (``f32[..., k] x Q[k, n]``), or ``None``: the layouts the native kernels and the int8
+  streaming builders know."""
+  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
+    return "batched"
+  if q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
+    return "collapsed"
+  return None
 
 
 def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
@@ -430,33 +444,38 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
 
   The composite (name, version, attributes, shardings) is exactly the one the
-  default rule emits; only its decomposition differs. For weights of more than
-  ``SMALL_WEIGHT`` elements (per batch element), while hxmlir is installed and the
-  native kernel is active (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not
-  for ``jax.export`` unless ``hx.keep_native_cpu_calls()``, one device only), a
-  call of the native kernel ``hx_matmul_q_cpu_v1``, for the layouts it knows
-  (version 1's, and ``f32[..., k] x i8[k, n]``). Otherwise
-  :func:`build_matmul_q_streaming`, for the layouts it knows: ``f32[*b, m, k] x i8[*b, k, n]`` (version 1's dims) and
-  ``f32[..., k] x i8[k, n]`` (leading dims collapsed into ``m``,
-  :func:`collapsed_streaming_decomposition`); other dimension numbers walk one
-  free axis of the weight in blocks (``lowering/matmul_q_blocked.py``). When
-  :func:`choose_blocking` picks ``"whole"`` (small weights) the decomposition is
-  the reference itself (which converts the whole weight). Weights of other formats
-  than int8 per row (:mod:`hxmlir.formats`) always walk a free axis in blocks of whole
-  groups and packed bytes (``lowering/matmul_q_blocked.py``), or use the reference
-  when small: never the native kernel or the int8 streaming builders.
+  default rule emits; only its decomposition differs:
+
+  - native kernel: for weights of more than ``SMALL_WEIGHT`` elements (per batch
+    element, dense), while hxmlir is installed and the native kernel is active
+    (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not for ``jax.export`` unless
+    ``hx.keep_native_cpu_calls()``, one device only), in the layouts
+    ``f32[*b, m, k] x Q[*b, k, n]`` (version 1's dims) and ``f32[..., k] x Q[k, n]``
+    (leading dims collapsed into ``m``): a call of ``hx_matmul_q_cpu_v1`` for int8
+    with one scale per row, of ``hx_matmul_q_cpu_v2`` for every other format
+    (:mod:`hxmlir.formats`);
+  - otherwise, int8 per row: :func:`build_matmul_q_streaming` in those two layouts
+    (:func:`collapsed_streaming_decomposition` for the second), the reference itself
+    when :func:`choose_blocking` picks ``"whole"`` (small weights);
+  - every other layout, and other formats than int8 per row outside the native
+    kernel: one free axis of the dense weight walked in blocks of whole groups and
+    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small.
   """
   x_aval, q_aval, s_aval = ctx.avals_in
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
   attrs = rules.matmul_q_attributes(ctx, dims)
   ref = reference.matmul_q_for(dims)
-  n = q_aval.shape[-1]
-  per_row_int8 = q_aval.dtype == np.int8 and s_aval.ndim == q_aval.ndim - 1
-  if not per_row_int8:
-    # other formats: the streaming builders and the native kernel know int8 per-row
-    # weights only; walk a free axis of the dense weight in aligned blocks
-    fmt = formats.of_storage(q_aval.dtype)
-    dense = fmt.dense_shape(q_aval.shape)
+  fmt = formats.of_storage(q_aval.dtype)
+  dense = fmt.dense_shape(q_aval.shape)
+  per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
+  layout = _kernel_layout(x_aval, q_aval, dims)
+  k, n = dense[-2] if layout else 0, dense[-1]
+  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+    native = matmul_q_cpu.matmul_q_native if per_row_int8 else matmul_q_cpu.matmul_q_native_v2
+    native = native if layout == "batched" else _collapsed(native)
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)
+  if not per_row_int8 or layout is None:
+    # one free axis of the dense weight walked in aligned blocks (matmul_q_blocked.py)
     axis = matmul_q_blocked.block_axis(dense, dims)
     if axis is not None:
       group = formats.group_of_scale(dense, s_aval)
@@ -464,21 +483,11 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
       ref = matmul_q_blocked.blocked_for(dims, axis,
                                          matmul_q_blocked.block_size(dense, axis, align))
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
-  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
-    (m, k), builder = x_aval.shape[-2:], streaming_decomposition
-    native = matmul_q_cpu.matmul_q_native
-  elif q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
+  if layout == "batched":
+    m, builder = x_aval.shape[-2], streaming_decomposition
+  else:
     m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
-    k, builder = x_aval.shape[-1], collapsed_streaming_decomposition
-    native = _native_collapsed
-  else:  # other layouts: one free axis of q walked in blocks (matmul_q_blocked.py)
-    axis = matmul_q_blocked.block_axis(q_aval.shape, dims)
-    if axis is not None:
-      ref = matmul_q_blocked.blocked_for(dims, axis,
-                                         matmul_q_blocked.block_size(q_aval.shape, axis))
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
-  if k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)
+    builder = collapsed_streaming_decomposition
   if choose_blocking(m, k, n)[0] == "whole":
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)

@@ -135,6 +135,16 @@ CASES: dict[str, Case] = {
         lambda: (_x((3, 300), 12), _x((70, 300), 13), hx.quantize(_x((300, 260), 14))),
         (("hx.matmul_q", 1),), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v1", "hx_matmul_q_cpu_v1"),)),
+    # its version 2 (every format): int4 per group (rows regime, a batched weight) and
+    # float8 / int8 per group (blocks regime, m > 4)
+    "hx_matmul_q_cpu_v2_cpu": Case(
+        lambda x1, x2, a, b, c: (hx.matmul_q(x1, a), hx.matmul_q(x2, b), hx.matmul_q(x2, c)),
+        lambda: (_x((2, 3, 300), 30), _x((70, 300), 31),
+                 hx.quantize(_x((2, 300, 256), 32), jnp.int4, group_size=32),
+                 hx.quantize(_x((300, 256), 33), jnp.float8_e4m3fn),
+                 hx.quantize(_x((300, 256), 34), jnp.int8, group_size=8)),
+        (("hx.matmul_q", 3),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v2", "hx_matmul_q_cpu_v2"),)),
 }
 
 

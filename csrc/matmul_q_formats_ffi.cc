@@ -1,0 +1,216 @@
+// The XLA FFI handler of hx.matmul_q on CPU for every quantization format
+// (custom call target "hx_matmul_q_cpu_v2"; formats and layout in
+// matmul_q_formats.h, defined by hxmlir/formats.py):
+//
+//   x: f32[*b, m, k], q: T[*b, k, n / pack], s: f32[*b, k] or f32[*b, k, n / g]
+//     -> y: f32[*b, m, n],  y = x @ dequantize(q, s)
+//
+// Attributes (part of the IR contract; the call is refused unless they agree with
+// the operands): dtype ("int8", "int4", "float8_e4m3fn"), layout ("plain" for int8
+// and float8_e4m3fn, "int4_pairs_v1" for int4) and group_size (0: one scale per row
+// of q, else g > 0 dividing n, even for int4). T is s8, u8 and f8E4M3FN respectively.
+//
+// Two regimes by m (rows of x per batch element): "rows" (m <= 4) splits k into
+// chunks fixed by k alone and adds them at the end in chunk order; "blocks" cuts
+// the columns into blocks. The blocks run on XLA's intra-op pool
+// (matmul_q_parallel.h); each result element is summed in an order fixed by the
+// shapes alone, so results never depend on the thread count.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "matmul_q_formats.h"
+#include "matmul_q_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hxmlir {
+
+namespace {
+std::atomic<const FormatKernels*> g_format_kernels{nullptr};
+}  // namespace
+
+void SelectFormatKernels(const FormatKernels* k) {
+  g_format_kernels.store(k, std::memory_order_release);
+}
+
+namespace {
+
+// Regimes (the int8 kernel's, matmul_q_ffi.cc, for the same reasons).
+constexpr int64_t kRowsMaxM = 4;
+constexpr int64_t kRowsMinChunk = 256;  // rows of q per chunk of k, at least
+constexpr int64_t kRowsMaxChunks = 8;
+constexpr int64_t kMaxBlockColumns = 256;      // "blocks": decoded block of 256 x 256 f32
+constexpr int64_t kSerialMacs = int64_t{1} << 18;  // smaller problems: calling thread only
+
+struct Spec {
+  std::string_view dtype, layout, storage;
+  ffi::DataType type;
+  QFormat fmt;
+};
+
+constexpr Spec kSpecs[] = {
+    {"int8", "plain", "s8", ffi::DataType::S8, QFormat::kInt8},
+    {"int4", "int4_pairs_v1", "u8", ffi::DataType::U8, QFormat::kInt4Pairs},
+    {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, QFormat::kFp8E4M3Fn},
+};
+
+struct FormatJob : BlockCounter {
+  FormatProblem p;
+  const FormatKernels* kern;
+  bool rows;
+  int64_t blocks_per_batch;  // rows: chunks of k; blocks: column blocks
+  int64_t block_len;         // rows of q (rows) or columns (blocks) per block
+  std::vector<float> xp;       // x packed (blocks)
+  std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
+
+  void Run(int64_t t) {
+    const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
+    if (rows) {
+      float* acc = c == 0 ? p.y + b * p.m * p.n
+                          : partial.data() + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
+      kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
+      return;
+    }
+    thread_local std::vector<float> scratch;  // one per thread, reused across calls
+    const size_t need = static_cast<size_t>(FormatScratchFloats(block_len));
+    if (scratch.size() < need) scratch.resize(need);
+    kern->blocks(p, b, lo, std::min(p.n, lo + block_len), scratch.data());
+  }
+};
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string Shape(ffi::Span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+std::string TypeName(ffi::DataType t) {
+  for (const Spec& s : kSpecs)
+    if (s.type == t) return std::string(s.storage);
+  if (t == ffi::DataType::F32) return "f32";
+  return "dtype#" + std::to_string(static_cast<int>(t));
+}
+
+ffi::Error Invalid(std::string msg) {
+  return ffi::Error::InvalidArgument("hx_matmul_q_cpu_v2: " + msg);
+}
+
+ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::Buffer<ffi::F32> s, ffi::ResultBuffer<ffi::F32> y,
+                     std::string_view dtype, std::string_view layout, int64_t group_size) {
+  const Spec* spec = nullptr;
+  for (const Spec& c : kSpecs)
+    if (c.dtype == dtype) spec = &c;
+  if (spec == nullptr)
+    return Invalid("unknown dtype attribute '" + std::string(dtype) +
+                   "' (expected int8, int4 or float8_e4m3fn)");
+  if (layout != spec->layout)
+    return Invalid("dtype " + std::string(dtype) + " is stored in layout '" +
+                   std::string(spec->layout) + "', got layout '" + std::string(layout) + "'");
+  const int64_t pack = PackOf(spec->fmt);
+  const auto xd = x.dimensions(), qd = q.dimensions(), sd = s.dimensions(), yd = y->dimensions();
+  const size_t r = xd.size();
+  const std::string got = ", got f32" + Shape(xd) + ", " + TypeName(q.element_type()) +
+                          Shape(qd) + ", f32" + Shape(sd) + " -> f32" + Shape(yd);
+  const std::string scales =
+      group_size == 0 ? "f32[*b, k]" : "f32[*b, k, n / " + std::to_string(group_size) + "]";
+  const std::string want = "expects f32[*b, m, k], " + std::string(spec->storage) + "[*b, k, n" +
+                           (pack > 1 ? " / " + std::to_string(pack) : "") + "], " + scales +
+                           " -> f32[*b, m, n] for dtype " + std::string(dtype) +
+                           ", group_size " + std::to_string(group_size);
+  if (q.element_type() != spec->type) return Invalid(want + got);
+  if (group_size < 0 || (group_size > 0 && group_size % pack != 0))
+    return Invalid("group_size must be 0 (one scale per row) or positive" +
+                   std::string(pack > 1 ? " and even" : "") + ", got " +
+                   std::to_string(group_size));
+  bool ok = r >= 2 && qd.size() == r && yd.size() == r && qd[r - 2] == xd[r - 1] &&
+            sd.size() == (group_size == 0 ? r - 1 : r);
+  for (size_t i = 0; ok && i + 2 < r; ++i) ok = qd[i] == xd[i] && sd[i] == xd[i] && yd[i] == xd[i];
+  const int64_t n = ok ? qd[r - 1] * pack : 0;
+  ok = ok && sd[r - 2] == qd[r - 2] && yd[r - 2] == xd[r - 2] && yd[r - 1] == n;
+  if (ok && group_size > 0) ok = n % group_size == 0 && sd[r - 1] == n / group_size;
+  if (!ok) return Invalid(want + got);
+
+  const FormatKernels* kern = g_format_kernels.load(std::memory_order_acquire);
+  if (kern == nullptr) kern = FormatKernelsGeneric();
+  auto job = std::make_shared<FormatJob>();
+  FormatProblem& p = job->p;
+  p.x = x.typed_data();
+  p.q = static_cast<const uint8_t*>(q.untyped_data());
+  p.s = s.typed_data();
+  p.y = y->typed_data();
+  p.m = xd[r - 2];
+  p.k = xd[r - 1];
+  p.n = n;
+  p.g = group_size == 0 ? std::max<int64_t>(n, 1) : group_size;
+  p.ns = group_size == 0 ? 1 : n / group_size;
+  p.fmt = spec->fmt;
+  p.nb = 1;
+  for (size_t i = 0; i + 2 < r; ++i) p.nb *= xd[i];
+  if (p.nb == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
+  if (p.k == 0) {
+    std::fill(p.y, p.y + p.nb * p.m * p.n, 0.f);
+    return ffi::Error::Success();
+  }
+  job->kern = kern;
+  const int64_t macs = p.nb * p.m * p.k * p.n;
+  const int64_t threads = macs < kSerialMacs ? 1 : std::max<int64_t>(1, pool.num_threads());
+  job->rows = p.m <= kRowsMaxM;
+  if (job->rows) {
+    // Chunks of k fixed by k alone (never by the thread count): same sums everywhere.
+    const int64_t chunks = std::clamp<int64_t>(p.k / kRowsMinChunk, 1, kRowsMaxChunks);
+    job->block_len = CeilDiv(p.k, chunks);
+    job->blocks_per_batch = CeilDiv(p.k, job->block_len);
+    job->partial.resize(static_cast<size_t>(p.nb * (job->blocks_per_batch - 1) * p.m * p.n));
+  } else {
+    job->xp.resize(static_cast<size_t>(p.nb * p.m * p.k));
+    PackRows(p.x, p.m, p.k, kern->block_mr, 0, p.nb, job->xp.data());
+    p.xp = job->xp.data();
+    // Column blocks of whole micro-panels, at most kMaxBlockColumns wide, and
+    // narrower when that gives every thread about two blocks.
+    const int64_t nr = kern->block_nr;
+    const int64_t per = CeilDiv(CeilDiv(p.n, CeilDiv(2 * threads, p.nb)), nr);
+    job->block_len = std::clamp<int64_t>(per * nr, nr, std::max(nr, kMaxBlockColumns / nr * nr));
+    job->blocks_per_batch = CeilDiv(p.n, job->block_len);
+  }
+  job->total = p.nb * job->blocks_per_batch;
+  RunBlocks(pool, threads, job);
+
+  if (job->rows) {
+    const int64_t mn = p.m * p.n;
+    for (int64_t b = 0; b < p.nb; ++b) {
+      float* yb = p.y + b * mn;
+      for (int64_t c = 1; c < job->blocks_per_batch; ++c) {
+        const float* pc = job->partial.data() + (b * (job->blocks_per_batch - 1) + c - 1) * mn;
+        for (int64_t e = 0; e < mn; ++e) yb[e] += pc[e];
+      }
+      for (int64_t i = 0; i < p.m; ++i) kern->rows_finish(p, yb + i * p.n);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hxmlir
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV2, hxmlir::MatmulQV2,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // x
+                                  .Arg<ffi::AnyBuffer>()          // q (s8, u8, f8E4M3FN)
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // s
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // y
+                                  .Attr<std::string_view>("dtype")
+                                  .Attr<std::string_view>("layout")
+                                  .Attr<int64_t>("group_size"));
