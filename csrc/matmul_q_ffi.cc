@@ -28,6 +28,7 @@
 
 #include "matmul_q_cpu.h"
 #include "matmul_q_formats.h"
+#include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -37,78 +38,36 @@ namespace {
 
 std::atomic<const Kernels*> g_kernels{nullptr};
 
-// Regime bounds on m (rows of x per batch element), from the study in issue 16.
-constexpr int64_t kRowsMaxM = 4;
+// The bound between the "panel" and "packed" regimes (the others are in
+// matmul_q_parallel.h, shared with hx_matmul_q_cpu_v2).
 constexpr int64_t kPanelMaxM = 64;
-// "rows": at least this many rows of q per chunk of the contraction axis, and at
-// most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
-constexpr int64_t kRowsMinChunk = 256;
-constexpr int64_t kRowsMaxChunks = 8;
-// "panel" and "packed": at most this many columns per block (the copied block
-// of q is kPanelKc x this many int8 or kPackedKc x this many f32: 64 / 256 KiB).
-constexpr int64_t kMaxBlockColumns = 256;
-constexpr int64_t kBlocksPerThread = 4;
-// Problems under this many multiply-adds run on the calling thread alone.
-constexpr int64_t kSerialMacs = int64_t{1} << 18;
 
 enum class Regime { kRows, kPanel, kPacked };
 
-struct Job {
+struct Job : BlockCounter {
   Problem p;
   const Kernels* kern;
   Regime regime;
   int64_t blocks_per_batch;  // rows: chunks of k; panel/packed: column blocks
   int64_t block_len;         // rows of q (rows) or columns (panel/packed) per block
-  int64_t total;
   std::vector<float> xs;       // x * s (panel)
   std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-};
 
-void RunBlock(Job& j, int64_t t) {
-  const Problem& p = j.p;
-  const int64_t b = t / j.blocks_per_batch, c = t % j.blocks_per_batch;
-  const int64_t lo = c * j.block_len;
-  switch (j.regime) {
-    case Regime::kRows: {
-      const int64_t hi = std::min(p.k, lo + j.block_len);
+  void Run(int64_t t) {
+    const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
+    if (regime == Regime::kRows) {
       float* acc = c == 0 ? p.y + b * p.m * p.n
-                          : j.partial.data() + ((b * (j.blocks_per_batch - 1)) + c - 1) * p.m * p.n;
-      j.kern->rows(p, b, lo, hi, acc);
+                          : partial.data() + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
+      kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
       return;
     }
-    case Regime::kPanel:
-    case Regime::kPacked: {
-      thread_local std::vector<char> scratch;  // one per thread, reused across calls
-      const size_t need = static_cast<size_t>(ScratchBytes(j.block_len));
-      if (scratch.size() < need) scratch.resize(need);
-      const int64_t hi = std::min(p.n, lo + j.block_len);
-      (j.regime == Regime::kPanel ? j.kern->panel : j.kern->packed)(p, b, lo, hi, scratch.data());
-      return;
-    }
+    thread_local std::vector<char> scratch;  // one per thread, reused across calls
+    const size_t need = static_cast<size_t>(ScratchBytes(block_len));
+    if (scratch.size() < need) scratch.resize(need);
+    (regime == Regime::kPanel ? kern->panel : kern->packed)(p, b, lo, std::min(p.n, lo + block_len),
+                                                          scratch.data());
   }
-}
-
-void Work(Job& j) {
-  for (;;) {
-    const int64_t t = j.next.fetch_add(1, std::memory_order_relaxed);
-    if (t >= j.total) return;
-    RunBlock(j, t);
-    if (j.done.fetch_add(1, std::memory_order_acq_rel) + 1 == j.total) j.done.notify_all();
-  }
-}
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-std::string Shape(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(dims[i]);
-  }
-  return s + "]";
-}
+};
 
 ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8> q,
                    ffi::Buffer<ffi::F32> s, ffi::ResultBuffer<ffi::F32> y) {
@@ -121,7 +80,8 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   if (!ok)
     return ffi::Error::InvalidArgument(
         "hx_matmul_q_cpu_v1 expects f32[*b, m, k], s8[*b, k, n], f32[*b, k] -> f32[*b, m, n], got f32" +
-        Shape(xd) + ", s8" + Shape(qd) + ", f32" + Shape(sd) + " -> f32" + Shape(yd));
+        ShapeText(xd) + ", s8" + ShapeText(qd) + ", f32" + ShapeText(sd) + " -> f32" +
+        ShapeText(yd));
   const Kernels* kern = g_kernels.load(std::memory_order_acquire);
   if (kern == nullptr) kern = KernelsGeneric();
 
@@ -142,17 +102,12 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     return ffi::Error::Success();
   }
   job->kern = kern;
-  const int64_t macs = p.nb * p.m * p.k * p.n;
-  const int64_t threads = macs < kSerialMacs ? 1 : std::max<int64_t>(1, pool.num_threads());
-
+  const int64_t threads = ThreadsFor(pool, p.nb * p.m * p.k * p.n);
+  Blocking blocking;
   if (p.m <= kRowsMaxM) {
     job->regime = Regime::kRows;
-    // Chunks of k fixed by k alone (never by the thread count), so every machine
-    // adds the same partial sums in the same order: results do not depend on it.
-    const int64_t chunks = std::clamp<int64_t>(p.k / kRowsMinChunk, 1, kRowsMaxChunks);
-    job->block_len = CeilDiv(p.k, chunks);
-    job->blocks_per_batch = CeilDiv(p.k, job->block_len);
-    job->partial.resize(static_cast<size_t>(p.nb * (job->blocks_per_batch - 1) * p.m * p.n));
+    blocking = ChunksOfK(p.k);
+    job->partial.resize(static_cast<size_t>(p.nb * (blocking.count - 1) * p.m * p.n));
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
     if (job->regime == Regime::kPanel) {  // "packed" reads x in place
@@ -160,33 +115,16 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
       PackXs(p, kern->panel_mr, 0, p.nb, job->xs.data());
       p.xs = job->xs.data();
     }
-    // Column blocks of whole micro-panels, at most kMaxBlockColumns wide, and
-    // narrower when that gives every thread about kBlocksPerThread blocks (the
-    // shared counter then evens out a thread that starts late or runs slower).
-    const int64_t nr = job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr;
-    const int64_t per = CeilDiv(CeilDiv(p.n, CeilDiv(kBlocksPerThread * threads, p.nb)), nr);
-    job->block_len = std::clamp<int64_t>(per * nr, nr, std::max(nr, kMaxBlockColumns / nr * nr));
-    job->blocks_per_batch = CeilDiv(p.n, job->block_len);
+    blocking = ColumnBlocks(p.n, p.nb,
+                            job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,
+                            threads);
   }
-  job->total = p.nb * job->blocks_per_batch;
-
-  const int64_t helpers = std::min(threads, job->total) - 1;
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { Work(*job); });
-  Work(*job);
-  for (int64_t d = job->done.load(std::memory_order_acquire); d < job->total;
-       d = job->done.load(std::memory_order_acquire))
-    job->done.wait(d, std::memory_order_acquire);
-
-  if (job->regime == Regime::kRows && job->blocks_per_batch > 1) {
-    const int64_t mn = p.m * p.n;
-    for (int64_t b = 0; b < p.nb; ++b) {
-      float* yb = p.y + b * mn;
-      for (int64_t c = 1; c < job->blocks_per_batch; ++c) {
-        const float* pc = job->partial.data() + (b * (job->blocks_per_batch - 1) + c - 1) * mn;
-        for (int64_t e = 0; e < mn; ++e) yb[e] += pc[e];
-      }
-    }
-  }
+  job->block_len = blocking.len;
+  job->blocks_per_batch = blocking.count;
+  job->total = p.nb * blocking.count;
+  RunBlocks(pool, threads, job);
+  if (job->regime == Regime::kRows)
+    AddPartialSums(p.y, job->partial.data(), p.nb, blocking.count, p.m * p.n);
   return ffi::Error::Success();
 }
 

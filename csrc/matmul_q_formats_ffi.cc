@@ -41,12 +41,7 @@ void SelectFormatKernels(const FormatKernels* k) {
 
 namespace {
 
-// Regimes (the int8 kernel's, matmul_q_ffi.cc, for the same reasons).
-constexpr int64_t kRowsMaxM = 4;
-constexpr int64_t kRowsMinChunk = 256;  // rows of q per chunk of k, at least
-constexpr int64_t kRowsMaxChunks = 8;
-constexpr int64_t kMaxBlockColumns = 256;      // "blocks": decoded block of 256 x 256 f32
-constexpr int64_t kSerialMacs = int64_t{1} << 18;  // smaller problems: calling thread only
+// Regimes and block plans: matmul_q_parallel.h's, shared with the int8 kernel.
 
 struct Spec {
   std::string_view dtype, layout, storage;
@@ -84,17 +79,6 @@ struct FormatJob : BlockCounter {
   }
 };
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-std::string Shape(ffi::Span<const int64_t> dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(dims[i]);
-  }
-  return s + "]";
-}
-
 std::string TypeName(ffi::DataType t) {
   for (const Spec& s : kSpecs)
     if (s.type == t) return std::string(s.storage);
@@ -121,8 +105,8 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   const int64_t pack = PackOf(spec->fmt);
   const auto xd = x.dimensions(), qd = q.dimensions(), sd = s.dimensions(), yd = y->dimensions();
   const size_t r = xd.size();
-  const std::string got = ", got f32" + Shape(xd) + ", " + TypeName(q.element_type()) +
-                          Shape(qd) + ", f32" + Shape(sd) + " -> f32" + Shape(yd);
+  const std::string got = ", got f32" + ShapeText(xd) + ", " + TypeName(q.element_type()) +
+                          ShapeText(qd) + ", f32" + ShapeText(sd) + " -> f32" + ShapeText(yd);
   const std::string scales =
       group_size == 0 ? "f32[*b, k]" : "f32[*b, k, n / " + std::to_string(group_size) + "]";
   const std::string want = "expects f32[*b, m, k], " + std::string(spec->storage) + "[*b, k, n" +
@@ -164,39 +148,26 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
     return ffi::Error::Success();
   }
   job->kern = kern;
-  const int64_t macs = p.nb * p.m * p.k * p.n;
-  const int64_t threads = macs < kSerialMacs ? 1 : std::max<int64_t>(1, pool.num_threads());
+  const int64_t threads = ThreadsFor(pool, p.nb * p.m * p.k * p.n);
   job->rows = p.m <= kRowsMaxM;
+  Blocking blocking;
   if (job->rows) {
-    // Chunks of k fixed by k alone (never by the thread count): same sums everywhere.
-    const int64_t chunks = std::clamp<int64_t>(p.k / kRowsMinChunk, 1, kRowsMaxChunks);
-    job->block_len = CeilDiv(p.k, chunks);
-    job->blocks_per_batch = CeilDiv(p.k, job->block_len);
-    job->partial.resize(static_cast<size_t>(p.nb * (job->blocks_per_batch - 1) * p.m * p.n));
+    blocking = ChunksOfK(p.k);
+    job->partial.resize(static_cast<size_t>(p.nb * (blocking.count - 1) * p.m * p.n));
   } else {
     job->xp.resize(static_cast<size_t>(p.nb * p.m * p.k));
     PackRows(p.x, p.m, p.k, kern->block_mr, 0, p.nb, job->xp.data());
     p.xp = job->xp.data();
-    // Column blocks of whole micro-panels, at most kMaxBlockColumns wide, and
-    // narrower when that gives every thread about two blocks.
-    const int64_t nr = kern->block_nr;
-    const int64_t per = CeilDiv(CeilDiv(p.n, CeilDiv(2 * threads, p.nb)), nr);
-    job->block_len = std::clamp<int64_t>(per * nr, nr, std::max(nr, kMaxBlockColumns / nr * nr));
-    job->blocks_per_batch = CeilDiv(p.n, job->block_len);
+    blocking = ColumnBlocks(p.n, p.nb, kern->block_nr, threads);
   }
-  job->total = p.nb * job->blocks_per_batch;
+  job->block_len = blocking.len;
+  job->blocks_per_batch = blocking.count;
+  job->total = p.nb * blocking.count;
   RunBlocks(pool, threads, job);
 
   if (job->rows) {
-    const int64_t mn = p.m * p.n;
-    for (int64_t b = 0; b < p.nb; ++b) {
-      float* yb = p.y + b * mn;
-      for (int64_t c = 1; c < job->blocks_per_batch; ++c) {
-        const float* pc = job->partial.data() + (b * (job->blocks_per_batch - 1) + c - 1) * mn;
-        for (int64_t e = 0; e < mn; ++e) yb[e] += pc[e];
-      }
-      for (int64_t i = 0; i < p.m; ++i) kern->rows_finish(p, yb + i * p.n);
-    }
+    AddPartialSums(p.y, job->partial.data(), p.nb, blocking.count, p.m * p.n);
+    for (int64_t r = 0; r < p.nb * p.m; ++r) kern->rows_finish(p, p.y + r * p.n);
   }
   return ffi::Error::Success();
 }

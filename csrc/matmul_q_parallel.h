@@ -11,10 +11,74 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "xla/ffi/api/ffi.h"
 
 namespace hxmlir {
+
+// Regime bounds and block plans shared by both handlers (hx_matmul_q_cpu_v1 and
+// _v2), from the study in issue 16.
+constexpr int64_t kRowsMaxM = 4;  // "rows" regime (chunks of k) for m <= this
+// "rows": at least this many rows of q per chunk of the contraction axis, and at
+// most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
+constexpr int64_t kRowsMinChunk = 256;
+constexpr int64_t kRowsMaxChunks = 8;
+// Column blocks: at most this many columns (the copied or decoded block of q is
+// 256 rows x this many columns), and about kBlocksPerThread blocks per thread (the
+// shared counter then evens out a thread that starts late or runs slower).
+constexpr int64_t kMaxBlockColumns = 256;
+constexpr int64_t kBlocksPerThread = 4;
+// Problems under this many multiply-adds run on the calling thread alone.
+constexpr int64_t kSerialMacs = int64_t{1} << 18;
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks of one batch element: `len` rows of q or columns each, `count` of them.
+struct Blocking {
+  int64_t len, count;
+};
+
+// "rows": chunks of k fixed by k alone (never by the thread count), so every
+// machine adds the same partial sums in the same order.
+inline Blocking ChunksOfK(int64_t k) {
+  const int64_t len = CeilDiv(k, std::clamp<int64_t>(k / kRowsMinChunk, 1, kRowsMaxChunks));
+  return {len, CeilDiv(k, len)};
+}
+
+// Column blocks of whole micro-panels of nr columns, at most kMaxBlockColumns wide,
+// narrower when that gives every thread about kBlocksPerThread blocks.
+inline Blocking ColumnBlocks(int64_t n, int64_t nb, int64_t nr, int64_t threads) {
+  const int64_t per = CeilDiv(CeilDiv(n, CeilDiv(kBlocksPerThread * threads, nb)), nr);
+  const int64_t len = std::clamp<int64_t>(per * nr, nr, std::max(nr, kMaxBlockColumns / nr * nr));
+  return {len, CeilDiv(n, len)};
+}
+
+// Threads for a problem of `macs` multiply-adds: the calling thread alone when small.
+inline int64_t ThreadsFor(xla::ffi::ThreadPool& pool, int64_t macs) {
+  return macs < kSerialMacs ? 1 : std::max<int64_t>(1, pool.num_threads());
+}
+
+// "rows": y[b] += partial[b, c - 1] for the chunks c = 1 .. chunks - 1 of each batch
+// element b (chunk 0 was written to y itself), in chunk order.
+inline void AddPartialSums(float* y, const float* partial, int64_t nb, int64_t chunks,
+                           int64_t mn) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t c = 1; c < chunks; ++c) {
+      const float* pc = partial + (b * (chunks - 1) + c - 1) * mn;
+      for (int64_t e = 0; e < mn; ++e) y[b * mn + e] += pc[e];
+    }
+}
+
+// "[2,3]": the dims of a buffer, for error messages.
+inline std::string ShapeText(xla::ffi::Span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(dims[i]);
+  }
+  return s + "]";
+}
 
 // The counters a job shares between its threads.
 struct BlockCounter {
