@@ -719,6 +719,8 @@ def _format_shardings(dot, m: _Dequant, x: ir.Value, perm: list[int], attrs: dic
            shardings.dim_sharding(q_sh, qr) if q_sh is not None else shardings.value_sharding(m.q),
            shardings.dim_sharding(s_sh, ir.RankedTensorType(m.s.type).rank)
            if s_sh is not None else shardings.value_sharding(m.s)]
+  if known[1] is not None and any(known[1][d] for d in attrs["rhs_contracting_dimensions"]):
+    return None  # the schema checks this only where x's sharding is known
   if schema.lookup("hx.matmul_q").check_shardings(
       known, [shardings.dim_sharding(y_sh, yr)], attrs):
     return None
