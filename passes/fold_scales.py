@@ -37,6 +37,34 @@ free dims on the dense side; default precision, types and known shardings accept
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
 
+Other quantization formats (:mod:`hxmlir.formats`: int4 pairs ``ui8[..., n/2]``,
+layout ``int4_pairs_v1``; ``f8E4M3FN`` values; group scales ``f32[*l, n/g]``) reach
+the dot only as an ``hx.dequantize`` composite (version 2, whose ``dtype``,
+``group_size`` and ``layout`` attributes must agree with its types: an unknown
+layout or a scale shape no format has is left alone). Their scales do not factor
+as above: group scales vary along the quantized axis itself, so they can be moved
+onto neither the other operand nor the result as one broadcast, and the values
+need unpacking. Such a dot is never folded open-coded (nor as if it were int8 per
+row); it becomes an ``hx.matmul_q`` v3 when it is exactly one, else it is left
+alone. Exactly one: the dequantized operand on either side, through sharding
+constraints and one transpose (``x @ dequantize(q, s).T``: the ``[out, in]``
+layout, groups along the contraction), the composite's dimension numbers the dot's
+read through the transpose; default precision; types and dimension numbers that
+``hx.matmul_q``'s schema accepts (group scales that cannot be folded through the
+dims are refused); known shardings it accepts, and no sharded contraction axis
+(the values and scales are constrained like the dequantized value, a group
+scale's group axis like the last axis). Where the dot's result orders its free
+dims unlike the composite (batch, ``x``'s free dims, ``q``'s free dims: the
+dequantized operand on the left, or a transpose reordering free dims), a
+``stablehlo.transpose`` of the composite's result replaces the dot. The composite
+copies the dequantize's format attributes; its decomposition is the reference of
+that format (:func:`hxmlir.lowering.reference.matmul_q`, built op for op as MLIR:
+values unpacked and converted, the weight's last axis split into groups, scales
+into ``x``, the result or each group's partial sum, never into the weight),
+whatever ``impl`` says (the streaming decompositions know int8 per row only).
+Numerics as below: the scale is applied before or after a (partial) sum instead
+of to the weight.
+
 The rewrite reassociates one multiplication per term (``(q s) x`` becomes
 ``q (x s)`` or ``(q x) s``). Where every intermediate product stays in f32's
 normal range, results differ from the original by float rounding only (a few
@@ -315,7 +343,8 @@ class FoldScalesPass(HxPass):
       CPU implementation hxmlir's CPU lowering rule attaches
       (``lowering/matmul_q_impl.py``: int8 blocks converted one at a time, never
       the whole dequantized weight); ``auto`` picks ``streaming`` when the
-      pipeline runs in a lowering for CPU alone, else ``reference``.
+      pipeline runs in a lowering for CPU alone, else ``reference``. Weights of
+      other formats than int8 per row always get the reference.
   """
   name: ClassVar[str] = "hx-fold-scales"
   summary: ClassVar[str] = ("fold dequantize scales out of dot_general into the smaller side; "
