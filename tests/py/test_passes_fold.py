@@ -286,17 +286,22 @@ def test_fold_on_modules_lowered_by_jax():
     assert_within(a, b, 2 * bound)
 
 
-def test_fold_keeps_jax_shardings(mesh_2x4):
+# (weight shape, dtype, group size, the scale's sharding): int8 per row; int4 with groups
+# of 8 along the columns, 32 columns over j = 4 (one group per shard: the group axis is
+# sharded like the columns)
+@pytest.mark.parametrize("shape,fmt,group,s_sharding", [
+    ((6, 8), "int8", None, ((),)), ((64, 32), "int4", 8, ((), ("j",)))])
+def test_fold_keeps_jax_shardings(mesh_2x4, shape, fmt, group, s_sharding):
   import jax
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
 
   import hxmlir as hx
 
-  mesh = mesh_2x4
-  with jax.set_mesh(mesh):
-    x = jax.device_put(jnp.ones((4, 6), jnp.float32), P("i", None))
-    qw = hx.quantize(jax.device_put(jnp.ones((6, 8), jnp.float32), P(None, "j")))
+  with jax.set_mesh(mesh_2x4):
+    x = jax.device_put(jnp.ones((4, shape[0]), jnp.float32), P("i", None))
+    qw = hx.quantize(jax.device_put(jnp.ones(shape, jnp.float32), P(None, "j")), fmt,
+                     group_size=group)
     module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
   result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
   assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
@@ -305,7 +310,7 @@ def test_fold_keeps_jax_shardings(mesh_2x4):
   assert str(op.attributes["sdy.sharding"]) == \
       '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
   assert [pass_shardings.value_sharding(v) for v in op.operands] == [
-      (("i",), ()), ((), ("j",)), ((),)]
+      (("i",), ()), ((), ("j",)), s_sharding]
 
 
 RANGE_CASE = """
@@ -417,25 +422,3 @@ def test_fold_format_refusals_are_left_alone():
   text, _, _ = _format_case("int4", 16, "out_in")
   module = parsing.parse_module(text, parsing.make_context(), "nomq")
   assert not parse_pipeline("hx-fold-scales{form-matmul-q=false}").run(module).changed
-
-
-def test_fold_format_keeps_jax_shardings(mesh_2x4):
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import PartitionSpec as P
-
-  hx = _hx()
-  with jax.set_mesh(mesh_2x4):
-    x = jax.device_put(jnp.ones((4, 64), jnp.float32), P("i", None))
-    # 32 columns over j = 4: one group of 8 per shard
-    qw = hx.quantize(jax.device_put(jnp.ones((64, 32), jnp.float32), P(None, "j")),
-                     jnp.int4, group_size=8)
-    module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
-  result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
-  assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
-  (op,) = ops.hx_composites(module.operation)
-  assert ops.composite_name(op) == "hx.matmul_q"
-  assert str(op.attributes["sdy.sharding"]) == \
-      '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
-  assert [pass_shardings.value_sharding(v) for v in op.operands] == [
-      (("i",), ()), ((), ("j",)), ((), ("j",))]
