@@ -37,6 +37,34 @@ free dims on the dense side; default precision, types and known shardings accept
 ``hxmlir.lowering.composite``. Ops of the dequantization left without uses
 are erased. Decomposition functions are never rewritten.
 
+Other quantization formats (:mod:`hxmlir.formats`: int4 pairs ``ui8[..., n/2]``,
+layout ``int4_pairs_v1``; ``f8E4M3FN`` values; group scales ``f32[*l, n/g]``) reach
+the dot only as an ``hx.dequantize`` composite (version 2, whose ``dtype``,
+``group_size`` and ``layout`` attributes must agree with its types: an unknown
+layout or a scale shape no format has is left alone). Their scales do not factor
+as above: group scales vary along the quantized axis itself, so they can be moved
+onto neither the other operand nor the result as one broadcast, and the values
+need unpacking. Such a dot is never folded open-coded (nor as if it were int8 per
+row); it becomes an ``hx.matmul_q`` v3 when it is exactly one, else it is left
+alone. Exactly one: the dequantized operand on either side, through sharding
+constraints and one transpose (``x @ dequantize(q, s).T``: the ``[out, in]``
+layout, groups along the contraction), the composite's dimension numbers the dot's
+read through the transpose; default precision; types and dimension numbers that
+``hx.matmul_q``'s schema accepts (group scales that cannot be folded through the
+dims are refused); known shardings it accepts, and no sharded contraction axis
+(the values and scales are constrained like the dequantized value, a group
+scale's group axis like the last axis). Where the dot's result orders its free
+dims unlike the composite (batch, ``x``'s free dims, ``q``'s free dims: the
+dequantized operand on the left, or a transpose reordering free dims), a
+``stablehlo.transpose`` of the composite's result replaces the dot. The composite
+copies the dequantize's format attributes; its decomposition is the reference of
+that format (:func:`hxmlir.lowering.reference.matmul_q`, built op for op as MLIR:
+values unpacked and converted, the weight's last axis split into groups, scales
+into ``x``, the result or each group's partial sum, never into the weight),
+whatever ``impl`` says (the streaming decompositions know int8 per row only).
+Numerics as below: the scale is applied before or after a (partial) sum instead
+of to the weight.
+
 The rewrite reassociates one multiplication per term (``(q s) x`` becomes
 ``q (x s)`` or ``(q x) s``). Where every intermediate product stays in f32's
 normal range, results differ from the original by float rounding only (a few
@@ -62,10 +90,12 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import dotdims
-from hxmlir.lowering import matmul_q_impl, schema
+from hxmlir import dotdims, formats
+from hxmlir.lowering import composite, matmul_q_impl, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
+
+_INT8_PER_ROW = schema.format_attributes("int8", None)
 
 _ERASABLE = ("stablehlo.multiply", "stablehlo.convert", "stablehlo.broadcast_in_dim",
              "stablehlo.reshape", "stablehlo.transpose", "sdy.sharding_constraint")
@@ -82,7 +112,10 @@ class _Dequant:
   ``constraints``: ``sdy.sharding_constraint`` ops from the dot operand back
   to ``D`` (or to the transpose); ``perm``: the permutation of a
   ``stablehlo.transpose`` between ``D`` and the dot (``amap`` is then in the
-  transposed axes), with ``inner`` the constraints between it and ``D``.
+  transposed axes), with ``inner`` the constraints between it and ``D``;
+  ``fmt``: the format attributes (:func:`schema.format_attributes`) of an
+  ``hx.dequantize`` of any format but int8 per row (``q`` its stored values,
+  ``amap`` empty: only :func:`_fold_format` rewrites such a match), else ``None``.
   """
   q: ir.Value
   qf: ir.Value | None
@@ -92,6 +125,7 @@ class _Dequant:
   constraints: list[ir.Operation] = field(default_factory=list)
   perm: list[int] | None = None
   inner: list[ir.Operation] = field(default_factory=list)
+  fmt: dict | None = None
 
 
 @dataclass
@@ -182,7 +216,7 @@ def _match(operand: ir.Value) -> _Dequant | None:
     return None
   m.constraints, m.inner, m.perm = outer, inner, perm
   m.amap = [None if a is None else perm.index(a) for a in m.amap]
-  if perm != sorted(perm):
+  if perm != sorted(perm) and m.fmt is None:
     m.s = None  # not the plain dequantize layout any more
   return m
 
@@ -200,12 +234,18 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
       return None
     q, s = op.operands
     qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
-    # checked without attributes, the schema accepts int8 values with per-row scales
-    # only: int4 pairs, fp8 and group scales are left alone here (refused, never
-    # folded as if they were per row); the jaxpr stage forms their hx.matmul_q
-    if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)]):
+    attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
+    # the types and the format attributes must agree (an unknown layout, a scale of
+    # the wrong shape: refused); without attributes only int8 per row is accepted
+    if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)],
+                                                    attrs or None):
       return None
-    return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
+    fmt = schema.format_attributes_of(qt, st)
+    if fmt == _INT8_PER_ROW:
+      return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
+    # int4 pairs, fp8 values, group scales: only ever into hx.matmul_q (_fold_format),
+    # never folded as if they were int8 per row
+    return _Dequant(q, None, s, [], s, fmt=fmt)
   if op.name != "stablehlo.multiply":
     return None
   for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
@@ -303,7 +343,8 @@ class FoldScalesPass(HxPass):
       CPU implementation hxmlir's CPU lowering rule attaches
       (``lowering/matmul_q_impl.py``: int8 blocks converted one at a time, never
       the whole dequantized weight); ``auto`` picks ``streaming`` when the
-      pipeline runs in a lowering for CPU alone, else ``reference``.
+      pipeline runs in a lowering for CPU alone, else ``reference``. Weights of
+      other formats than int8 per row always get the reference.
   """
   name: ClassVar[str] = "hx-fold-scales"
   summary: ClassVar[str] = ("fold dequantize scales out of dot_general into the smaller side; "
@@ -351,7 +392,10 @@ class FoldScalesPass(HxPass):
                      if "decomposition" in op.attributes}
         if symbols.func_name(symbols.enclosing_func(dot)) in decomps:
           break  # decompositions are never rewritten
-        how = self._fold(module, dot, side, m, state)
+        if m.fmt is not None:
+          how = self._fold_format(module, dot, side, m, state) if self.form_matmul_q else None
+        else:
+          how = self._fold(module, dot, side, m, state)
         if how is not None:
           stats["scales folded"] += 1
           stats[how] += 1
@@ -384,6 +428,21 @@ class FoldScalesPass(HxPass):
       _scale_result(dot, m, plan)
     _erase_dead(_owner(old), state.dropped)
     return f"into {plan.into}"
+
+
+  def _fold_format(self, module, dot: ir.Operation, side: int, m: _Dequant, state: _State
+                   ) -> str | None:
+    """Replaces ``dot`` (its operand ``side`` a dequantization of format ``m.fmt``) by
+    ``hx.matmul_q`` (and a transpose of its result where the dot's result layout
+    differs) when that is exactly the dot; ``"matmul_q formed"``, or ``None``."""
+    plan = _format_plan(dot, side, m)
+    if plan is None:
+      return None
+    old = dot.operands[side]
+    with ir.InsertionPoint(dot), dot.location:
+      _emit_format_matmul_q(module, dot, m, plan, state)
+    _erase_dead(_owner(old), state.dropped)
+    return "matmul_q formed"
 
 
 @dataclass
@@ -479,10 +538,7 @@ def _matmul_q_contract(dot, side, m: _Dequant, dd) -> dict | None:
   ``f32[*b, m, k] @ dequantize(i8[*b, k, n], f32[*b, k])`` or
   ``f32[..., k] @ dequantize(i8[k, n], f32[k])`` at default precision with the types
   ``hx.matmul_q``'s schema accepts; else ``None``."""
-  if side != 1 or m.s is None or m.perm is not None or "algorithm" in dot.attributes:
-    return None
-  if "precision_config" in dot.attributes and any(
-      "DEFAULT" not in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"])):
+  if side != 1 or m.s is None or m.perm is not None or not _default_precision(dot):
     return None
   xt = ops.tensor_type(dot.operands[0].type)
   qt, st = ops.tensor_type(m.q.type), ops.tensor_type(m.s.type)
@@ -494,6 +550,14 @@ def _matmul_q_contract(dot, side, m: _Dequant, dd) -> dict | None:
     return None
   attrs = schema.matmul_q_attributes(dims, schema.format_attributes("int8", None))
   return None if schema.lookup("hx.matmul_q").check_types([xt, qt, st], [yt], attrs) else attrs
+
+
+def _default_precision(dot: ir.Operation) -> bool:
+  """Whether ``dot`` has no algorithm and default precision (``hx.matmul_q``'s)."""
+  if "algorithm" in dot.attributes:
+    return False
+  return "precision_config" not in dot.attributes or all(
+      "DEFAULT" in str(p) for p in ir.ArrayAttr(dot.attributes["precision_config"]))
 
 
 def _matmul_q_shardings(dot, m: _Dequant, attrs: dict) -> tuple | None:
@@ -523,8 +587,6 @@ def _matmul_q_shardings(dot, m: _Dequant, attrs: dict) -> tuple | None:
 def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, attrs: dict,
                    state: _State) -> None:
   """Replaces ``dot`` by the composite, its decomposition built once per signature."""
-  from hxmlir.lowering import composite  # late: only needed when forming composites
-
   x = dot.operands[0]
   q_sh, s_sh, y_sh = shardings
   key = (str(x.type), str(m.q.type), str(m.s.type), str(dot.result.type), state.impl)
@@ -572,3 +634,274 @@ def _matmul_q_layout(dd, x_rank: int, q_rank: int):
   dims = dotdims.normalize(((dd.lhs_contracting_dimensions, dd.rhs_contracting_dimensions),
                             (dd.lhs_batching_dimensions, dd.rhs_batching_dimensions)))
   return dims if dims == dotdims.matmul_dims(x_rank, q_rank) else None
+
+
+# --- other formats: int4 pairs, fp8 values, group scales -------------------------
+
+@dataclass
+class _FormatPlan:
+  """An ``hx.matmul_q(x, q, s)`` that equals a dot: ``x`` the dense operand, ``dims`` the
+  composite's dimension numbers, ``attrs`` its ``composite_attributes``, ``y_type`` its
+  result type; ``perm``: the dot's result is ``transpose(y, perm)`` (``None``: ``y``
+  itself); ``q_sh``, ``s_sh``, ``y_sh`` the composite's shardings and ``dot_sh`` the
+  dot result's (any may be ``None``)."""
+  x: ir.Value
+  dims: dotdims.DotDims
+  attrs: dict
+  y_type: ir.RankedTensorType
+  perm: list[int] | None
+  q_sh: ir.Attribute | None
+  s_sh: ir.Attribute | None
+  y_sh: ir.Attribute | None
+  dot_sh: ir.Attribute | None
+
+
+def _format_plan(dot: ir.Operation, side: int, m: _Dequant) -> _FormatPlan | None:
+  """The ``hx.matmul_q`` that is exactly ``dot`` (operand ``side`` the dequantization
+  ``m`` of format ``m.fmt``, through ``m.perm``), or ``None``.
+
+  ``dot_general(x, T(dequantize(q, s)))`` with ``T`` a transpose ``perm`` pairs ``x``'s
+  axes with ``q``'s dense axes ``perm[k]``; ``dot_general(T(D), x)`` swaps the
+  operands. Either way the dot's result is the composite's (batch, ``x``'s free dims,
+  ``q``'s free dims) with its free dims reordered. ``None`` when the dot has another
+  precision or algorithm, or when types, dimension numbers (group scales that cannot
+  be folded through them) or known shardings break ``hx.matmul_q``'s schema.
+  """
+  if not _default_precision(dot):
+    return None
+  dd = hlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+  lhs = (list(dd.lhs_contracting_dimensions), list(dd.lhs_batching_dimensions))
+  rhs = (list(dd.rhs_contracting_dimensions), list(dd.rhs_batching_dimensions))
+  (xc, xb), (dc, db) = (lhs, rhs) if side == 1 else (rhs, lhs)
+  x = dot.operands[1 - side]
+  xt, qt, st = (ops.tensor_type(v.type) for v in (x, m.q, m.s))
+  rt = ops.tensor_type(dot.result.type)
+  if None in (xt, qt, st, rt) or rt.dtype != "f32":
+    return None
+  qrank = len(qt.shape)
+  fwd = m.perm or list(range(qrank))  # axis k of the dot operand is q's dense axis fwd[k]
+  dims = dotdims.normalize(((xc, [fwd[k] for k in dc]), (xb, [fwd[k] for k in db])))
+  attrs = schema.matmul_q_attributes(dims, m.fmt)
+  spec = schema.lookup("hx.matmul_q")
+  dense = schema.dense_shape(qt)
+  if spec.check_operands([xt, qt, st], attrs):
+    return None
+  y_shape = dotdims.result_shape(xt.shape, dense, dims)
+  nb = len(xb)
+  x_free = list(range(nb, nb + len(dotdims.free_dims(len(xt.shape), xc, xb))))
+  q_free = dotdims.free_dims(qrank, dims[0][1], dims[1][1])
+  d_free = [nb + len(x_free) + q_free.index(fwd[k])
+            for k in dotdims.free_dims(qrank, dc, db)]
+  perm = [*range(nb), *(x_free + d_free if side == 1 else d_free + x_free)]
+  if tuple(y_shape[i] for i in perm) != rt.shape:
+    return None
+  y_tt = schema.TensorType(tuple(y_shape), "f32")
+  if spec.check_types([xt, qt, st], [y_tt], attrs):
+    return None
+  got = _format_shardings(dot, m, x, perm, attrs)
+  if got is None:
+    return None
+  y_type = ir.RankedTensorType.get(list(y_shape), ir.F32Type.get())
+  return _FormatPlan(x, dims, attrs, y_type, None if perm == sorted(perm) else perm, *got)
+
+
+def _permuted(sh: ir.Attribute, order: list[int]) -> ir.Attribute:
+  """``#sdy.sharding`` ``sh`` with dim ``i`` taken from ``sh``'s dim ``order[i]``."""
+  ts = shardings.as_tensor_sharding(sh)
+  dims = list(ts.dimension_shardings)
+  return sdy.TensorShardingAttr.get(ts.mesh_or_ref, [dims[j] for j in order])
+
+
+def _format_shardings(dot, m: _Dequant, x: ir.Value, perm: list[int], attrs: dict
+                      ) -> tuple | None:
+  """``(q, s, result, dot result)`` shardings of the ``hx.matmul_q`` replacing ``dot``
+  (see :class:`_FormatPlan`), or ``None`` when the known ones break the schema's rules.
+
+  ``q``'s is the dequantized value's (a constraint on it, or on its transpose read
+  back through the permutation); a group scale is sharded like the values, a row
+  scale like the values without their last axis (the schema's rule).
+  """
+  qr = ir.RankedTensorType(m.q.type).rank
+  q_sh = None
+  if m.inner:
+    q_sh = m.inner[0].attributes["sharding"]
+  elif m.constraints:
+    q_sh = m.constraints[0].attributes["sharding"]
+    if m.perm is not None and shardings.as_tensor_sharding(q_sh) is not None:
+      q_sh = _permuted(q_sh, [m.perm.index(a) for a in range(qr)])
+  s_sh = None
+  if q_sh is not None:
+    if shardings.dim_sharding(q_sh, qr) is None:
+      return None
+    ts = shardings.as_tensor_sharding(q_sh)
+    grouped = ir.RankedTensorType(m.s.type).rank == qr
+    s_sh = sdy.TensorShardingAttr.get(
+        ts.mesh_or_ref, list(ts.dimension_shardings)[:qr if grouped else qr - 1])
+  dot_sh = _result_sharding(dot)
+  y_sh = dot_sh
+  if dot_sh is not None and perm != sorted(perm):
+    if shardings.as_tensor_sharding(dot_sh) is None:
+      return None
+    y_sh = _permuted(dot_sh, [perm.index(j) for j in range(len(perm))])
+  yr = len(perm)
+  known = [shardings.value_sharding(x),
+           shardings.dim_sharding(q_sh, qr) if q_sh is not None else shardings.value_sharding(m.q),
+           shardings.dim_sharding(s_sh, ir.RankedTensorType(m.s.type).rank)
+           if s_sh is not None else shardings.value_sharding(m.s)]
+  if known[1] is not None and any(known[1][d] for d in attrs["rhs_contracting_dimensions"]):
+    return None  # the schema checks this only where x's sharding is known
+  if schema.lookup("hx.matmul_q").check_shardings(
+      known, [shardings.dim_sharding(y_sh, yr)], attrs):
+    return None
+  return q_sh, s_sh, y_sh, dot_sh
+
+
+def _emit_format_matmul_q(module, dot, m: _Dequant, plan: _FormatPlan, state: _State) -> None:
+  """Replaces ``dot`` by the composite of ``plan``, its decomposition the reference
+  (:func:`_reference_matmul_q`), built once per signature and dims."""
+  x = plan.x
+  key = ("format", str(x.type), str(m.q.type), str(m.s.type), str(plan.y_type), plan.dims)
+  fn = state.decompositions.get(key)
+  if fn is None:
+    dims = plan.dims
+    fn = composite.build_decomposition(
+        "hx.matmul_q", [x.type, m.q.type, m.s.type], [plan.y_type],
+        lambda args: [_reference_matmul_q(*args, dims)], module=module)
+    state.decompositions[key] = fn
+  (y,) = composite.emit_composite(
+      "hx.matmul_q", [x, m.q, m.s], [plan.y_type], fn, attributes=plan.attrs,
+      operand_shardings=[None, plan.q_sh, plan.s_sh],
+      result_shardings=[plan.y_sh] if plan.y_sh is not None else None)
+  if plan.perm is not None:
+    y = _create("stablehlo.transpose", dot.result.type, [y],
+                {"permutation": ir.DenseI64ArrayAttr.get(plan.perm)}, plan.dot_sh)
+  dot.result.replace_all_uses_with(y)
+  dot.erase()
+
+
+# The reference decomposition of hx.matmul_q for every format, as MLIR builders (the
+# passes never trace JAX code): lowering/reference.py's matmul_q, op for op.
+
+def _tensor_of(shape, etype: ir.Type) -> ir.RankedTensorType:
+  return ir.RankedTensorType.get([int(d) for d in shape], etype)
+
+
+def _shape_of(v: ir.Value) -> list[int]:
+  return list(ir.RankedTensorType(v.type).shape)
+
+
+def _reshape(v: ir.Value, shape) -> ir.Value:
+  return hlo.ReshapeOp(_tensor_of(shape, ir.RankedTensorType(v.type).element_type), v).result
+
+
+def _values_f32(q: ir.Value) -> ir.Value:
+  """Stored values of any format as ``f32`` of the dense shape
+  (:func:`hxmlir.formats.values_f32`; int4 pairs unpacked as
+  :func:`hxmlir.formats.unpack_int4`: low nibble first, each sign-extended)."""
+  shape = _shape_of(q)
+  f = formats.of_storage(str(ir.RankedTensorType(q.type).element_type))
+  if f.pack == 2:
+    i8 = ir.IntegerType.get_signless(8)
+    bt = _tensor_of(shape, i8)
+    b = hlo.ConvertOp(bt, q).result
+    four = hlo.ConstantOp(ir.DenseElementsAttr.get_splat(bt, ir.IntegerAttr.get(i8, 4))).result
+    lo = hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result
+    hi = hlo.ShiftRightArithmeticOp(b, four).result
+    pairs = hlo.ConcatenateOp([_reshape(lo, [*shape, 1]), _reshape(hi, [*shape, 1])],
+                              len(shape)).result
+    shape = f.dense_shape(shape)
+    q = _reshape(pairs, shape)
+  return hlo.ConvertOp(_tensor_of(shape, ir.F32Type.get()), q).result
+
+
+def _dot_general(a: ir.Value, b: ir.Value, dims) -> ir.Value:
+  (lc, rc), (lb, rb) = dims
+  out = dotdims.result_shape(_shape_of(a), _shape_of(b), dims)
+  dn = hlo.DotDimensionNumbers.get(
+      lhs_batching_dimensions=list(lb), rhs_batching_dimensions=list(rb),
+      lhs_contracting_dimensions=list(lc), rhs_contracting_dimensions=list(rc))
+  return hlo.DotGeneralOp(_tensor_of(out, ir.F32Type.get()), a, b, dn).result
+
+
+def _broadcast_to(s: ir.Value, shape, pos) -> ir.Value:
+  """``s`` broadcast to ``shape``, its axis ``i`` at ``pos[i]`` (``reference._broadcast``)."""
+  order = sorted(range(len(pos)), key=lambda i: pos[i])
+  if order != list(range(len(pos))):
+    ss = _shape_of(s)
+    s = hlo.TransposeOp(s, order, results=[_tensor_of([ss[i] for i in order],
+                                                      ir.F32Type.get())]).result
+  return hlo.BroadcastInDimOp(_tensor_of(shape, ir.F32Type.get()), s,
+                              [pos[i] for i in order]).result
+
+
+def _sum_axis(y: ir.Value, axis: int) -> ir.Value:
+  """``y`` summed over ``axis`` (``jnp.sum``'s ``stablehlo.reduce``)."""
+  f32 = ir.F32Type.get()
+  shape = _shape_of(y)
+  scalar = _tensor_of((), f32)
+  zero = hlo.ConstantOp(ir.DenseElementsAttr.get_splat(scalar, ir.FloatAttr.get(f32, 0.0))).result
+  op = hlo.ReduceOp([_tensor_of(shape[:axis] + shape[axis + 1:], f32)], [y], [zero], [axis])
+  body = op.regions[0].blocks.append(scalar, scalar)
+  with ir.InsertionPoint(body):
+    hlo.ReturnOp([hlo.AddOp(*body.arguments).result])
+  return op.results[0]
+
+
+def _reference_matmul_q(x: ir.Value, q: ir.Value, s: ir.Value, dims) -> ir.Value:
+  """``hx.matmul_q``'s reference (:func:`hxmlir.lowering.reference.matmul_q`) for stored
+  values ``q`` of any format and per-row or group scales ``s``: the weight's last axis
+  split into groups (:func:`hxmlir.dotdims.split_groups`), the scales folded into ``x``
+  or the result (or each group's partial sum), never into the weight."""
+  qf = _values_f32(q)
+  qs, xs = _shape_of(qf), _shape_of(x)
+  if len(_shape_of(s)) == len(qs) - 1:
+    return _rows(x, qf, s, dims)
+  g = qs[-1] // _shape_of(s)[-1]
+  dims2, xa, kind = dotdims.split_groups(len(xs), len(qs), dims)
+  if xa is not None:
+    x = _reshape(x, [*xs[:xa], xs[xa] // g, g, *xs[xa + 1:]])
+  y = _rows(x, _reshape(qf, [*qs[:-1], qs[-1] // g, g]), s, dims2)
+  ys = _shape_of(y)
+  if kind == "partial":
+    return _sum_axis(y, len(dims[1][0]))
+  if kind == "free":
+    return _reshape(y, [*ys[:-2], ys[-2] * g])
+  if kind == "batch":
+    i = dims[1][1].index(len(qs) - 1)
+    return _reshape(y, [*ys[:i], ys[i] * g, *ys[i + 2:]])
+  return y
+
+
+def _rows(x: ir.Value, qf: ir.Value, s: ir.Value, dims) -> ir.Value:
+  """:func:`_reference_matmul_q` for ``f32`` values ``qf`` with per-row scales ``s``
+  (``reference._matmul_rows``; the schema has ruled out scales that do not fold)."""
+  (lc, rc), (lb, rb) = dims
+  qs, xs = _shape_of(qf), _shape_of(x)
+  scale_axes = range(len(qs) - 1)
+  if dotdims.scale_side(len(qs), dims) == "result":
+    y = _dot_general(x, qf, dims)
+    ys = _shape_of(y)
+    q_free = dotdims.free_dims(len(qs), rc, rb)
+    first = len(ys) - len(q_free)
+    pos = [rb.index(a) if a in rb else first + q_free.index(a) for a in scale_axes]
+    return hlo.MulOp(y, _broadcast_to(s, ys, pos)).result
+  new = [a for a in scale_axes if a not in rb and a not in rc]
+  x_of = {**dict(zip(rb, lb)), **dict(zip(rc, lc))}
+  pos = [x_of[a] if a in x_of else len(xs) + new.index(a) for a in scale_axes]
+  shape = [*xs, *(qs[a] for a in new)]
+  if new:
+    x = hlo.BroadcastInDimOp(_tensor_of(shape, ir.F32Type.get()), x, list(range(len(xs)))).result
+  x = hlo.MulOp(x, _broadcast_to(s, shape, pos)).result
+  new_x = tuple(range(len(xs), len(xs) + len(new)))
+  y = _dot_general(x, qf, ((lc, rc), ((*lb, *new_x), (*rb, *new))))
+  if not new:
+    return y
+  nb, nn = len(lb), len(new)
+  nx = len(dotdims.free_dims(len(xs), lc, lb))
+  q_free = dotdims.free_dims(len(qs), rc, rb)
+  rest = [a for a in q_free if a not in new]
+  perm = [*range(nb), *range(nb + nn, nb + nn + nx),
+          *(nb + new.index(a) if a in new else nb + nn + nx + rest.index(a) for a in q_free)]
+  ys = _shape_of(y)
+  return hlo.TransposeOp(y, perm, results=[_tensor_of([ys[i] for i in perm],
+                                                      ir.F32Type.get())]).result

@@ -286,17 +286,22 @@ def test_fold_on_modules_lowered_by_jax():
     assert_within(a, b, 2 * bound)
 
 
-def test_fold_keeps_jax_shardings(mesh_2x4):
+# (weight shape, dtype, group size, the scale's sharding): int8 per row; int4 with groups
+# of 8 along the columns, 32 columns over j = 4 (one group per shard: the group axis is
+# sharded like the columns)
+@pytest.mark.parametrize("shape,fmt,group,s_sharding", [
+    ((6, 8), "int8", None, ((),)), ((64, 32), "int4", 8, ((), ("j",)))])
+def test_fold_keeps_jax_shardings(mesh_2x4, shape, fmt, group, s_sharding):
   import jax
   import jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
 
   import hxmlir as hx
 
-  mesh = mesh_2x4
-  with jax.set_mesh(mesh):
-    x = jax.device_put(jnp.ones((4, 6), jnp.float32), P("i", None))
-    qw = hx.quantize(jax.device_put(jnp.ones((6, 8), jnp.float32), P(None, "j")))
+  with jax.set_mesh(mesh_2x4):
+    x = jax.device_put(jnp.ones((4, shape[0]), jnp.float32), P("i", None))
+    qw = hx.quantize(jax.device_put(jnp.ones(shape, jnp.float32), P(None, "j")), fmt,
+                     group_size=group)
     module = jax.jit(lambda x, qw: x @ hx.dequantize(qw)).lower(x, qw).compiler_ir("stablehlo")
   result = parse_pipeline("hx-fold-scales,hx-verify").run(module)
   assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
@@ -305,7 +310,7 @@ def test_fold_keeps_jax_shardings(mesh_2x4):
   assert str(op.attributes["sdy.sharding"]) == \
       '#sdy.sharding_per_value<[<@mesh, [{"i"}, {"j"}]>]>'
   assert [pass_shardings.value_sharding(v) for v in op.operands] == [
-      (("i",), ()), ((), ("j",)), ((),)]
+      (("i",), ()), ((), ("j",)), s_sharding]
 
 
 RANGE_CASE = """
@@ -336,3 +341,84 @@ def test_fold_reassociation_keeps_values_but_not_range_as_documented():
   (before,) = compile_and_run(RANGE_CASE, [x, q, s])
   (after,) = compile_and_run(folded, [x, q, s])
   np.testing.assert_array_equal(after, before)  # one term: no reordering, one rounding each
+
+
+# --- every quantization format (hxmlir/formats.py), on modules lowered by JAX ---------------
+
+# (dtype, group_size): every format but int8 per row, which the family above covers
+FORMATS = [("int8", 16), ("int4", None), ("int4", 16), ("float8_e4m3fn", None),
+           ("float8_e4m3fn", 32)]
+# name: (function of x: f32[3, 64] and the weight, the weight's dense shape, the einsum it
+# computes with x and the dequantized weight)
+LAYOUTS = {
+    "in_out": (lambda x, q: x @ _hx().dequantize(q), (64, 32), "mk,kn->mn"),
+    "out_in": (lambda x, q: x @ _hx().dequantize(q).T, (32, 64), "mk,nk->mn"),
+    "out_in_lhs": (lambda x, q: _hx().dequantize(q) @ x.T, (32, 64), "nk,mk->nm"),
+}
+
+
+def _hx():
+  import hxmlir as hx
+  return hx
+
+
+def _format_case(fmt, group, layout):
+  """The lowered module text of one layout (not installed: the dot reads the
+  ``hx.dequantize`` composite), its arguments and the f64 dequantized weight."""
+  import jax
+  import jax.numpy as jnp
+
+  hx = _hx()
+  f, shape, _ = LAYOUTS[layout]
+  rng = np.random.default_rng(15)
+  x = rng.standard_normal((3, 64)).astype(np.float32)
+  q = hx.quantize(jnp.asarray(rng.standard_normal(shape).astype(np.float32)), fmt,
+                  group_size=group)
+  text = jax.jit(f).lower(x, q).as_text()
+  values, scale = (np.asarray(a) for a in hx.qarray_parts(q))
+  wd = np.asarray(hx.dequantize(q)).astype(np.float64)
+  return text, [x, values, scale], wd
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt,group", FORMATS, ids=lambda v: str(v))
+def test_fold_every_format_forms_matmul_q(fmt, group, layout):
+  # The dot becomes hx.matmul_q with the dequantize's format (and a transpose of its
+  # result where the dot's layout differs), which hx-verify accepts, and computes the
+  # same values. Both sum 64 products x * q * s, the scale applied to x, to the weight,
+  # to a group's partial sum or to the result: at most 2 roundings per term beyond the
+  # sum's own, so each is within dot_bound(extra=2) of the exact value.
+  text, args, wd = _format_case(fmt, group, layout)
+  module = parsing.parse_module(text, parsing.make_context(), layout)
+  result = parse_pipeline("hx-verify,hx-fold-scales,hx-verify").run(module)
+  assert result.stats["hx-fold-scales"]["matmul_q formed"] == 1
+  (op,) = ops.hx_composites(module.operation)
+  assert ops.composite_name(op) == "hx.matmul_q"
+  attrs = str(op.attributes["composite_attributes"])
+  assert f'dtype = "{fmt}"' in attrs and f"group_size = {group or 0} : i64" in attrs
+  folded = module.get_asm()
+  (before,) = compile_and_run(text, args)
+  (after,) = compile_and_run(folded, args)
+  _, _, subscripts = LAYOUTS[layout]
+  operands = (args[0], wd) if subscripts.startswith("mk") else (wd, args[0])
+  bound = 2 * dot_bound(subscripts, *operands, extra=2)
+  assert_within(after, before, bound)
+
+
+def test_fold_format_bound_catches_per_row_folding():
+  # A fold that treated group scales as per-row ones (group 0's scale for the whole
+  # row) would be wrong by far more than the bound above.
+  text, (x, values, scale), wd = _format_case("int4", 16, "out_in")
+  (before,) = compile_and_run(text, [x, values, scale])
+  per_row = wd / np.repeat(scale, 16, axis=1) * scale[:, :1]
+  wrong = x.astype(np.float64) @ per_row.T
+  with pytest.raises(AssertionError, match="bound"):
+    assert_within(wrong, before, 2 * dot_bound("mk,nk->mn", x, wd, extra=2))
+
+
+def test_fold_format_refusals_are_left_alone():
+  # form-matmul-q=false: other formats never fold open-coded (their scales vary along
+  # the quantized axis, or the values need unpacking); the module is unchanged.
+  text, _, _ = _format_case("int4", 16, "out_in")
+  module = parsing.parse_module(text, parsing.make_context(), "nomq")
+  assert not parse_pipeline("hx-fold-scales{form-matmul-q=false}").run(module).changed
