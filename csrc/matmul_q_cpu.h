@@ -18,10 +18,11 @@ struct Problem {
   const float* x;     // f32[nb, m, k]
   const int8_t* q;    // s8[nb, k, n]
   const float* s;     // f32[nb, k]
-  // x * s (regime "panel"; else null), packed by PackXs: the rows
-  // of each batch element in groups of mr (the regime's *_mr; the last group may
-  // be smaller), each group column after column: xs[b, i, kk] at
+  // x * s (regimes "panel" and "packed"; else null). "panel": packed by PackXs, the
+  // rows of each batch element in groups of mr (panel_mr; the last group may be
+  // smaller), each group column after column: xs[b, i, kk] at
   // xs + b * m * k + i0 * k + kk * g + (i - i0), i0 = i / mr * mr, g = min(mr, m - i0).
+  // "packed": row-major like x (ScaleRows), the layout PackXs gives for mr = 1.
   const float* xs;
   float* y;           // f32[nb, m, n]
   int64_t nb, m, k, n;
@@ -42,8 +43,7 @@ struct Kernels {
   // f32(q[b, :, j0:j1]), q copied block by block (kPanelKc / kPackedKc rows of the
   // columns) into `scratch` (at least ScratchBytes(j1 - j0) bytes): "panel" as int8,
   // converted in registers by a loop holding rows of xs in registers; "packed"
-  // converted once to f32 times the row's scale, f32(q[kk, j]) * s[kk], for a
-  // register-tiled f32 loop reading x in place.
+  // converted once to f32 for a register-tiled f32 loop reading rows of xs in place.
   void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
   void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
 };
@@ -69,6 +69,19 @@ inline void PackXs(const Problem& p, int64_t mr, int64_t b0, int64_t b1, float* 
       float* d = out + (b * m + i0) * k;
       for (int64_t kk = 0; kk < k; ++kk)
         for (int64_t r = 0; r < g; ++r) d[kk * g + r] = x[r * k + kk] * s[kk];
+    }
+  }
+}
+
+// Writes x * s of every batch element into out (f32[nb, m, k], row-major like x):
+// Problem::xs of the "packed" regime. One pass the compiler vectorises.
+inline void ScaleRows(const Problem& p, float* out) {
+  for (int64_t b = 0; b < p.nb; ++b) {
+    const float* s = p.s + b * p.k;
+    for (int64_t i = 0; i < p.m; ++i) {
+      const float* x = p.x + (b * p.m + i) * p.k;
+      float* d = out + (b * p.m + i) * p.k;
+      for (int64_t kk = 0; kk < p.k; ++kk) d[kk] = x[kk] * s[kk];
     }
   }
 }

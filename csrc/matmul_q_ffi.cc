@@ -50,7 +50,7 @@ struct Job : BlockCounter {
   Regime regime;
   int64_t blocks_per_batch;  // rows: chunks of k; panel/packed: column blocks
   int64_t block_len;         // rows of q (rows) or columns (panel/packed) per block
-  std::vector<float> xs;       // x * s (panel)
+  std::vector<float> xs;       // x * s (panel: PackXs, packed: ScaleRows)
   std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
 
   void Run(int64_t t) {
@@ -110,11 +110,12 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
     job->partial.resize(static_cast<size_t>(p.nb * (blocking.count - 1) * p.m * p.n));
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
-    if (job->regime == Regime::kPanel) {  // "packed" reads x in place
-      job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
+    job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
+    if (job->regime == Regime::kPanel)
       PackXs(p, kern->panel_mr, 0, p.nb, job->xs.data());
-      p.xs = job->xs.data();
-    }
+    else
+      ScaleRows(p, job->xs.data());
+    p.xs = job->xs.data();
     blocking = ColumnBlocks(p.n, p.nb,
                             job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,
                             threads);
