@@ -496,7 +496,7 @@ def component_shardings(ty, s, n: int) -> tuple:
   """
   if isinstance(s, _NamedSharding):
     return tuple(_NamedSharding(s.mesh, spec, memory_kind=s.memory_kind)
-                 for spec in ty.hx_lo_specs(s.spec))
+                 for spec in ty.hx_lo_specs(s.spec, s.mesh))
   if isinstance(s, _Sharding) and s.num_devices > 1 and not s.is_fully_replicated:
     raise TypeError(f"{_short(ty)} is placed by a NamedSharding of its dense shape (or a "
                     f"Device, or a single-device sharding), got {s}")

@@ -315,7 +315,8 @@ class _Demo:
     from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info
     info = cpu_kernel_info()
     backend = jax.default_backend()
-    line = (f"hx.matmul_q on CPU: {info}" if backend == "cpu" else
+    fmt = self.fmt
+    line = (f"hx.matmul_q on CPU: {info.describe(fmt.dtype, fmt.group_size)}" if backend == "cpu" else
             f"hx.matmul_q on {backend}: its Pallas kernel (the CPU kernel is not used)")
     return "info", line, {"backend": backend, "cpu_kernel_active": info.active,
                           "cpu_kernel_isa": info.isa, "cpu_kernel_reason": info.reason}

@@ -108,10 +108,17 @@ def _leaf_key(a) -> tuple:
   return (type(a), shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
 
 
-_FORBIDDEN = ("in_shardings", "out_shardings", "static_argnums", "static_argnames")
+_REFUSED = {
+    "in_shardings": "shardings would name the lo components: place the arguments with "
+                    "jax.device_put (hi values take the NamedSharding of their dense shape)",
+    "out_shardings": "shardings would name the lo components: constrain the results with "
+                     "jax.lax.with_sharding_constraint inside the function",
+    "static_argnums": "bind static arguments with functools.partial",
+    "static_argnames": "bind static arguments with functools.partial",
+}
 
 
-def jit(fun: Callable, **jit_kwargs) -> Callable:
+def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   """``jax.jit(fun, **jit_kwargs)``, called with concrete hi values as their lo components.
 
   Same results, same compiled program and the same errors as ``jax.jit(fun)``;
@@ -128,15 +135,16 @@ def jit(fun: Callable, **jit_kwargs) -> Callable:
   components. Inside another transformation (an argument that is a tracer) it is
   ``jax.jit(fun)``.
 
-  Raises ``TypeError`` for ``in_shardings``/``out_shardings`` (they would name the
+  Like ``jax.jit``, ``hx.jit(**jit_kwargs)`` without ``fun`` is a decorator. Raises
+  ``TypeError`` for ``in_shardings``/``out_shardings`` (they would name the
   components: place the arguments with ``jax.device_put`` instead) and for
-  ``static_argnums``/``static_argnames`` (use ``functools.partial``).
+  ``static_argnums``/``static_argnames`` (use ``functools.partial``), each saying so.
   """
-  bad = [k for k in _FORBIDDEN if k in jit_kwargs]
-  if bad:
-    raise TypeError(f"hx.jit does not take {', '.join(bad)}: shardings would name the lo "
-                    "components (place the arguments with jax.device_put) and static "
-                    "arguments take functools.partial; or use jax.jit")
+  for key in jit_kwargs:
+    if key in _REFUSED:
+      raise TypeError(f"hx.jit does not take {key}: {_REFUSED[key]}; or use jax.jit")
+  if fun is None:  # @hx.jit(donate_argnums=...), as jax.jit
+    return functools.partial(jit, **jit_kwargs)
 
   def inner(*args, **kwargs):
     args, kwargs = jax.tree.map(_raise_traced, (args, kwargs), is_leaf=_is_lo)

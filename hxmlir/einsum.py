@@ -54,7 +54,8 @@ def einsum(subscripts: str, x, q) -> jax.Array:
     x, q, x_aval, q_aval = q, x, q_aval, x_aval
   sig = f"hx.einsum({subscripts!r}): {shd.short(x_aval)}, {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy) or isinstance(x_aval, QArrayTy):
-    raise TypeError(f"{sig}: expects one dense f32 operand and one quantized q8 operand")
+    raise TypeError(f"{sig}: expects one dense f32 operand and one quantized operand "
+                    "(q8, q4 or f8)")
   shapes = [SimpleNamespace(shape=tuple(a.shape)) for a in (x_aval, q_aval)]
   try:
     ins, out, _ = parse_einsum_input((subscripts, *(shapes[::-1] if swapped else shapes)))
@@ -76,7 +77,8 @@ def einsum(subscripts: str, x, q) -> jax.Array:
                            "operand first)" if 1 in (size[c], d) else ""))
   n = qs[-1]
   if n not in xs and n not in out:
-    raise TypeError(f"{sig}: sums the quantized axis {n!r} of the q8 operand alone; "
+    raise TypeError(f"{sig}: sums the quantized axis {n!r} of the {q_aval.format.prefix} "
+                    "operand alone; "
                     "dequantize it first (hx.dequantize) or keep the axis in the output")
   # indices of x alone that the output drops: summed before the op
   x_only = [i for i, c in enumerate(xs) if c not in qs and c not in out]

@@ -109,7 +109,7 @@ class QArray:
   # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
       "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
-      "(np.asarray(q.qvalue), np.asarray(q.scale)) for the int8 values and f32 scales")
+      "(np.asarray(q.qvalue), np.asarray(q.scale)) for the stored values and f32 scales")
 
 
 @dataclass(frozen=True)
@@ -166,23 +166,24 @@ class QArrayTy(DenseValuedType, HiType):
   def __post_init__(self):
     if len(self.shape) < 1:
       raise TypeError(f"a quantized array needs at least one axis, got {self.format.prefix}[]")
+    if isinstance(self.group, np.integer):  # a group size computed with NumPy: one spelling
+      object.__setattr__(self, "group", int(self.group))
     problem = formats.check(self.format, self.shape, self.group)
     if problem:
       raise TypeError(f"{self}: {problem}")
-    self._check_last_axis_sharding()
+    self._check_last_axis_split(self._parts()[-1], dict(self.sharding.mesh.shape))
 
   @property
   def format(self) -> formats.Format:
     """The value format (:mod:`hxmlir.formats`)."""
     return formats.FORMATS[self.fmt]
 
-  def _check_last_axis_sharding(self) -> None:
-    """A sharded last axis must split into whole groups (and whole packed bytes)."""
-    axes = self._parts()[-1]
+  def _check_last_axis_split(self, axes, mesh_shape: dict) -> None:
+    """A last axis sharded over mesh ``axes`` (a partition entry; sizes in ``mesh_shape``)
+    must split into whole groups (and whole packed bytes); ``TypeError`` otherwise."""
     if not axes:
       return
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    mesh_shape = dict(self.sharding.mesh.shape)
     ways = int(np.prod([mesh_shape[a] for a in axes], dtype=np.int64))
     over = ", ".join(f"{a!r}={mesh_shape[a]}" for a in axes)
     n = self.shape[-1]
@@ -319,11 +320,15 @@ class QArrayTy(DenseValuedType, HiType):
                       sharding=shd.with_partitions(self.sharding, (None,) * len(shape)))
 
   # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
-  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
-    """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]``:
-    ``spec`` itself and ``spec`` without the last axis (the rule of :meth:`lo_ty`).
-    Raises ``TypeError`` if ``spec`` has more entries than the rank."""
+  def hx_lo_specs(self, spec: PartitionSpec, mesh) -> tuple[PartitionSpec, PartitionSpec]:
+    """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]`` on
+    ``mesh``: ``spec`` itself and ``spec`` without the last axis (the rule of
+    :meth:`lo_ty`; per group, the group axis sharded like the last). Raises ``TypeError``
+    if ``spec`` has more entries than the rank or splits a group or a packed byte
+    (whatever the mesh's axis types: Auto axes never reach the type's own check)."""
     shd.dense_spec_entries(self, spec, self.ndim)
+    parts = tuple(spec) + (None,) * (self.ndim - len(spec))
+    self._check_last_axis_split(parts[-1], dict(mesh.shape))
     return self._component_specs(spec)
 
   def _component_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
@@ -386,7 +391,8 @@ def _check_dense_f32(op: str, aval, min_rank: int) -> None:
 
 def _check_quantized(op: str, aval) -> None:
   if not isinstance(aval, QArrayTy):
-    raise TypeError(f"hx.{op} expects a quantized array q8[..., n], got {shd.short(aval)}")
+    raise TypeError(f"hx.{op} expects a quantized array (q8, q4 or f8[..., n]), got "
+                    f"{shd.short(aval)}")
 
 
 # --- primitives --------------------------------------------------------------
@@ -404,7 +410,8 @@ class Quantize(HxPrimitive):
       self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding, x_aval.mat, fmt, group_size)
     except TypeError as e:
       raise TypeError(f"hx.quantize({shd.short(x_aval)}): {e}") from None
-    self.params = {"fmt": fmt, "group_size": group_size, "method": method}
+    # the type's group: a NumPy integer becomes a Python int (JAX's caches key on params)
+    self.params = {"fmt": fmt, "group_size": self.out_aval.group, "method": method}
     super().__init__()
 
   # straight-through estimator: the derivative of quantize is the identity
@@ -777,15 +784,22 @@ def quantize(x, dtype=jnp.int8, *, group_size: int | None = None,
   ``x``'s sharding (``q8[8@i,3]``); the scale drops the last axis, so with a
   sharded last axis (``q8[3,4@j]``) each row's maximum reduces across shards.
 
-  Differentiates as the identity (straight-through estimator). Raises
-  ``TypeError`` at trace time unless ``x`` is a float32 array of rank >= 1, for an
+  ``bfloat16`` and ``float16`` weights (most checkpoints) are converted to f32 first,
+  which is exact. Differentiates as the identity (straight-through estimator). Raises
+  ``TypeError`` at trace time unless ``x`` is such a float array of rank >= 1, for an
   unknown ``dtype``, when ``g`` does not divide ``n`` (naming the type,
   ``q4[64,100:g32]``), when an int4 ``n`` or ``g`` is odd, or when a sharded last axis
   would split a group (naming the type, the mesh axis and its size); ``ValueError`` for
   an unknown ``method``.
   """
   fmt = formats.lookup(dtype)
+  if getattr(x, "dtype", None) in _WIDENED:  # a bf16/f16 checkpoint: f32 holds it exactly
+    x = x.astype(F32)
   return Quantize(jax.typeof(x), fmt.name, group_size, method)(x)
+
+
+_WIDENED = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+"""Weight dtypes :func:`quantize` converts to f32 first (exact: f32 holds every value)."""
 
 
 def dequantize(q) -> jax.Array:

@@ -233,7 +233,7 @@ class Rank1Ty(DenseValuedType, HiType):
                    self.col_mat, self.row_mat)
 
   # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
-  def hx_lo_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
+  def hx_lo_specs(self, spec: PartitionSpec, mesh=None) -> tuple[PartitionSpec, PartitionSpec]:
     """The specs of ``(col, row)`` for a dense ``spec`` of this ``r1[*b, m, n]``
     (the rule of ``shard_map``'s ``hx.Rank1P``). Raises ``TypeError`` if ``spec``
     has more entries than the rank."""

@@ -230,7 +230,7 @@ class TupTy(HiType):
                      "(jax.device_put / jax.lax.with_sharding_constraint / jit shardings on "
                      "each) and rebuild it with hx.make_tup")
 
-  def hx_lo_specs(self, spec: PartitionSpec):
+  def hx_lo_specs(self, spec: PartitionSpec, mesh=None):
     """Always raises ``TypeError``: a tuple's elements are placed one by one."""
     raise self._no_dense_sharding(spec)
 

@@ -97,11 +97,27 @@ def test_lower_is_the_lowering_over_components():
   assert "tensor<16x8xi8>" in text and "tensor<16xf32>" in text
 
 
-@pytest.mark.parametrize("kw", [{"in_shardings": None}, {"out_shardings": None},
-                                {"static_argnums": 0}, {"static_argnames": "n"}])
-def test_refuses_what_would_name_components(kw):
-  with pytest.raises(TypeError, match=f"hx.jit does not take {next(iter(kw))}"):
+@pytest.mark.parametrize("kw,why", [({"in_shardings": None}, "jax.device_put"),
+                                    ({"out_shardings": None}, "with_sharding_constraint"),
+                                    ({"static_argnums": 0}, "functools.partial"),
+                                    ({"static_argnames": "n"}, "functools.partial")])
+def test_refuses_what_would_name_components(kw, why):
+  with pytest.raises(TypeError, match=f"hx.jit does not take {next(iter(kw))}: .*{why}"):
     hx.jit(lambda x: x, **kw)
+  with pytest.raises(TypeError, match=f"hx.jit does not take {next(iter(kw))}: .*{why}"):
+    hx.jit(**kw)
+
+
+def test_decorator_with_arguments_as_jax_jit():
+  def g(y, x, q):
+    return y + hx.matmul_q(x, q)
+
+  f = hx.jit(donate_argnums=0)(g)
+  q, x = hx.quantize(_w(16, 8)), _w(2, 16)
+  y = _w(2, 8)
+  want = jax.jit(g)(y, x, q)
+  np.testing.assert_array_equal(f(y, x, q), want)
+  assert y.is_deleted()  # donated, as jax.jit(g, donate_argnums=0) would
 
 
 def test_errors_are_jax_jits():

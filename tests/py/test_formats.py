@@ -371,3 +371,52 @@ def test_pallas_blocks_refuse_other_formats_with_the_way_out():
   with pytest.raises(TypeError, match=r"q4\[64,32:g32\] operand of pl.pallas_call: hxmlir's "
                      r"Pallas blocks take q8 values with per-row scales only"):
     call(_w((8, 64)), q)
+
+
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])
+def test_placing_a_value_so_a_shard_splits_a_group_is_a_type_error_on_every_mesh(axis_type):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices")
+  mesh = jax.make_mesh((4, 2), ("i", "j"), axis_types=(axis_type,) * 2)
+  q = hx.quantize(_w((8, 128)), jnp.int4, group_size=32)
+  msg = r"q4\[8,128:g32\] sharded over mesh axis 'i'=4, 'j'=2: 4 groups of 32 cannot be split"
+  s = jax.sharding.NamedSharding(mesh, P(None, ("i", "j")))
+  with pytest.raises(TypeError, match=msg):
+    jax.device_put(q, s)
+  if axis_type == jax.sharding.AxisType.Auto:  # (on Explicit axes JAX's constraint asserts)
+    with jax.set_mesh(mesh), pytest.raises(TypeError, match=r"4 groups of 32 cannot be split 8"):
+      jax.jit(lambda q: jax.lax.with_sharding_constraint(q, P(None, ("i", "j")))).lower(q)
+  ok = jax.device_put(q, jax.sharding.NamedSharding(mesh, P("i", "j")))  # whole groups
+  assert_within(hx.dequantize(ok), hx.dequantize(q), 0)
+
+
+@pytest.mark.parametrize("g", [np.int64(16), np.int32(16), 16])
+def test_numpy_group_sizes_are_group_sizes(g):
+  # a NumPy integer once reached a cached lowering and broke later calls with Python ints
+  w = _w((4, 64))
+  q = hx.quantize(w, jnp.int4, group_size=g)
+  assert str(jax.typeof(q)) == "q4[4,64:g16]" and type(jax.typeof(q).group) is int
+  again = hx.quantize(w, jnp.int4, group_size=16)
+  assert all(np.array_equal(a, b) for a, b in zip(hx.qarray_parts(q), hx.qarray_parts(again)))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("fmt, g", [(jnp.int8, None), (jnp.int4, 32), (jnp.float8_e4m3fn, None)])
+def test_half_precision_weights_quantize_as_their_exact_f32(dtype, fmt, g):
+  w = _w((8, 64)).astype(dtype)
+  want = hx.quantize(w.astype(jnp.float32), fmt, group_size=g)
+  for got in (hx.quantize(w, fmt, group_size=g),
+              jax.jit(lambda w: hx.quantize(w, fmt, group_size=g))(w)):
+    assert jax.typeof(got) == jax.typeof(want)
+    for a, b in zip(hx.qarray_parts(got), hx.qarray_parts(want)):
+      np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("fmt, g, prefix", [(jnp.int4, 32, "q4"), (jnp.float8_e4m3fn, None, "f8"),
+                                            (jnp.int8, None, "q8")])
+def test_messages_name_the_format(fmt, g, prefix):
+  q = hx.quantize(_w((64, 32)), fmt, group_size=g)
+  with pytest.raises(TypeError, match=rf"sums the quantized axis 'k' of the {prefix} operand"):
+    hx.einsum("ij,jk->i", _w((3, 64)), q)
+  with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4 or f8\)"):
+    hx.einsum("ij,jk->ik", _w((3, 64)), _w((64, 32)))

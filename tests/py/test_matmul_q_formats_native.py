@@ -223,3 +223,16 @@ def test_fallback_when_disabled():
   assert r.returncode == 0, r.stderr
   assert r.stdout.splitlines() == [
       "StableHLO lowering (disabled by $HXMLIR_DISABLE_NATIVE=1)", *["False True"] * 4]
+
+
+@pytest.mark.parametrize("dtype, g, target", [
+    ("int8", None, "hx_matmul_q_cpu_v1"), ("int8", 128, "hx_matmul_q_cpu_v2"),
+    ("int4", None, "hx_matmul_q_cpu_v2"), ("float8_e4m3fn", 32, "hx_matmul_q_cpu_v2")])
+def test_kernel_line_names_the_target_of_the_format(dtype, g, target):
+  # the demo's kernel line once named v1 for int4 weights, which never call it
+  info = hx.cpu_kernel_info()
+  line = info.describe(dtype, g)
+  if info.active:
+    assert line == f"native CPU kernel {target} ({info.isa}; {info.reason})"
+  else:
+    assert line == str(info)
