@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <sched.h>
 #include <string>
 
 #include "xla/ffi/api/ffi.h"
@@ -86,25 +85,16 @@ struct BlockCounter {
   int64_t total = 0;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
-  std::atomic<bool> started{false};  // a helper task has begun
 };
 
-// Job: derives from BlockCounter and has void Run(int64_t block). With
-// yield_until_helped (the calling thread), the thread gives up its core after each
-// block until a helper task has started: a pool thread woken by this call may be
-// queued behind the calling thread on the calling thread's own core (seen on this
-// project's 2-core VM, where the helper then arrived after all the work was done:
-// small layers at m = 128 took 1.3-1.6x f32's time in some rounds instead of
-// 0.9x); sched_yield lets it run, and the scheduler moves one of the two to an
-// idle core. A thread of its own would not need it, but the kernel uses XLA's pool.
+// Job: derives from BlockCounter and has void Run(int64_t block).
 template <class Job>
-void WorkOn(Job& job, bool yield_until_helped = false) {
+void WorkOn(Job& job) {
   for (;;) {
     const int64_t t = job.next.fetch_add(1, std::memory_order_relaxed);
     if (t >= job.total) return;
     job.Run(t);
     if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.total) job.done.notify_all();
-    if (yield_until_helped && !job.started.load(std::memory_order_relaxed)) sched_yield();
   }
 }
 
@@ -113,18 +103,16 @@ void WorkOn(Job& job, bool yield_until_helped = false) {
 // problem), and returns when all have run. One task per pool thread, not one
 // fewer: the calling thread may itself be one of the pool's threads, or one of
 // them may be busy, and a task queued for a busy thread starts late (measured on
-// the 2-core VM: small layers at m = 128 at 0.77-0.95x f32 with spreads of
-// 0.05-0.4 across rounds, against 0.87-1.10x and spreads up to 0.6). Extra tasks
-// find no block and return at once.
+// the 2-core VM: small layers at m = 128 at 0.93-0.94x f32 with spreads of
+// 0.08-0.19 across rounds, against 0.94-1.49x and spreads up to 0.65). Extra tasks
+// find no block and return at once. (Yielding the calling thread's core until a
+// helper started helped single calls too, but slowed whole model steps, where
+// XLA's own work wants the core: not done.)
 template <class Job>
 void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_ptr<Job>& job) {
   const int64_t helpers = threads > 1 ? std::min(threads, job->total) : 0;
-  for (int64_t h = 0; h < helpers; ++h)
-    pool.Schedule([job] {
-      job->started.store(true, std::memory_order_relaxed);
-      WorkOn(*job);
-    });
-  WorkOn(*job, /*yield_until_helped=*/helpers > 0);
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { WorkOn(*job); });
+  WorkOn(*job);
   for (int64_t d = job->done.load(std::memory_order_acquire); d < job->total;
        d = job->done.load(std::memory_order_acquire))
     job->done.wait(d, std::memory_order_acquire);
