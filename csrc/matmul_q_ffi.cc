@@ -50,14 +50,13 @@ struct Job : BlockCounter {
   Regime regime;
   int64_t blocks_per_batch;  // rows: chunks of k; panel/packed: column blocks
   int64_t block_len;         // rows of q (rows) or columns (panel/packed) per block
-  std::vector<float> xs;       // x * s (panel: PackXs, packed: ScaleRows)
-  std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
+  float* partial = nullptr;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
 
   void Run(int64_t t) {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
     if (regime == Regime::kRows) {
       float* acc = c == 0 ? p.y + b * p.m * p.n
-                          : partial.data() + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
+                          : partial + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
       kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
       return;
     }
@@ -107,15 +106,15 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   if (p.m <= kRowsMaxM) {
     job->regime = Regime::kRows;
     blocking = ChunksOfK(p.k);
-    job->partial.resize(static_cast<size_t>(p.nb * (blocking.count - 1) * p.m * p.n));
+    job->partial = CallBuffer(1, p.nb * (blocking.count - 1) * p.m * p.n);
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
-    job->xs.resize(static_cast<size_t>(p.nb * p.m * p.k));
+    float* xs = CallBuffer(0, p.nb * p.m * p.k);  // x * s (panel: PackXs, packed: ScaleRows)
     if (job->regime == Regime::kPanel)
-      PackXs(p, kern->panel_mr, 0, p.nb, job->xs.data());
+      PackXs(p, kern->panel_mr, 0, p.nb, xs);
     else
-      ScaleRows(p, job->xs.data());
-    p.xs = job->xs.data();
+      ScaleRows(p, xs);
+    p.xs = xs;
     blocking = ColumnBlocks(p.n, p.nb,
                             job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,
                             threads);
@@ -125,7 +124,7 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   job->total = p.nb * blocking.count;
   RunBlocks(pool, threads, job);
   if (job->regime == Regime::kRows)
-    AddPartialSums(p.y, job->partial.data(), p.nb, blocking.count, p.m * p.n);
+    AddPartialSums(p.y, job->partial, p.nb, blocking.count, p.m * p.n);
   return ffi::Error::Success();
 }
 

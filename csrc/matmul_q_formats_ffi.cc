@@ -61,14 +61,13 @@ struct FormatJob : BlockCounter {
   bool rows;
   int64_t blocks_per_batch;  // rows: chunks of k; blocks: column blocks
   int64_t block_len;         // rows of q (rows) or columns (blocks) per block
-  std::vector<float> xp;       // x packed (blocks)
-  std::vector<float> partial;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
+  float* partial = nullptr;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
 
   void Run(int64_t t) {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
     if (rows) {
       float* acc = c == 0 ? p.y + b * p.m * p.n
-                          : partial.data() + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
+                          : partial + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
       kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
       return;
     }
@@ -153,11 +152,11 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   Blocking blocking;
   if (job->rows) {
     blocking = ChunksOfK(p.k);
-    job->partial.resize(static_cast<size_t>(p.nb * (blocking.count - 1) * p.m * p.n));
+    job->partial = CallBuffer(1, p.nb * (blocking.count - 1) * p.m * p.n);
   } else {
-    job->xp.resize(static_cast<size_t>(p.nb * p.m * p.k));
-    PackRows(p.x, p.m, p.k, kern->block_mr, 0, p.nb, job->xp.data());
-    p.xp = job->xp.data();
+    float* xp = CallBuffer(0, p.nb * p.m * p.k);  // x packed (blocks)
+    PackRows(p.x, p.m, p.k, kern->block_mr, 0, p.nb, xp);
+    p.xp = xp;
     blocking = ColumnBlocks(p.n, p.nb, kern->block_nr, threads);
   }
   job->block_len = blocking.len;
@@ -166,7 +165,7 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   RunBlocks(pool, threads, job);
 
   if (job->rows) {
-    AddPartialSums(p.y, job->partial.data(), p.nb, blocking.count, p.m * p.n);
+    AddPartialSums(p.y, job->partial, p.nb, blocking.count, p.m * p.n);
     for (int64_t r = 0; r < p.nb * p.m; ++r) kern->rows_finish(p, p.y + r * p.n);
   }
   return ffi::Error::Success();
