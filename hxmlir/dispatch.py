@@ -60,15 +60,18 @@ def _lower_concrete(v) -> Any:
   return v
 
 
-def _raise_traced(v) -> Any:
-  """Inside the jitted function: ``_Lo`` back to the hi value, by the types' primitives."""
+def _raise(v, build: dict) -> Any:
+  """``_Lo`` back to the hi value by ``build[kind](*components)`` (tuple elements first)."""
   if not isinstance(v, _Lo):
     return v
-  if v.kind is QArray:
-    return make_qarray(*v.parts)
-  if v.kind is Rank1:
-    return outer(*v.parts)
-  return make_tup(*(_raise_traced(e) for e in v.parts))
+  parts = tuple(_raise(e, build) for e in v.parts) if v.kind is HiTup else v.parts
+  return build[v.kind](*parts)
+
+
+_BY_PRIMITIVES = {QArray: make_qarray, Rank1: outer, HiTup: make_tup}
+"""Inside the jitted function: the hi value from traced components, by the types' primitives."""
+_BY_CONSTRUCTORS = {QArray: QArray, Rank1: Rank1, HiTup: lambda *elts: HiTup(elts)}
+"""After the call: the hi value from concrete arrays."""
 
 
 def _lower_traced(v) -> Any:
@@ -82,17 +85,6 @@ def _lower_traced(v) -> Any:
     return _Lo(HiTup, tuple(_lower_traced(get_tuple_element(v, i))
                             for i in range(len(aval.tys))))
   return v
-
-
-def _raise_concrete(v) -> Any:
-  """After the call: ``_Lo`` of concrete arrays back to the hi value."""
-  if not isinstance(v, _Lo):
-    return v
-  if v.kind is QArray:
-    return QArray(*v.parts)
-  if v.kind is Rank1:
-    return Rank1(*v.parts)
-  return HiTup(tuple(_raise_concrete(e) for e in v.parts))
 
 
 def _is_lo(v) -> bool:
@@ -147,7 +139,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
     return functools.partial(jit, **jit_kwargs)
 
   def inner(*args, **kwargs):
-    args, kwargs = jax.tree.map(_raise_traced, (args, kwargs), is_leaf=_is_lo)
+    args, kwargs = jax.tree.map(functools.partial(_raise, build=_BY_PRIMITIVES),
+                                (args, kwargs), is_leaf=_is_lo)
     return jax.tree.map(_lower_traced, fun(*args, **kwargs))
 
   functools.update_wrapper(inner, fun)
@@ -169,7 +162,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
     exe = compiled.get(key)
     if exe is None:
       exe = compiled[key] = jitted.lower(*lo[0], **lo[1]).compile()
-    return jax.tree.map(_raise_concrete, exe(*lo[0], **lo[1]), is_leaf=_is_lo)
+    return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
+                        exe(*lo[0], **lo[1]), is_leaf=_is_lo)
 
   call.lower = lower
   call._cache_size = lambda: len(compiled)  # as jax.jit's: executables compiled so far
