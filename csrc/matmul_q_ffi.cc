@@ -44,27 +44,17 @@ constexpr int64_t kPanelMaxM = 64;
 
 enum class Regime { kRows, kPanel, kPacked };
 
-struct Job : BlockCounter {
+struct Job : BlockedJob {
   Problem p;
   const Kernels* kern;
   Regime regime;
-  int64_t blocks_per_batch;  // rows: chunks of k; panel/packed: column blocks
-  int64_t block_len;         // rows of q (rows) or columns (panel/packed) per block
-  float* partial = nullptr;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
 
   void Run(int64_t t) {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
-    if (regime == Regime::kRows) {
-      float* acc = c == 0 ? p.y + b * p.m * p.n
-                          : partial + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
-      kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
-      return;
-    }
-    thread_local std::vector<char> scratch;  // one per thread, reused across calls
-    const size_t need = static_cast<size_t>(ScratchBytes(block_len));
-    if (scratch.size() < need) scratch.resize(need);
+    if (regime == Regime::kRows)
+      return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
     (regime == Regime::kPanel ? kern->panel : kern->packed)(p, b, lo, std::min(p.n, lo + block_len),
-                                                          scratch.data());
+                                                          ThreadScratch(ScratchBytes(block_len)));
   }
 };
 
@@ -93,38 +83,25 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   p.m = xd[r - 2];
   p.k = xd[r - 1];
   p.n = qd[r - 1];
-  p.nb = 1;
-  for (size_t i = 0; i + 2 < r; ++i) p.nb *= xd[i];
-  if (p.nb == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
-  if (p.k == 0) {
-    std::fill(p.y, p.y + p.nb * p.m * p.n, 0.f);
-    return ffi::Error::Success();
-  }
+  p.nb = BatchSize(xd);
+  if (NothingToCompute(p.nb, p.m, p.k, p.n, p.y)) return ffi::Error::Success();
   job->kern = kern;
   const int64_t threads = ThreadsFor(pool, p.nb * p.m * p.k * p.n);
-  Blocking blocking;
   if (p.m <= kRowsMaxM) {
     job->regime = Regime::kRows;
-    blocking = ChunksOfK(p.k);
-    job->partial = CallBuffer(1, p.nb * (blocking.count - 1) * p.m * p.n);
+    job->PlanRows(p.nb, p.m, p.k, p.n);
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
-    float* xs = CallBuffer(0, p.nb * p.m * p.k);  // x * s (panel: PackXs, packed: ScaleRows)
-    if (job->regime == Regime::kPanel)
-      PackXs(p, kern->panel_mr, 0, p.nb, xs);
-    else
-      ScaleRows(p, xs);
+    // x * s: "panel" in groups of panel_mr rows, "packed" row-major
+    float* xs = CallBuffer(0, p.nb * p.m * p.k);
+    PackRowGroups(p.x, p.s, p.nb, p.m, p.k, job->regime == Regime::kPanel ? kern->panel_mr : 1, xs);
     p.xs = xs;
-    blocking = ColumnBlocks(p.n, p.nb,
-                            job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,
-                            threads);
+    job->Plan(p.nb, ColumnBlocks(p.n, p.nb,
+                                 job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,
+                                 threads));
   }
-  job->block_len = blocking.len;
-  job->blocks_per_batch = blocking.count;
-  job->total = p.nb * blocking.count;
   RunBlocks(pool, threads, job);
-  if (job->regime == Regime::kRows)
-    AddPartialSums(p.y, job->partial, p.nb, blocking.count, p.m * p.n);
+  if (job->regime == Regime::kRows) job->AddPartials(p.y, p.nb, p.m * p.n);
   return ffi::Error::Success();
 }
 

@@ -37,8 +37,8 @@ struct FormatProblem {
   const float* x;    // f32[nb, m, k]
   const uint8_t* q;  // stored values, [nb, k, n / pack] bytes
   const float* s;    // f32[nb, k, ns]
-  // Regime "blocks" only (else null): x packed by PackRows in groups of the kernels'
-  // block_mr rows (the layout of Problem::xs in matmul_q_cpu.h, without a scale).
+  // Regime "blocks" only (else null): x packed by PackRowGroups (matmul_q_parallel.h)
+  // in groups of the kernels' block_mr rows, without a scale.
   const float* xp;
   float* y;          // f32[nb, m, n]
   int64_t nb, m, k, n;
@@ -59,7 +59,7 @@ struct FormatProblem {
 struct FormatKernels {
   const char* isa;    // "avx512", "avx2", "generic"
   int64_t block_nr;   // "blocks": column blocks are multiples of this
-  int64_t block_mr;   // "blocks": rows of x per group (PackRows)
+  int64_t block_mr;   // "blocks": rows of x per group (PackRowGroups)
   // Regime "rows" (small m): acc[m, n] = sum_{kk in [k0, k1)} x[b, :, kk] w[b, kk, :]
   // (overwrites acc, row stride n), in the lane order of RowsOrder: rows_finish
   // turns a row of acc (after the chunks are added) into y's order, in place.
@@ -75,21 +75,6 @@ struct FormatKernels {
 constexpr int64_t kFormatKc = 256;
 
 constexpr int64_t FormatScratchFloats(int64_t width) { return kFormatKc * width; }
-
-// Writes x's batch elements [b0, b1) into out (f32[nb, m, k]) in groups of mr rows,
-// each group column after column: x[b, i, kk] at
-// out + b * m * k + i0 * k + kk * g + (i - i0), i0 = i / mr * mr, g = min(mr, m - i0).
-inline void PackRows(const float* x, int64_t m, int64_t k, int64_t mr, int64_t b0, int64_t b1,
-                     float* out) {
-  for (int64_t b = b0; b < b1; ++b)
-    for (int64_t i0 = 0; i0 < m; i0 += mr) {
-      const int64_t g = m - i0 < mr ? m - i0 : mr;
-      const float* xb = x + (b * m + i0) * k;
-      float* d = out + (b * m + i0) * k;
-      for (int64_t kk = 0; kk < k; ++kk)
-        for (int64_t r = 0; r < g; ++r) d[kk * g + r] = xb[r * k + kk];
-    }
-}
 
 // The kernels the v2 handler uses from now on (the ISA hxmlir._matmul_q_cpu selected;
 // the portable ones until then).

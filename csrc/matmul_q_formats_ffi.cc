@@ -55,26 +55,17 @@ constexpr Spec kSpecs[] = {
     {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, QFormat::kFp8E4M3Fn},
 };
 
-struct FormatJob : BlockCounter {
+struct FormatJob : BlockedJob {
   FormatProblem p;
   const FormatKernels* kern;
   bool rows;
-  int64_t blocks_per_batch;  // rows: chunks of k; blocks: column blocks
-  int64_t block_len;         // rows of q (rows) or columns (blocks) per block
-  float* partial = nullptr;  // rows: chunks 1.. of each batch element, f32[nb, chunks-1, m, n]
 
   void Run(int64_t t) {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
-    if (rows) {
-      float* acc = c == 0 ? p.y + b * p.m * p.n
-                          : partial + (b * (blocks_per_batch - 1) + c - 1) * p.m * p.n;
-      kern->rows(p, b, lo, std::min(p.k, lo + block_len), acc);
-      return;
-    }
-    thread_local std::vector<float> scratch;  // one per thread, reused across calls
-    const size_t need = static_cast<size_t>(FormatScratchFloats(block_len));
-    if (scratch.size() < need) scratch.resize(need);
-    kern->blocks(p, b, lo, std::min(p.n, lo + block_len), scratch.data());
+    if (rows)
+      return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
+    kern->blocks(p, b, lo, std::min(p.n, lo + block_len),
+                 static_cast<float*>(ThreadScratch(4 * FormatScratchFloats(block_len))));
   }
 };
 
@@ -139,33 +130,23 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   p.g = group_size == 0 ? std::max<int64_t>(n, 1) : group_size;
   p.ns = group_size == 0 ? 1 : n / group_size;
   p.fmt = spec->fmt;
-  p.nb = 1;
-  for (size_t i = 0; i + 2 < r; ++i) p.nb *= xd[i];
-  if (p.nb == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();
-  if (p.k == 0) {
-    std::fill(p.y, p.y + p.nb * p.m * p.n, 0.f);
-    return ffi::Error::Success();
-  }
+  p.nb = BatchSize(xd);
+  if (NothingToCompute(p.nb, p.m, p.k, p.n, p.y)) return ffi::Error::Success();
   job->kern = kern;
   const int64_t threads = ThreadsFor(pool, p.nb * p.m * p.k * p.n);
   job->rows = p.m <= kRowsMaxM;
-  Blocking blocking;
   if (job->rows) {
-    blocking = ChunksOfK(p.k);
-    job->partial = CallBuffer(1, p.nb * (blocking.count - 1) * p.m * p.n);
+    job->PlanRows(p.nb, p.m, p.k, p.n);
   } else {
     float* xp = CallBuffer(0, p.nb * p.m * p.k);  // x packed (blocks)
-    PackRows(p.x, p.m, p.k, kern->block_mr, 0, p.nb, xp);
+    PackRowGroups(p.x, nullptr, p.nb, p.m, p.k, kern->block_mr, xp);
     p.xp = xp;
-    blocking = ColumnBlocks(p.n, p.nb, kern->block_nr, threads);
+    job->Plan(p.nb, ColumnBlocks(p.n, p.nb, kern->block_nr, threads));
   }
-  job->block_len = blocking.len;
-  job->blocks_per_batch = blocking.count;
-  job->total = p.nb * blocking.count;
   RunBlocks(pool, threads, job);
 
   if (job->rows) {
-    AddPartialSums(p.y, job->partial, p.nb, blocking.count, p.m * p.n);
+    job->AddPartials(p.y, p.nb, p.m * p.n);
     for (int64_t r = 0; r < p.nb * p.m; ++r) kern->rows_finish(p, p.y + r * p.n);
   }
   return ffi::Error::Success();

@@ -94,18 +94,17 @@ class CpuKernelInfo:
   supported_isas: tuple[str, ...] = ()
 
   def __str__(self) -> str:
-    if self.active:
-      return f"native CPU kernel {self.target} ({self.isa}; {self.reason})"
-    return f"StableHLO lowering ({self.reason})"
+    return self.describe()
 
   def describe(self, dtype: str = "int8", group_size: int | None = None) -> str:
     """This as a line for weights of format ``dtype`` (``"int8"``, ``"int4"``,
     ``"float8_e4m3fn"``) with ``group_size`` (``None``: per row), in the ``f32[..., k] @
     Q[k, n]`` layout: the target that format's calls name (``hx_matmul_q_cpu_v1`` for
     int8 per row, ``hx_matmul_q_cpu_v2`` otherwise), or the StableHLO lowering."""
-    if not self.active or (dtype == "int8" and group_size is None):
-      return str(self)
-    return f"native CPU kernel {TARGET_V2} ({self.isa}; {self.reason})"
+    if not self.active:
+      return f"StableHLO lowering ({self.reason})"
+    target = self.target if dtype == "int8" and group_size is None else TARGET_V2
+    return f"native CPU kernel {target} ({self.isa}; {self.reason})"
 
 
 def _load() -> CpuKernelInfo:
