@@ -49,15 +49,36 @@ class _Lo:
     return cls(kind, tuple(parts))
 
 
+def _lower(v, parts_of: dict, key) -> Any:
+  """A hi value as ``_Lo`` of its components (tuple elements lowered too), by
+  ``parts_of[key(v)] = (kind, components)``; anything else unchanged."""
+  entry = parts_of.get(key(v))
+  if entry is None:
+    return v
+  kind, components = entry
+  parts = tuple(components(v))
+  if kind is HiTup:
+    parts = tuple(_lower(e, parts_of, key) for e in parts)
+  return _Lo(kind, parts)
+
+
+_CONCRETE_PARTS = {QArray: (QArray, lambda v: (v.qvalue, v.scale)),
+                   Rank1: (Rank1, lambda v: (v.col, v.row)),
+                   HiTup: (HiTup, lambda v: v.elts)}
+"""Before the call: a concrete value's stored components, by the value's class."""
+_TRACED_PARTS = {QArrayTy: (QArray, qarray_parts), Rank1Ty: (Rank1, factors),
+                 TupTy: (HiTup, lambda v: [get_tuple_element(v, i)
+                                           for i in range(len(jax.typeof(v).tys))])}
+"""Inside the jitted function: a traced result's components, by its type's class."""
+
+
 def _lower_concrete(v) -> Any:
-  """A concrete hi value as ``_Lo`` of its stored components; anything else unchanged."""
-  if isinstance(v, QArray):
-    return _Lo(QArray, (v.qvalue, v.scale))
-  if isinstance(v, Rank1):
-    return _Lo(Rank1, (v.col, v.row))
-  if isinstance(v, HiTup):
-    return _Lo(HiTup, tuple(_lower_concrete(e) for e in v.elts))
-  return v
+  return _lower(v, _CONCRETE_PARTS, type)
+
+
+def _lower_traced(v) -> Any:
+  return _lower(v, _TRACED_PARTS,
+                lambda v: type(jax.typeof(v)) if isinstance(v, jax.core.Tracer) else None)
 
 
 def _raise(v, build: dict) -> Any:
@@ -72,19 +93,6 @@ _BY_PRIMITIVES = {QArray: make_qarray, Rank1: outer, HiTup: make_tup}
 """Inside the jitted function: the hi value from traced components, by the types' primitives."""
 _BY_CONSTRUCTORS = {QArray: QArray, Rank1: Rank1, HiTup: lambda *elts: HiTup(elts)}
 """After the call: the hi value from concrete arrays."""
-
-
-def _lower_traced(v) -> Any:
-  """Inside the jitted function: a hi result as ``_Lo`` of its components."""
-  aval = jax.typeof(v) if isinstance(v, jax.core.Tracer) else None
-  if isinstance(aval, QArrayTy):
-    return _Lo(QArray, tuple(qarray_parts(v)))
-  if isinstance(aval, Rank1Ty):
-    return _Lo(Rank1, tuple(factors(v)))
-  if isinstance(aval, TupTy):
-    return _Lo(HiTup, tuple(_lower_traced(get_tuple_element(v, i))
-                            for i in range(len(aval.tys))))
-  return v
 
 
 def _is_lo(v) -> bool:
@@ -149,8 +157,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   compiled: dict = {}
 
   def lower(*args, **kwargs):
-    return jitted.lower(*jax.tree.map(_lower_concrete, args),
-                        **jax.tree.map(_lower_concrete, kwargs))
+    args, kwargs = jax.tree.map(_lower_concrete, (args, kwargs))
+    return jitted.lower(*args, **kwargs)
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
@@ -161,7 +169,7 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
     key = (tree, tuple(map(_leaf_key, leaves)), _jax.trace_context())
     exe = compiled.get(key)
     if exe is None:
-      exe = compiled[key] = jitted.lower(*lo[0], **lo[1]).compile()
+      exe = compiled[key] = lower(*args, **kwargs).compile()
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
                         exe(*lo[0], **lo[1]), is_leaf=_is_lo)
 
