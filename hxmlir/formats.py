@@ -165,6 +165,21 @@ def check(fmt: Format, shape: Sequence[int], group: int | None) -> str | None:
   return None
 
 
+def split_problem(fmt: Format, n: int, group: int | None, ways: int,
+                  stored_name: str) -> str | None:
+  """Why a quantized axis of ``n`` dense elements of format ``fmt`` (``group``: ``None``
+  per row) cannot be sharded ``ways`` ways, else ``None``: a shard would split a group, or
+  a stored element (``stored_name``: its dtype as the caller prints it). The one rule of
+  the types' check (``hxmlir.qarray``) and ``hx-verify``'s."""
+  if group is not None and (n // group) % ways:
+    return (f"{n // group} groups of {group} cannot be split {ways} ways (a shard would "
+            f"split a group); shard another axis, or use a group size that divides "
+            f"{n // ways} ({n} / {ways})")
+  if (n // fmt.pack) % ways:
+    return f"its {n // fmt.pack} stored {stored_name} values cannot be split {ways} ways"
+  return None
+
+
 def type_name(fmt: Format, dims: str, group: int | None) -> str:
   """``q4[64,128:g32]``: the prefix, the dims text (``64,128``, shardings included) and the group."""
   return f"{fmt.prefix}[{dims}{'' if group is None else f':g{group}'}]"

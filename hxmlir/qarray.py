@@ -186,16 +186,10 @@ class QArrayTy(DenseValuedType, HiType):
     axes = (axes,) if isinstance(axes, str) else tuple(axes)
     ways = int(np.prod([mesh_shape[a] for a in axes], dtype=np.int64))
     over = ", ".join(f"{a!r}={mesh_shape[a]}" for a in axes)
-    n = self.shape[-1]
-    if self.group is not None and (n // self.group) % ways:
-      raise TypeError(f"{self} sharded over mesh axis {over}: {n // self.group} groups of "
-                      f"{self.group} cannot be split {ways} ways (a shard would split a "
-                      f"group); shard another axis, or use a group size that divides "
-                      f"{n // ways} ({n} / {ways})")
-    if (n // self.format.pack) % ways:
-      raise TypeError(f"{self} sharded over mesh axis {over}: its {n // self.format.pack} "
-                      f"stored {self.format.storage_dtype.name} values cannot be split "
-                      f"{ways} ways")
+    problem = formats.split_problem(self.format, self.shape[-1], self.group, ways,
+                                    self.format.storage_dtype.name)
+    if problem:
+      raise TypeError(f"{self} sharded over mesh axis {over}: {problem}")
 
   def _with(self, **changes) -> QArrayTy:
     """This type with ``changes`` (shape, sharding, mat), the same format."""

@@ -90,6 +90,10 @@ class OpSchema:
   check_types: Callable[..., list[str]] = lambda ops, res, attrs=None: []
   check_shardings: Callable[..., list[str]] = lambda ops, res, attrs=None: []
   check_operands: Callable[..., list[str]] = lambda ops, attrs=None: []
+  # The op's quantized value, if any: (what diagnostics call it -- "result", "operand",
+  # "weight" --, index of its stored values, index of its scales), among the results
+  # for "result", else among the operands.
+  quantized_pair: tuple[str, int, int] | None = None
 
   @property
   def versions(self) -> tuple[int, ...]:
@@ -401,10 +405,11 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              primitive="hx_quantize",
              attributes={"qmax": int, "method": str, **FORMAT_ATTRIBUTES},
              accepted_versions=(1,), old_attributes={1: {"qmax": int}},
+             quantized_pair=("result", 0, 1),
              check_types=_check_quantize, check_shardings=_shard_quantize),
     OpSchema("hx.dequantize", 2, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
              primitive="hx_dequantize", attributes=dict(FORMAT_ATTRIBUTES),
-             accepted_versions=(1,), old_attributes={1: {}},
+             accepted_versions=(1,), old_attributes={1: {}}, quantized_pair=("operand", 0, 1),
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
     OpSchema("hx.matmul_q", 3, 3, 1,
              "(f32[...], i8[..., n], f32[...]) -> f32[...]: dot_general(x, q * s[..., None]) "
@@ -415,7 +420,8 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              accepted_versions=(1, 2),
              old_attributes={1: {}, 2: dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple)},
              check_types=_check_matmul_q,
-             check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands),
+             check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands,
+             quantized_pair=("weight", 1, 2)),
     OpSchema("hx.outer", 1, 2, 2, "(f32[*b, m], f32[*b, n]) -> (f32[*b, m], f32[*b, n])",
              primitive="hx_outer", check_types=_check_outer),
     OpSchema("hx.matmul_r1", 1, 3, 1,

@@ -147,7 +147,7 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   errs += _check_decomposition(op, funcs, plain_cache)
   if not bad and not attr_errs:
     errs += _check_shardings(op, spec, attrs)
-    errs += _check_whole_groups(op, name)
+    errs += _check_whole_groups(op, spec)
   return errs
 
 
@@ -243,20 +243,15 @@ def _check_shardings(op: ir.Operation, spec: schema.OpSchema, attrs: dict) -> li
   return spec.check_shardings(op_sh, res_sh, attrs)
 
 
-# The quantized pair (values, scales) of each op that has one: operands or results, their
-# indices, and what the schema's messages call it.
-_QUANTIZED_PAIR = {"hx.quantize": ("result", 0, 1), "hx.dequantize": ("operand", 0, 1),
-                   "hx.matmul_q": ("weight", 1, 2)}
-
-
-def _check_whole_groups(op: ir.Operation, name: str) -> list[str]:
+def _check_whole_groups(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
   """A sharded quantized (last) axis must split into whole groups and stored values.
 
-  The rule of ``hx.QArrayTy._check_last_axis_sharding`` (README, "Sharding is checked by
-  the type"), on the values' and the group scale's last-axis shardings with the sizes of
-  the mesh they name; nothing is checked for unknown shardings or an undeclared mesh.
+  The rule of :func:`hxmlir.formats.split_problem`, the types' own (README, "Sharding
+  is checked by the type"), on the values' and the group scale's last-axis shardings of
+  the schema's ``quantized_pair``, with the sizes of the mesh they name; nothing is
+  checked for unknown shardings or an undeclared mesh.
   """
-  pair = _QUANTIZED_PAIR.get(name)
+  pair = spec.quantized_pair
   if pair is None:
     return []
   what, iq, i_s = pair
@@ -284,12 +279,7 @@ def _check_whole_groups(op: ir.Operation, name: str) -> list[str]:
     parts = [None if not d else d[0] if len(d) == 1 else d for d in sh]
     ty = formats.type_name(f, type_shardings.dims_str(dense, parts), group)
     over = ", ".join(f"'{a}'={shardings.axes_size((a,), sizes)}" for a in sh[-1])
-    n = dense[-1]
-    if group is not None and (n // group) % ways:
-      return [f"{what}: {ty} sharded over mesh axis {over}: {n // group} groups of {group} "
-              f"cannot be split {ways} ways (a shard would split a group); shard another "
-              f"axis, or use a group size that divides {n // ways} ({n} / {ways})"]
-    if q_t.shape[-1] % ways:
-      return [f"{what}: {ty} sharded over mesh axis {over}: its {q_t.shape[-1]} stored "
-              f"{q_t.dtype} values cannot be split {ways} ways"]
+    problem = formats.split_problem(f, dense[-1], group, ways, str(q_t.dtype))
+    if problem:
+      return [f"{what}: {ty} sharded over mesh axis {over}: {problem}"]
   return []
