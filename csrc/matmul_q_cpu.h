@@ -38,11 +38,11 @@ struct Kernels {
   // (overwrites acc; the whole rows of q in [k0, k1) are read once, contiguously).
   void (*rows)(const Problem& p, int64_t b, int64_t k0, int64_t k1, float* acc);
   // Regimes "panel" (mid m) and "packed" (large m): y[b, :, j0:j1] = (x[b] * s[b]) @
-  // f32(q[b, :, j0:j1]), q copied block by block (kPanelKc / kPackedKc rows of the
-  // columns) into `scratch` (at least ScratchBytes(j1 - j0) bytes): "panel" as int8,
-  // converted in registers by a loop holding rows of xs in registers; "packed"
-  // converted once to f32 for a register-tiled f32 loop reading rows of xs in place.
-  void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
+  // f32(q[b, :, j0:j1]), kPanelKc / kPackedKc rows of q at a time. "panel" reads the
+  // int8 values in place and converts them in registers, under rows of xs held in
+  // registers; "packed" converts each block once to f32 into `scratch` (at least
+  // ScratchBytes(j1 - j0) bytes) for a register-tiled f32 loop reading rows of xs in place.
+  void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1);
   void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
 };
 
@@ -50,10 +50,8 @@ struct Kernels {
 constexpr int64_t kPanelKc = 256;
 constexpr int64_t kPackedKc = 256;
 
-// Scratch bytes the "panel" / "packed" kernels need for `width` columns.
-constexpr int64_t ScratchBytes(int64_t width) {
-  return width * (kPanelKc > 4 * kPackedKc ? kPanelKc : 4 * kPackedKc);
-}
+// Scratch bytes the "packed" kernel needs for `width` columns (a block converted to f32).
+constexpr int64_t ScratchBytes(int64_t width) { return width * 4 * kPackedKc; }
 
 const Kernels* KernelsGeneric();
 #if defined(HXMLIR_HAVE_X86_ISAS)

@@ -53,8 +53,9 @@ struct Job : BlockedJob {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
     if (regime == Regime::kRows)
       return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
-    (regime == Regime::kPanel ? kern->panel : kern->packed)(p, b, lo, std::min(p.n, lo + block_len),
-                                                          ThreadScratch(ScratchBytes(block_len)));
+    const int64_t hi = std::min(p.n, lo + block_len);
+    if (regime == Regime::kPanel) return kern->panel(p, b, lo, hi);
+    kern->packed(p, b, lo, hi, ThreadScratch(ScratchBytes(block_len)));
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,11 +26,12 @@ constexpr int64_t kRowsMaxM = 4;  // "rows" regime (chunks of k) for m <= this
 // most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
 constexpr int64_t kRowsMinChunk = 256;
 constexpr int64_t kRowsMaxChunks = 8;
-// Column blocks: at most this many columns (the copied or decoded block of q is
-// 256 rows x this many columns), and about kBlocksPerThread blocks per thread (the
-// shared counter then evens out a thread that starts late or runs slower).
+// Column blocks: at most this many columns (the decoded block of q is 256 rows x
+// this many columns), and about kBlocksPerThread blocks per thread (the shared
+// counter then evens out a thread that starts late or runs slower; 8 rather than 4
+// halves the wait for the last block, all-MiniLM-L6-v2's step 1.06x -> 1.05x f32).
 constexpr int64_t kMaxBlockColumns = 256;
-constexpr int64_t kBlocksPerThread = 4;
+constexpr int64_t kBlocksPerThread = 8;
 // Problems under this many multiply-adds run on the calling thread alone.
 constexpr int64_t kSerialMacs = int64_t{1} << 18;
 
@@ -109,8 +111,8 @@ inline void PackRowGroups(const float* x, const float* s, int64_t nb, int64_t m,
   }
 }
 
-// A buffer of the calling or a pool thread for one block's scratch (the copied or
-// decoded block of q), reused by the thread's next blocks and calls.
+// A buffer of the calling or a pool thread for one block's scratch (the decoded
+// block of q), reused by the thread's next blocks and calls.
 inline void* ThreadScratch(int64_t bytes) {
   thread_local std::vector<float> scratch;
   const size_t floats = static_cast<size_t>((bytes + 3) / 4);
@@ -148,6 +150,7 @@ struct BlockCounter {
   int64_t total = 0;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
+  std::atomic<int64_t> started{0};  // helper tasks that have started
 };
 
 // The blocks of one call, as both handlers cut it: per batch element
@@ -178,32 +181,48 @@ struct BlockedJob : BlockCounter {
   }
 };
 
-// Job: derives from BlockCounter and has void Run(int64_t block).
+// A helper task that has not started this long after the call scheduled it is
+// queued behind other work or on a thread that was asleep: one more is scheduled.
+constexpr std::chrono::nanoseconds kLateHelper{30'000};
+
+// Takes blocks from job's counter and runs them until none is left. `caller`: the
+// calling thread of RunBlocks, which schedules `spare` more helper tasks (once) if
+// none has started kLateHelper after `start`.
 template <class Job>
-void WorkOn(Job& job) {
+void WorkOn(const std::shared_ptr<Job>& job, bool caller, xla::ffi::ThreadPool* pool = nullptr,
+            int64_t spare = 0, std::chrono::steady_clock::time_point start = {}) {
+  if (!caller) job->started.fetch_add(1, std::memory_order_relaxed);
   for (;;) {
-    const int64_t t = job.next.fetch_add(1, std::memory_order_relaxed);
-    if (t >= job.total) return;
-    job.Run(t);
-    if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.total) job.done.notify_all();
+    const int64_t t = job->next.fetch_add(1, std::memory_order_relaxed);
+    if (t >= job->total) return;
+    job->Run(t);
+    if (job->done.fetch_add(1, std::memory_order_acq_rel) + 1 == job->total) job->done.notify_all();
+    if (spare > 0 && job->started.load(std::memory_order_relaxed) == 0 &&
+        std::chrono::steady_clock::now() - start > kLateHelper) {
+      for (; spare > 0; --spare) pool->Schedule([job] { WorkOn(job, false); });
+    }
   }
 }
 
 // Runs job->Run(t) for every t in [0, job->total) on the calling thread and on
-// one pool task per pool thread (`threads`: the pool's size, or 1 for a small
-// problem), and returns when all have run. One task per pool thread, not one
-// fewer: the calling thread may itself be one of the pool's threads, or one of
-// them may be busy, and a task queued for a busy thread starts late (measured on
-// the 2-core VM: small layers at m = 128 at 0.93-0.94x f32 with spreads of
-// 0.08-0.19 across rounds, against 0.94-1.49x and spreads up to 0.65). Extra tasks
-// find no block and return at once. (Yielding the calling thread's core until a
-// helper started helped single calls too, but slowed whole model steps, where
-// XLA's own work wants the core: not done.)
+// tasks of XLA's intra-op pool (`threads`: the pool's size, or 1 for a small
+// problem), and returns when all have run. The pool has a thread per core, so the
+// calling thread and threads - 1 tasks make one busy thread per core: one task
+// more would, whenever the pool's threads are awake (inside a model's step), put
+// three threads on two cores (measured on the 2-core VM, a jitted chain of
+// 16 x 512 x 2048 layers: 347 us per call with one task per pool thread, the
+// calling thread doing 35% of the blocks; 238 us with one fewer, doing 50%).
+// When none of the tasks has started kLateHelper after the call began (its pool
+// thread was asleep or busy: 50-300 us to wake on this VM), one more is
+// scheduled, for another thread. A task that starts late finds no block left and
+// returns at once. Job: derives from BlockCounter and has void Run(int64_t block).
 template <class Job>
 void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_ptr<Job>& job) {
-  const int64_t helpers = threads > 1 ? std::min(threads, job->total) : 0;
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { WorkOn(*job); });
-  WorkOn(*job);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t helpers = threads > 1 ? std::min(threads - 1, job->total - 1) : 0;
+  const int64_t spare = threads > 1 ? std::min(threads, job->total - 1) - helpers : 0;
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { WorkOn(job, false); });
+  WorkOn(job, true, &pool, spare, start);
   for (int64_t d = job->done.load(std::memory_order_acquire); d < job->total;
        d = job->done.load(std::memory_order_acquire))
     job->done.wait(d, std::memory_order_acquire);
