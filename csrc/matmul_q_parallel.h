@@ -26,10 +26,11 @@ constexpr int64_t kRowsMaxM = 4;  // "rows" regime (chunks of k) for m <= this
 // most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
 constexpr int64_t kRowsMinChunk = 256;
 constexpr int64_t kRowsMaxChunks = 8;
-// Column blocks: at most this many columns (the decoded block of q is 256 rows x
-// this many columns), and about kBlocksPerThread blocks per thread (the shared
-// counter then evens out a thread that starts late or runs slower; 8 rather than 4
-// halves the wait for the last block, all-MiniLM-L6-v2's step 1.06x -> 1.05x f32).
+// Column blocks: at most this many columns (the "packed" regime's and version 2's
+// decoded block of q is 256 rows x this many columns), and about kBlocksPerThread
+// blocks per thread (the shared counter then evens out a thread that starts late or
+// runs slower; 8 rather than 4 halves the wait for the last block: all-MiniLM-L6-v2's
+// step 1.06x -> 1.05x f32).
 constexpr int64_t kMaxBlockColumns = 256;
 constexpr int64_t kBlocksPerThread = 8;
 // Problems under this many multiply-adds run on the calling thread alone.
@@ -182,7 +183,9 @@ struct BlockedJob : BlockCounter {
 };
 
 // A helper task that has not started this long after the call scheduled it is
-// queued behind other work or on a thread that was asleep: one more is scheduled.
+// queued behind other work or on a thread that was asleep: one more is scheduled
+// (checked by the calling thread after each block it runs, so with long blocks at
+// the end of its first block that ends later than this).
 constexpr std::chrono::nanoseconds kLateHelper{30'000};
 
 // Takes blocks from job's counter and runs them until none is left. `caller`: the
@@ -214,8 +217,9 @@ void WorkOn(const std::shared_ptr<Job>& job, bool caller, xla::ffi::ThreadPool* 
 // calling thread doing 35% of the blocks; 238 us with one fewer, doing 50%).
 // When none of the tasks has started kLateHelper after the call began (its pool
 // thread was asleep or busy: 50-300 us to wake on this VM), one more is
-// scheduled, for another thread. A task that starts late finds no block left and
-// returns at once. Job: derives from BlockCounter and has void Run(int64_t block).
+// scheduled, for another thread (the calling thread checks after each of its
+// blocks). A task that starts late finds no block left and returns at once.
+// Job: derives from BlockCounter and has void Run(int64_t block).
 template <class Job>
 void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_ptr<Job>& job) {
   const auto start = std::chrono::steady_clock::now();
