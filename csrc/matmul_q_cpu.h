@@ -46,6 +46,10 @@ struct Kernels {
   void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
 };
 
+// The bound between the "panel" and "packed" regimes (v1; v2's "panel" stops at or
+// below it, by format).
+constexpr int64_t kPanelMaxM = 64;
+
 // Rows of q per block in the "panel" and "packed" regimes.
 constexpr int64_t kPanelKc = 256;
 constexpr int64_t kPackedKc = 256;

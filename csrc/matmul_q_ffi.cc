@@ -38,10 +38,6 @@ namespace {
 
 std::atomic<const Kernels*> g_kernels{nullptr};
 
-// The bound between the "panel" and "packed" regimes (the others are in
-// matmul_q_parallel.h, shared with hx_matmul_q_cpu_v2).
-constexpr int64_t kPanelMaxM = 64;
-
 enum class Regime { kRows, kPanel, kPacked };
 
 struct Job : BlockedJob {

@@ -37,8 +37,8 @@ struct FormatProblem {
   const float* x;    // f32[nb, m, k]
   const uint8_t* q;  // stored values, [nb, k, n / pack] bytes
   const float* s;    // f32[nb, k, ns]
-  // Regime "blocks" only (else null): x packed by PackRowGroups (matmul_q_parallel.h)
-  // in groups of the kernels' block_mr rows, without a scale.
+  // Regimes "blocks" and "panel" only (else null): x packed by PackRowGroups
+  // (matmul_q_parallel.h) in groups of the kernels' block_mr / panel_mr rows, without a scale.
   const float* xp;
   float* y;          // f32[nb, m, n]
   int64_t nb, m, k, n;
@@ -60,6 +60,8 @@ struct FormatKernels {
   const char* isa;    // "avx512", "avx2", "generic"
   int64_t block_nr;   // "blocks": column blocks are multiples of this
   int64_t block_mr;   // "blocks": rows of x per group (PackRowGroups)
+  int64_t panel_nr;   // "panel": column blocks are multiples of this
+  int64_t panel_mr;   // "panel": rows of x per group (PackRowGroups)
   // Regime "rows" (small m): acc[m, n] = sum_{kk in [k0, k1)} x[b, :, kk] w[b, kk, :]
   // (overwrites acc, row stride n), in the lane order of RowsOrder: rows_finish
   // turns a row of acc (after the chunks are added) into y's order, in place.
@@ -69,6 +71,12 @@ struct FormatKernels {
   // decoded kFormatKc rows at a time into `scratch` (FormatScratchFloats(j1 - j0)
   // floats) as f32 micro-panels, then the register-tiled f32 loop.
   void (*blocks)(const FormatProblem& p, int64_t b, int64_t j0, int64_t j1, float* scratch);
+  // Regime "panel" (m > 4 where panel_for(p): m small for the format's decode cost, every
+  // vector of columns inside one group of scales): y[b, :, j0:j1] = x[b] @ w[b, :, j0:j1],
+  // the weight read in place and decoded in registers (no scratch), the same results as
+  // "blocks".
+  bool (*panel_for)(const FormatProblem& p);
+  void (*panel)(const FormatProblem& p, int64_t b, int64_t j0, int64_t j1);
 };
 
 // Rows of q decoded per block in the "blocks" regime.

@@ -58,12 +58,13 @@ constexpr Spec kSpecs[] = {
 struct FormatJob : BlockedJob {
   FormatProblem p;
   const FormatKernels* kern;
-  bool rows;
+  bool rows = false, panel = false;
 
   void Run(int64_t t) {
     const int64_t b = t / blocks_per_batch, c = t % blocks_per_batch, lo = c * block_len;
     if (rows)
       return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
+    if (panel) return kern->panel(p, b, lo, std::min(p.n, lo + block_len));
     kern->blocks(p, b, lo, std::min(p.n, lo + block_len),
                  static_cast<float*>(ThreadScratch(4 * FormatScratchFloats(block_len))));
   }
@@ -138,10 +139,11 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   if (job->rows) {
     job->PlanRows(p.nb, p.m, p.k, p.n);
   } else {
-    float* xp = CallBuffer(0, p.nb * p.m * p.k);  // x packed (blocks)
-    PackRowGroups(p.x, nullptr, p.nb, p.m, p.k, kern->block_mr, xp);
+    job->panel = kern->panel_for(p);
+    float* xp = CallBuffer(0, p.nb * p.m * p.k);  // x packed (panel, blocks)
+    PackRowGroups(p.x, nullptr, p.nb, p.m, p.k, job->panel ? kern->panel_mr : kern->block_mr, xp);
     p.xp = xp;
-    job->Plan(p.nb, ColumnBlocks(p.n, p.nb, kern->block_nr, threads));
+    job->Plan(p.nb, ColumnBlocks(p.n, p.nb, job->panel ? kern->panel_nr : kern->block_nr, threads));
   }
   RunBlocks(pool, threads, job);
 
