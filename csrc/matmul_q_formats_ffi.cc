@@ -10,9 +10,10 @@
 // and float8_e4m3fn, "int4_pairs_v1" for int4) and group_size (0: one scale per row
 // of q, else g > 0 dividing n, even for int4). T is s8, u8 and f8E4M3FN respectively.
 //
-// Two regimes by m (rows of x per batch element): "rows" (m <= 4) splits k into
-// chunks fixed by k alone and adds them at the end in chunk order; "blocks" cuts
-// the columns into blocks. The blocks run on XLA's intra-op pool
+// Three regimes by m (rows of x per batch element): "rows" (m <= 4) splits k into
+// chunks fixed by k alone and adds them at the end in chunk order; "panel" (small m
+// for the format, FormatKernels::panel_for) and "blocks" (the rest) cut the columns
+// into blocks. The blocks run on XLA's intra-op pool
 // (matmul_q_parallel.h); each result element is summed in an order fixed by the
 // shapes alone, so results never depend on the thread count.
 #include <algorithm>
