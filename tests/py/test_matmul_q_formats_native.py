@@ -66,11 +66,13 @@ FORMATS = [(jnp.int8, None), (jnp.int8, 16), (jnp.int8, 12), (jnp.int4, None), (
            (jnp.int4, 16), (jnp.int4, 10), (jnp.int4, 2), (jnp.float8_e4m3fn, None),
            (jnp.float8_e4m3fn, 48), (jnp.float8_e4m3fn, 6)]
 # (batch, m, k, n): "rows" (m <= 4) with k split into chunks and a remainder, odd m,
-# "blocks" (m > 4) with k not a multiple of the decoded block (256) and columns
-# past the last whole vector; n a multiple of every group size above but 10 for 96
-# (480 = 2^5 * 15, 4320 = 2^5 * 3^3 * 5: more than one block of 4096 columns).
+# "panel" (m <= 12 for fp8, 32 for int4, 64 for int8) and "blocks" (larger m, or group
+# sizes that split a vector) with k not a multiple of the block (256); n a multiple of
+# every group size above but 10 for 96 (480 = 2^5 * 15, 4320 = 2^5 * 3^3 * 5: more
+# than one block of 4096 columns), and n = 90 (10, 2 and 6 divide it) for columns past
+# the last whole vector in both "panel" and "blocks".
 SHAPES = [((), 1, 1000, 480), ((2,), 3, 301, 480), ((), 4, 64, 4320), ((), 5, 257, 480),
-          ((3,), 17, 600, 96), ((2, 2), 70, 130, 480)]
+          ((3,), 17, 600, 96), ((2, 2), 70, 130, 480), ((), 9, 70, 90), ((), 66, 40, 90)]
 
 
 @needs_native
