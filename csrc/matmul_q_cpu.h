@@ -41,7 +41,7 @@ struct Kernels {
   // f32(q[b, :, j0:j1]), kPanelKc / kPackedKc rows of q at a time. "panel" reads the
   // int8 values in place and converts them in registers, under rows of xs held in
   // registers; "packed" converts each block once to f32 into `scratch` (at least
-  // ScratchBytes(j1 - j0) bytes) for a register-tiled f32 loop reading rows of xs in place.
+  // ScratchFloats(j1 - j0) floats) for a register-tiled f32 loop reading rows of xs in place.
   void (*panel)(const Problem& p, int64_t b, int64_t j0, int64_t j1);
   void (*packed)(const Problem& p, int64_t b, int64_t j0, int64_t j1, void* scratch);
 };
@@ -54,8 +54,8 @@ constexpr int64_t kPanelMaxM = 64;
 constexpr int64_t kPanelKc = 256;
 constexpr int64_t kPackedKc = 256;
 
-// Scratch bytes the "packed" kernel needs for `width` columns (a block converted to f32).
-constexpr int64_t ScratchBytes(int64_t width) { return width * 4 * kPackedKc; }
+// Scratch floats the "packed" kernel needs for `width` columns (a block converted to f32).
+constexpr int64_t ScratchFloats(int64_t width) { return width * kPackedKc; }
 
 const Kernels* KernelsGeneric();
 #if defined(HXMLIR_HAVE_X86_ISAS)

@@ -51,7 +51,7 @@ struct Job : BlockedJob {
       return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
     const int64_t hi = std::min(p.n, lo + block_len);
     if (regime == Regime::kPanel) return kern->panel(p, b, lo, hi);
-    kern->packed(p, b, lo, hi, ThreadScratch(ScratchBytes(block_len)));
+    kern->packed(p, b, lo, hi, ThreadBuffer(kScratch, ScratchFloats(block_len)));
   }
 };
 
@@ -90,7 +90,7 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
     // x * s: "panel" in groups of panel_mr rows, "packed" row-major
-    float* xs = CallBuffer(0, p.nb * p.m * p.k);
+    float* xs = ThreadBuffer(kXs, p.nb * p.m * p.k);
     PackRowGroups(p.x, p.s, p.nb, p.m, p.k, job->regime == Regime::kPanel ? kern->panel_mr : 1, xs);
     p.xs = xs;
     job->Plan(p.nb, ColumnBlocks(p.n, p.nb,

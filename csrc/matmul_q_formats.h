@@ -52,8 +52,8 @@ struct FormatProblem {
 //
 // Numerics: every output element is an f32 sum over k, in increasing kk, of one
 // product per kk: regime "rows" adds fl(x * s) * value(q) (the scale folded into x,
-// as the int8 kernel does), regime "blocks" adds x * fl(value(q) * s) (the weight's
-// block decoded once, scale applied). Each is within gamma_{k+1} * sum_kk |x s q| of
+// as the int8 kernel does), regimes "panel" and "blocks" add x * fl(value(q) * s) (the
+// weight decoded in registers, or a block of it decoded once, scale applied). Each is within gamma_{k+1} * sum_kk |x s q| of
 // the exact value (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed.,
 // section 3.1); "rows" adds its chunks of k at the end, in chunk order.
 struct FormatKernels {

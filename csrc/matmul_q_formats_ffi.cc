@@ -67,7 +67,7 @@ struct FormatJob : BlockedJob {
       return kern->rows(p, b, lo, std::min(p.k, lo + block_len), RowsAcc(p.y, b, c, p.m * p.n));
     if (panel) return kern->panel(p, b, lo, std::min(p.n, lo + block_len));
     kern->blocks(p, b, lo, std::min(p.n, lo + block_len),
-                 static_cast<float*>(ThreadScratch(4 * FormatScratchFloats(block_len))));
+                 ThreadBuffer(kScratch, FormatScratchFloats(block_len)));
   }
 };
 
@@ -141,7 +141,7 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
     job->PlanRows(p.nb, p.m, p.k, p.n);
   } else {
     job->panel = kern->panel_for(p);
-    float* xp = CallBuffer(0, p.nb * p.m * p.k);  // x packed (panel, blocks)
+    float* xp = ThreadBuffer(kXs, p.nb * p.m * p.k);  // x packed (panel, blocks)
     PackRowGroups(p.x, nullptr, p.nb, p.m, p.k, job->panel ? kern->panel_mr : kern->block_mr, xp);
     p.xp = xp;
     job->Plan(p.nb, ColumnBlocks(p.n, p.nb, job->panel ? kern->panel_nr : kern->block_nr, threads));

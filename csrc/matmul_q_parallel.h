@@ -74,13 +74,17 @@ inline void AddPartialSums(float* y, const float* partial, int64_t nb, int64_t c
     }
 }
 
-// A buffer of the calling thread for one call's x * s or partial sums (`slot` 0 or
-// 1), reused by its next calls: allocating it per call (a std::vector of 200 KiB or
-// more is an mmap, its pages faulted in and zeroed every time) cost 10-15% of
-// all-MiniLM-L6-v2's step. The call's blocks are all done before the call returns,
-// so no other thread reads it after that. Holds the largest size seen, per thread.
-inline float* CallBuffer(int slot, int64_t floats) {
-  thread_local std::vector<float> buffers[2];
+// Buffers of a thread, reused by its next calls and blocks: allocating one per call
+// (a std::vector of 200 KiB or more is an mmap, its pages faulted in and zeroed every
+// time) cost 10-15% of all-MiniLM-L6-v2's step. Each holds the largest size asked of
+// it on this thread. The calling thread's x * s (kXs) and partial sums (kPartial) live
+// for one call: its blocks are all done before it returns, so no other thread reads
+// them after that; kScratch is a block's scratch (the decoded block of q), on whichever
+// thread runs the block.
+enum ThreadBufferSlot { kXs, kPartial, kScratch, kThreadBufferSlots };
+
+inline float* ThreadBuffer(ThreadBufferSlot slot, int64_t floats) {
+  thread_local std::vector<float> buffers[kThreadBufferSlots];
   std::vector<float>& b = buffers[slot];
   if (b.size() < static_cast<size_t>(floats)) b.resize(static_cast<size_t>(floats));
   return b.data();
@@ -110,15 +114,6 @@ inline void PackRowGroups(const float* x, const float* s, int64_t nb, int64_t m,
       }
     }
   }
-}
-
-// A buffer of the calling or a pool thread for one block's scratch (the decoded
-// block of q), reused by the thread's next blocks and calls.
-inline void* ThreadScratch(int64_t bytes) {
-  thread_local std::vector<float> scratch;
-  const size_t floats = static_cast<size_t>((bytes + 3) / 4);
-  if (scratch.size() < floats) scratch.resize(floats);
-  return scratch.data();
 }
 
 // The product of dims[0 : rank - 2]: the batch elements of x: f32[*b, m, k].
@@ -167,10 +162,10 @@ struct BlockedJob : BlockCounter {
     blocks_per_batch = blocking.count;
     total = nb * blocking.count;
   }
-  // "rows": chunks of k (ChunksOfK), their partial sums in the calling thread's buffer 1.
+  // "rows": chunks of k (ChunksOfK), their partial sums in the calling thread's kPartial.
   void PlanRows(int64_t nb, int64_t m, int64_t k, int64_t n) {
     Plan(nb, ChunksOfK(k));
-    partial = CallBuffer(1, nb * (blocks_per_batch - 1) * m * n);
+    partial = ThreadBuffer(kPartial, nb * (blocks_per_batch - 1) * m * n);
   }
   // "rows": where chunk c of batch element b sums (mn = m * n): y itself for chunk 0.
   float* RowsAcc(float* y, int64_t b, int64_t c, int64_t mn) const {
@@ -188,23 +183,26 @@ struct BlockedJob : BlockCounter {
 // the end of its first block that ends later than this).
 constexpr std::chrono::nanoseconds kLateHelper{30'000};
 
-// Takes blocks from job's counter and runs them until none is left. `caller`: the
-// calling thread of RunBlocks, which schedules `spare` more helper tasks (once) if
-// none has started kLateHelper after `start`.
-template <class Job>
-void WorkOn(const std::shared_ptr<Job>& job, bool caller, xla::ffi::ThreadPool* pool = nullptr,
-            int64_t spare = 0, std::chrono::steady_clock::time_point start = {}) {
-  if (!caller) job->started.fetch_add(1, std::memory_order_relaxed);
+// Takes blocks from job's counter and runs them until none is left, calling
+// after_block() after each.
+template <class Job, class AfterBlock>
+void WorkOn(Job& job, AfterBlock after_block) {
   for (;;) {
-    const int64_t t = job->next.fetch_add(1, std::memory_order_relaxed);
-    if (t >= job->total) return;
-    job->Run(t);
-    if (job->done.fetch_add(1, std::memory_order_acq_rel) + 1 == job->total) job->done.notify_all();
-    if (spare > 0 && job->started.load(std::memory_order_relaxed) == 0 &&
-        std::chrono::steady_clock::now() - start > kLateHelper) {
-      for (; spare > 0; --spare) pool->Schedule([job] { WorkOn(job, false); });
-    }
+    const int64_t t = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (t >= job.total) return;
+    job.Run(t);
+    if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == job.total) job.done.notify_all();
+    after_block();
   }
+}
+
+// One pool task that helps with job's blocks (counted in job->started when it begins).
+template <class Job>
+void ScheduleHelper(xla::ffi::ThreadPool& pool, const std::shared_ptr<Job>& job) {
+  pool.Schedule([job] {
+    job->started.fetch_add(1, std::memory_order_relaxed);
+    WorkOn(*job, [] {});
+  });
 }
 
 // Runs job->Run(t) for every t in [0, job->total) on the calling thread and on
@@ -224,9 +222,13 @@ template <class Job>
 void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_ptr<Job>& job) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t helpers = threads > 1 ? std::min(threads - 1, job->total - 1) : 0;
-  const int64_t spare = threads > 1 ? std::min(threads, job->total - 1) - helpers : 0;
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([job] { WorkOn(job, false); });
-  WorkOn(job, true, &pool, spare, start);
+  int64_t spare = threads > 1 ? std::min(threads, job->total - 1) - helpers : 0;
+  for (int64_t h = 0; h < helpers; ++h) ScheduleHelper(pool, job);
+  WorkOn(*job, [&] {  // after each block of the calling thread: is a helper late?
+    if (spare > 0 && job->started.load(std::memory_order_relaxed) == 0 &&
+        std::chrono::steady_clock::now() - start > kLateHelper)
+      for (; spare > 0; --spare) ScheduleHelper(pool, job);
+  });
   for (int64_t d = job->done.load(std::memory_order_acquire); d < job->total;
        d = job->done.load(std::memory_order_acquire))
     job->done.wait(d, std::memory_order_acquire);
