@@ -144,9 +144,6 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 
 ConfigState = _config.State
 """JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""
-trace_context = _config.trace_context
-"""The hashable value of every config state that keys JAX's trace and compile caches
-(``hx.installed()``'s pipeline included): part of ``hx.jit``'s cache key."""
 jax_lower_jaxpr_to_module = _mlir.lower_jaxpr_to_module
 """JAX's own ``mlir.lower_jaxpr_to_module``, as imported."""
 
@@ -185,6 +182,28 @@ def exclude_from_tracebacks(path: str) -> None:
   """Keeps frames of file ``path`` out of IR locations and of filtered tracebacks (as JAX's own)."""
   _source_info_util.register_exclusion(path)
   _traceback_util.register_exclusion(path)
+
+
+# --- hx.jit: a function traced with its hi equations lowered (dispatch.py) ---------
+import jax as _jax_api  # noqa: E402
+from jax._src.interpreters import partial_eval as _pe  # noqa: E402
+
+
+def trace_lowered(fun, *args, **kwargs):
+  """``fun(*args, **kwargs)`` staged into the current trace with every hi equation
+  replaced by its lo equations (their ``to_lojax`` rules, as ``jax.jit`` lowers a hi
+  jaxpr before compiling it).
+
+  ``args``/``kwargs`` and the results are pytrees of lo values (hi values only in
+  between). A ``jax.jit`` of a function whose jaxpr holds hi equations is traced again
+  and dispatched from Python on every call (JAX 0.10.2's ``pjit._infer_params``); one
+  whose equations are all lo, as here, keeps JAX's C++ cache and dispatch.
+  """
+  closed, shape = _jax_api.make_jaxpr(fun, return_shape=True)(*args, **kwargs)
+  if closed.jaxpr.is_high:
+    closed = _pe.lower_jaxpr2(closed)
+  outs = core.eval_jaxpr(closed.jaxpr, closed.consts, *_jax_api.tree.leaves((args, kwargs)))
+  return _jax_api.tree.unflatten(_jax_api.tree.structure(shape), outs)
 
 
 # --- lowering: hx composites (lowering/composite.py) --------------------------

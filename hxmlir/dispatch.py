@@ -10,11 +10,20 @@ step is ~20 ms), the 24 of the built-in model about 0.9 ms (a step is ~5 ms).
 
 :func:`jit` passes each concrete hi value as its lo components instead (a
 ``q8`` as its values and scales, an ``r1`` as its factors, a ``Tup`` as its
-elements), rebuilds it inside the traced function (``hx.make_qarray``,
-``hx.outer``, ``hx.make_tup``), and does the reverse for hi results, so the call
-takes the C++ path. The program is the one ``jax.jit`` compiles (the rebuild
-and the take-apart are free there). Under an outer transformation (hi
-arguments that are tracers) nothing is rewritten: the call is ``jax.jit``'s.
+elements) to a ``jax.jit`` of a function that rebuilds it (``hx.make_qarray``,
+``hx.outer``, ``hx.make_tup``), calls the user's function, takes hi results
+apart, and is traced with its hi equations lowered to lo ones at once
+(:func:`hxmlir._jax.trace_lowered`). JAX then sees a function of arrays made of
+lo equations, keeps it in its C++ cache (keyed by the pytree structure, each
+array's shape, dtype, weak type and sharding, and the trace context, which holds
+``hx.installed()``'s pipeline) and calls it through its C++ dispatch; hi results
+come back rebuilt. A jaxpr that holds hi equations is traced again on every call
+in JAX 0.10.2 instead. The program is the one ``jax.jit`` compiles (``jax.jit``
+lowers a hi jaxpr by the same ``to_lojax`` rules before compiling it). Under an
+outer transformation (hi arguments that are tracers) nothing is rewritten: the
+call is ``jax.jit``'s. On the development machine all-MiniLM-L6-v2's step costs
+~90 us in Python this way, where JAX's AOT ``Compiled`` call of the f32 model
+costs ~35 us.
 """
 
 from __future__ import annotations
@@ -31,22 +40,20 @@ from hxmlir.rank1 import Rank1, Rank1Ty, factors, outer
 from hxmlir.tuples import HiTup, TupTy, get_tuple_element, make_tup
 
 
-@jax.tree_util.register_pytree_node_class
 class _Lo:
-  """A hi value as its lo components: a pytree node whose children are the components
-  (arrays, or ``_Lo`` for hi elements of a tuple) and whose aux data is the kind."""
+  """A hi value as its lo components: a pytree node whose child is the tuple of
+  components (arrays, or ``_Lo`` for hi elements of a tuple) and whose aux data is the
+  kind. Registered as a dataclass node: JAX's C++ pytree code flattens it without
+  calling Python, where a ``register_pytree_node_class`` node costs a Python call per
+  node; plain slots, as a frozen dataclass's ``__init__`` costs ~1 us more per value."""
 
   __slots__ = ("kind", "parts")
 
   def __init__(self, kind: type, parts: tuple):
     self.kind, self.parts = kind, parts
 
-  def tree_flatten(self):
-    return self.parts, self.kind
 
-  @classmethod
-  def tree_unflatten(cls, kind, parts):
-    return cls(kind, tuple(parts))
+jax.tree_util.register_dataclass(_Lo, data_fields=["parts"], meta_fields=["kind"])
 
 
 def _lower(v, parts_of: dict, key) -> Any:
@@ -95,17 +102,11 @@ _BY_CONSTRUCTORS = {QArray: QArray, Rank1: Rank1, HiTup: lambda *elts: HiTup(elt
 """After the call: the hi value from concrete arrays."""
 
 
+_Tracer = jax.core.Tracer
+
+
 def _is_lo(v) -> bool:
   return isinstance(v, _Lo)
-
-
-def _leaf_key(a) -> tuple:
-  """What a compiled executable depends on in an argument leaf: its type (for Python
-  scalars, weakly typed in JAX), and for arrays shape, dtype, weak type and sharding."""
-  shape = getattr(a, "shape", None)
-  if shape is None:
-    return (type(a),)
-  return (type(a), shape, a.dtype, getattr(a, "weak_type", False), getattr(a, "sharding", None))
 
 
 _REFUSED = {
@@ -125,12 +126,12 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   only the call differs: each concrete ``hx.QArray`` (``q8``/``q4``/``f8``,
   per-row or grouped), ``hx.Rank1`` and ``hx.HiTup`` among the arguments
   (anywhere in their pytrees) travels as its arrays, and hi results come back
-  rebuilt. The function is lowered and compiled once per signature (the pytree
+  rebuilt. The function is traced and compiled once per signature (the pytree
   structure, each array's shape, dtype, weak type and sharding, and JAX's trace
-  context, which holds ``hx.installed()``'s pipeline), and each call goes to the
-  compiled executable through JAX's C++ dispatch (see the module docstring for
-  what that saves). ``jit_kwargs`` are ``jax.jit``'s (``donate_argnums``,
-  ``keep_unused``, ...; argument positions are unchanged). The returned function
+  context, which holds ``hx.installed()``'s pipeline: ``jax.jit``'s own C++ cache),
+  and each call goes to the compiled executable through JAX's C++ dispatch (see
+  the module docstring for what that saves). ``jit_kwargs`` are ``jax.jit``'s
+  (``donate_argnums``, ``keep_unused``, ...; argument positions are unchanged). The returned function
   has ``lower(*args, **kwargs)``: the ``jax.jit`` lowering of the same call over the
   components. Inside another transformation (an argument that is a tracer) it is
   ``jax.jit(fun)``.
@@ -151,10 +152,12 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
                                 (args, kwargs), is_leaf=_is_lo)
     return jax.tree.map(_lower_traced, fun(*args, **kwargs))
 
-  functools.update_wrapper(inner, fun)
-  jitted = jax.jit(inner, **jit_kwargs)
+  def lo_fun(*args, **kwargs):  # lo in, lo out, and lo equations only: JAX's C++ path
+    return _jax.trace_lowered(inner, *args, **kwargs)
+
+  functools.update_wrapper(lo_fun, fun)
+  jitted = jax.jit(lo_fun, **jit_kwargs)
   plain = jax.jit(fun, **jit_kwargs)
-  compiled: dict = {}
 
   def lower(*args, **kwargs):
     args, kwargs = jax.tree.map(_lower_concrete, (args, kwargs))
@@ -162,17 +165,16 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
-    lo = jax.tree.map(_lower_concrete, (args, kwargs))
-    leaves, tree = jax.tree.flatten(lo)
-    if any(isinstance(v, jax.core.Tracer) for v in leaves):
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    kinds = set(map(type, leaves))  # the per-leaf work in C; a model has ~100s of leaves
+    if any(issubclass(k, _Tracer) for k in kinds):
       return plain(*args, **kwargs)
-    key = (tree, tuple(map(_leaf_key, leaves)), _jax.trace_context())
-    exe = compiled.get(key)
-    if exe is None:
-      exe = compiled[key] = lower(*args, **kwargs).compile()
+    if not kinds.isdisjoint(_CONCRETE_PARTS):
+      args, kwargs = tree.unflatten([_lower_concrete(v) if type(v) in _CONCRETE_PARTS else v
+                                     for v in leaves])
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
-                        exe(*lo[0], **lo[1]), is_leaf=_is_lo)
+                        jitted(*args, **kwargs), is_leaf=_is_lo)
 
   call.lower = lower
-  call._cache_size = lambda: len(compiled)  # as jax.jit's: executables compiled so far
+  call._cache_size = jitted._cache_size  # as jax.jit's: executables compiled so far
   return call

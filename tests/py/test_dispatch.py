@@ -77,6 +77,35 @@ def test_compiles_once_per_signature_and_pipeline():
   assert f._cache_size() == 3
 
 
+def test_calls_take_jax_cpp_path_and_key_on_weak_types():
+  # JAX 0.10.2 calls a jitted function whose jaxpr holds hi equations through its Python
+  # path every time (jax.no_tracing then raises); hx.jit's function holds lo equations
+  # only, so after the first call of a signature JAX's C++ cache and dispatch take it
+  traces = []
+
+  def f(x, q, c):
+    traces.append(jax.typeof(c))
+    return hx.matmul_q(x, q).astype(jnp.bfloat16) * c
+
+  q, x = hx.quantize(_w(16, 8)), _w(2, 16)
+  consts = (2.0, jnp.float32(2.0), np.float32(2.0))  # weak f32, strong f32 (twice)
+  wants = [jax.jit(f)(x, q, c) for c in consts]
+  traces.clear()
+  g = hx.jit(f)
+  g(x, q, 2.0)
+  with jax.no_tracing(True):
+    for _ in range(2):
+      g(x, q, 2.0)
+  assert len(traces) == 1
+  for c, want in zip(consts, wants):
+    got = g(x, q, c)
+    with jax.no_tracing(True):
+      g(x, q, c)
+    assert jax.typeof(got) == jax.typeof(want)  # bf16 * weak f32 is bf16; * f32 is f32
+    np.testing.assert_array_equal(got, want)
+  assert [str(t) for t in traces] == ["~float32[]", "float32[]"]
+
+
 def test_under_transformations_it_is_jax_jit():
   qs = [hx.quantize(_w(16, 16)) for _ in range(2)]
 
