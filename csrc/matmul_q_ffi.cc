@@ -90,8 +90,8 @@ ffi::Error MatmulQ(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   } else {
     job->regime = p.m <= kPanelMaxM ? Regime::kPanel : Regime::kPacked;
     // x * s: "panel" in groups of panel_mr rows, "packed" row-major
-    float* xs = ThreadBuffer(kXs, p.nb * p.m * p.k);
-    PackRowGroups(p.x, p.s, p.nb, p.m, p.k, job->regime == Regime::kPanel ? kern->panel_mr : 1, xs);
+    float* xs = ThreadBuffer(kXs, p.nb * p.m * p.k);  // filled by the job's first tasks
+    job->pack.Plan(p.x, p.s, p.nb, p.m, p.k, job->regime == Regime::kPanel ? kern->panel_mr : 1, xs);
     p.xs = xs;
     job->Plan(p.nb, ColumnBlocks(p.n, p.nb,
                                  job->regime == Regime::kPanel ? kern->panel_nr : kern->packed_nr,

@@ -141,8 +141,8 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
     job->PlanRows(p.nb, p.m, p.k, p.n);
   } else {
     job->panel = kern->panel_for(p);
-    float* xp = ThreadBuffer(kXs, p.nb * p.m * p.k);  // x packed (panel, blocks)
-    PackRowGroups(p.x, nullptr, p.nb, p.m, p.k, job->panel ? kern->panel_mr : kern->block_mr, xp);
+    float* xp = ThreadBuffer(kXs, p.nb * p.m * p.k);  // x packed (panel, blocks) by the first tasks
+    job->pack.Plan(p.x, nullptr, p.nb, p.m, p.k, job->panel ? kern->panel_mr : kern->block_mr, xp);
     p.xp = xp;
     job->Plan(p.nb, ColumnBlocks(p.n, p.nb, job->panel ? kern->panel_nr : kern->block_nr, threads));
   }
