@@ -189,15 +189,22 @@ import jax as _jax_api  # noqa: E402
 from jax._src.interpreters import partial_eval as _pe  # noqa: E402
 
 
+def at_top_level() -> bool:
+  """Whether no transformation is tracing (``jit``, ``grad``, ``vmap``, ...): values here
+  are concrete, and a jitted call is dispatched rather than staged."""
+  return core.trace_state_clean()
+
+
 def trace_lowered(fun, *args, **kwargs):
   """``fun(*args, **kwargs)`` staged into the current trace with every hi equation
   replaced by its lo equations (their ``to_lojax`` rules, as ``jax.jit`` lowers a hi
   jaxpr before compiling it).
 
   ``args``/``kwargs`` and the results are pytrees of lo values (hi values only in
-  between). A ``jax.jit`` of a function whose jaxpr holds hi equations is traced again
-  and dispatched from Python on every call (JAX 0.10.2's ``pjit._infer_params``); one
-  whose equations are all lo, as here, keeps JAX's C++ cache and dispatch.
+  between). A ``jax.jit`` of a function whose jaxpr holds hi equations is dispatched
+  from Python on every call (JAX 0.10.2's ``pjit._infer_params`` keeps no parameters
+  for it, so the C++ cache never holds it); one whose equations are all lo, as here,
+  takes JAX's C++ cache and dispatch.
   """
   closed, shape = _jax_api.make_jaxpr(fun, return_shape=True)(*args, **kwargs)
   if closed.jaxpr.is_high:

@@ -17,11 +17,11 @@ apart, and is traced with its hi equations lowered to lo ones at once
 lo equations, keeps it in its C++ cache (keyed by the pytree structure, each
 array's shape, dtype, weak type and sharding, and the trace context, which holds
 ``hx.installed()``'s pipeline) and calls it through its C++ dispatch; hi results
-come back rebuilt. A jaxpr that holds hi equations is traced again on every call
-in JAX 0.10.2 instead. The program is the one ``jax.jit`` compiles (``jax.jit``
-lowers a hi jaxpr by the same ``to_lojax`` rules before compiling it). Under an
-outer transformation (hi arguments that are tracers) nothing is rewritten: the
-call is ``jax.jit``'s. On the development machine all-MiniLM-L6-v2's step costs
+come back rebuilt. A jitted function whose jaxpr holds hi equations is dispatched
+from Python on every call in JAX 0.10.2 instead. The program is the one ``jax.jit``
+compiles (``jax.jit`` lowers a hi jaxpr by the same ``to_lojax`` rules before
+compiling it). Called while a transformation traces (``jit``, ``grad``, ``vmap``,
+...) nothing is rewritten: the call is ``jax.jit``'s. On the development machine all-MiniLM-L6-v2's step costs
 ~90 us in Python this way, where JAX's AOT ``Compiled`` call of the f32 model
 costs ~35 us.
 """
@@ -102,9 +102,6 @@ _BY_CONSTRUCTORS = {QArray: QArray, Rank1: Rank1, HiTup: lambda *elts: HiTup(elt
 """After the call: the hi value from concrete arrays."""
 
 
-_Tracer = jax.core.Tracer
-
-
 def _is_lo(v) -> bool:
   return isinstance(v, _Lo)
 
@@ -133,8 +130,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   the module docstring for what that saves). ``jit_kwargs`` are ``jax.jit``'s
   (``donate_argnums``, ``keep_unused``, ...; argument positions are unchanged). The returned function
   has ``lower(*args, **kwargs)``: the ``jax.jit`` lowering of the same call over the
-  components. Inside another transformation (an argument that is a tracer) it is
-  ``jax.jit(fun)``.
+  components. Inside another transformation (called while ``jit``, ``grad``, ``vmap``
+  ... trace, with tracers or concrete values) it is ``jax.jit(fun)``.
 
   Like ``jax.jit``, ``hx.jit(**jit_kwargs)`` without ``fun`` is a decorator. Raises
   ``TypeError`` for ``in_shardings``/``out_shardings`` (they would name the
@@ -165,11 +162,10 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
-    leaves, tree = jax.tree.flatten((args, kwargs))
-    kinds = set(map(type, leaves))  # the per-leaf work in C; a model has ~100s of leaves
-    if any(issubclass(k, _Tracer) for k in kinds):
+    if not _jax.at_top_level():  # staged into a transformation: the call is jax.jit's
       return plain(*args, **kwargs)
-    if not kinds.isdisjoint(_CONCRETE_PARTS):
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    if not set(map(type, leaves)).isdisjoint(_CONCRETE_PARTS):  # per-leaf work in C
       args, kwargs = tree.unflatten([_lower_concrete(v) if type(v) in _CONCRETE_PARTS else v
                                      for v in leaves])
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),

@@ -119,6 +119,21 @@ def test_under_transformations_it_is_jax_jit():
                                 jax.vmap(jax.jit(f), (0, None))(xs, qs))
 
 
+def test_called_inside_a_transformation_with_concrete_arguments():
+  # a function closing over a tracer of an outer jit (and grad through it), its hi
+  # arguments concrete: the call is staged as jax.jit's, not dispatched
+  q = hx.quantize(_w(16, 8))
+
+  def outer(make_jit, x):
+    return make_jit(lambda q: hx.matmul_q(x, q) * 2)(q).sum()
+
+  x = _w(2, 16)
+  for transform in (jax.jit, jax.grad):
+    want = transform(functools.partial(outer, jax.jit))(x)
+    got = transform(functools.partial(outer, hx.jit))(x)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_lower_is_the_lowering_over_components():
   q = hx.quantize(_w(16, 8))
   text = hx.jit(hx.matmul_q).lower(_w(2, 16), q).as_text()
