@@ -90,28 +90,25 @@ inline float* ThreadBuffer(ThreadBufferSlot slot, int64_t floats) {
   return b.data();
 }
 
-// Writes x: f32[nb, m, k] (times s: f32[nb, k] along k, where s is not null) into
-// out in groups of mr rows (the last group may be smaller), each group column after
-// column: element (b, i, kk) at out + b * m * k + i0 * k + kk * g + (i - i0),
-// i0 = i / mr * mr, g = min(mr, m - i0), so a register-tiled loop reads a group
-// sequentially. For mr = 1 that is x's own row-major layout, written in one pass the
-// compiler vectorises (the transposing loop's order cost 2-5% at large m).
-inline void PackRowGroups(const float* x, const float* s, int64_t nb, int64_t m, int64_t k,
-                          int64_t mr, float* out) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* sb = s == nullptr ? nullptr : s + b * k;
-    for (int64_t i0 = 0; i0 < m; i0 += mr) {
-      const int64_t g = std::min(mr, m - i0);
-      const float* xg = x + (b * m + i0) * k;
-      float* d = out + (b * m + i0) * k;
-      if (g == 1 && sb != nullptr) {
-        for (int64_t kk = 0; kk < k; ++kk) d[kk] = xg[kk] * sb[kk];
-      } else if (g == 1) {
-        std::copy(xg, xg + k, d);
-      } else {
-        for (int64_t kk = 0; kk < k; ++kk)
-          for (int64_t r = 0; r < g; ++r) d[kk * g + r] = sb ? xg[r * k + kk] * sb[kk] : xg[r * k + kk];
-      }
+// Writes x: f32[m, k] (times s: f32[k] along k, where s is not null) into out in
+// groups of mr rows (the last group may be smaller), each group column after column:
+// element (i, kk) at out + i0 * k + kk * g + (i - i0), i0 = i / mr * mr,
+// g = min(mr, m - i0), so a register-tiled loop reads a group sequentially. For mr = 1
+// that is x's own row-major layout, written in one pass the compiler vectorises (the
+// transposing loop's order cost 2-5% at large m).
+inline void PackRowGroups(const float* x, const float* s, int64_t m, int64_t k, int64_t mr,
+                          float* out) {
+  for (int64_t i0 = 0; i0 < m; i0 += mr) {
+    const int64_t g = std::min(mr, m - i0);
+    const float* xg = x + i0 * k;
+    float* d = out + i0 * k;
+    if (g == 1 && s != nullptr) {
+      for (int64_t kk = 0; kk < k; ++kk) d[kk] = xg[kk] * s[kk];
+    } else if (g == 1) {
+      std::copy(xg, xg + k, d);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t r = 0; r < g; ++r) d[kk * g + r] = s ? xg[r * k + kk] * s[kk] : xg[r * k + kk];
     }
   }
 }
@@ -133,8 +130,9 @@ struct XPack {
   int64_t m = 0, k = 0, mr = 1, rows = 0, per_batch = 0, chunks = 0;
   std::atomic<int64_t> done{0};
 
-  // Pack x: f32[nb, m, k] (times s: f32[nb, k]) into out in groups of mr rows, in
-  // tasks of about kPackChunkFloats floats (a multiple of mr rows each).
+  // Pack x: f32[nb, m, k] (times s: f32[nb, k]) into out: f32[nb, m, k], each batch
+  // element in groups of mr rows (PackRowGroups), in tasks of about kPackChunkFloats
+  // floats (a multiple of mr rows each).
   void Plan(const float* x_, const float* s_, int64_t nb, int64_t m_, int64_t k_, int64_t mr_,
             float* out_) {
     x = x_, s = s_, out = out_, m = m_, k = k_, mr = mr_;
@@ -144,10 +142,10 @@ struct XPack {
     chunks = nb * per_batch;
   }
   // Task c: rows [r0, r0 + rows) of batch element c / per_batch. The groups of mr rows
-  // start at multiples of mr, as those of one PackRowGroups over all of x.
+  // start at multiples of mr, as those of one PackRowGroups over the whole element.
   void Run(int64_t c) {
     const int64_t b = c / per_batch, r0 = c % per_batch * rows;
-    PackRowGroups(x + (b * m + r0) * k, s == nullptr ? nullptr : s + b * k, 1,
+    PackRowGroups(x + (b * m + r0) * k, s == nullptr ? nullptr : s + b * k,
                   std::min(rows, m - r0), k, mr, out + (b * m + r0) * k);
     done.fetch_add(1, std::memory_order_release);
   }
@@ -227,14 +225,14 @@ struct BlockedJob : BlockCounter {
 
 // A helper task that has not started this long after the call scheduled it is
 // queued behind other work or on a thread that was asleep: one more is scheduled
-// (checked by the calling thread after each block it runs, so with long blocks at
+// (checked by the calling thread after each task it runs, so with long blocks at
 // the end of its first block that ends later than this).
 constexpr std::chrono::nanoseconds kLateHelper{30'000};
 
 // Takes tasks from job's counter and runs them until none is left (a pack task, or
-// job.Run(block) once the pack is complete), calling after_block() after each.
-template <class Job, class AfterBlock>
-void WorkOn(Job& job, AfterBlock after_block) {
+// job.Run(block) once the pack is complete), calling after_task() after each.
+template <class Job, class AfterTask>
+void WorkOn(Job& job, AfterTask after_task) {
   const int64_t tasks = job.tasks();
   for (;;) {
     const int64_t t = job.next.fetch_add(1, std::memory_order_relaxed);
@@ -246,7 +244,7 @@ void WorkOn(Job& job, AfterBlock after_block) {
       job.Run(t - job.pack.chunks);
     }
     if (job.done.fetch_add(1, std::memory_order_acq_rel) + 1 == tasks) job.done.notify_all();
-    after_block();
+    after_task();
   }
 }
 
@@ -259,8 +257,8 @@ void ScheduleHelper(xla::ffi::ThreadPool& pool, const std::shared_ptr<Job>& job)
   });
 }
 
-// Runs job->Run(t) for every t in [0, job->total) on the calling thread and on
-// tasks of XLA's intra-op pool (`threads`: the pool's size, or 1 for a small
+// Runs the pack tasks, then job->Run(t) for every block t in [0, job->total), on the
+// calling thread and on tasks of XLA's intra-op pool (`threads`: the pool's size, or 1 for a small
 // problem), and returns when all have run. The pool has a thread per core, so the
 // calling thread and threads - 1 tasks make one busy thread per core: one task
 // more would, whenever the pool's threads are awake (inside a model's step), put
@@ -270,7 +268,7 @@ void ScheduleHelper(xla::ffi::ThreadPool& pool, const std::shared_ptr<Job>& job)
 // When none of the tasks has started kLateHelper after the call began (its pool
 // thread was asleep or busy: 50-300 us to wake on this VM), one more is
 // scheduled, for another thread (the calling thread checks after each of its
-// blocks). A task that starts late finds no block left and returns at once.
+// tasks). A task that starts late finds nothing left and returns at once.
 // Job: derives from BlockCounter and has void Run(int64_t block).
 template <class Job>
 void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_ptr<Job>& job) {
@@ -279,7 +277,7 @@ void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_pt
   const int64_t helpers = threads > 1 ? std::min(threads - 1, tasks - 1) : 0;
   int64_t spare = threads > 1 ? std::min(threads, tasks - 1) - helpers : 0;
   for (int64_t h = 0; h < helpers; ++h) ScheduleHelper(pool, job);
-  WorkOn(*job, [&] {  // after each block of the calling thread: is a helper late?
+  WorkOn(*job, [&] {  // after each task of the calling thread: is a helper late?
     if (spare > 0 && job->started.load(std::memory_order_relaxed) == 0 &&
         std::chrono::steady_clock::now() - start > kLateHelper)
       for (; spare > 0; --spare) ScheduleHelper(pool, job);

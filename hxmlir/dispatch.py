@@ -21,9 +21,9 @@ come back rebuilt. A jitted function whose jaxpr holds hi equations is dispatche
 from Python on every call in JAX 0.10.2 instead. The program is the one ``jax.jit``
 compiles (``jax.jit`` lowers a hi jaxpr by the same ``to_lojax`` rules before
 compiling it). Called while a transformation traces (``jit``, ``grad``, ``vmap``,
-...) nothing is rewritten: the call is ``jax.jit``'s. On the development machine all-MiniLM-L6-v2's step costs
-~90 us in Python this way, where JAX's AOT ``Compiled`` call of the f32 model
-costs ~35 us.
+...) nothing is rewritten: the call is ``jax.jit``'s. On the development machine
+all-MiniLM-L6-v2's step costs ~90 us in Python this way, where JAX's AOT
+``Compiled`` call of the f32 model costs ~35 us.
 """
 
 from __future__ import annotations
@@ -83,6 +83,17 @@ def _lower_concrete(v) -> Any:
   return _lower(v, _CONCRETE_PARTS, type)
 
 
+def _lower_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+  """``(args, kwargs)`` with every concrete hi value among their leaves as ``_Lo``. The
+  per-leaf work is in C (flatten, the set of leaf types) unless a hi value is there: a
+  model's step has hundreds of leaves, and this runs on every call."""
+  leaves, tree = jax.tree.flatten((args, kwargs))
+  if set(map(type, leaves)).isdisjoint(_CONCRETE_PARTS):
+    return args, kwargs
+  return tree.unflatten([_lower_concrete(v) if type(v) in _CONCRETE_PARTS else v
+                         for v in leaves])
+
+
 def _lower_traced(v) -> Any:
   return _lower(v, _TRACED_PARTS,
                 lambda v: type(jax.typeof(v)) if isinstance(v, jax.core.Tracer) else None)
@@ -128,8 +139,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   context, which holds ``hx.installed()``'s pipeline: ``jax.jit``'s own C++ cache),
   and each call goes to the compiled executable through JAX's C++ dispatch (see
   the module docstring for what that saves). ``jit_kwargs`` are ``jax.jit``'s
-  (``donate_argnums``, ``keep_unused``, ...; argument positions are unchanged). The returned function
-  has ``lower(*args, **kwargs)``: the ``jax.jit`` lowering of the same call over the
+  (``donate_argnums``, ``keep_unused``, ...; argument positions are unchanged). The
+  returned function has ``lower(*args, **kwargs)``: the ``jax.jit`` lowering of the same call over the
   components. Inside another transformation (called while ``jit``, ``grad``, ``vmap``
   ... trace, with tracers or concrete values) it is ``jax.jit(fun)``.
 
@@ -157,17 +168,14 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   plain = jax.jit(fun, **jit_kwargs)
 
   def lower(*args, **kwargs):
-    args, kwargs = jax.tree.map(_lower_concrete, (args, kwargs))
+    args, kwargs = _lower_arguments(args, kwargs)
     return jitted.lower(*args, **kwargs)
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
     if not _jax.at_top_level():  # staged into a transformation: the call is jax.jit's
       return plain(*args, **kwargs)
-    leaves, tree = jax.tree.flatten((args, kwargs))
-    if not set(map(type, leaves)).isdisjoint(_CONCRETE_PARTS):  # per-leaf work in C
-      args, kwargs = tree.unflatten([_lower_concrete(v) if type(v) in _CONCRETE_PARTS else v
-                                     for v in leaves])
+    args, kwargs = _lower_arguments(args, kwargs)
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
                         jitted(*args, **kwargs), is_leaf=_is_lo)
 
