@@ -129,7 +129,9 @@ def result_parts(x_parts: Sequence, q_parts: Sequence, dims: DotDims) -> tuple:
   """The result's per-dim sharding entries (``PartitionSpec`` entries or Shardy axis
   tuples; empty/``None`` = replicated): batch dims like ``x``'s (``q``'s where
   ``x``'s is replicated), ``x``'s free dims like ``x``, ``q``'s free dims like ``q``.
-  Contracting dims must be unsharded (:func:`sharded_contraction`)."""
+  A sharded contracting dim leaves no trace in the result: each shard's partial sum is
+  added by the partitioner (the typing rule refuses one on Explicit mesh axes,
+  :func:`sharded_contraction`)."""
   (lc, rc), (lb, rb) = dims
   batch = tuple(x_parts[a] if x_parts[a] else q_parts[b] for a, b in zip(lb, rb))
   return (*batch, *(x_parts[d] for d in free_dims(len(x_parts), lc, lb)),

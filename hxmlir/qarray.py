@@ -495,7 +495,10 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
   xp = shd.partitions(x_aval.sharding, x_aval.ndim)
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   if dotdims.sharded_contraction(xp, qp, dims):
-    raise TypeError(f"{who} requires unsharded contraction axes, got {sig}")
+    raise TypeError(f"{who} requires unsharded contraction axes, got {sig}: on Explicit "
+                    "mesh axes the result's sharding would be ambiguous (as for JAX's dot); "
+                    "reshard an operand (jax.sharding.reshard), or use Auto axes, where "
+                    "each shard's partial sum is all-reduced")
   parts = dotdims.result_parts(xp, qp, dims)
   axes = [a for p in parts if p for a in ((p,) if isinstance(p, str) else p)]
   twice = sorted({a for a in axes if axes.count(a) > 1})
@@ -813,7 +816,10 @@ def matmul_q(x, qw) -> jax.Array:
   Equals ``x @ dequantize(qw)``, computed with the per-row scales folded into
   the dense operand (``(x * scale) @ qvalue``), never a dequantized copy of the
   weight. The result's leading dims are sharded like ``x``'s, its columns like
-  ``qw``'s; contraction axes must be unsharded. Gradients with respect to both
+  ``qw``'s. A contraction axis sharded over Auto mesh axes (``jax.jit(...,
+  in_shardings=...)``, a row-parallel layer) gives each shard's partial sum, which the
+  partitioner all-reduces, as for a dense dot; on Explicit axes it is a ``TypeError``.
+  Gradients with respect to both
   operands are dense ``f32`` arrays. Other layouts (``[out, in]`` weights, stacked
   weights, several contracted axes): :func:`hxmlir.einsum`.
 

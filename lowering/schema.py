@@ -348,9 +348,16 @@ def _dense_times(x: DimSharding | None, k_side: tuple[str, DimSharding | None, i
 
 
 def _shard_matmul_q(ops, res, attrs=None):
-  """Per dimension numbers: contracting dims unsharded on both sides; result batch dims
-  like ``x``'s (or ``q``'s where ``x``'s is not), ``x``'s free dims like ``x``, ``q``'s
-  free dims like ``q`` (``dot_general``'s rule)."""
+  """Per dimension numbers: result batch dims like ``x``'s (or ``q``'s where ``x``'s is
+  not), ``x``'s free dims like ``x``, ``q``'s free dims like ``q`` (``dot_general``'s rule).
+
+  A sharded contraction axis is allowed, as for ``stablehlo.dot_general``: each shard
+  computes a partial sum and the partitioner adds them (an all-reduce). Auto mesh axes
+  carry no type, so only the IR knows them sharded there (``jax.jit(...,
+  in_shardings=...)`` of a row-parallel layer); on Explicit axes the typing rule refuses
+  a sharded contraction at trace time (:func:`hxmlir.qarray.matmul_q_result_type`), as
+  JAX's dot does.
+  """
   (x, q, s), (y,) = ops, res
   errs = _scale_like_values(q, s, "weight")
   # x's rank: version 1 has equal ranks; a v2 op with x's sharding unknown checks q only
@@ -358,9 +365,6 @@ def _shard_matmul_q(ops, res, attrs=None):
   if rank is None:
     return errs
   (lc, rc), (lb, rb) = dims = matmul_q_dims(attrs, rank)
-  if (x is not None and any(x[d] for d in lc)) or (q is not None and any(q[d] for d in rc)):
-    errs.append(f"contraction axes must be unsharded, got x {fmt_sharding(x)} and "
-                f"weight {fmt_sharding(q)}")
   if y is None or x is None and q is None:
     return errs
   # what each result dim must be, where the operand it comes from is known

@@ -51,8 +51,8 @@ constraints and one transpose (``x @ dequantize(q, s).T``: the ``[out, in]``
 layout, groups along the contraction), the composite's dimension numbers the dot's
 read through the transpose; default precision; types and dimension numbers that
 ``hx.matmul_q``'s schema accepts (group scales that cannot be folded through the
-dims are refused); known shardings it accepts, and no sharded contraction axis
-(the values and scales are constrained like the dequantized value, a group
+dims are refused); known shardings it accepts (a sharded contraction axis
+included: partial sums the partitioner adds, as for the dot; the values and scales are constrained like the dequantized value, a group
 scale's group axis like the last axis). Where the dot's result orders its free
 dims unlike the composite (batch, ``x``'s free dims, ``q``'s free dims: the
 dequantized operand on the left, or a transpose reordering free dims), a
@@ -748,8 +748,6 @@ def _format_shardings(dot, m: _Dequant, x: ir.Value, perm: list[int], attrs: dic
            shardings.dim_sharding(q_sh, qr) if q_sh is not None else shardings.value_sharding(m.q),
            shardings.dim_sharding(s_sh, ir.RankedTensorType(m.s.type).rank)
            if s_sh is not None else shardings.value_sharding(m.s)]
-  if known[1] is not None and any(known[1][d] for d in attrs["rhs_contracting_dimensions"]):
-    return None  # the schema checks this only where x's sharding is known
   if schema.lookup("hx.matmul_q").check_shardings(
       known, [shardings.dim_sharding(y_sh, yr)], attrs):
     return None

@@ -21,7 +21,7 @@ dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))`` -- or ``x: f32[...,
 an ``f32`` (or default) preferred element type and no explicit output sharding,
 becomes ``y = hx_matmul_q(x, q, s)`` when the operand and result types meet
 ``hx.matmul_q``'s contract in ``lowering/schema.py`` (``f32 x i8, f32``,
-static shapes, unsharded contraction axes) and ``hx_matmul_q``'s abstract
+static shapes, result sharded like the dot's) and ``hx_matmul_q``'s abstract
 evaluation gives exactly ``y``'s type (shape, dtype, sharding, manual axes). The equation keeps its source location and context.
 ``hx_dequantize`` equations left without uses are dropped. Sub-jaxprs of
 ``jit``, ``closed_call``, ``cond``, ``while``, ``scan``, ``checkpoint``,
@@ -145,7 +145,7 @@ def _result_type(*avals_and_dims):
 def _breaks_contract(operands, result, dims) -> bool:
   """Whether ``hx.matmul_q`` with these operand and result avals breaks the schema's
   contract: a dtype other than ``f32 x i8, f32`` (a bf16 ``x`` the dot promotes),
-  a symbolic dimension (composites need static shapes), a sharded contraction axis."""
+  a symbolic dimension (composites need static shapes), shardings the schema refuses."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]
   if None in types or isinstance(schema.quantized_format(*types[1:3]), str):

@@ -233,7 +233,7 @@ def test_aligned_group_sharding_gives_the_unsharded_numbers(on_mesh, dtype, g):
     for a, b in zip(hx.qarray_parts(q), hx.qarray_parts(ref)):
       np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(hx.dequantize(q)), np.asarray(hx.dequantize(ref)))
-    if spec[1] is None:  # the contraction ("mk,nk->mn" over k) must be unsharded
+    if spec[1] is None:  # on Explicit axes the contraction ("mk,nk->mn" over k) must be unsharded
       y = jax.jit(lambda x, q: hx.einsum("mk,nk->mn", x, q))(x, q)
       w64 = _dense64(ref)
       assert_within(y, np.asarray(x, np.float64) @ w64.T,

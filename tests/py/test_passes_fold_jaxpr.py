@@ -144,10 +144,18 @@ def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
 
 
 @pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])
-def test_dots_with_a_sharded_contraction_are_left_alone(on_mesh, xspec, wspec):
+def test_dots_with_a_sharded_contraction_fold_and_compute_the_same(on_mesh, xspec, wspec):
+  # a dot JAX accepts with a sharded contraction (its result replicated, the partial
+  # sums added) is an hx.matmul_q of the same type (issue 25: install never turns a
+  # working program into a failing one)
   x, qw = _data(m=8, k=16, n=8)
-  _assert_left_alone_and_unchanged(jax.device_put(x, xspec),
-                            hx.quantize(jax.device_put(hx.dequantize(qw), wspec)))
+  args = jax.device_put(x, xspec), hx.quantize(jax.device_put(hx.dequantize(qw), wspec))
+  new, n = fold_closed_jaxpr(_lo_jaxpr(dequant_dot, *args))
+  assert n == 1 and _prims(new) == ["hx_matmul_q"]
+  want = np.asarray(jax.jit(dequant_dot)(*args))
+  with hx.installed():
+    got = np.asarray(jax.jit(dequant_dot)(*args))
+  assert_within(got, want, 2 * dot_bound("mk,kn->mn", x, hx.dequantize(args[1]), extra=1))
 
 
 def test_dots_with_symbolic_shapes_are_left_alone():

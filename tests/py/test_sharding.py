@@ -9,6 +9,7 @@ numbers are checked against the same computation without a mesh.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import jax
@@ -659,3 +660,92 @@ def test_tuples_mixing_values_from_outside_the_mesh_differentiate(on_mesh, first
   for grad in (jax.grad(f, (0, 1)), jax.jit(jax.grad(f, (0, 1)))):
     for g, w in zip(grad(*args), want):
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+# --- Auto mesh axes: a sharded contraction is partial sums, all-reduced (issue 25) -------
+
+@pytest.fixture(scope="module")
+def auto_mesh():
+  """A 2-device mesh ``("i",)`` with an Auto axis (JAX's default axis type)."""
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+  return jax.make_mesh((2,), ("i",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:2])
+
+
+def _row_parallel(shape_x, shape_w, fmt=jnp.int8, group_size=None, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal(shape_x).astype(np.float32)
+  q = hx.quantize(jnp.asarray(rng.standard_normal(shape_w), jnp.float32), fmt,
+                  group_size=group_size)
+  return x, q
+
+
+# (function, x's spec, q's spec, subscripts of the product with the dequantized weight)
+_AUTO_CASES = {
+    # Megatron's second matmul: x @ dequantize(q), k sharded on both sides
+    "dequant_dot": (lambda x, q: x @ hx.dequantize(q), P(None, "i"), P("i", None), "mk,kn->mn"),
+    "matmul_q": (hx.matmul_q, P(None, "i"), P("i", None), "mk,kn->mn"),
+    "matmul_q_x_only": (hx.matmul_q, P(None, "i"), P(), "mk,kn->mn"),
+    "einsum_in_out": (lambda x, q: hx.einsum("mk,kn->mn", x, q), P(None, "i"), P("i", None),
+                      "mk,kn->mn"),
+    # the [out, in] layout: the contraction is the quantized axis, the scale on the result
+    "einsum_out_in": (lambda x, q: hx.einsum("mk,nk->mn", x, q), P(None, "i"), P(None, "i"),
+                      "mk,nk->mn"),
+}
+
+
+_MODES = {"uninstalled": contextlib.nullcontext, "verify": lambda: hx.installed("hx-verify"),
+          "installed": hx.installed}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+@pytest.mark.parametrize("case", sorted(_AUTO_CASES))
+def test_sharded_contraction_on_an_auto_mesh(auto_mesh, case, mode):
+  fn, xspec, qspec, subscripts = _AUTO_CASES[case]
+  x, q = _row_parallel((4, 64), (64, 48) if subscripts == "mk,kn->mn" else (48, 64))
+  # the issue's program: bare specs under jax.set_mesh
+  f = jax.jit(fn, in_shardings=(xspec, qspec))
+  with _MODES[mode](), jax.set_mesh(auto_mesh):
+    y = f(x, q)
+    text = f.lower(x, q).as_text()
+  # x @ dequantize(q) folds into one hx.matmul_q while the fold is installed
+  assert text.count('"hx.matmul_q"') == (0 if case == "dequant_dot" and mode != "installed"
+                                         else 1)
+  assert_einsum_close(y, subscripts, x, hx.dequantize(q), extra=1)
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+@pytest.mark.parametrize("fmt, group, subscripts", [
+    (jnp.int4, 32, "mk,kn->mn"), (jnp.int4, 32, "mk,nk->mn"), (jnp.float8_e4m3fn, 16, "mk,nk->mn"),
+    (jnp.int8, None, "mk,kn->mn")])
+def test_sharded_contraction_on_an_auto_mesh_every_format(auto_mesh, fmt, group, subscripts,
+                                                          mode):
+  # group scales along the contraction ("mk,nk->mn"): each shard holds whole groups; a
+  # weight above the CPU rule's small size (streamed or walked in blocks)
+  k, n = 512, 256
+  x, q = _row_parallel((4, k), (k, n) if subscripts == "mk,kn->mn" else (n, k), fmt, group)
+  qspec = P("i", None) if subscripts == "mk,kn->mn" else P(None, "i")
+  f = jax.jit(lambda x, q: hx.einsum(subscripts, x, q),
+              in_shardings=(jax.NamedSharding(auto_mesh, P(None, "i")),
+                            jax.NamedSharding(auto_mesh, qspec)))
+  with _MODES[mode]():
+    y = f(x, q)
+  assert_einsum_close(y, subscripts, x, hx.dequantize(q), extra=1)
+
+
+def test_sharded_contraction_on_an_explicit_mesh_stays_a_type_error():
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices")
+  mesh = jax.make_mesh((2,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,),
+                       devices=jax.devices()[:2])
+  with jax.set_mesh(mesh):
+    x = jax.device_put(np.ones((4, 8), np.float32), P(None, "i"))
+    q = hx.quantize(jax.device_put(np.ones((8, 3), np.float32), P("i")))
+    qt = hx.quantize(jax.device_put(np.ones((3, 8), np.float32), P(None, "i")))
+    with pytest.raises(TypeError, match=r"hx\.matmul_q requires unsharded contraction axes, "
+                       r"got f32\[4,8@i\] @ q8\[8@i,3\]: on Explicit mesh axes .* use Auto axes"):
+      jax.jit(hx.matmul_q).trace(x, q)
+    with pytest.raises(TypeError, match=r"hx\.einsum\('mk,nk->mn'\) requires unsharded "
+                       r"contraction axes, got f32\[4,8@i\], q8\[3,8@i\]"):
+      hx.einsum("mk,nk->mn", x, qt)

@@ -151,14 +151,16 @@ func.func private @deq(%q: tensor<64x8xui8>, %s: tensor<64x2xf32>) -> tensor<64x
 
 // -----
 
-// A sharded contraction axis breaks hx.matmul_q's contract: left alone.
-// CHECK-LABEL: func.func @contraction_sharded_refused
-// CHECK-NEXT: %[[D:.*]] = stablehlo.composite "hx.dequantize"
-// CHECK-NEXT: %[[DC:.*]] = sdy.sharding_constraint %[[D]]
-// CHECK-NEXT: stablehlo.dot_general %arg0, %[[DC]]
-// CHECK-NOT: hx.matmul_q
+// A sharded contraction axis (whole groups per shard) is hx.matmul_q's too, as for the
+// dot: partial sums the partitioner adds. The values and the group scale are
+// constrained like the dequantized value.
+// CHECK-LABEL: func.func @contraction_sharded
+// CHECK-NEXT: %[[QC:.*]] = sdy.sharding_constraint %arg1 <@mesh, [{"i"}, {}]> : tensor<64x8xui8>
+// CHECK-NEXT: %[[SC:.*]] = sdy.sharding_constraint %arg2 <@mesh, [{"i"}, {}]> : tensor<64x2xf32>
+// CHECK-NEXT: %[[Y:.*]] = stablehlo.composite "hx.matmul_q" %arg0, %[[QC]], %[[SC]] {composite_attributes = {dtype = "int4", group_size = 8 : i64, layout = "int4_pairs_v1", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}
+// CHECK-NEXT: return %[[Y]]
 sdy.mesh @mesh = <["i"=2, "j"=2]>
-func.func @contraction_sharded_refused(%x: tensor<4x64xf32>, %q: tensor<64x8xui8>, %s: tensor<64x2xf32>) -> tensor<4x16xf32> {
+func.func @contraction_sharded(%x: tensor<4x64xf32>, %q: tensor<64x8xui8>, %s: tensor<64x2xf32>) -> tensor<4x16xf32> {
   %d = stablehlo.composite "hx.dequantize" %q, %s {composite_attributes = {dtype = "int4", group_size = 8 : i64, layout = "int4_pairs_v1"}, decomposition = @deq, version = 2 : i32} : (tensor<64x8xui8>, tensor<64x2xf32>) -> tensor<64x16xf32>
   %dc = sdy.sharding_constraint %d <@mesh, [{"i"}, {}]> : tensor<64x16xf32>
   %y = stablehlo.dot_general %x, %dc, contracting_dims = [1] x [0] : (tensor<4x64xf32>, tensor<64x16xf32>) -> tensor<4x16xf32>
