@@ -20,13 +20,14 @@ import jax.numpy as jnp
 from opt_einsum.parser import parse_einsum_input
 
 from hxmlir import shardings as shd
-from hxmlir.qarray import MatmulQ, QArrayTy
+from hxmlir.qarray import F32, MatmulQ, QArrayTy, dense_dtype
 
 
 def einsum(subscripts: str, x, q) -> jax.Array:
   """``jnp.einsum(subscripts, x, dequantize(q))`` with ``q``'s scales folded, never expanded.
 
-  ``x: f32[...]`` dense and ``q: q8[..., n]`` quantized along its last axis, in either
+  ``x: f32[...]`` dense (or ``bf16``/``f16``: converted to f32 first, f32 result, as
+  :func:`hxmlir.matmul_q`) and ``q: q8[..., n]`` quantized along its last axis, in either
   order. Examples: ``"bsk,kn->bsn"`` (a transformer layer, ``f32[b, s, k] @ q8[k, n]``),
   ``"...ij,hjk->...ik"`` (a stack of ``h`` weights ``q8[h, j, k]``, summed over ``h``),
   ``"mk,nk->mn"`` (the ``[out, in]`` checkpoint layout: the contraction runs over the
@@ -40,7 +41,7 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   Raises ``TypeError`` when ``subscripts`` is not a string, and one naming the
   subscripts and both operand types
   (``hx.einsum('mk,njk->mn'): f32[5,16], q8[4,3,16]: ...``) when there is not exactly
-  one quantized and one dense f32 operand, an index repeats within an operand
+  one quantized and one dense f32/bf16/f16 operand, an index repeats within an operand
   (diagonals), sizes disagree, ``q``'s quantized axis is summed on ``q`` alone, the
   scales cannot be folded (the quantized axis is contracted and the scale spans both
   a contracted and a kept axis), or a contraction axis is sharded.
@@ -54,8 +55,12 @@ def einsum(subscripts: str, x, q) -> jax.Array:
     x, q, x_aval, q_aval = q, x, q_aval, x_aval
   sig = f"hx.einsum({subscripts!r}): {shd.short(x_aval)}, {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy) or isinstance(x_aval, QArrayTy):
-    raise TypeError(f"{sig}: expects one dense f32 operand and one quantized operand "
-                    "(q8, q4 or f8)")
+    raise TypeError(f"{sig}: expects one dense (f32, bf16 or f16) operand and one quantized "
+                    "operand (q8, q4 or f8)")
+  if dense_dtype(x_aval) not in (None, F32):
+    # bf16/f16 activations: in f32 from here on (exact), as jnp.einsum promotes them
+    # against the f32 weight; the sums of x alone below run in f32 too
+    x = x.astype(F32)
   shapes = [SimpleNamespace(shape=tuple(a.shape)) for a in (x_aval, q_aval)]
   try:
     ins, out, _ = parse_einsum_input((subscripts, *(shapes[::-1] if swapped else shapes)))

@@ -57,6 +57,36 @@ from hxmlir.hiprim import (
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
 
+DENSE_DTYPES = (F32, jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+"""The dtypes of the dense operand ``x`` that :func:`matmul_q` and :func:`hxmlir.einsum`
+accept: f32, and bf16/f16 activations, which the op converts to f32 (exactly) before its
+``hx.matmul_q`` composite, whose contract is f32 (``lowering/schema.py``); f32
+accumulation, result dtype :func:`matmul_q_dtype`. The one place that says it: the
+typing rule, the lowering's convert and the cotangent's dtype ask :func:`dense_dtype`."""
+
+
+def dense_dtype(aval) -> jnp.dtype | None:
+  """``aval``'s dtype when it is a dense operand :func:`matmul_q` accepts
+  (:data:`DENSE_DTYPES`), else ``None``."""
+  dtype = getattr(aval, "dtype", None) if isinstance(aval, ShapedArray) else None
+  return dtype if dtype in DENSE_DTYPES else None
+
+
+def matmul_q_dtype(x_dtype) -> jnp.dtype:
+  """The result dtype of a product of a dense ``x_dtype`` operand and a quantized one:
+  JAX's dot of ``x`` with the dequantized f32 weight (``jnp.result_type``): ``float32``."""
+  return jnp.result_type(x_dtype, F32)
+
+
+def dense_dtype_hint(aval) -> str:
+  """What an error about a refused dense operand ``aval`` suggests: for a floating array
+  of another dtype (``f64``), the conversion to f32 that makes it acceptable."""
+  dtype = getattr(aval, "dtype", None)
+  if (isinstance(aval, ShapedArray) and jnp.issubdtype(dtype, jnp.floating)
+      and dtype not in DENSE_DTYPES):
+    return "; convert it with .astype(jnp.float32)"
+  return ""
+
 
 @dataclass(frozen=True)
 class QArray:
@@ -379,8 +409,9 @@ hx_pallas.register_type(QArrayTy)
 
 def _check_dense_f32(op: str, aval, min_rank: int) -> None:
   if not isinstance(aval, ShapedArray) or aval.dtype != F32 or aval.ndim < min_rank:
-    want = "f32[..., n]" if min_rank <= 1 else "f32[..., m, k]"
-    raise TypeError(f"hx.{op} expects a dense {want} array, got {shd.short(aval)}")
+    raise TypeError(f"hx.{op} expects a dense float array of rank >= {min_rank} (f32[..., n]; "
+                    f"bf16 and f16 are converted to f32 first, exactly), got "
+                    f"{shd.short(aval)}{dense_dtype_hint(aval)}")
 
 
 def _check_quantized(op: str, aval) -> None:
@@ -475,8 +506,9 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
   sig = sig or f"{shd.short(x_aval)} @ {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy):
     raise TypeError(f"{who} expects a quantized right operand q8[k, n]: {sig}")
-  if not isinstance(x_aval, ShapedArray) or x_aval.dtype != F32:
-    raise TypeError(f"{who} expects a dense f32 left operand: {sig}")
+  if dense_dtype(x_aval) is None:
+    raise TypeError(f"{who} expects a dense f32, bf16 or f16 operand: {sig}"
+                    f"{dense_dtype_hint(x_aval)}")
   dims = dimension_numbers
   if dims is None:
     dims = dotdims.matmul_dims(x_aval.ndim, q_aval.ndim)
@@ -508,8 +540,8 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
                     "(jax.sharding.reshard)")
   out_sharding = shd.with_partitions(shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding),
                                      parts)
-  return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims), F32,
-                     sharding=out_sharding, manual_axis_type=shd.join_mat(x_aval, q_aval))
+  return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims),
+                     matmul_q_dtype(x_aval.dtype), sharding=out_sharding, manual_axis_type=shd.join_mat(x_aval, q_aval))
 
 
 def _dot(x, w, dims, sharding):
@@ -558,7 +590,8 @@ class MatmulQ(HxPrimitive):
     q_aval = self.in_avals[1]
     # the weight's cotangent is dense (straight-through); both are placed where
     # their primals live
-    gw = _dot_transpose(g, x, dotdims.swapped(self.dims), q_aval.to_tangent_aval(), True)
+    gw = _dot_transpose(g, x.astype(F32), dotdims.swapped(self.dims), q_aval.to_tangent_aval(),
+                        True)
     return self._x_cotangent(g, qw), shd.match_vma(gw, q_aval)
 
   def _x_cotangent(self, g, qw):
@@ -566,7 +599,7 @@ class MatmulQ(HxPrimitive):
     like ``x`` (rules are traced code: primitives, not attributes)."""
     x_aval = self.in_avals[0]
     gx = _dot_transpose(g, dequantize(qw), self.dims, x_aval, False)
-    return shd.match_vma(gx, x_aval)
+    return shd.match_vma(gx.astype(x_aval.dtype), x_aval)  # a bf16 x: a bf16 cotangent
 
   def transpose(self, ct, x, qw):
     # the jvp rule applies matmul_q to tangents of x only (a q8's tangent is dense)
@@ -583,7 +616,7 @@ class MatmulQ(HxPrimitive):
     if not isinstance(dx, zero):
       terms.append(self._apply(dx, qw))
     if not isinstance(dqw, zero):
-      terms.append(_dot(x, dqw, self.dims, self.out_aval.sharding))
+      terms.append(_dot(x.astype(F32), dqw, self.dims, self.out_aval.sharding))
     if not terms:
       return out, instantiate(dx, self.out_aval)
     return out, sum(terms[1:], terms[0])
@@ -812,6 +845,11 @@ def matmul_q(x, qw) -> jax.Array:
   """Dense times quantized matmul: ``f32[..., k] @ q8[k, n] -> f32[..., n]`` (any number of
   leading dims: ``f32[b, s, d] @ q8[d, f]``), or ``f32[*b, m, k] @ q8[*b, k, n] ->
   f32[*b, m, n]`` with batched weights of equal rank.
+
+  ``x`` may be ``bf16`` or ``f16`` (activations, :data:`DENSE_DTYPES`): it is converted to
+  f32 (exactly) inside the op, which accumulates in f32 and returns what JAX's dot of
+  ``x`` with the dequantized f32 weight returns (:func:`matmul_q_dtype`: ``f32``); its
+  cotangent has ``x``'s dtype.
 
   Equals ``x @ dequantize(qw)``, computed with the per-row scales folded into
   the dense operand (``(x * scale) @ qvalue``), never a dequantized copy of the

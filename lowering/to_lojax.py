@@ -24,7 +24,7 @@ from hxmlir.lowering.primitives import (
   hx_outer_p,
   hx_quantize_p,
 )
-from hxmlir.qarray import Dequantize, MakeQArray, MatmulQ, QArray, QArrayParts, Quantize
+from hxmlir.qarray import F32, Dequantize, MakeQArray, MatmulQ, QArray, QArrayParts, Quantize
 from hxmlir.rank1 import Factors, MatmulR1, Outer, Rank1
 from hxmlir.tuples import GetTupElt, HiTup, MakeTup
 
@@ -42,6 +42,9 @@ def _dequantize(prim, qx):
 
 @register_to_lojax(MatmulQ)
 def _matmul_q(prim, x, qw):
+  # a bf16/f16 x (hxmlir.qarray.DENSE_DTYPES) is converted to f32, exactly, before the
+  # composite: hx.matmul_q's contract is f32 x, so every kernel takes it as it is
+  x = jax.lax.convert_element_type(x, F32)
   return hx_matmul_q_p.bind(x, qw.qvalue, qw.scale, **prim.params)
 
 

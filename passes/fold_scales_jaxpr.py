@@ -19,7 +19,8 @@ s)`` is defined in the same jaxpr, ``x: f32[*b, m, k]``, ``q: i8[*b, k, n]``,
 dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))`` -- or ``x: f32[..., k]``,
 ``q: i8[k, n]``, ``(([r-1], [0]), ([], []))`` (leading dims of x) --, default precision,
 an ``f32`` (or default) preferred element type and no explicit output sharding,
-becomes ``y = hx_matmul_q(x, q, s)`` when the operand and result types meet
+becomes ``y = hx_matmul_q(x, q, s)`` (a ``bf16``/``f16`` ``x``, which the dot promotes,
+first converted to f32 by its own equation, as ``hx.matmul_q`` converts it) when the operand and result types meet
 ``hx.matmul_q``'s contract in ``lowering/schema.py`` (``f32 x i8, f32``,
 static shapes, result sharded like the dot's) and ``hx_matmul_q``'s abstract
 evaluation gives exactly ``y``'s type (shape, dtype, sharding, manual axes). The equation keeps its source location and context.
@@ -44,6 +45,7 @@ from hxmlir import dotdims
 from hxmlir import shardings as shd
 from hxmlir.lowering import schema
 from hxmlir.lowering.primitives import hx_dequantize_p, hx_matmul_q_p
+from hxmlir.qarray import dense_dtype
 
 _F32 = np.dtype("float32")
 
@@ -66,9 +68,9 @@ def fold_closed_jaxpr(closed: core.ClosedJaxpr) -> tuple[core.ClosedJaxpr, int]:
 
 def _fold(jaxpr: core.Jaxpr, memo: dict) -> tuple[core.Jaxpr, int]:
   dequantized: dict[core.Var, core.JaxprEqn] = {}
-  eqns = list(jaxpr.eqns)
+  eqns: list[core.JaxprEqn] = []
   count, changed = 0, False
-  for i, eqn in enumerate(eqns):
+  for eqn in jaxpr.eqns:
     prim = eqn.primitive
     if prim is hx_dequantize_p:
       dequantized[eqn.outvars[0]] = eqn
@@ -78,22 +80,26 @@ def _fold(jaxpr: core.Jaxpr, memo: dict) -> tuple[core.Jaxpr, int]:
       if deq is not None:
         new = _as_matmul_q(eqn, deq)
         if new is not None:
-          eqns[i] = new
+          eqns += new
           count += 1
           changed = True
+          continue
     elif eqn.params and (prim in _CALLERS or prim.name in _CALLER_NAMES):
       params, n = _fold_params(eqn.params, memo)
       count += n
       if params is not eqn.params:
-        eqns[i] = eqn.replace(params=params)
+        eqn = eqn.replace(params=params)
         changed = True
+    eqns.append(eqn)
   if not changed:
     return jaxpr, count
   return jaxpr.replace(eqns=_drop_unused_dequantize(eqns, jaxpr.outvars)), count
 
 
-def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> core.JaxprEqn | None:
-  """``hx_matmul_q(x, q, s)`` in place of ``dot``, or ``None`` if it is not that contract."""
+def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> list[core.JaxprEqn] | None:
+  """``hx_matmul_q(x, q, s)`` in place of ``dot`` (after a ``convert_element_type`` of a
+  bf16/f16 ``x`` to f32, as ``hx.matmul_q`` does: :data:`hxmlir.qarray.DENSE_DTYPES`), or
+  ``None`` if it is not that contract."""
   params = dot.params
   if params.get("precision") is not None or params.get("out_sharding") is not None:
     return None
@@ -105,10 +111,17 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> core.JaxprEqn | None
   dims = _matmul_q_dims(params["dimension_numbers"], x.aval.ndim, q.aval.ndim)
   if dims is None:
     return None
+  convert = []
+  if isinstance(x, core.Var) and dense_dtype(x.aval) not in (None, _F32):
+    xf = core.Var(x.aval.update(dtype=_F32, weak_type=False))
+    convert = [core.new_jaxpr_eqn([x], [xf], P.convert_element_type_p,
+                                  {"new_dtype": _F32, "weak_type": False, "sharding": None},
+                                  core.no_effects, dot.source_info, dot.ctx)]
+    x = xf
   if _result_type(x.aval, q.aval, s.aval, dims) != dot.outvars[0].aval:
     return None
-  return dot.replace(invars=[x, q, s], primitive=hx_matmul_q_p,
-                     params={"dimension_numbers": dims})
+  return [*convert, dot.replace(invars=[x, q, s], primitive=hx_matmul_q_p,
+                                params={"dimension_numbers": dims})]
 
 
 def _matmul_q_dims(dims, x_rank: int, q_rank: int):
@@ -144,7 +157,7 @@ def _result_type(*avals_and_dims):
 
 def _breaks_contract(operands, result, dims) -> bool:
   """Whether ``hx.matmul_q`` with these operand and result avals breaks the schema's
-  contract: a dtype other than ``f32 x i8, f32`` (a bf16 ``x`` the dot promotes),
+  contract: a dtype other than ``f32 x i8, f32`` (an ``x`` no convert made f32),
   a symbolic dimension (composites need static shapes), shardings the schema refuses."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]

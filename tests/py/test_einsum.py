@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from numerics import assert_within, dot_bound
 
 import hxmlir as hx
 from hxmlir import export as hxe
@@ -207,7 +208,7 @@ def test_einsum_subscripts_that_are_not_a_string_are_a_type_error(subscripts):
 
 def test_einsum_needs_one_quantized_operand():
   x = jnp.ones((3, 4), jnp.float32)
-  with pytest.raises(TypeError, match=r"f32\[3,4\], f32\[3,4\]: expects one dense f32 operand "
+  with pytest.raises(TypeError, match=r"f32\[3,4\], f32\[3,4\]: expects one dense \(f32, bf16 or f16\) operand "
                                       r"and one quantized"):
     hx.einsum("ij,jk->ik", x, x)
 
@@ -308,3 +309,37 @@ def test_blocked_layouts_match_the_reference_decomposition(monkeypatch):
       _assert_within_bound(jax.jit(hx.einsum, static_argnums=0)(sub, x, q), sub, x, q)
   finally:
     jax.clear_caches()
+
+
+# --- bf16/f16 activations (issue 25, item 7) -----------------------------------------
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("subscripts, xs, qs, fmt, group", [
+    ("mk,kn->mn", (5, 64), (64, 32), jnp.int8, None),
+    ("mk,nk->mn", (5, 64), (32, 64), jnp.int4, 32),        # [out, in]: groups along k
+    ("bmk,nk->mn", (3, 5, 64), (32, 64), jnp.float8_e4m3fn, 16),  # b summed on x alone
+    ("nk,mk->mn", (5, 64), (32, 64), jnp.int8, 32),        # quantized operand first
+])
+def test_einsum_takes_half_precision_x(dtype, subscripts, xs, qs, fmt, group):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal(xs), dtype)
+  q = hx.quantize(jnp.asarray(rng.standard_normal(qs), jnp.float32), fmt, group_size=group)
+  swapped = subscripts.startswith("nk")
+  args = (q, x) if swapped else (x, q)
+  w = np.asarray(hx.dequantize(q), np.float64)
+  xf = np.asarray(x, np.float64)  # exact
+  ops = (w, xf) if swapped else (xf, w)
+  f = jax.jit(lambda *a: hx.einsum(subscripts, *a))
+  y = f(*args)
+  assert y.dtype == jnp.result_type(x.dtype, jnp.float32) == jnp.float32
+  # f32 throughout (x-only sums too: as jnp.einsum promotes x against the f32 weight)
+  assert_within(y, np.einsum(subscripts, *ops), dot_bound(subscripts, *ops, extra=2))
+  i = 1 if swapped else 0
+  g = jax.grad(lambda *a: jnp.sum(f(*a)), i)(*args)
+  assert g.dtype == dtype and g.shape == x.shape
+  want = jax.grad(lambda *a: jnp.sum(jnp.einsum(subscripts, *a)), i)(
+      *[hx.dequantize(q) if a is q else a for a in args])
+  assert want.dtype == dtype
+  u = {jnp.bfloat16: 2.0 ** -8, jnp.float16: 2.0 ** -11}[dtype]
+  np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(want, np.float64),
+                             rtol=2 * u, atol=0)

@@ -137,10 +137,26 @@ def _assert_left_alone_and_unchanged(*args):
   assert_within(got, want, 2 * dot_bound("...mk,...kn->...mn", x, hx.dequantize(qw), extra=1))
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.int32, jnp.int8])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8])
 def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
   x, qw = _data()
   _assert_left_alone_and_unchanged(x.astype(dtype), qw)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_x_folds_with_a_convert(dtype):
+  # the dot promotes a bf16/f16 x against the f32 weight; the stage writes the convert
+  # hx.matmul_q itself makes (hxmlir.qarray.DENSE_DTYPES), then the op
+  x, qw = _data()
+  xh = x.astype(dtype)
+  new, n = fold_closed_jaxpr(_lo_jaxpr(dequant_dot, xh, qw))
+  assert n == 1 and _prims(new) == ["convert_element_type", "hx_matmul_q"]
+  assert _prims(_lo_jaxpr(hx.matmul_q, xh, qw)) == _prims(new)
+  with hx.installed():
+    got = jax.jit(dequant_dot)(xh, qw)
+  assert got.dtype == jnp.float32
+  assert_within(got, np.asarray(xh, np.float64) @ np.asarray(hx.dequantize(qw), np.float64),
+                dot_bound("mk,kn->mn", np.asarray(xh, np.float32), hx.dequantize(qw), extra=1))
 
 
 @pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])

@@ -286,9 +286,21 @@ def test_round_half_to_even():
     (jnp.float32(1.), "got f32[]"),
 ])
 def test_quantize_rejects_bad_operand(arg, msg):
-  with pytest.raises(TypeError, match=r"hx\.quantize expects a dense f32\[\.\.\., n\] array, "
+  # the message says what it takes: f32, and bf16/f16 converted (issue 25, item 10)
+  with pytest.raises(TypeError, match=r"hx\.quantize expects a dense float array of rank >= 1 "
+                     r"\(f32\[\.\.\., n\]; bf16 and f16 are converted to f32 first, exactly\), "
                      + msg.replace("[", r"\[").replace("]", r"\]")):
     jax.jit(hx.quantize).trace(arg)
+  with pytest.raises(TypeError) as e:
+    jax.jit(hx.quantize).trace(arg)
+  assert "astype" not in str(e.value)  # no conversion helps an integer or a scalar
+
+
+def test_quantize_names_the_conversion_for_f64():
+  with jax.enable_x64(True):
+    with pytest.raises(TypeError, match=r"got f64\[2,3\]; convert it with "
+                       r"\.astype\(jnp\.float32\)"):
+      jax.eval_shape(hx.quantize, jax.ShapeDtypeStruct((2, 3), jnp.float64))
 
 
 def test_dequantize_rejects_dense(x):
@@ -315,7 +327,7 @@ def test_matmul_q_rejects_bad_shapes(xshape, wshape, sig, what):
 
 def test_matmul_q_rejects_bad_dtypes(w):
   qw = hx.quantize(w)
-  with pytest.raises(TypeError, match=r"dense f32 left operand: i32\[2,3\] @ q8\[3,4\]"):
+  with pytest.raises(TypeError, match=r"dense f32, bf16 or f16 operand: i32\[2,3\] @ q8\[3,4\]"):
     jax.jit(hx.matmul_q).trace(jnp.ones((2, 3), jnp.int32), qw)
   with pytest.raises(TypeError, match=r"quantized right operand q8\[k, n\]: f32\[2,3\] @ f32\[3,4\]"):
     jax.jit(hx.matmul_q).trace(jnp.ones((2, 3), jnp.float32), w)
@@ -331,3 +343,92 @@ def test_errors_fire_at_trace_time_not_in_xla(w):
   with pytest.raises(TypeError):
     jax.jit(f).trace(jnp.ones((2, 5), jnp.float32), hx.quantize(w))
   assert traced == [True]  # raised while tracing, before any lowering or compilation
+
+
+# --- bf16/f16 activations (issue 25, item 7) -----------------------------------------
+
+_HALF = [jnp.bfloat16, jnp.float16]
+_FORMATS = [(jnp.int8, None), (jnp.int8, 32), (jnp.int4, None), (jnp.int4, 32),
+            (jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, 32)]
+_UNIT_ROUNDOFF = {jnp.bfloat16: 2.0 ** -8, jnp.float16: 2.0 ** -11}
+
+
+def _half_operands(dtype, fmt, group, m=5, k=64, n=64, seed=0):
+  rng = np.random.default_rng(seed)
+  x32 = rng.standard_normal((m, k)).astype(np.float32)
+  q = hx.quantize(jnp.asarray(rng.standard_normal((k, n)), jnp.float32), fmt, group_size=group)
+  return x32, jnp.asarray(x32, dtype), q
+
+
+@pytest.mark.parametrize("dtype", _HALF, ids=["bf16", "f16"])
+@pytest.mark.parametrize("fmt, group", _FORMATS)
+def test_matmul_q_takes_half_precision_x(dtype, fmt, group):
+  x32, x, q = _half_operands(dtype, fmt, group)
+  w = hx.dequantize(q)
+  for name, f in (("eager", hx.matmul_q), ("jit", jax.jit(hx.matmul_q))):
+    y = f(x, q)
+    # JAX's dot of x with the dequantized f32 weight: an f32 result
+    assert y.dtype == jnp.result_type(x.dtype, w.dtype) == jnp.float32, name
+    # x's values are exact in f32: the error is the f32 product's own
+    assert_matmul_close(y, np.asarray(x, np.float32), w, extra=1)
+    # against the unrounded activations: x's rounding to dtype (u |x|) on top
+    u = _UNIT_ROUNDOFF[dtype]
+    assert_within(y, x32.astype(np.float64) @ np.asarray(w, np.float64),
+                  u * np.abs(x32) @ np.abs(np.asarray(w, np.float64))
+                  + dot_bound("mk,kn->mn", x32, w, extra=2), name)
+
+
+@pytest.mark.parametrize("dtype", _HALF, ids=["bf16", "f16"])
+@pytest.mark.parametrize("fmt, group", [(jnp.int8, None), (jnp.int4, 32)])
+def test_matmul_q_half_precision_x_grad_and_vmap(dtype, fmt, group):
+  _, x, q = _half_operands(dtype, fmt, group)
+  w = np.asarray(hx.dequantize(q), np.float64)
+  ct = np.random.default_rng(3).standard_normal((5, 64)).astype(np.float32)
+  gx, gq = jax.jit(jax.grad(lambda x, q: jnp.sum(hx.matmul_q(x, q) * ct), (0, 1)))(x, q)
+  # the cotangent of a bf16 x is bf16 (as for JAX's dot), the weight's dense f32
+  assert gx.dtype == dtype and gq.dtype == jnp.float32
+  u = _UNIT_ROUNDOFF[dtype]
+  exact = ct.astype(np.float64) @ w.T
+  assert_within(gx, exact, u * np.abs(exact) + dot_bound("mn,kn->mk", ct, w, extra=1))
+  assert_within(gq, np.asarray(x, np.float64).T @ ct,
+                dot_bound("mk,mn->kn", np.asarray(x, np.float32), ct))
+  # jvp in x: a bf16 tangent gives an f32 tangent of the result
+  _, t = jax.jvp(lambda x: hx.matmul_q(x, q), (x,), (x,))
+  assert t.dtype == jnp.float32
+  assert_matmul_close(t, np.asarray(x, np.float32), w.astype(np.float32), extra=1)
+  # vmap over x (one op) and over both
+  xs = jnp.stack([x, x[::-1]])
+  ys = jax.vmap(hx.matmul_q, in_axes=(0, None))(xs, q)
+  assert ys.dtype == jnp.float32 and ys.shape == (2, 5, 64)
+  for i in range(2):
+    assert_matmul_close(ys[i], np.asarray(xs[i], np.float32), w.astype(np.float32), extra=1)
+
+
+@pytest.mark.parametrize("dtype, mlir", [(jnp.bfloat16, "bf16"), (jnp.float16, "f16")])
+def test_matmul_q_half_precision_x_lowers_to_a_convert_and_the_f32_composite(dtype, mlir):
+  # hx.matmul_q's contract is f32 x (every kernel takes it): the op converts x first,
+  # and x @ hx.dequantize(q) folds (installed) into the same two ops
+  _, x, q = _half_operands(dtype, jnp.int4, 32)
+  want = re.compile(
+      rf"%(\w+) = stablehlo\.convert %arg0 : \(tensor<5x64x{mlir}>\) -> tensor<5x64xf32>\n"
+      r'\s*%\w+ = stablehlo\.composite "hx\.matmul_q" %\1, %arg1, %arg2 .*'
+      r": \(tensor<5x64xf32>, tensor<64x32xui8>, tensor<64x2xf32>\) -> tensor<5x64xf32>")
+  for f, installed in ((hx.matmul_q, False), (hx.matmul_q, True),
+                       (lambda x, q: x @ hx.dequantize(q), True)):
+    with hx.installed() if installed else hx.installed("hx-verify"):
+      text = jax.jit(f).lower(x, q).as_text()
+    assert want.search(text), text
+    assert text.count("hx.matmul_q\"") == 1
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.int32, jnp.int8])
+def test_matmul_q_refused_x_dtypes_name_the_conversion(dtype):
+  q = hx.quantize(jnp.ones((8, 3), jnp.float32))
+  with jax.enable_x64(True):  # an f64 x exists only there
+    x = jax.ShapeDtypeStruct((2, 8), dtype)
+    with pytest.raises(TypeError, match=r"hx\.matmul_q expects a dense f32, bf16 or f16 "
+                       rf"operand: {jax.typeof(jnp.zeros((), dtype)).str_short(True)[:-2]}"
+                       r"\[2,8\] @ q8\[8,3\]") as e:
+      jax.eval_shape(hx.matmul_q, x, q)
+  # floats of another width: the way out named; integers: no such hint
+  assert ("; convert it with .astype(jnp.float32)" in str(e.value)) == (dtype == jnp.float64)
