@@ -673,6 +673,9 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
         and jnp.issubdtype(q_aval.dtype, jnp.integer)):
       hint = ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
               "integers become int32/int64 arrays)")
+    elif (isinstance(s_aval, ShapedArray) and s_aval.dtype != F32
+          and jnp.issubdtype(s_aval.dtype, jnp.floating)):
+      hint = "; convert the scale with .astype(jnp.float32)"  # a bf16/f16/f64 scale
     raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}{hint} "
                     "(other formats: ui8[*l, n/2] int4 pairs or f8E4M3FN[*l, n] values, "
                     "and f32[*l, n/g] group scales)")

@@ -40,8 +40,12 @@ are erased. Decomposition functions are never rewritten.
 Other quantization formats (:mod:`hxmlir.formats`: int4 pairs ``ui8[..., n/2]``,
 layout ``int4_pairs_v1``; ``f8E4M3FN`` values; group scales ``f32[*l, n/g]``) reach
 the dot only as an ``hx.dequantize`` composite (version 2, whose ``dtype``,
-``group_size`` and ``layout`` attributes must agree with its types: an unknown
-layout or a scale shape no format has is left alone). Their scales do not factor
+``group_size`` and ``layout`` attributes must agree with its types). The pass reads
+those attributes, so it checks them: an ``hx.dequantize`` feeding a dot whose
+attributes (or version) disagree with its types -- ``group_size = 16`` on ``g32``
+types, an unknown layout, a scale shape no format has -- is an error at its
+location (once per op; the pipeline fails, ``hxmlir-opt`` exits 1), and it and its
+dots are left as they are, with or without ``hx-verify``. Their scales do not factor
 as above: group scales vary along the quantized axis itself, so they can be moved
 onto neither the other operand nor the result as one broadcast, and the values
 need unpacking. Such a dot is never folded open-coded (nor as if it were int8 per
@@ -135,6 +139,15 @@ class _State:
   impl: str = "reference"
   decompositions: dict = field(default_factory=dict)
   dropped: set = field(default_factory=set)
+
+
+class _Inconsistent(Exception):
+  """An ``hx.dequantize`` feeding a dot whose attributes (or version's format) disagree
+  with its types: ``problems`` as the schema words them, reported at ``op``."""
+
+  def __init__(self, op: ir.Operation, problems: list[str]):
+    super().__init__(op, problems)
+    self.op, self.problems = op, problems
 
 
 def _owner(v: ir.Value) -> ir.Operation | None:
@@ -236,10 +249,14 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
     qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
     attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
     # the types and the format attributes must agree (an unknown layout, a scale of
-    # the wrong shape: refused); without attributes only int8 per row is accepted
-    if qt is None or st is None or spec.check_types([qt, st], [ops.tensor_type(dt)],
-                                                    attrs or None):
+    # the wrong shape, group_size = 16 on g32 types): the pass reads them, so a
+    # disagreement is an error at the dequantize, never copied into an hx.matmul_q;
+    # without attributes only int8 per row is accepted
+    if qt is None or st is None:
       return None
+    problems = spec.check_types([qt, st], [ops.tensor_type(dt)], attrs or None)
+    if problems:
+      raise _Inconsistent(op, problems)
     fmt = schema.format_attributes_of(qt, st)
     if fmt == _INT8_PER_ROW:
       return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
@@ -381,9 +398,20 @@ class FoldScalesPass(HxPass):
     decomps = None  # the decomposition functions' names, read at the first match
     stats = {"scales folded": 0, "into operand": 0, "into result": 0, "matmul_q formed": 0}
     state = _State(impl=self._decomposition_impl(ctx.platforms))
+    reported: set = set()
     for dot in ops.ops_named(module, "stablehlo.dot_general"):
       for side in (1, 0):
-        m = _match(dot.operands[side])
+        try:
+          m = _match(dot.operands[side])
+        except _Inconsistent as e:
+          # reported once per dequantize, which stays as it is (the pass then fails)
+          if e.op not in reported:
+            reported.add(e.op)
+            for problem in e.problems:
+              ctx.error(e.op, f"'hx.dequantize' {problem}; hx-fold-scales reads the format "
+                        "from these attributes and leaves the op alone (hx-verify checks "
+                        "every composite)")
+          continue
         if m is None:
           continue
         if decomps is None:

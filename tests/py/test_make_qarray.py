@@ -145,7 +145,8 @@ def test_weakly_typed_scales_become_f32(x64):
     # strongly typed scales are not converted
     for dtype in ("float16", "bfloat16") + (("float64",) if x64 else ()):
       with pytest.raises(TypeError, match=r"hx\.make_qarray expects qvalue: i8\[\*l, n\] and "
-                         r"scale: f32\[\*l\], got i8\[3\], "):
+                         r"scale: f32\[\*l\], got i8\[3\], \w+\[\]; convert the scale "
+                         r"with \.astype\(jnp\.float32\)"):
         hx.make_qarray(qv, jnp.ones((), dtype))
 
 

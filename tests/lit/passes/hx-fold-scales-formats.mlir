@@ -192,37 +192,8 @@ func.func private @deq(%q: tensor<2x3x16xi8>, %s: tensor<2x3x2xf32>) -> tensor<2
 
 // -----
 
-// A scale shape no format has (16 values in 3 groups): left alone.
-// CHECK-LABEL: func.func @wrong_scale_shape
-// CHECK-NEXT: %[[D:.*]] = stablehlo.composite "hx.dequantize"
-// CHECK-NEXT: stablehlo.dot_general %arg0, %[[D]]
-// CHECK-NOT: hx.matmul_q
-func.func @wrong_scale_shape(%x: tensor<4x64xf32>, %q: tensor<64x8xui8>, %s: tensor<64x3xf32>) -> tensor<4x16xf32> {
-  %d = stablehlo.composite "hx.dequantize" %q, %s {composite_attributes = {dtype = "int4", group_size = 5 : i64, layout = "int4_pairs_v1"}, decomposition = @deq, version = 2 : i32} : (tensor<64x8xui8>, tensor<64x3xf32>) -> tensor<64x16xf32>
-  %y = stablehlo.dot_general %x, %d, contracting_dims = [1] x [0] : (tensor<4x64xf32>, tensor<64x16xf32>) -> tensor<4x16xf32>
-  return %y : tensor<4x16xf32>
-}
-func.func private @deq(%q: tensor<64x8xui8>, %s: tensor<64x3xf32>) -> tensor<64x16xf32> {
-  %0 = stablehlo.constant dense<0.0> : tensor<64x16xf32>
-  return %0 : tensor<64x16xf32>
-}
-
-// -----
-
-// A layout this code does not know: left alone.
-// CHECK-LABEL: func.func @unknown_layout
-// CHECK-NEXT: %[[D:.*]] = stablehlo.composite "hx.dequantize"
-// CHECK-NEXT: stablehlo.dot_general %arg0, %[[D]]
-// CHECK-NOT: hx.matmul_q
-func.func @unknown_layout(%x: tensor<4x64xf32>, %q: tensor<64x8xui8>, %s: tensor<64xf32>) -> tensor<4x16xf32> {
-  %d = stablehlo.composite "hx.dequantize" %q, %s {composite_attributes = {dtype = "int4", group_size = 0 : i64, layout = "int4_pairs_v2"}, decomposition = @deq, version = 2 : i32} : (tensor<64x8xui8>, tensor<64xf32>) -> tensor<64x16xf32>
-  %y = stablehlo.dot_general %x, %d, contracting_dims = [1] x [0] : (tensor<4x64xf32>, tensor<64x16xf32>) -> tensor<4x16xf32>
-  return %y : tensor<4x16xf32>
-}
-func.func private @deq(%q: tensor<64x8xui8>, %s: tensor<64xf32>) -> tensor<64x16xf32> {
-  %0 = stablehlo.constant dense<0.0> : tensor<64x16xf32>
-  return %0 : tensor<64x16xf32>
-}
+// (A dequantize whose attributes or scale shape disagree with its types is an error:
+// hx-fold-scales-errors.mlir.)
 
 // -----
 
