@@ -24,6 +24,13 @@ from hxmlir.lowering.schema import QMAX
 # between contexts (XLA may still reassociate constant factors across fusions).
 INV_QMAX = np.float32(1.0 / QMAX)
 
+MIN_SCALE = np.finfo(np.float32).tiny
+"""The smallest scale of a row that is not all zeros: ``2**-126``, the smallest normal f32.
+A smaller (denormal) scale is flushed to zero by XLA on CPU (and by most accelerators), so
+a row of absmax below ``qmax * 2**-126`` (``~1.5e-36`` for int8) would dequantize to zeros
+silently; with this scale it dequantizes to within ``2**-127`` of each value (half a step,
+as fine as f32 arithmetic that flushes denormals resolves values near zero)."""
+
 
 def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = "absmax"):
   """``f32[*lead, n] -> (values, f32 scales)``: symmetric quantization along the last axis.
@@ -43,7 +50,9 @@ def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = 
   al. 2024, section 3.2, grid-searches its scales the same way). Cost: 20 more
   quantize-dequantize passes over ``x`` at quantization time, nothing at use.
 
-  All-zero rows: ``s = 0`` and zero values. Rows (or groups) with NaN or +-inf:
+  Rows of tiny absmax (below ``qmax * 2**-126``): ``s = MIN_SCALE`` (:data:`MIN_SCALE`),
+  never a denormal that dequantizes to zero. All-zero rows: ``s = 0`` and zero values.
+  Rows (or groups) with NaN or +-inf:
   ``s = NaN`` and zero values, so they dequantize to NaN. Empty rows (``n = 0``)
   count as all-zero rows: the maximum starts from 0.
 
@@ -104,7 +113,10 @@ def quantize_with_amax(x, amax, round_half_even=jnp.round, fmt="int8"):
   f = formats.lookup(fmt)
   finite = jnp.isfinite(amax)
   inv = INV_QMAX if f.qmax == QMAX else np.float32(1.0 / f.qmax)
-  scale = jnp.where(finite, amax * inv, jnp.nan)
+  # a row with 0 < amax < qmax * MIN_SCALE would get a denormal scale, which XLA CPU
+  # flushes to zero (the row dequantizes to 0): such rows take the smallest normal scale
+  scale = jnp.where(finite, jnp.where(amax > 0, jnp.maximum(amax * inv, MIN_SCALE), 0.0),
+                    jnp.nan)
   divisor = jnp.where(finite & (amax > 0), scale, 1.0)
   v = x / divisor[..., None]
   if f.integer:

@@ -94,3 +94,51 @@ def test_quantize_needs_no_extra_buffer():
   x = jax.ShapeDtypeStruct((512, 4096), jnp.float32)
   temp = jax.jit(hx.quantize).lower(x).compile().memory_analysis().temp_size_in_bytes
   assert temp < 512 * 4096 * 4 // 16
+
+
+# --- rows near zero (issue 25, item 10) ------------------------------------------------
+# A row of absmax below qmax * 2**-126 (~1.5e-36 for int8) had a denormal scale, which
+# XLA CPU flushes to zero: the row dequantized to zeros (f8: to NaN, 0/0). Its scale is now
+# the smallest normal f32, so the row dequantizes within half a step of 2**-126 of each
+# value; a row of denormals (1e-38, 1e-40) is zero to XLA CPU itself (it flushes
+# denormal inputs), and dequantizes within 2**-126 of them.
+
+_TINY = float(np.finfo(np.float32).tiny)
+
+
+def _near_zero_rows(n=32):
+  rng = np.random.default_rng(7)
+  rows = []
+  for amax in (1e-36, 1e-37, 3e-38, 1e-38, 1e-40, 0.0, 1.0):
+    r = rng.uniform(-1, 1, n) * amax
+    r[int(rng.integers(n))] = amax  # the row's absmax exactly
+    rows.append(r)
+  return np.asarray(rows, np.float32)
+
+
+@pytest.mark.parametrize("method", ["absmax", "mse"])
+@pytest.mark.parametrize("fmt, group", [(jnp.int8, None), (jnp.int8, 16), (jnp.int4, None),
+                                        (jnp.int4, 8), (jnp.float8_e4m3fn, None),
+                                        (jnp.float8_e4m3fn, 16)])
+def test_rows_near_zero_keep_their_values(fmt, group, method):
+  w = _near_zero_rows()
+  f = reference.formats.lookup(fmt)
+  for name, quant in (("eager", hx.quantize), ("jit", jax.jit(hx.quantize, static_argnums=1,
+                                                               static_argnames=("group_size",
+                                                                                "method")))):
+    q = quant(jnp.asarray(w), fmt, group_size=group, method=method)
+    s = np.asarray(hx.qarray_parts(q)[1], np.float64)
+    # no denormal scale: zero (an all-zero row or group) or at least 2**-126
+    assert np.all((s == 0) | (s >= _TINY)), (name, s)
+    d = np.asarray(hx.dequantize(q), np.float64)
+    np.testing.assert_array_equal(d[5], 0.0)  # the zero row: exact zeros
+    se = np.repeat(s, w.shape[1] // s.shape[1], axis=1) if group else s[:, None]
+    # half a step (integers; mse may clip to 0.5 amax: then up to amax / 2 for the
+    # clipped values), fp8's relative rounding (2**-4) and subnormal step (2**-10 of the
+    # scale), and 2**-126 for an input XLA flushes as a denormal
+    step = se * (f.qmax / 2 + 1 if method == "mse" else 0.5)
+    rel = 2.0 ** -4 * np.abs(w) + 2.0 ** -10 * se if not f.integer else 0.0
+    bound = step + rel + _TINY + 1e-6 * np.abs(w)
+    err = np.abs(d - w.astype(np.float64))
+    assert np.all(err <= bound), (name, np.max(err - bound), np.argmax(err - bound))
+    # (before the fix: rows 0-2 dequantized to zeros, or NaN for f8, far outside this)
