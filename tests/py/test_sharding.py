@@ -23,6 +23,7 @@ from numerics import (
   assert_matmul_close,
   assert_sum_close,
   assert_within,
+  dot_bound,
   elementwise_bound,
   matmul_grad_bounds,
   polynomial_bound,
@@ -749,3 +750,16 @@ def test_sharded_contraction_on_an_explicit_mesh_stays_a_type_error():
     with pytest.raises(TypeError, match=r"hx\.einsum\('mk,nk->mn'\) requires unsharded "
                        r"contraction axes, got f32\[4,8@i\], q8\[3,8@i\]"):
       hx.einsum("mk,nk->mn", x, qt)
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+def test_grad_of_a_sharded_contraction_on_an_auto_mesh(auto_mesh, mode):
+  x, q = _row_parallel((4, 64), (64, 48))
+  ct = np.random.default_rng(5).standard_normal((4, 48)).astype(np.float32)
+  f = jax.jit(jax.grad(lambda x, q: jnp.sum(hx.matmul_q(x, q) * ct), (0, 1)),
+              in_shardings=(P(None, "i"), P("i", None)))
+  with _MODES[mode](), jax.set_mesh(auto_mesh):
+    gx, gq = f(x, q)
+  w = np.asarray(hx.dequantize(q), np.float64)
+  assert_within(gx, ct.astype(np.float64) @ w.T, dot_bound("mn,kn->mk", ct, w, extra=1))
+  assert_within(gq, x.astype(np.float64).T @ ct, dot_bound("mk,mn->kn", x, ct))
