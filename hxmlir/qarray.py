@@ -61,8 +61,9 @@ DENSE_DTYPES = (F32, jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 """The dtypes of the dense operand ``x`` that :func:`matmul_q` and :func:`hxmlir.einsum`
 accept: f32, and bf16/f16 activations, which the op converts to f32 (exactly) before its
 ``hx.matmul_q`` composite, whose contract is f32 (``lowering/schema.py``); f32
-accumulation, result dtype :func:`matmul_q_dtype`. The one place that says it: the
-typing rule, the lowering's convert and the cotangent's dtype ask :func:`dense_dtype`."""
+accumulation, result dtype :func:`matmul_q_dtype`. The one place that says it: the typing
+rule (:func:`matmul_q_result_type`), :func:`hxmlir.einsum` and the jaxpr stage of
+``hx-fold-scales`` ask :func:`dense_dtype`; the hi-to-lo rule converts what it let through."""
 
 
 def dense_dtype(aval) -> jnp.dtype | None:
@@ -541,7 +542,8 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
   out_sharding = shd.with_partitions(shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding),
                                      parts)
   return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims),
-                     matmul_q_dtype(x_aval.dtype), sharding=out_sharding, manual_axis_type=shd.join_mat(x_aval, q_aval))
+                     matmul_q_dtype(x_aval.dtype), sharding=out_sharding,
+                     manual_axis_type=shd.join_mat(x_aval, q_aval))
 
 
 def _dot(x, w, dims, sharding):
@@ -860,8 +862,8 @@ def matmul_q(x, qw) -> jax.Array:
   ``qw``'s. A contraction axis sharded over Auto mesh axes (``jax.jit(...,
   in_shardings=...)``, a row-parallel layer) gives each shard's partial sum, which the
   partitioner all-reduces, as for a dense dot; on Explicit axes it is a ``TypeError``.
-  Gradients with respect to both
-  operands are dense ``f32`` arrays. Other layouts (``[out, in]`` weights, stacked
+  Gradients with respect to both operands are dense: ``x``'s of ``x``'s dtype, the
+  weight's ``f32``. Other layouts (``[out, in]`` weights, stacked
   weights, several contracted axes): :func:`hxmlir.einsum`.
 
   Raises ``TypeError`` at trace time naming both operand types (for example

@@ -56,8 +56,9 @@ layout, groups along the contraction), the composite's dimension numbers the dot
 read through the transpose; default precision; types and dimension numbers that
 ``hx.matmul_q``'s schema accepts (group scales that cannot be folded through the
 dims are refused); known shardings it accepts (a sharded contraction axis
-included: partial sums the partitioner adds, as for the dot; the values and scales are constrained like the dequantized value, a group
-scale's group axis like the last axis). Where the dot's result orders its free
+included: partial sums the partitioner adds, as for the dot; the values and scales
+are constrained like the dequantized value, a group scale's group axis like the last
+axis). Where the dot's result orders its free
 dims unlike the composite (batch, ``x``'s free dims, ``q``'s free dims: the
 dequantized operand on the left, or a transpose reordering free dims), a
 ``stablehlo.transpose`` of the composite's result replaces the dot. The composite

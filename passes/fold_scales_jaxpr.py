@@ -20,10 +20,10 @@ dimension numbers ``(([r-1], [r-2]), ([0..r-3], [0..r-3]))`` -- or ``x: f32[...,
 ``q: i8[k, n]``, ``(([r-1], [0]), ([], []))`` (leading dims of x) --, default precision,
 an ``f32`` (or default) preferred element type and no explicit output sharding,
 becomes ``y = hx_matmul_q(x, q, s)`` (a ``bf16``/``f16`` ``x``, which the dot promotes,
-first converted to f32 by its own equation, as ``hx.matmul_q`` converts it) when the operand and result types meet
-``hx.matmul_q``'s contract in ``lowering/schema.py`` (``f32 x i8, f32``,
-static shapes, result sharded like the dot's) and ``hx_matmul_q``'s abstract
-evaluation gives exactly ``y``'s type (shape, dtype, sharding, manual axes). The equation keeps its source location and context.
+first converted to f32 by its own equation, as ``hx.matmul_q`` converts it) when the
+operand and result types meet ``hx.matmul_q``'s contract in ``lowering/schema.py``
+(``f32 x i8, f32``, static shapes, result sharded like the dot's) and ``hx_matmul_q``'s
+abstract evaluation gives exactly ``y``'s type (shape, dtype, sharding, manual axes). The equation keeps its source location and context.
 ``hx_dequantize`` equations left without uses are dropped. Sub-jaxprs of
 ``jit``, ``closed_call``, ``cond``, ``while``, ``scan``, ``checkpoint``,
 ``custom_jvp_call``, ``custom_vjp_call`` and ``shard_map`` are rewritten too

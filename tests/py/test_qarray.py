@@ -432,3 +432,19 @@ def test_matmul_q_refused_x_dtypes_name_the_conversion(dtype):
       jax.eval_shape(hx.matmul_q, x, q)
   # floats of another width: the way out named; integers: no such hint
   assert ("; convert it with .astype(jnp.float32)" in str(e.value)) == (dtype == jnp.float64)
+
+
+@pytest.mark.skipif(not hx.cpu_kernel_info().active, reason="native CPU kernel inactive")
+@pytest.mark.parametrize("dtype", _HALF, ids=["bf16", "f16"])
+@pytest.mark.parametrize("fmt, group, target", [(jnp.int8, None, "hx_matmul_q_cpu_v1"),
+                                                (jnp.int4, 32, "hx_matmul_q_cpu_v2")])
+def test_native_cpu_kernel_takes_half_precision_x_converted(dtype, fmt, group, target):
+  # installed on CPU, a weight above SMALL_WEIGHT goes to the native kernel: x reaches it
+  # converted to f32 (the composite's contract)
+  _, x, q = _half_operands(dtype, fmt, group, m=3, k=512, n=256)
+  with hx.installed():
+    text = jax.jit(hx.matmul_q).lower(x, q).as_text()
+    y = jax.jit(hx.matmul_q)(x, q)
+  assert f"stablehlo.custom_call @{target}(" in text
+  assert y.dtype == jnp.float32
+  assert_matmul_close(y, np.asarray(x, np.float32), hx.dequantize(q), extra=1)
