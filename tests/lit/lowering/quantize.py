@@ -27,9 +27,15 @@ print_ir("quantize", hx.quantize, x)
 # A non-finite row's amax is NaN, and the scale is NaN where amax is not finite:
 # CHECK: %[[AMAX:[0-9]+]] = stablehlo.select %[[RED]]#1, %{{.*}}, %[[RED]]#0 : tensor<4xi1>, tensor<4xf32>
 # CHECK: %[[FIN:[0-9]+]] = stablehlo.is_finite %[[AMAX]] : (tensor<4xf32>) -> tensor<4xi1>
+# CHECK: %[[POS:[0-9]+]] = stablehlo.compare GT, %[[AMAX]], %{{.*}}, FLOAT
 # CHECK: %[[INV:.*]] = stablehlo.constant dense<0.00787401571> : tensor<f32>
 # CHECK: %[[S0:[0-9]+]] = stablehlo.multiply %[[AMAX]], %{{.*}} : tensor<4xf32>
-# CHECK: %[[S:[0-9]+]] = stablehlo.select %[[FIN]], %[[S0]], %{{.*}} : tensor<4xi1>, tensor<4xf32>
+# A row that is not all zeros has at least the smallest normal scale (XLA CPU flushes
+# a denormal one to zero):
+# CHECK: stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+# CHECK: %[[SN:[0-9]+]] = stablehlo.maximum %[[S0]], %{{.*}} : tensor<4xf32>
+# CHECK: %[[SZ:[0-9]+]] = stablehlo.select %[[POS]], %[[SN]], %{{.*}} : tensor<4xi1>, tensor<4xf32>
+# CHECK: %[[S:[0-9]+]] = stablehlo.select %[[FIN]], %[[SZ]], %{{.*}} : tensor<4xi1>, tensor<4xf32>
 # CHECK: stablehlo.divide %[[A]], %{{.*}} : tensor<4x6xf32>
 # CHECK: stablehlo.round_nearest_even
 # CHECK: stablehlo.maximum
