@@ -352,6 +352,7 @@ def unscope_export_allow_list() -> None:
 
 # --- Pallas: hi types as operands and results of pl.pallas_call (hxmlir/pallas.py)
 from jax import tree_util as _tree_util  # noqa: E402
+from jax._src import sharding_impls as _sharding_impls_early  # noqa: E402
 from jax._src.state import indexing as _state_indexing  # noqa: E402
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 from jax._src.state import types as _state_types  # noqa: E402
@@ -437,6 +438,25 @@ def pallas_block_origin() -> str | None:
       return f.f_locals["self"].origin
     f = f.f_back
   return None
+
+def kernel_is_partitioned(module_ctx) -> bool:
+  """Whether a kernel's custom call lowered in ``module_ctx`` would be partitioned by XLA.
+
+  ``True`` in a program over several devices outside a ``shard_map`` that makes every
+  mesh axis manual (``ShardingContext`` of more than one device, or an
+  ``SPMDAxisContext`` with auto axes left): there JAX refuses Mosaic calls ("Mosaic
+  kernels cannot be automatically partitioned", ``jax/_src/tpu_custom_call.py``) and
+  XLA replicates the operands of any other custom call. ``False`` on one device, inside
+  a fully manual ``shard_map`` and under ``pmap``.
+  """
+  ax = module_ctx.axis_context
+  if isinstance(ax, _sharding_impls_early.SPMDAxisContext):
+    manual = set(ax.manual_axes) | set(ax.mesh.manual_axes)
+    return manual != set(ax.mesh.axis_names)
+  if isinstance(ax, _sharding_impls_early.ShardingContext):
+    return ax.num_devices != 1
+  return False
+
 
 # --- may hxmlir fork this process? (read by hxmlir.passes.parsing.parse_crash) -------
 from jax._src import xla_bridge as _xla_bridge  # noqa: E402
