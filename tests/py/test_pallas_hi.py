@@ -410,8 +410,8 @@ def test_gpu_export_registered_and_unregistered_user_kernels():
     exp = jax.export.export(_triton_call("hx_test_pallas_hi_v1"), platforms=["cuda"])(qw)
     text = exp.mlir_module()
     assert 'name = "hx_test_pallas_hi_v1"' in text
-    # the q8 crosses the call as its components
-    assert "(tensor<16x256xi8>, tensor<16xf32>) -> tensor<16x256xf32>" in text
+    # the q8 crosses the call as its components, the scale in its kernel form f32[16, 1]
+    assert "(tensor<16x256xi8>, tensor<16x1xf32>) -> tensor<16x256xf32>" in text
     with pytest.raises(hx.VerificationError,
                        match=r"(?s)kernel 'mine' is not registered.*hxmlir.targets.register_kernel"):
       jax.export.export(_triton_call("mine"), platforms=["cuda"])(qw)
@@ -421,8 +421,9 @@ def test_gpu_export_registered_and_unregistered_user_kernels():
 
 
 def test_tpu_export_of_a_q8_kernel():
-  # Mosaic tiles the scale's blocks like any array's: here f32[16, 128] scale blocks
-  # of (8, 128), as the Pallas TPU lowering requires of every block's last two dims
+  # Mosaic tiles the scale's blocks like any array's: here the scale's kernel form
+  # f32[16, 128, 1] in blocks of (8, 128, 1), as the Pallas TPU lowering requires of
+  # every block's last two dims
   qw = hx.make_qarray(jnp.ones((16, 128, 256), jnp.int8), jnp.ones((16, 128), jnp.float32))
   x = jnp.ones((16, 8, 128), jnp.float32)
 
@@ -436,7 +437,7 @@ def test_tpu_export_of_a_q8_kernel():
   exp = jax.export.export(jax.jit(call), platforms=["tpu"])(x, qw)
   text = exp.mlir_module()
   assert "stablehlo.custom_call @tpu_custom_call" in text
-  assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128xf32>) -> "
+  assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128x1xf32>) -> "
           "tensor<16x8x256xf32>") in text
 
 
