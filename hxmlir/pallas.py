@@ -71,11 +71,16 @@ def _block_dim_size(d):
 
 
 def array_name(ty) -> str:
-  """``ty``'s name with the dense shape of the array it is a block of (``q8[16,256]``), else ``str(ty)``."""
+  """``ty``'s name with the dense shape of the array it is a block of (``q8[16,256]``,
+  ``q4[16,256:g64]``), else ``str(ty)``."""
   whole = getattr(ty, "_pallas_array_shape", None)
   if whole is None:
     return str(ty)
-  return f"{str(ty).split('[')[0]}[{','.join(map(str, whole))}]"
+  name = str(ty)
+  head = name.split("[")[0]
+  inside = name[len(head) + 1:name.rindex("]")]
+  group = ":" + inside.split(":", 1)[1] if ":" in inside else ""   # q4[16,256:g64]
+  return f"{head}[{','.join(map(str, whole))}{group}]"
 
 
 def _unit(group: int | None, pack: int) -> tuple[int, str]:
@@ -493,6 +498,10 @@ def update(self, shape=None, **_):
     return self
   if _is_tup(self):
     return type(self)(tuple(t.update(shape=shape) for t in self.tys))
+  layout = _layout(self)
+  if len(shape) == len(self.shape):  # the block keeps the last axis: whole groups first
+    check_whole_groups(array_name(note_block_of(value_type(self), self.shape)), tuple(shape),
+                       layout["group"], layout["pack"])
   return kernel_form(note_block_of(self._pallas_block_ty(tuple(shape)), self.shape))
 
 
