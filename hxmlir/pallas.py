@@ -35,8 +35,8 @@ per-row scale is ``f32[m, 1]``, an ``r1[m, n]``'s factors ``f32[m, 1]`` and
 ``f32[1, n]``). So every block has the array's rank and the last two dims
 Mosaic tiles, and a kernel lowers for TPU from any machine (Pallas reads the
 tiling of 1-D blocks from the local TPU). The form is a type of its own (a
-subclass, :func:`kernel_form`) of the refs' values only: a value read from a
-ref is the ordinary type (``ref[...]`` of a ``q8`` ref is a ``q8`` with scale
+subclass of the value's, :func:`kernel_form`) for operands, results and refs
+only: a value read from a ref is the ordinary type (``ref[...]`` of a ``q8`` ref is a ``q8`` with scale
 ``f32[m]``), and the hook in the JAX seam
 (:func:`hxmlir._jax.install_pallas_operand_forms`) reshapes operands into the
 form before the call and results back after it.
