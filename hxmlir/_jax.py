@@ -352,7 +352,6 @@ def unscope_export_allow_list() -> None:
 
 # --- Pallas: hi types as operands and results of pl.pallas_call (hxmlir/pallas.py)
 from jax import tree_util as _tree_util  # noqa: E402
-from jax._src import sharding_impls as _sharding_impls_early  # noqa: E402
 from jax._src.state import indexing as _state_indexing  # noqa: E402
 from jax._src.state import primitives as _state_primitives  # noqa: E402
 from jax._src.state import types as _state_types  # noqa: E402
@@ -526,10 +525,10 @@ def kernel_is_partitioned(module_ctx) -> bool:
   a fully manual ``shard_map`` and under ``pmap``.
   """
   ax = module_ctx.axis_context
-  if isinstance(ax, _sharding_impls_early.SPMDAxisContext):
+  if isinstance(ax, _sharding_impls.SPMDAxisContext):
     manual = set(ax.manual_axes) | set(ax.mesh.manual_axes)
     return manual != set(ax.mesh.axis_names)
-  if isinstance(ax, _sharding_impls_early.ShardingContext):
+  if isinstance(ax, _sharding_impls.ShardingContext):
     return ax.num_devices != 1
   return False
 
