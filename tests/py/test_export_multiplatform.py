@@ -239,3 +239,27 @@ def test_cli_export_with_a_mesh_for_every_platform(tmp_path, capsys):
   assert "tpu" in exp.platforms and "cuda" in exp.platforms
   assert sorted(_kernel_calls(exp.mlir_module())) == [(KERNEL_TARGETS["cuda"], True),
                                                       (KERNEL_TARGETS["tpu"], True)]
+
+
+@pytest.mark.parametrize("x_shape, x_spec, q_shape, q_spec", [
+    ((4, 8, 16), P("i", None, None), (4, 16, 32), P("i", None, "j")),   # batched, batch on i
+    ((4, 2, 16), P("i", None, None), (16, 32), P(None, "j")),           # x's leading dims collapsed
+])
+def test_installed_sharded_export_of_batched_and_collapsed_layouts(mesh, installed, x_shape,
+                                                                   x_spec, q_shape, q_spec):
+  from numerics import assert_matmul_close
+
+  from hxmlir import export as hxe
+  rng = np.random.default_rng(13)
+  x = rng.integers(-4, 5, x_shape).astype(np.float32)
+  q = hx.quantize(jnp.asarray(rng.normal(size=q_shape).astype(np.float32)))
+  with jax.set_mesh(mesh):
+    args = (jax.device_put(x, NamedSharding(mesh, x_spec)),
+            jax.device_put(q, NamedSharding(mesh, q_spec)))
+    exp = hxe.export(jax.jit(hx.matmul_q), platforms=PLATFORMS)(*args)
+    got = exp.call(*args)
+  assert sorted(_kernel_calls(exp.mlir_module())) == [(KERNEL_TARGETS["cuda"], True),
+                                                      (KERNEL_TARGETS["tpu"], True)]
+  dense = _dense_np(q)
+  assert_matmul_close(np.asarray(got), x, np.broadcast_to(dense, (*x_shape[:-2], *q_shape[-2:]))
+                      if len(q_shape) < len(x_shape) else dense)
