@@ -3,8 +3,10 @@
 Kernels run in interpret mode on CPU. Data are chosen so every result is exact
 in f32 (integer values, power-of-two scales, short sums of small integers), so
 results are compared for equality with numpy references computed from the
-components; the lowering tests export for ``tpu`` and ``cuda`` from this CPU
-machine.
+components; the tests of every format (int8, int4 pairs, fp8; per row and per
+group) quantize normal data and compare products with a float64 reference within
+the bound of ``numerics.py``. The lowering tests export for ``tpu`` and ``cuda``
+from this CPU machine.
 """
 
 from __future__ import annotations
