@@ -427,6 +427,82 @@ def activate_pallas_kernel_rules() -> None:
     _pallas_kernel_rules_active.add(prim)
 
 
+def _wrap_pallas_call_to_lojax(jax_rule, form, to_form, from_form):
+  import dataclasses
+
+  def rule(*hi_args, jaxpr, grid_mapping, out_avals, **params):
+    in_tys = [core.typeof(a) for a in hi_args]
+    forms_in = [form(t) for t in in_tys]
+    forms_out = tuple(form(t) for t in out_avals)
+    if all(a is b for a, b in zip([*forms_in, *forms_out], [*in_tys, *out_avals])):
+      return jax_rule(*hi_args, jaxpr=jaxpr, grid_mapping=grid_mapping, out_avals=out_avals,
+                      **params)
+    args = [to_form(t, a) for t, a in zip(in_tys, hi_args)]
+    mappings = tuple(dataclasses.replace(bm, array_aval=form(bm.array_aval))
+                     for bm in grid_mapping.block_mappings)
+    outs = jax_rule(*args, jaxpr=jaxpr, grid_mapping=grid_mapping.replace(
+        block_mappings=mappings), out_avals=forms_out, **params)
+    return [from_form(t, o) for t, o in zip(out_avals, outs)]
+  rule._hx_wraps = jax_rule
+  return rule
+
+
+def _wrap_whole_ref_access(jax_rule, applies, method, takes_value):
+  # ``ref[...]`` / ``ref[...] = v`` reach JAX's rule with no transforms, which lowers a hi
+  # ref component by component with the value type's own lo types: a kernel-form ref
+  # goes through its type's indexed rule with the trivial index instead
+  def rule(ref, *args, tree):
+    lead, idx = (args[:1], args[1:]) if takes_value else ((), args)
+    ty = core.typeof(ref._refs)
+    if not _tree_util.tree_unflatten(tree, idx) and applies(ty):
+      index = NDIndexer.make_trivial_indexer(tuple(ty.shape))
+      return getattr(ty, method)(_state_types.TransformedRef(ref, ()), *lead, index)
+    return jax_rule(ref, *args, tree=tree)
+  rule._hx_wraps = jax_rule
+  return rule
+
+
+def _wrap_whole_ref_abstract_eval(jax_rule, applies, value_type, takes_value):
+  # JAX types a whole-ref read (or a write's old value) as the ref's type: a kernel
+  # form's value is its ordinary type
+  def rule(ref_aval, *args, tree):
+    out, effects = jax_rule(ref_aval, *args, tree=tree)
+    idx = args[1:] if takes_value else args
+    inner = getattr(ref_aval, "inner_aval", None)
+    if inner is not None and not _tree_util.tree_unflatten(tree, idx) and applies(inner):
+      out = value_type(out)
+    return out, effects
+  rule._hx_wraps = jax_rule
+  return rule
+
+
+def install_pallas_operand_forms(form, to_form, from_form, applies, value_type) -> None:
+  """Makes ``pl.pallas_call`` pass hi operands and results in their kernel forms.
+
+  ``form(ty)``: the type ``ty`` has inside the call (``ty`` itself when it has no
+  other); ``to_form(ty, x)`` / ``from_form(ty, x)``: a value of ``ty`` into and out of
+  that form. Wraps ``pallas_call_p.to_lojax`` (``_pallas_call_to_lojax``, which lowers
+  each hi operand by its type's ``lower_val`` and each block by the array type's
+  ``lo_ty``): operands, result types and every block mapping's array type are put in
+  their forms before it runs, results taken back after. Whole-ref reads and writes
+  (``ref[...]``, no index) of a ref whose type ``applies(ty)`` answers for lower through
+  the type's ``ref_get_to_lojax`` / ``ref_swap_to_lojax`` with the trivial index
+  (JAX's own rule would take the components as the value type's), and their values
+  have the ordinary type ``value_type(ty)``. Idempotent.
+  """
+  from jax._src.pallas import pallas_call as _pallas_call
+  _replace(_pallas_call.pallas_call_p, "to_lojax",
+           lambda f: _wrap_pallas_call_to_lojax(f, form, to_form, from_form))
+  _replace(ref_get_p, "to_lojax",
+           lambda f: _wrap_whole_ref_access(f, applies, "ref_get_to_lojax", False))
+  _replace(ref_swap_p, "to_lojax",
+           lambda f: _wrap_whole_ref_access(f, applies, "ref_swap_to_lojax", True))
+  _replace(ref_get_p, "abstract_eval",
+           lambda f: _wrap_whole_ref_abstract_eval(f, applies, value_type, False))
+  _replace(ref_swap_p, "abstract_eval",
+           lambda f: _wrap_whole_ref_abstract_eval(f, applies, value_type, True))
+
+
 def pallas_block_origin() -> str | None:
   """The origin (``"outputs[0]"``, ``"x_ref"``...) of the Pallas block mapping being lowered
   to lo blocks (``BlockMapping.to_lojax``), read off the Python stack; ``None`` elsewhere."""
@@ -437,6 +513,25 @@ def pallas_block_origin() -> str | None:
       return f.f_locals["self"].origin
     f = f.f_back
   return None
+
+def kernel_is_partitioned(module_ctx) -> bool:
+  """Whether a kernel's custom call lowered in ``module_ctx`` would be partitioned by XLA.
+
+  ``True`` in a program over several devices outside a ``shard_map`` that makes every
+  mesh axis manual (``ShardingContext`` of more than one device, or an
+  ``SPMDAxisContext`` with auto axes left): there JAX refuses Mosaic calls ("Mosaic
+  kernels cannot be automatically partitioned", ``jax/_src/tpu_custom_call.py``) and
+  XLA replicates the operands of any other custom call. ``False`` on one device, inside
+  a fully manual ``shard_map`` and under ``pmap``.
+  """
+  ax = module_ctx.axis_context
+  if isinstance(ax, _sharding_impls.SPMDAxisContext):
+    manual = set(ax.manual_axes) | set(ax.mesh.manual_axes)
+    return manual != set(ax.mesh.axis_names)
+  if isinstance(ax, _sharding_impls.ShardingContext):
+    return ax.num_devices != 1
+  return False
+
 
 # --- may hxmlir fork this process? (read by hxmlir.passes.parsing.parse_crash) -------
 from jax._src import xla_bridge as _xla_bridge  # noqa: E402

@@ -18,15 +18,28 @@ share, described per type by
   slice of a row keeps the row's scale) but not pick one element (that would
   leave no ``q8``), and a write must cover them whole (writing half a row with
   its own scale would rescale the other half).
-* ``group``: elements per scale along the last axis (``None``: one scale per
-  row, the only format refs take today: a ``q4``/``f8``/grouped operand is a
-  ``TypeError`` that says to pass the components, ``hx.qarray_parts``; hxmlir's own
-  ``matmul_q`` kernel takes every format that way, ``lowering/matmul_q_pallas.py``).
-  A block or slice along a grouped axis must
-  hold whole groups (:func:`check_whole_groups`, :func:`check_index`). A
-  grouped format (scale ``f32[*l, n // g]``) passes its ``g``; what it adds
-  here is its scale's last block dim and index, the dense ones divided by
-  ``g`` (in :func:`component_block_specs` and ``_component_indexer``).
+* ``divisors``: per component, dense elements per stored entry along the last
+  axis (``q4``'s values: 2, a pair per byte; a grouped scale: ``g``; else 1).
+* ``group`` and ``pack``: elements per scale (``None``: one per row) and per
+  stored value. A block or slice along the last axis must hold whole groups and
+  whole packed bytes (:func:`check_whole_groups`, :func:`check_index`): its
+  component blocks and indices are the dense ones divided by the divisor.
+
+Every format and group size is an operand and a result (``q8``, ``q4`` int4
+pairs, ``f8``; per row or per group).
+
+The kernel-side form. Inside ``pl.pallas_call`` each hi operand and result
+travels as its *kernel form* (:func:`kernel_form`): the same components, each
+with the dense rank, unit dims on the dense axes it lacks (a ``q8[m, n]``'s
+per-row scale is ``f32[m, 1]``, an ``r1[m, n]``'s factors ``f32[m, 1]`` and
+``f32[1, n]``). So every block has the array's rank and the last two dims
+Mosaic tiles, and a kernel lowers for TPU from any machine (Pallas reads the
+tiling of 1-D blocks from the local TPU). The form is a type of its own (a
+subclass of the value's, :func:`kernel_form`) for operands, results and refs
+only: a value read from a ref is the ordinary type (``ref[...]`` of a ``q8`` ref is a ``q8`` with scale
+``f32[m]``), and the hook in the JAX seam
+(:func:`hxmlir._jax.install_pallas_operand_forms`) reshapes operands into the
+form before the call and results back after it.
 
 Each component's block takes the dense block's entries on its axes and the
 index map's block indices on those axes: the scale's block follows the rows.
@@ -37,7 +50,12 @@ Inside kernels hxmlir's lo primitives lower as their reference semantics
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jax.experimental.hijax import register_hitype
+from jax.sharding import PartitionSpec
 
 from hxmlir import _jax
 
@@ -53,33 +71,56 @@ def _block_dim_size(d):
 
 
 def array_name(ty) -> str:
-  """``ty``'s name with the dense shape of the array it is a block of (``q8[16,256]``), else ``str(ty)``."""
+  """``ty``'s name with the dense shape of the array it is a block of (``q8[16,256]``,
+  ``q4[16,256:g64]``), else ``str(ty)``."""
   whole = getattr(ty, "_pallas_array_shape", None)
   if whole is None:
     return str(ty)
-  return f"{str(ty).split('[')[0]}[{','.join(map(str, whole))}]"
+  name = str(ty)
+  head = name.split("[")[0]
+  inside = name[len(head) + 1:name.rindex("]")]
+  group = ":" + inside.split(":", 1)[1] if ":" in inside else ""   # q4[16,256:g64]
+  return f"{head}[{','.join(map(str, whole))}{group}]"
 
 
-def check_whole_groups(ty: str, block_shape: Sequence, group: int | None) -> None:
+def _unit(group: int | None, pack: int) -> tuple[int, str]:
+  """Elements the last axis keeps together, and their name in messages."""
+  if group is not None:
+    return group, f"quantization groups of size {group}"
+  return pack, f"packed values ({pack} per byte)"
+
+
+def check_whole_groups(ty: str, block_shape: Sequence, group: int | None, pack: int = 1) -> None:
   """Raises ``TypeError`` unless the block's last dim holds whole quantization groups.
 
-  ``ty`` names the type (``q8[16,256]``), ``block_shape`` is the dense block
+  ``ty`` names the type (``q4[16,256:g64]``), ``block_shape`` is the dense block
   (``(8, 96)``), ``group`` the elements per scale (``None``: one scale per row,
-  which any block holds whole). The block dim must be a ``pl.Blocked`` size
-  (or an int) that ``group`` divides, so every block starts on a group.
+  which any block holds whole) and ``pack`` the values per stored byte (int4: 2,
+  a block must hold whole bytes too). The block dim must then be a ``pl.Blocked``
+  size (or an int) that the group (or ``pack``) divides, so every block starts on
+  a group.
   """
-  if group is None:
+  align, what = _unit(group, pack)
+  if align == 1:
     return
   from jax.experimental import pallas as pl
   last = block_shape[-1]
   size = _block_dim_size(last)
-  if not isinstance(last, (int, pl.Blocked)) or size % group:
-    raise TypeError(f"a {ty} block {tuple(block_shape)} splits quantization groups of "
-                    f"size {group} along the last axis; make its last block dim a multiple "
-                    f"of {group} (pl.Blocked or an int)")
+  if not isinstance(last, (int, pl.Blocked)) or size % align:
+    raise TypeError(f"a {ty} block {tuple(block_shape)} splits {what} along the last axis; "
+                    f"make its last block dim a multiple of {align} (pl.Blocked or an int)")
 
 
-def _lower_block_spec(ty, block_spec, *, components, structural, group) -> list:
+def _layout(ty, rank: int | None = None) -> dict:
+  """``ty._pallas_layout(rank)`` with the defaults of the optional keys filled in."""
+  layout = dict(ty._pallas_layout(rank))
+  layout.setdefault("divisors", (1,) * len(layout["components"]))
+  layout.setdefault("pack", 1)
+  return layout
+
+
+def _lower_block_spec(ty, block_spec, *, components, structural, group, divisors,
+                      pack) -> list:
   """The type's ``lower_block_spec``: checks the dense block, then one spec per component.
 
   Raises ``TypeError`` naming the array's type and the block when the block
@@ -92,7 +133,10 @@ def _lower_block_spec(ty, block_spec, *, components, structural, group) -> list:
     if _block_dim_size(bs[a]) is None:
       raise TypeError(f"a {name} block {bs} squeezes axis {a}, which one scale or factor "
                       "spans; keep it as a block dim (size 1 for one element)")
-  check_whole_groups(name, bs, group)
+  if _block_dim_size(bs[-1]) is None and (group is not None or pack > 1):
+    raise TypeError(f"a {name} block {bs} squeezes the last axis, which holds "
+                    f"{_unit(group, pack)[1]}; keep it as a block dim")
+  check_whole_groups(name, bs, group, pack)
   whole = getattr(ty, "_pallas_array_shape", None)
   origin = _jax.pallas_block_origin() or ""
   if whole is not None and origin.startswith("outputs"):
@@ -102,7 +146,7 @@ def _lower_block_spec(ty, block_spec, *, components, structural, group) -> list:
                         f"({_block_dim_size(bs[a])} of {whole[a]}), which one scale or factor "
                         "spans, so each program would write it with its own part's value; "
                         "make the result's block hold the whole axis")
-  return component_block_specs(block_spec, components)
+  return component_block_specs(block_spec, components, divisors)
 
 
 def use_in_kernels() -> None:
@@ -116,26 +160,64 @@ def use_in_kernels() -> None:
   needs nothing). Idempotent; imports Pallas' TPU and Triton lowerings.
   """
   _jax.activate_pallas_kernel_rules()
+  _jax.install_pallas_operand_forms(kernel_form, to_kernel_form, from_kernel_form,
+                                    has_kernel_form, value_type)
 
 
-def component_block_specs(block_spec, components: Sequence[Axes]) -> list:
-  """One ``pl.BlockSpec`` per component: its axes' block dims and block indices."""
+def _divided(d, divisor: int):
+  """Block dim ``d`` (an int or ``pl.Blocked``) of dense elements, in stored entries."""
+  if divisor == 1 or d is None:
+    return d
+  from jax.experimental import pallas as pl
+  if isinstance(d, pl.Blocked):
+    return pl.Blocked(d.block_size // divisor)
+  return d // divisor
+
+
+def component_block_specs(block_spec, components: Sequence[Axes],
+                          divisors: Sequence[int] | None = None) -> list:
+  """One ``pl.BlockSpec`` per component, in its kernel form (:func:`kernel_form`).
+
+  Each has the dense block's rank: the dense block dims and block indices on the
+  component's axes (the last one divided by its divisor: ``q4`` values hold two
+  per byte, a grouped scale one per group), a dim of 1 at block index 0 on the
+  axes it lacks (a per-row scale's block is ``(block_m, 1)``).
+  """
   from jax.experimental import pallas as pl
   use_in_kernels()
+  rank = len(block_spec.block_shape)
+  divisors = divisors or (1,) * len(components)
   out = []
-  for axes in components:
+  for axes, div in zip(components, divisors):
     def index_map(*args, _axes=axes, _f=block_spec.index_map):
       idx = _f(*args)
-      return tuple(idx[a] for a in _axes)
-    out.append(pl.BlockSpec(tuple(block_spec.block_shape[a] for a in axes), index_map,
-                            memory_space=block_spec.memory_space,
+      return tuple(idx[a] if a in _axes else 0 for a in range(rank))
+    shape = tuple((_divided(block_spec.block_shape[a], div) if a == rank - 1
+                   else block_spec.block_shape[a]) if a in axes else 1 for a in range(rank))
+    out.append(pl.BlockSpec(shape, index_map, memory_space=block_spec.memory_space,
                             pipeline_mode=block_spec.pipeline_mode))
   return out
 
 
-def _component_indexer(idx, axes: Axes):
-  return _jax.NDIndexer(tuple(idx.indices[a] for a in axes), tuple(idx.shape[a] for a in axes),
-                        idx.int_indexer_shape, validate=False)
+def _component_indexer(idx, axes: Axes, divisor: int = 1, form: bool = False):
+  """``idx`` on one component: its axes (``form``: every axis, a unit slice where it
+  lacks one), the last axis' slice divided by ``divisor`` (its start checked static
+  and aligned by :func:`check_index`)."""
+  rank = len(idx.shape)
+  keep = range(rank) if form else axes
+  indices, shape = [], []
+  for a in keep:
+    if a not in axes:
+      indices.append(_jax.IndexSlice(0, 1))
+      shape.append(1)
+      continue
+    index, size = idx.indices[a], idx.shape[a]
+    if a == rank - 1 and divisor > 1:
+      index = _jax.IndexSlice(int(index.start) // divisor, int(index.size) // divisor)
+      size //= divisor
+    indices.append(index)
+    shape.append(size)
+  return _jax.NDIndexer(tuple(indices), tuple(shape), idx.int_indexer_shape, validate=False)
 
 
 def _is_whole(index, size: int) -> bool:
@@ -148,39 +230,45 @@ def _is_whole(index, size: int) -> bool:
 
 
 def check_index(ty: str, transforms: Sequence, structural: Axes, group: int | None,
-                write: bool) -> None:
+                write: bool, pack: int = 1) -> None:
   """Raises ``TypeError`` for an index that would break the value's structure.
 
   Every transform must be an index (``ref[...]``, ``ref.at[...]``); on the
-  ``structural`` axes it must slice (a read) or cover the axis whole (a write),
-  and with ``group`` a slice of the last axis must start and end on group
-  boundaries (static offsets only).
+  ``structural`` axes it must slice (a read) or cover the axis whole (a write);
+  the last axis must be sliced, and with ``group`` (or ``pack > 1``) a slice of
+  it must start and end on group (or byte) boundaries (static offsets only).
   """
+  align, what = _unit(group, pack)
   for t in transforms:
     if not isinstance(t, _jax.NDIndexer):
       raise TypeError(f"a ref of {ty} takes only indexing (ref[...], ref.at[...]), got {t}")
-    for a in structural:
+    last = len(t.shape) - 1
+    for a in sorted({*structural, last}):
       index, size = t.indices[a], t.shape[a]
-      if write and not _is_whole(index, size):
+      if write and a in structural and not _is_whole(index, size):
         raise TypeError(f"writing a {ty} through index {t.indices} covers part of axis {a}: "
                         "one scale or factor holds the whole axis, so a write must cover it "
                         "(write whole rows, or write the components of a lo result)")
       if not isinstance(index, _jax.IndexSlice):
-        raise TypeError(f"indexing a ref of {ty} with an integer on axis {a} leaves no {ty[:2]}; "
-                        "slice it (ref[i:i+1]) and dequantize or take factors first")
-      if group is not None and a == len(t.shape) - 1:
+        raise TypeError(f"indexing a ref of {ty} with an integer on axis {a} leaves no "
+                        f"{ty.split('[')[0]}; slice it (ref[i:i+1]) and dequantize or take "
+                        "factors first")
+      if a == last and align > 1:
         try:
           start, stop = int(index.start), int(index.start) + int(index.size)
         except TypeError as e:
-          raise TypeError(f"a slice of {ty}'s grouped last axis needs a static start") from e
-        if start % group or stop % group or index.stride != 1:
-          raise TypeError(f"slice {start}:{stop} of {ty}'s last axis splits quantization "
-                          f"groups of size {group}")
+          raise TypeError(f"a slice of {ty}'s last axis needs a static start: it must not "
+                          f"split {what}") from e
+        if start % align or stop % align or index.stride != 1:
+          raise TypeError(f"slice {start}:{stop} of {ty}'s last axis splits {what}")
 
 
-def split_transforms(transforms: Sequence, components: Sequence[Axes]) -> list[tuple]:
-  """Per component, the transforms restricted to its axes."""
-  return [tuple(_component_indexer(t, axes) for t in transforms) for axes in components]
+def split_transforms(transforms: Sequence, components: Sequence[Axes],
+                     divisors: Sequence[int] | None = None, form: bool = False) -> list[tuple]:
+  """Per component, the transforms restricted to it (``form``: in its kernel form)."""
+  divisors = divisors or (1,) * len(components)
+  return [tuple(_component_indexer(t, axes, d, form) for t in transforms)
+          for axes, d in zip(components, divisors)]
 
 
 def note_block_of(block_ty, array_shape):
@@ -195,6 +283,149 @@ def note_block_of(block_ty, array_shape):
   return block_ty
 
 
+# --- the kernel-side form of a hi type (see the module docstring) ---------------
+
+@dataclass(frozen=True)
+class KernelFormValue:
+  """A value of a kernel-form type ``ty``: its lo components ``parts`` (arrays or refs)."""
+  parts: tuple
+  ty: object
+
+
+register_hitype(KernelFormValue, lambda v: v.ty)
+
+_FORM_CLASSES: dict = {}
+
+
+def is_kernel_form(ty) -> bool:
+  """Whether ``ty`` is a kernel-form type (:func:`kernel_form`)."""
+  return type(ty) in _FORM_CLASSES.values()
+
+
+def _form_class(cls: type) -> type:
+  """The kernel-form subclass of hi type class ``cls`` (one per class)."""
+  if cls not in _FORM_CLASSES:
+    def lo_ty(self):
+      return _form_lo_ty(self)
+
+    def lower_val(self, v):
+      return list(v.parts)
+
+    def raise_val(self, *lo):
+      return KernelFormValue(tuple(lo), self)
+
+    def _pallas_block_ty(self, shape):
+      return value_type(self)._pallas_block_ty(shape)
+
+    # dataclass equality compares classes: a form never equals its value type
+    _FORM_CLASSES[cls] = type(f"{cls.__name__}KernelForm", (cls,), dict(
+        lo_ty=lo_ty, lower_val=lower_val, raise_val=raise_val,
+        _pallas_block_ty=_pallas_block_ty,
+        __doc__=f"The kernel-side form of a {cls.__name__} (hxmlir.pallas.kernel_form)."))
+    _jax.register_indexer_transform_type(_FORM_CLASSES[cls])
+  return _FORM_CLASSES[cls]
+
+
+def has_kernel_form(ty) -> bool:
+  """Whether ``ty`` is, or (a Tup) holds, a kernel-form type."""
+  return any(has_kernel_form(t) for t in ty.tys) if _is_tup(ty) else is_kernel_form(ty)
+
+
+def _retyped(ty, cls):
+  return cls(**{f.name: getattr(ty, f.name) for f in dataclasses.fields(ty)})
+
+
+def value_type(ty):
+  """The ordinary type of kernel form ``ty`` (``ty`` itself for other types; Tups per element)."""
+  if _is_tup(ty):
+    return type(ty)(tuple(value_type(t) for t in ty.tys))
+  if is_kernel_form(ty):
+    return _retyped(ty, type(ty).__mro__[1])
+  return ty
+
+
+def kernel_form(ty):
+  """The type hi type ``ty`` has as an operand, result or ref of ``pl.pallas_call``.
+
+  For a type with a Pallas layout (``q8``/``q4``/``f8``, ``r1``): the same type but
+  for its lo types, each component with the dense rank (unit dims on the axes it
+  lacks: ``q8[m, n]``'s scale ``f32[m, 1]``); a Tup's form is its elements'; other
+  types (arrays) are their own. Idempotent.
+  """
+  if not getattr(ty, "is_high", False):
+    return ty
+  if _is_tup(ty):
+    tys = tuple(kernel_form(t) for t in ty.tys)
+    return ty if all(a is b for a, b in zip(tys, ty.tys)) else type(ty)(tys)
+  if is_kernel_form(ty) or not hasattr(ty, "_pallas_layout"):
+    return ty
+  form = _retyped(ty, _form_class(type(ty)))
+  if hasattr(ty, "_pallas_array_shape"):
+    note_block_of(form, ty._pallas_array_shape)
+  return form
+
+
+def _form_lo_ty(form) -> list:
+  base = value_type(form)
+  layout = _layout(base)
+  rank = len(base.shape)
+  out = []
+  for lo, axes in zip(base.lo_ty(), layout["components"]):
+    if len(axes) == rank:
+      out.append(lo)
+      continue
+    shape, spec, it = [], [], iter(zip(lo.shape, tuple(lo.sharding.spec) + (None,) * lo.ndim))
+    for a in range(rank):
+      d, s = next(it) if a in axes else (1, None)
+      shape.append(d)
+      spec.append(s)
+    out.append(lo.update(shape=tuple(shape),
+                         sharding=lo.sharding.update(spec=PartitionSpec(*spec))))
+  return out
+
+
+def _unit_reshape(x, shape):
+  """``x`` with unit dims inserted or removed to have ``shape`` (same elements)."""
+  shape = tuple(shape)
+  if tuple(x.shape) == shape:
+    return x
+  from jax import lax
+  if len(shape) > x.ndim:
+    i, pos = 0, []
+    for j, d in enumerate(shape):
+      if i < x.ndim and x.shape[i] == d:
+        i += 1
+      else:
+        pos.append(j)
+    return lax.expand_dims(x, pos)
+  i, pos = 0, []
+  for j, d in enumerate(x.shape):
+    if i < len(shape) and shape[i] == d:
+      i += 1
+    else:
+      pos.append(j)
+  return lax.squeeze(x, pos)
+
+
+def to_kernel_form(ty, x):
+  """Value ``x`` of type ``ty`` as a value of ``kernel_form(ty)`` (components reshaped)."""
+  form = kernel_form(ty)
+  if form is ty:
+    return x
+  parts = ty.lower_val(x)
+  return form.raise_val(*[_unit_reshape(p, lo.shape) for p, lo in zip(parts, form.lo_ty())])
+
+
+def from_kernel_form(ty, x):
+  """Value ``x`` of ``kernel_form(ty)`` as a value of ``ty``'s ordinary type."""
+  vt = value_type(ty)
+  form = kernel_form(vt)
+  if form is vt:
+    return x
+  parts = form.lower_val(x)
+  return vt.raise_val(*[_unit_reshape(p, lo.shape) for p, lo in zip(parts, vt.lo_ty())])
+
+
 # --- one walk over a (possibly nested) hi type: Tup elements, or components ----
 # ``ty`` is a lo array type, a Tup (``ty.tys``), or a type with ``_pallas_layout``.
 
@@ -207,6 +438,11 @@ def _flat(transforms):
   return jax.tree.flatten(tuple(transforms))
 
 
+def _indexed_type(ty, transforms):
+  """The ordinary type read from a ref of ``ty`` (not a Tup) through ``transforms``."""
+  return ty._pallas_block_ty(transforms[-1].get_indexer_shape() if transforms else ty.shape)
+
+
 def _read_type(ty, ref_aval, transforms, effects: set, write: bool):
   """The type read through a ref of ``ty`` with ``transforms``; adds the read effects."""
   if not ty.is_high:
@@ -216,60 +452,73 @@ def _read_type(ty, ref_aval, transforms, effects: set, write: bool):
     return aval
   if _is_tup(ty):
     return type(ty)(tuple(_read_type(t, ref_aval, transforms, effects, write) for t in ty.tys))
-  layout = ty._pallas_layout()
-  check_index(str(ty), transforms, layout["structural"], layout["group"], write=write)
-  for lo, ts in zip(ty.lo_ty(), split_transforms(transforms, layout["components"])):
+  layout = _layout(ty)
+  check_index(str(ty), transforms, layout["structural"], layout["group"], write=write,
+              pack=layout["pack"])
+  for lo, ts in zip(ty.lo_ty(), _split(ty, layout, transforms)):
     _read_type(lo, ref_aval, ts, effects, write)  # JAX's checks of each component's index
-  return ty._pallas_block_ty(transforms[-1].get_indexer_shape() if transforms else ty.shape)
+  return _indexed_type(ty, transforms)
+
+
+def _split(ty, layout, transforms):
+  return split_transforms(transforms, layout["components"], layout["divisors"],
+                          form=is_kernel_form(ty))
 
 
 def _type_leaves(ty, transforms):
   """``(lo type, its transforms)`` for every lo array of ``ty``, in ``lo_ty`` order."""
-  return _leaves(ty, None, transforms, types=True)
+  return [(lo, ts) for lo, ts, _ in _leaves(ty, None, transforms, types=True)]
 
 
 def _leaves(ty, refs, transforms, types: bool = False):
-  """``(lo ref, its transforms)`` for every lo array under a hi ref's value ``refs``."""
+  """``(lo ref, its transforms, shape)`` for every lo array under a hi ref's value ``refs``;
+  ``shape``: the component's shape in the ordinary type read (``None`` for arrays)."""
   if not ty.is_high:
-    return [(ty if types else refs, tuple(transforms))]
+    return [(ty if types else refs, tuple(transforms), None)]
   if _is_tup(ty):
     elts = ty.tys if types else refs.elts
     return [leaf for t, e in zip(ty.tys, elts) for leaf in _leaves(t, e, transforms, types)]
-  components = ty._pallas_layout()["components"]
+  layout = _layout(ty)
   parts = ty.lo_ty() if types else ty.lower_val(refs)
-  return [leaf for lo, r, ts in zip(ty.lo_ty(), parts, split_transforms(transforms, components))
-          for leaf in _leaves(lo, r, ts, types)]
+  read = _indexed_type(ty, transforms).lo_ty()
+  return [(r, ts, v.shape) for r, ts, v in zip(parts, _split(ty, layout, transforms), read)]
 
 
 # --- the methods JAX's Pallas calls on a hi type ------------------------------
 # register_type adds them to q8 and r1, which define
-# ``_pallas_layout(rank=None) -> dict(components=, structural=, group=)`` and
-# ``_pallas_block_ty(shape)`` (their unsharded type of dense ``shape``), and to
+# ``_pallas_layout(rank=None) -> dict(components=, structural=, group=[, divisors=, pack=])``
+# and ``_pallas_block_ty(shape)`` (their unsharded type of dense ``shape``), and to
 # Tup, which applies them to each element.
 
 def update(self, shape=None, **_):
-  """The type of a block of dense ``shape`` of an array of this type (Pallas' ``aval.update``)."""
+  """The type of a block of dense ``shape`` of an array of this type (Pallas' ``aval.update``):
+  the block's kernel form (:func:`kernel_form`), the type of the kernel's ref."""
+  use_in_kernels()
   if shape is None:
     return self
   if _is_tup(self):
     return type(self)(tuple(t.update(shape=shape) for t in self.tys))
-  return note_block_of(self._pallas_block_ty(tuple(shape)), self.shape)
+  layout = _layout(self)
+  if len(shape) == len(self.shape):  # the block keeps the last axis: whole groups first
+    check_whole_groups(array_name(note_block_of(value_type(self), self.shape)), tuple(shape),
+                       layout["group"], layout["pack"])
+  return kernel_form(note_block_of(self._pallas_block_ty(tuple(shape)), self.shape))
 
 
 def lower_block_spec(self, block_spec) -> list:
   """``pl.BlockSpec`` over the dense shape -> one spec per lo component.
 
   A component's block takes the dense block's dims on its axes and the index
-  map's block indices there (a ``q8``'s scale block follows the rows); a Tup's
-  block spec applies to each element. Raises ``TypeError`` naming the array's
-  type and the block when the block squeezes an axis a scale or factor spans,
-  when a result's block splits such an axis, or when it splits quantization
-  groups.
+  map's block indices there (a ``q8``'s scale block follows the rows), in the
+  component's kernel form (:func:`component_block_specs`); a Tup's block spec
+  applies to each element. Raises ``TypeError`` naming the array's type and the
+  block when the block squeezes an axis a scale or factor spans, when a result's
+  block splits such an axis, or when it splits quantization groups or packed bytes.
   """
   if _is_tup(self):
     return [lo for t in self.tys
             for lo in (t.lower_block_spec(block_spec) if t.is_high else [block_spec])]
-  layout = self._pallas_layout(len(block_spec.block_shape))
+  layout = _layout(self, len(block_spec.block_shape))
   return _lower_block_spec(self, block_spec, **layout)
 
 
@@ -313,7 +562,7 @@ def check_write(ref_aval, val_aval, transforms) -> None:
   val_high = getattr(val_aval, "is_high", False)
   if held.is_high and transforms:
     return  # ref_swap_abstract_eval checks it, index and all
-  if held.is_high and not _jax.typematch(val_aval, held):
+  if held.is_high and not _jax.typematch(val_aval, value_type(held)):
     raise TypeError(f"writing {val_aval} to a ref of {held}: a write of the whole ref takes "
                     f"a value of its type {held}")
   if val_high and not held.is_high:
@@ -324,24 +573,28 @@ def check_write(ref_aval, val_aval, transforms) -> None:
 
 
 def ref_get_to_lojax(self, ref, idx):
-  """``ref[idx]`` on the components: each lo array indexed on its axes."""
-  leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
+  """``ref[idx]`` on the components: each lo array indexed on its axes (in its kernel
+  form, then shaped as the ordinary type's component)."""
   outs = []
-  for lo_ref, ts in leaves:
+  for lo_ref, ts, shape in _leaves(self, ref.ref._refs, (*ref.transforms, idx)):
     flat, tree = _flat(ts)
-    outs.append(_jax.ref_get_p.bind(lo_ref, *flat, tree=tree))
-  return self.raise_val(*outs)
+    out = _jax.ref_get_p.bind(lo_ref, *flat, tree=tree)
+    outs.append(out if shape is None else _unit_reshape(out, shape))
+  return value_type(self).raise_val(*outs)
 
 
 def ref_swap_to_lojax(self, ref, val, idx):
   """``ref[idx] = val`` on the components: each lo array swapped on its axes."""
   import jax
-  leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
   outs = []
   val_ty = jax.typeof(val)
-  for (lo_ref, ts), lo_val in zip(leaves, val_ty.lower_val(val)):
+  leaves = _leaves(self, ref.ref._refs, (*ref.transforms, idx))
+  for (lo_ref, ts, shape), lo_val in zip(leaves, val_ty.lower_val(val)):
     flat, tree = _flat(ts)
-    outs.append(_jax.ref_swap_p.bind(lo_ref, lo_val, *flat, tree=tree))
+    held, _ = _jax.ref_get_p.abstract_eval(lo_ref.aval if hasattr(lo_ref, "aval")
+                                           else jax.typeof(lo_ref), *flat, tree=tree)
+    old = _jax.ref_swap_p.bind(lo_ref, _unit_reshape(lo_val, held.shape), *flat, tree=tree)
+    outs.append(old if shape is None else _unit_reshape(old, shape))
   return val_ty.raise_val(*outs)
 
 
@@ -350,8 +603,9 @@ def transform_ndindexer(self, idx):
   if _is_tup(self):
     return type(self)(tuple(t.transform_ndindexer(idx) if t.is_high
                             else idx.transform_type(t) for t in self.tys))
-  layout = self._pallas_layout()
-  check_index(str(self), (idx,), layout["structural"], layout["group"], write=False)
+  layout = _layout(self)
+  check_index(str(self), (idx,), layout["structural"], layout["group"], write=False,
+              pack=layout["pack"])
   return self._pallas_block_ty(idx.get_indexer_shape())
 
 

@@ -326,19 +326,17 @@ class QArrayTy(DenseValuedType, HiType):
 
   # Pallas: a q8 operand or result of pl.pallas_call (hxmlir.pallas; its methods
   # are added by hx_pallas.register_type below the class)
-  QUANT_GROUP = None
-  """Elements per scale along the last axis: ``None``, one scale per row."""
-
   def _pallas_layout(self, rank: int | None = None) -> dict:
-    if self.fmt != "int8" or self.group is not None:
-      raise TypeError(f"a {self} operand of pl.pallas_call: hxmlir's Pallas blocks take "
-                      "q8 values with per-row scales only; pass the components "
-                      "(hx.qarray_parts) and rebuild the value in the kernel")
-    # values have every dense axis, the scale every axis but the quantized one;
-    # a BlockSpec has the array's rank (a block type lacks its squeezed axes)
+    # values have every dense axis (pack values per stored entry along the last); the
+    # scale every axis but the quantized one (per row: that axis is structural) or all of
+    # them, one entry per group; a BlockSpec has the array's rank (a block type lacks
+    # its squeezed axes)
     r = len(self.shape) if rank is None else rank
-    return dict(components=(tuple(range(r)), tuple(range(r - 1))), structural=(r - 1,),
-                group=self.QUANT_GROUP)
+    grouped = self.group is not None
+    return dict(components=(tuple(range(r)), tuple(range(r if grouped else r - 1))),
+                divisors=(self.format.pack, self.group or 1),
+                structural=() if grouped else (r - 1,), group=self.group,
+                pack=self.format.pack)
 
   def _pallas_block_ty(self, shape) -> QArrayTy:
     return self._with(shape=tuple(shape),

@@ -417,11 +417,80 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers
   backend = _PLATFORM_BACKEND[platform]
   ref = reference.matmul_q_for(dims)
   if is_installed() and _kernel_fits(q_aval, s_aval, backend):
+    kernel = None
     if xr == qr and dims == dotdims.v1_dims(xr):
-      ref = _pallas_reference(backend)
+      kernel = _pallas_reference(backend)
     elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
-      ref = _PALLAS_COLLAPSED[backend]  # f32[..., k] x Q[k, n]: leading dims into m
+      kernel = _PALLAS_COLLAPSED[backend]  # f32[..., k] x Q[k, n]: leading dims into m
+    if kernel is not None and _jax.kernel_is_partitioned(ctx.module_context):
+      kernel = _kernel_per_shard(kernel, *ctx.avals_in)
+    ref = kernel or ref
   return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+
+
+def _explicit_specs(*avals) -> tuple | None:
+  """The mesh and each aval's partition spec (one entry per axis) when every aval has a
+  sharding on one mesh whose axes are all explicit, else ``None``."""
+  meshes = {getattr(getattr(a, "sharding", None), "mesh", None) for a in avals}
+  if len(meshes) != 1:
+    return None
+  mesh = meshes.pop()
+  if mesh is None or mesh.empty or not mesh.are_all_axes_explicit:
+    return None
+  return mesh, tuple(tuple(a.sharding.spec) + (None,) * (a.ndim - len(a.sharding.spec))
+                     for a in avals)
+
+
+def _mesh_axes(entry) -> tuple:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _kernel_per_shard(kernel, x_aval, q_aval, s_aval):
+  """``kernel(x, q, s)`` run on each device's shards (``jax.shard_map``), or ``None``.
+
+  For a program over several devices, where Mosaic refuses to be partitioned and XLA
+  would replicate a Triton call's operands. The shards are the operands' own: explicit
+  shardings (``ctx.avals_in``) on one mesh, the contraction axis ``k`` unsharded (as
+  ``hx-verify`` requires), the batch axes of ``x`` and ``q`` sharded alike; each
+  device computes its block of the result, rows like ``x`` and columns like ``q``.
+  ``None`` where the shardings are not known at lowering time (mesh axes of type Auto:
+  XLA's propagation picks them later) or do not make independent blocks: the caller
+  then keeps the reference decomposition, which XLA partitions like any dense dot.
+  """
+  found = _explicit_specs(x_aval, q_aval, s_aval)
+  if found is None:
+    return None
+  mesh, (xs, qs, ss) = found
+  per_group = s_aval.ndim == q_aval.ndim
+  k_entries = (xs[-1], qs[-2], ss[-2] if per_group else ss[-1])
+  if any(e is not None for e in k_entries):
+    return None                      # a sharded contraction: partial sums, not blocks
+  if q_aval.ndim == x_aval.ndim:     # f32[*b, m, k] x Q[*b, k, n]
+    if xs[:-2] != qs[:-2]:
+      return None
+    ys = (*xs[:-1], qs[-1])
+  else:                              # f32[..., k] x Q[k, n]
+    ys = (*xs[:-1], qs[-1])
+  used = [a for e in ys for a in _mesh_axes(e)]
+  if len(used) != len(set(used)):
+    return None                      # one mesh axis on both rows and columns
+  return _shard_mapped(kernel, mesh, xs, qs, ss, ys)
+
+
+@functools.lru_cache(maxsize=256)
+def _shard_mapped(kernel, mesh, xs, qs, ss, ys):
+  # one function object per (kernel, mesh, specs): lower_composite shares a
+  # decomposition between equal keys, and the key holds this object
+  from jax.sharding import PartitionSpec as P
+
+  # the decomposition is traced on unsharded avals (lower_composite): on the mesh's
+  # Auto twin shard_map takes them as they come, and lowers to the same manual axes
+  auto = mesh.update_axis_types({a: jax.sharding.AxisType.Auto for a in mesh.axis_names})
+
+  def per_shard(x, q, s):
+    return jax.shard_map(kernel, mesh=auto, in_specs=(P(*xs), P(*qs), P(*ss)),
+                         out_specs=P(*ys), check_vma=False)(x, q, s)
+  return per_shard
 
 
 def _collapsed(x, q, s, *, backend: str):

@@ -38,8 +38,10 @@ from hxmlir.passes.base import HxPass, PassContext, PassResult
 # Ops a decomposition may hold besides StableHLO: calls, and the Shardy ops that keep
 # sharding (JAX emits sharding constraints; Shardy's propagation pipeline turns
 # constants into ``sdy.constant`` so they are not deduplicated across shardings, and
-# its export pipeline turns them back).
-_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint", "sdy.constant")
+# its export pipeline turns them back), and the per-shard computation of a kernel in a
+# program over several devices (``sdy.manual_computation``, ``lowering/matmul_q_pallas.py``).
+_PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint", "sdy.constant",
+                "sdy.manual_computation", "sdy.return")
 
 
 def _attr_matches(attr: ir.Attribute, want: type) -> str | None:

@@ -357,7 +357,9 @@ def test_cli_exports_and_runs_every_format(tmp_path, capsys, text):
   np.testing.assert_array_equal(np.load(out)["a0"], np.asarray(jax.jit(hx.matmul_q)(x, q)))
 
 
-def test_pallas_blocks_refuse_other_formats_with_the_way_out():
+def test_pallas_blocks_take_other_formats():
+  # was refused ("Pallas blocks take q8 values with per-row scales only"); every format
+  # is an operand now (tests/py/test_pallas_hi.py tests each one)
   from jax.experimental import pallas as pl
 
   def kernel(x_ref, q_ref, o_ref):
@@ -368,9 +370,10 @@ def test_pallas_blocks_refuse_other_formats_with_the_way_out():
                                   pl.BlockSpec((64, 32), lambda i: (0, 0))],
                         out_specs=pl.BlockSpec((8, 32), lambda i: (0, 0)), grid=(1,),
                         interpret=True)
-  with pytest.raises(TypeError, match=r"q4\[64,32:g32\] operand of pl.pallas_call: hxmlir's "
-                     r"Pallas blocks take q8 values with per-row scales only"):
-    call(_w((8, 64)), q)
+  x = _w((8, 64))
+  dense = np.asarray(hx.dequantize(q))  # exact: int4 values times f32 scales
+  assert_within(np.asarray(call(x, q)), np.asarray(x, np.float64) @ dense.astype(np.float64),
+                dot_bound("mk,kn->mn", np.asarray(x), dense, extra=1))
 
 
 @pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])

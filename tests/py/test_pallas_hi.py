@@ -3,8 +3,10 @@
 Kernels run in interpret mode on CPU. Data are chosen so every result is exact
 in f32 (integer values, power-of-two scales, short sums of small integers), so
 results are compared for equality with numpy references computed from the
-components; the lowering tests export for ``tpu`` and ``cuda`` from this CPU
-machine.
+components; the tests of every format (int8, int4 pairs, fp8; per row and per
+group) quantize normal data and compare products with a float64 reference within
+the bound of ``numerics.py``. The lowering tests export for ``tpu`` and ``cuda``
+from this CPU machine.
 """
 
 from __future__ import annotations
@@ -410,8 +412,8 @@ def test_gpu_export_registered_and_unregistered_user_kernels():
     exp = jax.export.export(_triton_call("hx_test_pallas_hi_v1"), platforms=["cuda"])(qw)
     text = exp.mlir_module()
     assert 'name = "hx_test_pallas_hi_v1"' in text
-    # the q8 crosses the call as its components
-    assert "(tensor<16x256xi8>, tensor<16xf32>) -> tensor<16x256xf32>" in text
+    # the q8 crosses the call as its components, the scale in its kernel form f32[16, 1]
+    assert "(tensor<16x256xi8>, tensor<16x1xf32>) -> tensor<16x256xf32>" in text
     with pytest.raises(hx.VerificationError,
                        match=r"(?s)kernel 'mine' is not registered.*hxmlir.targets.register_kernel"):
       jax.export.export(_triton_call("mine"), platforms=["cuda"])(qw)
@@ -421,8 +423,9 @@ def test_gpu_export_registered_and_unregistered_user_kernels():
 
 
 def test_tpu_export_of_a_q8_kernel():
-  # Mosaic tiles the scale's blocks like any array's: here f32[16, 128] scale blocks
-  # of (8, 128), as the Pallas TPU lowering requires of every block's last two dims
+  # Mosaic tiles the scale's blocks like any array's: here the scale's kernel form
+  # f32[16, 128, 1] in blocks of (8, 128, 1), as the Pallas TPU lowering requires of
+  # every block's last two dims
   qw = hx.make_qarray(jnp.ones((16, 128, 256), jnp.int8), jnp.ones((16, 128), jnp.float32))
   x = jnp.ones((16, 8, 128), jnp.float32)
 
@@ -436,7 +439,7 @@ def test_tpu_export_of_a_q8_kernel():
   exp = jax.export.export(jax.jit(call), platforms=["tpu"])(x, qw)
   text = exp.mlir_module()
   assert "stablehlo.custom_call @tpu_custom_call" in text
-  assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128xf32>) -> "
+  assert ("(tensor<16x8x128xf32>, tensor<16x128x256xi8>, tensor<16x128x1xf32>) -> "
           "tensor<16x8x256xf32>") in text
 
 
@@ -524,3 +527,177 @@ def test_installed_interpret_mode_and_tup_aliasing():
     hx.uninstall()
   np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 0)), x + _dense(q, s))
   np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 1).qvalue), q)
+
+
+# --- every format and group size (issue 25): operands, results, slices -----------------
+
+FORMATS = [(jnp.int8, None), (jnp.int8, 64), (jnp.int4, None), (jnp.int4, 32),
+           (jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, 128)]
+FORMAT_IDS = [f"{np.dtype(d).name}-g{g}" for d, g in FORMATS]
+
+
+def _quantized(rng, shape, dtype, group):
+  """``hx.quantize`` of normal data in ``dtype``/``group``, with its dense float64 value
+  computed from the components in numpy."""
+  from hxmlir import formats
+  w = hx.quantize(jnp.asarray(rng.standard_normal(shape).astype(np.float32)), dtype,
+                  group_size=group)
+  values, scale = (np.asarray(c) for c in hx.qarray_parts(w))
+  v = np.asarray(formats.values_f32(jnp.asarray(values)), np.float64)
+  s = scale.astype(np.float64)
+  if group is None:
+    dense = v * s[..., None]
+  else:
+    dense = (v.reshape(*v.shape[:-1], -1, group) * s[..., None]).reshape(v.shape)
+  return w, dense
+
+
+@pytest.mark.parametrize("dtype, group", FORMATS, ids=FORMAT_IDS)
+def test_every_format_as_an_operand_blocked_over_rows_and_columns(dtype, group):
+  # blocks of (8, 128): whole groups of 32, 64 and 128, and whole int4 bytes
+  w, dense = _quantized(np.random.default_rng(80), (16, 256), dtype, group)
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  out = _call(_dequantize_twice, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec], spec,
+              (2, 2))(w)
+  # one f32 product and a doubling per element: exact in f64 of the f32 components
+  np.testing.assert_array_equal(np.asarray(out, np.float64), dense.astype(np.float32) * 2.0)
+
+
+@pytest.mark.parametrize("dtype, group", FORMATS, ids=FORMAT_IDS)
+def test_every_format_in_a_matmul_kernel(dtype, group):
+  from numerics import assert_matmul_close
+  rng = np.random.default_rng(81)
+  w, dense = _quantized(rng, (64, 256), dtype, group)
+  x = rng.standard_normal((16, 64)).astype(np.float32)
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+              [pl.BlockSpec((8, 64), lambda i, j: (i, 0)),
+               pl.BlockSpec((64, 128), lambda i, j: (0, j))],
+              pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), w)
+  assert_matmul_close(np.asarray(out), x, dense, extra=2)
+
+
+@pytest.mark.parametrize("dtype, group", FORMATS, ids=FORMAT_IDS)
+def test_every_format_as_a_result_of_quantize_in_the_kernel(dtype, group):
+  # quantization is row- (or group-) local: blocks of whole rows give hx.quantize's value;
+  # a grouped result may split the row into whole groups
+  rng = np.random.default_rng(82)
+  x = jnp.asarray(rng.standard_normal((16, 256)).astype(np.float32))
+  want = hx.quantize(x, dtype, group_size=group)
+
+  def kernel(x_ref, q_ref):
+    q_ref[...] = hx.quantize(x_ref[...], dtype, group_size=group)
+
+  block = (8, 256) if group is None else (8, 128)
+  spec = pl.BlockSpec(block, lambda i, j: (i, j))
+  got = _call(kernel, jax.typeof(want), [spec], spec, (2, 256 // block[1]))(x)
+  assert jax.typeof(got) == jax.typeof(want)
+  for g, w_ in zip(hx.qarray_parts(got), hx.qarray_parts(want)):
+    np.testing.assert_array_equal(np.asarray(g).view(np.uint8), np.asarray(w_).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype, group", [(jnp.int4, None), (jnp.int4, 32), (jnp.int8, 64)],
+                         ids=["int4-g", "int4-g32", "int8-g64"])
+def test_slices_of_grouped_and_packed_refs_keep_whole_groups(dtype, group):
+  w, dense = _quantized(np.random.default_rng(83), (8, 256), dtype, group)
+
+  def kernel(q_ref, o_ref):
+    o_ref[:, 0:128] = hx.dequantize(q_ref[:, 128:256])      # whole groups, whole bytes
+    o_ref[:, 128:256] = hx.dequantize(q_ref.at[:, 0:192][:, 0:128])
+
+  out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 256), jnp.float32),
+                       interpret=True)(w)
+  f32 = dense.astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(out), np.concatenate([f32[:, 128:], f32[:, :128]], 1))
+
+
+def test_grouped_result_written_group_by_group():
+  # a write of whole groups of a grouped result sets those groups' scales
+  rng = np.random.default_rng(84)
+  x = jnp.asarray(rng.standard_normal((8, 256)).astype(np.float32))
+  want = hx.quantize(x, jnp.int4, group_size=64)
+
+  def kernel(x_ref, q_ref):
+    for c in range(0, 256, 128):
+      q_ref[:, c:c + 128] = hx.quantize(x_ref[:, c:c + 128], jnp.int4, group_size=64)
+
+  got = pl.pallas_call(kernel, out_shape=jax.typeof(want), interpret=True)(x)
+  for g, w_ in zip(hx.qarray_parts(got), hx.qarray_parts(want)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w_))
+
+
+@pytest.mark.parametrize("dtype, group, block, message", [
+    (jnp.int4, 64, (8, 96), r"a q4\[16,256:g64\] block \(8, 96\) splits quantization groups "
+                            r"of size 64 along the last axis; make its last block dim a "
+                            r"multiple of 64"),
+    (jnp.int8, 128, (8, 64), r"a q8\[16,256:g128\] block \(8, 64\) splits quantization groups "
+                             r"of size 128"),
+    (jnp.int4, None, (8, 3), r"a q4\[16,256\] block \(8, 3\) splits packed values \(2 per byte\)"),
+])
+def test_a_block_that_splits_a_group_is_a_type_error(dtype, group, block, message):
+  w, _ = _quantized(np.random.default_rng(85), (16, 256), dtype, group)
+  with pytest.raises(TypeError, match=message):
+    _call(lambda q_ref, o_ref: None, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+          [pl.BlockSpec(block, lambda i: (0, 0))],
+          pl.BlockSpec((16, 256), lambda i: (0, 0)), (1,))(w)
+
+
+@pytest.mark.parametrize("index, message", [
+    (lambda r: r[:, 16:80], r"slice 16:80 of q4\[8,256:g32\]'s last axis splits quantization "
+                            r"groups of size 32"),
+    (lambda r: r[:, 5], r"integer on axis 1 leaves no q4"),
+])
+def test_an_index_that_splits_a_group_is_a_type_error(index, message):
+  w, _ = _quantized(np.random.default_rng(86), (8, 256), jnp.int4, 32)
+
+  def kernel(q_ref, o_ref):
+    o_ref[...] = jnp.zeros_like(o_ref) + jnp.sum(hx.dequantize(index(q_ref)))
+
+  with pytest.raises(TypeError, match=message):
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   interpret=True)(w)
+
+
+# --- lowering for TPU from a CPU machine: no block is 1-D ---------------------------------
+
+@pytest.mark.parametrize("dtype, group", [(jnp.int8, None), (jnp.int4, 128),
+                                          (jnp.float8_e4m3fn, None)],
+                         ids=["int8", "int4-g128", "f8"])
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_a_2d_quantized_operand_lowers_for_tpu_and_cuda_from_cpu(platform, dtype, group):
+  # a per-row q8[m, n]'s scale is f32[m]: its 1-D blocks made Pallas ask the local TPU for
+  # its tiling ("Unsupported TPU device kind: cpu"); its kernel form is f32[m, 1]
+  from jax.experimental.pallas import triton as pltriton
+  w, _ = _quantized(np.random.default_rng(87), (16, 256), dtype, group)
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  params = pltriton.CompilerParams() if platform == "cuda" else None
+  f = jax.jit(pl.pallas_call(_user_kernel, out_shape=jax.ShapeDtypeStruct((16, 256),
+                                                                          jnp.float32),
+                             in_specs=[spec], out_specs=spec, grid=(2,),
+                             compiler_params=params))
+  text = f.trace(w).lower(lowering_platforms=(platform,)).as_text()
+  target = "__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
+  assert f"stablehlo.custom_call @{target}" in text
+  values, scale = hx.qarray_parts(w)
+  vt = "i8" if dtype == jnp.int8 else "ui8" if dtype == jnp.int4 else "f8E4M3FN"
+  s = "16x1xf32" if group is None else f"16x{256 // group}xf32"
+  assert f"(tensor<{'x'.join(map(str, values.shape))}x{vt}>, tensor<{s}>) -> " \
+         "tensor<16x256xf32>" in text
+
+
+def test_r1_operand_lowers_for_tpu_from_cpu():
+  r1, _, _ = _r1(np.random.default_rng(88), 16, 256)
+
+  def kernel(r_ref, o_ref):
+    c, r = hx.factors(r_ref[...])
+    o_ref[...] = c[:, None] * r[None, :]
+
+  spec = pl.BlockSpec((8, 256), lambda i: (i, 0))
+  f = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 256), jnp.float32),
+                             in_specs=[spec], out_specs=spec, grid=(2,)))
+  text = f.trace(r1).lower(lowering_platforms=("tpu",)).as_text()
+  assert "stablehlo.custom_call @tpu_custom_call" in text
+  assert "(tensor<16x1xf32>, tensor<1x256xf32>) -> tensor<16x256xf32>" in text
