@@ -225,7 +225,8 @@ def load_function(spec: str):
   ``sys.path`` (as ``python -m`` does); a ``.py`` file is run as a module named
   after it, its directory on ``sys.path`` so it imports its siblings. Raises
   ``UsageError`` for a spec without ``:``, ``ImportError`` naming the module,
-  and ``AttributeError``/``TypeError`` naming what the module has instead.
+  ``IsADirectoryError`` for a directory, and ``AttributeError``/``TypeError`` naming
+  what the module has instead.
   """
   import importlib.util
   import pkgutil
@@ -235,6 +236,10 @@ def load_function(spec: str):
                      f"name), got {spec!r}")
   if module.endswith(".py") or os.sep in module:
     path = os.path.abspath(module)
+    if os.path.isdir(path):
+      raise IsADirectoryError(f"{module}: is a directory; give a .py file in it "
+                              f"({os.path.join(module, 'FILE.py')}:{name}) or an importable "
+                              f"module (MODULE:{name})")
     if not os.path.isfile(path):
       raise ImportError(f"{module}: no such file")
     mod_name = os.path.splitext(os.path.basename(path))[0]
@@ -281,10 +286,12 @@ def _user_target(args):
   if args.model is not None:
     raise UsageError(f"give either MODULE:FUNCTION ({args.function}) or --model {args.model}, "
                      "not both")
-  for flag, given in (("--naive", getattr(args, "naive", False)),
-                      ("--inputs-out", getattr(args, "inputs_out", None))):
-    if given:
-      raise UsageError(f"{flag} goes with --model, not with a MODULE:FUNCTION")
+  if getattr(args, "naive", False):
+    raise UsageError("--naive goes with --model, not with a MODULE:FUNCTION")
+  if getattr(args, "inputs_out", None):
+    raise UsageError("--inputs-out goes with --model (a built-in model's example inputs), "
+                     "not with a MODULE:FUNCTION: write your function's inputs with "
+                     "numpy.savez, keyed as `hxmlir inspect ARTIFACT` lists")
   mesh = typestr.parse_mesh(args.mesh) if args.mesh else None
   types = [typestr.parse_arg(t, mesh, f"--arg {i + 1}") for i, t in enumerate(args.arg)]
   if args.args_json:
@@ -569,8 +576,9 @@ def _open_npz(path: str):
   if not os.path.isfile(path):
     open(path, "rb").close()  # FileNotFoundError / IsADirectoryError with the path
   if not zipfile.is_zipfile(path):
-    raise InputsError(f"--inputs {path}: not an .npz file (write one with numpy.savez, or "
-                      "`hxmlir export --inputs-out`)")
+    raise InputsError(f"--inputs {path}: not an .npz file (write one with numpy.savez, "
+                      "keyed as `hxmlir inspect ARTIFACT` lists; for a built-in model, "
+                      "`hxmlir export --model M --inputs-out NPZ` writes its inputs)")
   try:
     return np.load(path, allow_pickle=False)
   except Exception as e:  # a zip that numpy cannot read as .npz
