@@ -428,7 +428,7 @@ def run_mesh(exp, host_devices: int | None = None, where: str | None = None):
   must be set before JAX starts its backends) and takes the mesh's devices from them.
   Raises :class:`DevicesError` naming the counts and ``--host-devices`` when there are
   too few devices, :class:`UsageError` when ``host_devices`` is fewer than the artifact
-  needs. ``where``: the artifact's name in messages (default its function's).
+  needs or the artifact has no ``cpu`` platform. ``where``: the artifact's name in messages (default its function's).
   """
   import jax
   import numpy as np
@@ -439,6 +439,9 @@ def run_mesh(exp, host_devices: int | None = None, where: str | None = None):
   amesh = artifact_mesh(exp) if n > 1 else None
   shape = f" (mesh {mesh_str(amesh)})" if amesh is not None else ""
   if host_devices is not None:
+    if "cpu" not in exp.platforms:
+      raise UsageError(f"--host-devices runs on this machine's CPU, and {where} was exported "
+                       f"for {', '.join(exp.platforms)} only (export it with --platforms cpu,...)")
     want = host_devices or n
     if want < n:
       raise UsageError(f"--host-devices {want}: {where} was exported for {n} devices{shape}; "

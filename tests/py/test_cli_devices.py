@@ -144,6 +144,17 @@ def test_host_devices_fewer_than_needed(arts, capsys):
                       "devices (mesh i=4); give --host-devices 4 (or no N)") in err, err
 
 
+def test_host_devices_needs_a_cpu_artifact(arts, capsys, tmp_path):
+  assert cli.main(["export", f"{arts}/mdev.py:dense", "--arg", "f32[8,6]", "--arg", "f32[6,4]",
+                   "--mesh", "i=2:auto", "--platforms", "tpu", "-o", str(tmp_path / "t.hxa")]) == 0
+  capsys.readouterr()
+  rc, _, err = _run(capsys, "run", tmp_path / "t.hxa", "--inputs", arts / "dense_in.npz",
+                    "--host-devices")
+  assert rc == 1 and ("UsageError: --host-devices runs on this machine's CPU, and "
+                      f"{tmp_path / 't.hxa'} was exported for tpu only (export it with "
+                      "--platforms cpu,...)") in err, err
+
+
 # --- a fresh process with one CPU device ----------------------------------------------------
 
 def _hxmlir(*argv):
