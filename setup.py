@@ -7,8 +7,9 @@ CMake), and the package list: every package under each source root of
 :data:`PACKAGE_ROOTS` (``hxmlir/``, and ``lowering/``, ``passes/`` installed as
 ``hxmlir.lowering``, ``hxmlir.passes``), found by setuptools rather than listed by
 hand, so a sub-package added later is in the wheel too (``pyproject.toml``'s
-``packages.find`` cannot map a folder to another package name). The XLA FFI headers it needs are vendored under
-``csrc/third_party/xla`` (header-only, Apache 2.0), so the build needs no jaxlib.
+``packages.find`` cannot map a folder to another package name). The XLA FFI
+headers it needs are vendored under ``csrc/third_party/xla`` (header-only,
+Apache 2.0), so the build needs no jaxlib.
 
 Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc`` for
 ``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``) are
