@@ -1,9 +1,15 @@
-"""Builds hxmlir's native CPU kernel for ``hx.matmul_q`` (``hxmlir._matmul_q_cpu``).
+"""Builds hxmlir's native CPU kernel for ``hx.matmul_q`` (``hxmlir._matmul_q_cpu``) and
+finds the packages.
 
 Everything else about the package is declared in ``pyproject.toml``; this file
-only adds the C++ extension, which setuptools compiles during ``pip install``
-(no CMake). The XLA FFI headers it needs are vendored under
-``csrc/third_party/xla`` (header-only, Apache 2.0), so the build needs no jaxlib.
+adds the C++ extension, which setuptools compiles during ``pip install`` (no
+CMake), and the package list: every package under each source root of
+:data:`PACKAGE_ROOTS` (``hxmlir/``, and ``lowering/``, ``passes/`` installed as
+``hxmlir.lowering``, ``hxmlir.passes``), found by setuptools rather than listed by
+hand, so a sub-package added later is in the wheel too (``pyproject.toml``'s
+``packages.find`` cannot map a folder to another package name). The XLA FFI
+headers it needs are vendored under ``csrc/third_party/xla`` (header-only,
+Apache 2.0), so the build needs no jaxlib.
 
 Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc`` for
 ``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``) are
@@ -19,8 +25,22 @@ from __future__ import annotations
 import platform
 import sys
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
+
+# Installed package name -> its source folder. Sub-packages follow their folders.
+PACKAGE_ROOTS = {"hxmlir": "hxmlir", "hxmlir.lowering": "lowering", "hxmlir.passes": "passes"}
+
+
+def find_packages() -> list[str]:
+  """Every package under each root of :data:`PACKAGE_ROOTS`, under its installed name: each
+  folder below a root (with or without ``__init__.py``; ``__pycache__`` excluded) is one."""
+  found = []
+  for name, root in PACKAGE_ROOTS.items():
+    subs = find_namespace_packages(root, exclude=("__pycache__", "*.__pycache__"))
+    found += [name] + [f"{name}.{p}" for p in subs]
+  return sorted(found)
+
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 COMMON = ["-std=c++20", "-O3", "-fno-math-errno", "-fvisibility=hidden", "-Wall"]
@@ -48,6 +68,8 @@ class BuildExt(build_ext):
 
 
 setup(
+    packages=find_packages(),
+    package_dir=PACKAGE_ROOTS,
     ext_modules=[Extension(
         "hxmlir._matmul_q_cpu",
         sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_formats_ffi.cc", "csrc/matmul_q_generic.cc"],

@@ -8,6 +8,10 @@
   ``inputs``/``outputs``: each flat argument and result with its type and the
   ``.npz`` keys ``hxmlir run`` reads and writes for it (:mod:`hxmlir.npzio`);
 - ``platforms``;
+- ``devices``: how many devices the artifact runs on (``jax.export``'s
+  ``nr_devices``), and ``mesh``: the mesh its values' shardings live on
+  (:func:`artifact_mesh`: ``{"axes": [[name, size], ...], "axis_types": [...]}``,
+  ``None`` when no value is on a mesh); ``hxmlir run`` makes a mesh of that shape;
 - ``hx_ops``: each ``hx.*`` composite name with its versions and count;
 - ``custom_calls``: each custom-call target with its count and, for Pallas
   kernels, the kernel names (``matmul_q_v1``) and whether this hxmlir has the
@@ -54,6 +58,8 @@ def artifact_info(blob: bytes) -> dict[str, Any]:
       "inputs": entries(npzio.leaf_paths(exp.in_tree), exp.in_types),
       "outputs": entries(npzio.leaf_paths(exp.out_tree, results=True), exp.out_types),
       "platforms": list(exp.platforms),
+      "devices": exp.lo.nr_devices,
+      "mesh": _mesh_json(artifact_mesh(exp)),
       "hx_ops": ops,
       "custom_calls": calls,
       "versions": {"artifact_format": sig.get("format"), "hxmlir": exp.hxmlir_version,
@@ -63,6 +69,44 @@ def artifact_info(blob: bytes) -> dict[str, Any]:
                "module_bytes": len(exp.lo.mlir_module_serialized)},
       "has_vjp": exp.has_vjp(),
   }
+
+
+def artifact_mesh(exp):
+  """The device-free mesh (``jax.sharding.AbstractMesh``) the shardings of an artifact's
+  arguments and results live on (``exp``: an :class:`hxmlir.export.Exported`); ``None``
+  when none is on a mesh (a one-device artifact). Raises ``ValueError`` naming both when
+  values live on meshes of different shapes (``hxmlir run`` makes one mesh)."""
+  from hxmlir.hiprim import lo_types
+  mesh = None
+  for ty in (*exp.in_types, *exp.out_types):
+    for lo in lo_types(ty):
+      m = getattr(lo.sharding, "mesh", None)
+      if m is None or m.empty:
+        continue
+      if mesh is None:
+        mesh = m
+      elif (m.axis_names, m.axis_sizes) != (mesh.axis_names, mesh.axis_sizes):
+        raise ValueError(f"{exp.fun_name}: its values live on two meshes, "
+                         f"{mesh_str(mesh)} and {mesh_str(m)}; `hxmlir run` makes one mesh")
+  return mesh
+
+
+def mesh_str(mesh) -> str:
+  """``i=4,j=2``: a mesh's axes as ``hxmlir lower/export --mesh`` takes them (``i=4:auto``
+  for an Auto axis, ``:manual`` for a Manual one)."""
+  return _axes_str(mesh.axis_names, mesh.axis_sizes, [t.name for t in mesh.axis_types])
+
+
+def _axes_str(names, sizes, types) -> str:
+  return ",".join(f"{n}={z}" + ("" if t == "Explicit" else f":{t.lower()}")
+                  for n, z, t in zip(names, sizes, types))
+
+
+def _mesh_json(mesh) -> dict | None:
+  if mesh is None:
+    return None
+  return {"axes": [[n, int(z)] for n, z in zip(mesh.axis_names, mesh.axis_sizes)],
+          "axis_types": [t.name for t in mesh.axis_types]}
 
 
 def _descriptors(ds: list) -> list[dict]:
@@ -108,11 +152,22 @@ def _module_contents(text: str, signature_attr: str) -> tuple[list, list, dict]:
   return hx_ops, custom, sig
 
 
+def _devices_line(info: dict[str, Any]) -> str:
+  """``4 (mesh i=4; on one CPU: hxmlir run --host-devices)`` or ``1``."""
+  n, m = info["devices"], info["mesh"]
+  if n == 1:
+    return "1"
+  axes = _axes_str([a for a, _ in m["axes"]], [z for _, z in m["axes"]], m["axis_types"]) \
+      if m else "no mesh recorded"
+  return f"{n} (mesh {axes}; on one CPU machine: hxmlir run --host-devices)"
+
+
 def format_info(info: dict[str, Any], path: str) -> str:
   """The report as the lines ``hxmlir inspect`` prints."""
   v = info["versions"]
   lines = [f"{path}: {info['fun_name']} {info['signature']}",
-           f"  platforms: {', '.join(info['platforms'])}"]
+           f"  platforms: {', '.join(info['platforms'])}",
+           "  devices: " + _devices_line(info)]
   for what in ("inputs", "outputs"):
     lines.append(f"  {what}:")
     lines += [f"    {e['path']}: {e['type']}  (npz: {', '.join(e['npz_keys'])})"

@@ -10,7 +10,7 @@
   hxmlir export MODULE:FUNCTION --arg TYPE ... [--mesh ...] [--static ...]
                 [--platforms cpu,cuda,tpu] -o FILE
   hxmlir export --model M [--platforms cpu,cuda,tpu] -o FILE [--inputs-out NPZ]
-  hxmlir run ARTIFACT --inputs NPZ [--output NPZ]
+  hxmlir run ARTIFACT --inputs NPZ [--output NPZ] [--host-devices [N]]
   hxmlir inspect ARTIFACT [--json]
 
 ``lower`` prints the StableHLO JAX emits for a function (yours, or a built-in
@@ -32,7 +32,13 @@ arrays of an ``.npz`` file, keyed as :mod:`hxmlir.npzio` documents (``a0``,
 ``a0.1`` for a ``Tup`` element), each with exactly the shape and dtype the
 artifact expects (no casts); results are written the same way (``a0``, or
 ``a<i>`` for element ``i`` of returned tuples; ``Tup`` and ``r1`` results as
-their components). Without ``--output`` ``run`` prints each result under the same
+their components). An artifact exported for several devices (``--mesh i=4``;
+``inspect`` says how many) runs on a mesh of its shape made of this process's
+first devices, each input placed by the artifact's input shardings;
+``--host-devices [N]`` makes N (default: as many as the artifact needs) CPU
+devices of this machine first (``jax_num_cpu_devices``, as
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` does) and runs on them.
+Without ``--output`` ``run`` prints each result under the same
 key, its type and its values as numpy prints them (large arrays summarised); a hi
 result component by component. ``inspect`` prints what an artifact holds
 (:mod:`hxmlir.artifact_info`). ``.npz`` output paths (``run --output``,
@@ -62,6 +68,10 @@ def _platforms(text: str) -> tuple[str, ...]:
   except ValueError:
     raise argparse.ArgumentTypeError(
         f"invalid platforms {text!r}: a comma-separated list of {', '.join(PLATFORMS)}") from None
+
+
+HOST_DEVICES_AUTO = 0
+"""``--host-devices`` without N: as many CPU devices as the artifact needs."""
 
 
 def _positive(text: str) -> int:
@@ -155,6 +165,11 @@ def make_parser() -> argparse.ArgumentParser:
                  "entry as a<i>['key']; `hxmlir inspect` lists them)")
   r.add_argument("--output", metavar="NPZ",
                  help="write the results here, keyed the same way (.npz is appended if missing)")
+  r.add_argument("--host-devices", nargs="?", type=_positive, const=HOST_DEVICES_AUTO,
+                 metavar="N", help="run on N CPU devices of this machine (default N: as many "
+                 "as the artifact needs), made before JAX starts (jax_num_cpu_devices, as "
+                 "XLA_FLAGS=--xla_force_host_platform_device_count=N): for an artifact "
+                 "exported for several devices (`hxmlir inspect` says how many)")
 
   ins = sub.add_parser("inspect", help="show what an artifact holds: signature, platforms, "
                        "hx ops, custom calls, versions, size")
@@ -210,7 +225,8 @@ def load_function(spec: str):
   ``sys.path`` (as ``python -m`` does); a ``.py`` file is run as a module named
   after it, its directory on ``sys.path`` so it imports its siblings. Raises
   ``UsageError`` for a spec without ``:``, ``ImportError`` naming the module,
-  and ``AttributeError``/``TypeError`` naming what the module has instead.
+  ``IsADirectoryError`` for a directory, and ``AttributeError``/``TypeError`` naming
+  what the module has instead.
   """
   import importlib.util
   import pkgutil
@@ -220,6 +236,10 @@ def load_function(spec: str):
                      f"name), got {spec!r}")
   if module.endswith(".py") or os.sep in module:
     path = os.path.abspath(module)
+    if os.path.isdir(path):
+      raise IsADirectoryError(f"{module}: is a directory; give a .py file in it "
+                              f"({os.path.join(module, 'FILE.py')}:{name}) or an importable "
+                              f"module (MODULE:{name})")
     if not os.path.isfile(path):
       raise ImportError(f"{module}: no such file")
     mod_name = os.path.splitext(os.path.basename(path))[0]
@@ -266,10 +286,12 @@ def _user_target(args):
   if args.model is not None:
     raise UsageError(f"give either MODULE:FUNCTION ({args.function}) or --model {args.model}, "
                      "not both")
-  for flag, given in (("--naive", getattr(args, "naive", False)),
-                      ("--inputs-out", getattr(args, "inputs_out", None))):
-    if given:
-      raise UsageError(f"{flag} goes with --model, not with a MODULE:FUNCTION")
+  if getattr(args, "naive", False):
+    raise UsageError("--naive goes with --model, not with a MODULE:FUNCTION")
+  if getattr(args, "inputs_out", None):
+    raise UsageError("--inputs-out goes with --model (a built-in model's example inputs), "
+                     "not with a MODULE:FUNCTION: write your function's inputs with "
+                     "numpy.savez, keyed as `hxmlir inspect ARTIFACT` lists")
   mesh = typestr.parse_mesh(args.mesh) if args.mesh else None
   types = [typestr.parse_arg(t, mesh, f"--arg {i + 1}") for i, t in enumerate(args.arg)]
   if args.args_json:
@@ -366,15 +388,19 @@ def _read_artifact(path: str):
 
 
 def _cmd_run(args) -> int:
+  from contextlib import nullcontext
+
   import jax
   import numpy as np
 
   from hxmlir import npzio
   output = _npz_path(args.output, "--output") if args.output else None
   _, exp = _read_artifact(args.artifact)
-  a, kw = _load_inputs(args.inputs, exp)
-  out = exp.call(*a, **kw)
-  jax.block_until_ready(out)
+  mesh = run_mesh(exp, args.host_devices, args.artifact)
+  a, kw = _load_inputs(args.inputs, exp, mesh)
+  with jax.set_mesh(mesh) if mesh is not None else nullcontext():
+    out = exp.call(*a, **kw)
+    jax.block_until_ready(out)
   types = ", ".join(map(str, exp.out_types))
   paths = npzio.leaf_paths(exp.out_tree, results=True)
   arrays = npzio.to_arrays(paths, exp.out_types, npzio.tree_leaves(exp.out_tree, out))
@@ -385,6 +411,75 @@ def _cmd_run(args) -> int:
   if not output:
     sys.stdout.write(_format_results(paths, exp.out_types, arrays))
   return 0
+
+
+class DevicesError(RuntimeError):
+  """An artifact exported for more devices than this process has."""
+
+
+def run_mesh(exp, host_devices: int | None = None, where: str | None = None):
+  """The mesh ``hxmlir run`` calls the artifact ``exp`` on: ``None`` for a one-device
+  artifact; else a ``jax.sharding.Mesh`` of the artifact's mesh shape, axis names and
+  types (:func:`hxmlir.artifact_info.artifact_mesh`) over this process's first
+  ``exp.lo.nr_devices`` devices.
+
+  ``host_devices`` (``--host-devices``; :data:`HOST_DEVICES_AUTO` for "as many as the
+  artifact needs"): first makes that many CPU devices (``jax_num_cpu_devices``, which
+  must be set before JAX starts its backends) and takes the mesh's devices from them.
+  Raises :class:`DevicesError` naming the counts and ``--host-devices`` when there are
+  too few devices, :class:`UsageError` when ``host_devices`` is fewer than the artifact
+  needs or the artifact has no ``cpu`` platform. ``where``: the artifact's name in messages (default its function's).
+  """
+  import jax
+  import numpy as np
+
+  from hxmlir.artifact_info import artifact_mesh, mesh_str
+  n = exp.lo.nr_devices
+  where = where or exp.fun_name
+  amesh = artifact_mesh(exp) if n > 1 else None
+  shape = f" (mesh {mesh_str(amesh)})" if amesh is not None else ""
+  if host_devices is not None:
+    if "cpu" not in exp.platforms:
+      raise UsageError(f"--host-devices runs on this machine's CPU, and {where} was exported "
+                       f"for {', '.join(exp.platforms)} only (export it with --platforms cpu,...)")
+    want = host_devices or n
+    if want < n:
+      raise UsageError(f"--host-devices {want}: {where} was exported for {n} devices{shape}; "
+                       f"give --host-devices {n} (or no N)")
+    _start_host_devices(want, n, where, shape)
+  if n == 1:
+    return None
+  if amesh is None or int(np.prod(amesh.axis_sizes)) != n:
+    raise DevicesError(f"{where} was exported for {n} devices but its signature records "
+                       f"{'no mesh' if amesh is None else 'mesh ' + mesh_str(amesh)} of that "
+                       "size; `hxmlir run` cannot lay them out (call it with "
+                       "hxmlir.export.deserialize(...).call under jax.set_mesh)")
+  devices = jax.devices("cpu") if host_devices is not None else jax.devices()
+  if len(devices) < n:
+    kind = devices[0].platform if devices else jax.default_backend()
+    raise DevicesError(f"{where} was exported for {n} devices{shape} and this process has "
+                       f"{len(devices)} {kind} device{'' if len(devices) == 1 else 's'}: pass "
+                       f"--host-devices to run it on {n} CPU devices of this machine "
+                       f"(XLA's --xla_force_host_platform_device_count={n}), or run it where "
+                       f"{n} devices are")
+  return jax.sharding.Mesh(np.array(devices[:n], dtype=object).reshape(amesh.axis_sizes),
+                           amesh.axis_names, axis_types=amesh.axis_types)
+
+
+def _start_host_devices(want: int, need: int, where: str, shape: str) -> None:
+  """``jax_num_cpu_devices = want`` before JAX's backends start; once they run (an earlier
+  JAX computation in this process), accepted when the CPU already has ``need`` devices."""
+  import jax
+  try:
+    jax.config.update("jax_num_cpu_devices", want)
+  except RuntimeError:  # JAX's backends already started in this process
+    have = len(jax.devices("cpu"))
+    if have < need:
+      raise DevicesError(f"--host-devices {want}: JAX's CPU backend already started in this "
+                         f"process with {have} device{'' if have == 1 else 's'} and {where} "
+                         f"needs {need}{shape}; run `hxmlir run --host-devices` in a fresh "
+                         "process (or set XLA_FLAGS=--xla_force_host_platform_device_count="
+                         f"{need} before JAX starts)") from None
 
 
 def _format_results(paths: Sequence[str], types: Sequence, arrays: dict) -> str:
@@ -436,9 +531,10 @@ class InputsError(ValueError):
   """An ``--inputs`` file that does not hold the arguments the artifact expects."""
 
 
-def _load_inputs(path: str, exp) -> tuple[tuple, dict]:
+def _load_inputs(path: str, exp, mesh=None) -> tuple[tuple, dict]:
   """The ``(args, kwargs)`` of ``exp`` from the ``.npz`` at ``path``, keyed as
-  :mod:`hxmlir.npzio` documents.
+  :mod:`hxmlir.npzio` documents; with a ``mesh`` (:func:`run_mesh`), each lo component
+  placed on it by the artifact's input shardings (``jax.export``'s ``in_shardings_jax``).
 
   Every array must have exactly the shape and dtype of the lo component the
   artifact expects. Raises :class:`InputsError` naming the file, the argument,
@@ -446,9 +542,12 @@ def _load_inputs(path: str, exp) -> tuple[tuple, dict]:
   """
   from hxmlir import npzio
   expected = _expected_arrays(exp)
+  # one sharding per lo component, in the order of the flat arguments' components
+  place = iter(exp.lo.in_shardings_jax(mesh)) if mesh is not None else None
   with _open_npz(path) as z:
     _check_keys(path, exp, expected, set(z.files))
-    values = [npzio.from_arrays(ty, [_read_array(z, path, where, key, lo) for key, lo in parts])
+    values = [npzio.from_arrays(ty, [_read_array(z, path, where, key, lo) for key, lo in parts],
+                                None if place is None else [next(place) for _ in parts])
               for where, ty, parts in expected]
   return npzio.build_tree(exp.in_tree, values)
 
@@ -480,8 +579,9 @@ def _open_npz(path: str):
   if not os.path.isfile(path):
     open(path, "rb").close()  # FileNotFoundError / IsADirectoryError with the path
   if not zipfile.is_zipfile(path):
-    raise InputsError(f"--inputs {path}: not an .npz file (write one with numpy.savez, or "
-                      "`hxmlir export --inputs-out`)")
+    raise InputsError(f"--inputs {path}: not an .npz file (write one with numpy.savez, "
+                      "keyed as `hxmlir inspect ARTIFACT` lists; for a built-in model, "
+                      "`hxmlir export --model M --inputs-out NPZ` writes its inputs)")
   try:
     return np.load(path, allow_pickle=False)
   except Exception as e:  # a zip that numpy cannot read as .npz

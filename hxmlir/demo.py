@@ -21,7 +21,8 @@
    lowering); ``timing``: times one step of the f32 model, the quantized model and
    the naive dequantize-then-dot model (compiled without the plugin, and with
    it, which folds it into ``hx.matmul_q``) side by side, in interleaved
-   rounds (median per model; the quartiles of its ratio to f32 over rounds);
+   rounds (median per model; its ratio to f32: the median and quartiles of the
+   per-round ratios);
    the quantized models are called through :func:`hxmlir.jit` (their weights cross
    the call as arrays, like the f32 model's), and once more through ``jax.jit``'s
    own call, whose Python dispatch of hi arguments a step pays in JAX 0.10.2;
@@ -120,10 +121,20 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
   return ts
 
 
-def _ratio_spread(t: list[float], base: list[float]) -> tuple[float, float]:
-  """The quartiles (25th, 75th percentile) of the per-round ratios ``t / base``."""
-  r = np.asarray(t) / np.asarray(base)
-  return float(np.percentile(r, 25)), float(np.percentile(r, 75))
+def ratio_stats(t: Sequence[float], base: Sequence[float]) -> tuple[float, float, float]:
+  """``(median, 25th, 75th percentile)`` of the per-round ratios ``t[i] / base[i]``.
+
+  ``t`` and ``base``: seconds of two functions in the same rounds
+  (:func:`time_interleaved`). The headline ratio is the median of the same per-round
+  ratios the quartiles are of, so it lies between them (a ratio of the two medians
+  need not). Raises ``ValueError`` for empty or unequal-length lists.
+  """
+  if len(t) != len(base) or not len(t):
+    raise ValueError(f"expected two equally long non-empty lists of rounds, got {len(t)} "
+                     f"and {len(base)}")
+  r = np.asarray(t, np.float64) / np.asarray(base, np.float64)
+  q1, med, q3 = np.percentile(r, [25, 50, 75])
+  return float(med), float(q1), float(q3)
 
 
 class _Demo:
@@ -299,17 +310,18 @@ class _Demo:
                 lambda: st["quantized"](m.qparams, *m.inputs)}
     rounds = time_interleaved(runs, r, self.progress)
     ms = {k: float(np.median(v)) * 1e3 for k, v in rounds.items()}
-    spread = {k: _ratio_spread(v, rounds["f32"]) for k, v in rounds.items() if k != "f32"}
-    base = ms["f32"]
-    line = (f"per step, median of {r} interleaved rounds (ratio to f32, its quartiles over "
-            "rounds): f32 " f"{base:.2f} ms, " + ", ".join(
-                f"{k} {v:.2f} ms ({v / base:.2f}x, {spread[k][0]:.2f}-{spread[k][1]:.2f})"
-                for k, v in ms.items() if k != "f32"))
+    # per model: (median, quartiles) of its per-round ratios to f32
+    ratio = {k: ratio_stats(v, rounds["f32"]) for k, v in rounds.items() if k != "f32"}
+    line = (f"per step, median of {r} interleaved rounds (ratio to f32: median and quartiles "
+            f"of the per-round ratios): f32 {ms['f32']:.2f} ms, " + ", ".join(
+                f"{k} {ms[k]:.2f} ms ({med:.2f}x, {lo:.2f}-{hi:.2f})"
+                for k, (med, lo, hi) in ratio.items()))
     return "info", line, {"milliseconds": {k: round(v, 4) for k, v in ms.items()},
-                          "repeats": r, "relative_to_f32": {k: round(v / base, 4)
-                                                            for k, v in ms.items()},
-                          "relative_to_f32_quartiles": {k: [round(a, 4), round(b, 4)]
-                                                        for k, (a, b) in spread.items()}}
+                          "repeats": r,
+                          "relative_to_f32": {"f32": 1.0, **{k: round(med, 4)
+                                                             for k, (med, _, _) in ratio.items()}},
+                          "relative_to_f32_quartiles": {k: [round(lo, 4), round(hi, 4)]
+                                                        for k, (_, lo, hi) in ratio.items()}}
 
   def kernel(self):
     from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info

@@ -126,14 +126,19 @@ def to_arrays(paths: Sequence[str], types: Sequence, values: Sequence) -> dict[s
   return out
 
 
-def from_arrays(ty, arrays: Sequence) -> Any:
+def from_arrays(ty, arrays: Sequence, shardings: Sequence | None = None) -> Any:
   """The value of type ``ty`` made of its lo component ``arrays`` (``lo_ty()`` order).
 
   ``np.savez`` writes ml_dtypes arrays (an ``f8`` value's float8 components) as raw
-  bytes (``|V1``); those are read back as the component's dtype."""
+  bytes (``|V1``); those are read back as the component's dtype. ``shardings`` (one
+  ``jax.sharding.Sharding`` per component, or ``None``): where each component is put
+  (``jax.device_put``); default: the default device."""
   if isinstance(ty, HiType):
     arrays = [typed(a, t.dtype) for a, t in zip(arrays, ty.lo_ty(), strict=True)]
-  arrays = [jnp.asarray(a) for a in arrays]
+  if shardings is None:
+    arrays = [jnp.asarray(a) for a in arrays]
+  else:
+    arrays = [jax.device_put(a, s) for a, s in zip(arrays, shardings, strict=True)]
   return ty.raise_val(*arrays) if isinstance(ty, HiType) else arrays[0]
 
 

@@ -108,7 +108,13 @@ def test_run_says_when_inputs_are_not_an_npz(files, capsys, tmp_path, content):
   _, art, _, _ = files
   (tmp_path / "in.npz").write_bytes(content)
   assert cli.main(["run", str(art), "--inputs", str(tmp_path / "in.npz")]) == 1
-  assert f"--inputs {tmp_path / 'in.npz'}: not an .npz file" in _err(capsys)
+  err = _err(capsys)
+  assert f"--inputs {tmp_path / 'in.npz'}: not an .npz file" in err
+  # what it suggests works for an artifact of a function (issue 25: it named `hxmlir export
+  # --inputs-out`, which export refuses without --model)
+  assert err.endswith("(write one with numpy.savez, keyed as `hxmlir inspect ARTIFACT` lists; "
+                      "for a built-in model, `hxmlir export --model M --inputs-out NPZ` writes "
+                      "its inputs)"), err
 
 
 @pytest.mark.parametrize("content", [b"hello\n", b"a text file that is long enough\n" * 4,

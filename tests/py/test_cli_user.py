@@ -185,6 +185,12 @@ def test_lower_errors_are_one_line(user, capsys, argv, message):
 @pytest.mark.parametrize("target, message", [
     ("mylayer.py", "expected MODULE:FUNCTION"),
     ("nowhere.py:f", "ImportError: nowhere.py: no such file"),
+    ("nowhere/x:f", "ImportError: nowhere/x: no such file"),
+    # a directory is said to be one (issue 25: "/tmp:dense" said "no such file")
+    ("{d}:dense", "IsADirectoryError: {d}: is a directory; give a .py file in it "
+                  "({d}/FILE.py:dense) or an importable module (MODULE:dense)"),
+    ("{d}/:dense", "IsADirectoryError: {d}/: is a directory; give a .py file in it "
+                   "({d}/FILE.py:dense)"),
     ("no_such_module_xyz:f", "ImportError: cannot import module 'no_such_module_xyz'"),
     ("{d}/mylayer.py:nope", "AttributeError: module '{d}/mylayer.py' has no function 'nope'; "
                             "it defines: block, first, layer, outer, swap"),
@@ -193,6 +199,16 @@ def test_bad_function_names(user, capsys, target, message):
   rc, _, err = _run(capsys, "lower", target.format(d=user), "--arg", "f32[2]")
   assert rc == 1
   assert message.format(d=user) in err, err
+
+
+def test_inputs_out_with_a_function_says_what_works(user, capsys, tmp_path):
+  # `hxmlir run` suggested `hxmlir export --inputs-out`, which export refuses for a function
+  rc, _, err = _run(capsys, "export", f"{user}/mylayer.py:layer", "--arg", "f32[2,6]", "--arg",
+                    "q8[6,5]", "-o", tmp_path / "l.hxa", "--inputs-out", tmp_path / "in")
+  assert rc == 1 and ("UsageError: --inputs-out goes with --model (a built-in model's example "
+                      "inputs), not with a MODULE:FUNCTION: write your function's inputs with "
+                      "numpy.savez, keyed as `hxmlir inspect ARTIFACT` lists") in err, err
+  assert not (tmp_path / "l.hxa").exists()
 
 
 def test_model_options_are_refused_with_a_function(user, capsys):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +109,8 @@ def test_timing_and_weights(run):
   assert all(v > 0 for v in ms.values())
   q = _step(report, "timing")["relative_to_f32_quartiles"]
   assert set(q) == set(ms) - {"f32"} and all(0 < lo <= hi for lo, hi in q.values())
+  rel = _step(report, "timing")["relative_to_f32"]
+  assert all(q[k][0] <= rel[k] <= q[k][1] for k in q), (rel, q)  # issue 25, item 9
   kernel = next(s for s in report["steps"] if s["name"] == "kernel")
   assert kernel["line"] == f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}"
   b = _step(report, "weights")["bytes"]
@@ -129,6 +133,47 @@ def test_export_step_reloads_identically(run):
   exp = deserialize((out / demo.ARTIFACT_NAME).read_bytes())
   assert set(exp.platforms) == {"cpu", "cuda", "tpu"}
   assert json.loads((out / "report.json").read_text()) == report
+
+
+# --- timing: the headline ratio is the median of the per-round ratios (issue 25, item 9) -------
+
+# Per-round seconds whose ratio of medians (3 / 3 = 1.00x) lies outside the quartiles of the
+# per-round ratios (1.25-1.50): what the demo printed before ("0.91x, 0.96-1.04").
+_F32 = [1.0, 2.0, 3.0, 4.0, 5.0]
+_MODEL = [2.0, 3.0, 4.0, 5.0, 1.0]
+
+
+def test_ratio_stats_is_the_median_of_the_per_round_ratios():
+  ratios = np.array(_MODEL, np.float64) / np.array(_F32, np.float64)
+  med, lo, hi = demo.ratio_stats(_MODEL, _F32)
+  assert med == float(np.sort(ratios)[2]) == 4 / 3   # the middle one of five
+  assert (lo, hi) == (1.25, 1.5)                      # sorted ratios 0.2, 1.25, 4/3, 1.5, 2
+  assert np.median(_MODEL) / np.median(_F32) == 1.0 < lo  # the old statistic: outside
+  with pytest.raises(ValueError, match="equally long"):
+    demo.ratio_stats([1.0], [1.0, 2.0])
+
+
+def test_timing_line_prints_a_ratio_inside_its_quartiles(monkeypatch):
+  rounds = {"f32": _F32, "int8 hx.matmul_q": _MODEL,
+            "naive dequantize+dot": [x * 5 for x in _F32],
+            "naive, folded by the pipeline": _MODEL[::-1],
+            "int8, jax.jit with QArray arguments": [3.0, 1.0, 9.0, 2.0, 7.0]}
+  monkeypatch.setattr(demo, "time_interleaved", lambda fns, r, progress=None:
+                      {k: rounds[k] for k in fns})
+  d = demo._Demo("builtin", demo.QuantFormat.of("int8", None, "absmax"), None, 5, ("cpu",),
+                 None, lambda s: None, lambda m: None)
+  d.m = SimpleNamespace(apply=lambda *a, naive=False: None, params=None, qparams=None,
+                        inputs=())
+  status, line, data = d.timing()
+  for k in list(rounds)[1:]:
+    m = re.search(re.escape(k) + r" [\d.]+ ms \(([\d.]+)x, ([\d.]+)-([\d.]+)\)", line)
+    assert m, (k, line)
+    med, lo, hi = m.groups()
+    want = demo.ratio_stats(rounds[k], _F32)
+    assert (float(med), float(lo), float(hi)) == tuple(round(v, 2) for v in want), (k, line)
+    assert float(lo) <= float(med) <= float(hi), (k, line)
+    assert data["relative_to_f32"][k] == round(want[0], 4)
+  assert "int8 hx.matmul_q 3000.00 ms (1.33x, 1.25-1.50)" in line, line
 
 
 def test_text_output_has_one_line_per_step(monkeypatch, capsys):
