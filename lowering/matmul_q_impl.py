@@ -439,7 +439,7 @@ def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   return None
 
 
-def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
                        dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
 
@@ -459,8 +459,12 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
     when :func:`choose_blocking` picks ``"whole"`` (small weights);
   - every other layout, and other formats than int8 per row outside the native
     kernel: one free axis of the dense weight walked in blocks of whole groups and
-    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small.
+    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small;
+  - formats the native kernel does not take (``Format.native_cpu``: f16 scales,
+    offsets ``o``): the default rule's composite, the StableHLO reference.
   """
+  if not rules.weight_format(ctx).native_cpu:
+    return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
   x_aval, q_aval, s_aval = ctx.avals_in
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
   attrs = rules.matmul_q_attributes(ctx, dims)
