@@ -1,0 +1,205 @@
+"""GGUF checkpoints (llama.cpp's file format) as hx values, exactly and without an f32 copy.
+
+:func:`load` reads a ``.gguf`` file through a memory map (the ``gguf`` package's
+``GGUFReader``; ``pip install 'hxmlir[gguf]'``) and returns a :class:`Checkpoint`: its
+``metadata`` (the file's key/value pairs as Python values) and its ``tensors`` (every
+tensor by its GGUF name, ``blk.0.attn_q.weight``, in NumPy order: ``[out, in]``),
+each the hx value that holds the file's numbers exactly:
+
+========  ==================================  ===========================================
+GGUF      hx value                            how
+========  ==================================  ===========================================
+F32       ``f32[...]``                        as stored
+F16       ``f16[...]``                        as stored
+BF16      ``bf16[...]``                       as stored
+Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
+Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
+Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
+Q5_0      ``q8[out, in:g32,f16]``             5-bit ``q - 16`` in [-16, 15], one per byte
+========  ==================================  ===========================================
+
+Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) is
+one group, and the scale (and offset) bytes stay the file's f16, so a Q4_0, Q4_1 or Q8_0
+tensor takes the file's bytes on the device (18, 20, 34 bytes per 32 values).
+
+Nibbles. In a GGUF Q4_0/Q4_1/Q5_0 block, byte ``j`` of ``qs`` (``j < 16``) holds element
+``j`` in its low nibble and element ``j + 16`` in its high nibble (llama.cpp's
+``dequantize_row_q4_0``). hxmlir's int4 layouts (``int4_pairs_v1``, ``uint4_pairs_v1``,
+:mod:`hxmlir.formats`) hold elements ``2i`` (low) and ``2i + 1`` (high) in byte ``i``.
+The loader takes each block's 32 nibbles apart in element order and packs them again in
+pairs (``uint8`` NumPy work on a copy of the values' bytes, twice their size at most for a
+moment; never f32). Q4_0's ``q - 8`` as a 4-bit two's-complement nibble is ``q ^ 8``.
+Q5_0's fifth bits are the block's little-endian ``uint32 qh``: bit ``j`` for element ``j``.
+
+Other types (Q5_1, the K-quants, Q2_K/Q3_K, IQ*, TQ*, MXFP4, ...) are a
+:class:`GGUFError` naming the tensor, its type and the supported ones, unless the caller
+asks for ``dequantize_unsupported=True``: then they are f32 arrays
+(``gguf.quants.dequantize``), which is not exact storage and says so nowhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hxmlir import formats
+
+BLOCK = 32
+"""Elements per block of GGUF's legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
+
+SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
+"""The GGUF tensor types :func:`load` holds exactly."""
+
+
+class GGUFError(ValueError):
+  """A GGUF file or tensor :func:`load` cannot hold: names the file, the tensor and its type."""
+
+
+@dataclass
+class Checkpoint:
+  """A loaded GGUF file: ``metadata`` (key -> Python value: ``general.architecture`` ->
+  ``"llama"``, arrays as lists), ``tensors`` (name -> hx value or array, placed on the
+  default device), ``gguf_types`` (name -> GGUF type name, ``"Q4_1"``) and
+  ``file_bytes`` (name -> the tensor's bytes in the file)."""
+  path: str
+  metadata: dict[str, Any]
+  tensors: dict[str, Any]
+  gguf_types: dict[str, str] = field(default_factory=dict)
+  file_bytes: dict[str, int] = field(default_factory=dict)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self.tensors)
+
+  def __getitem__(self, name: str):
+    return self.tensors[name]
+
+
+def _reader(path):
+  try:
+    import gguf
+  except ImportError:
+    raise ImportError("hxmlir.gguf needs the gguf package: pip install 'hxmlir[gguf]' "
+                      "(or pip install gguf)") from None
+  try:
+    return gguf, gguf.GGUFReader(os.fspath(path), "r")
+  except (ValueError, OSError, IndexError) as e:  # bad magic, truncated, missing
+    raise GGUFError(f"{os.fspath(path)}: not a readable GGUF file: {e}") from None
+
+
+def metadata(reader) -> dict[str, Any]:
+  """The key/value metadata of a ``GGUFReader`` as Python values (strings, numbers,
+  lists); the header's ``GGUF.*`` entries are left out."""
+  return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+
+
+def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
+         names: Collection[str] | None = None) -> Checkpoint:
+  """Load the GGUF file ``path`` (module docstring: the types and how each is held).
+
+  ``names``: only these tensors (any container of names; default all).
+  ``dequantize_unsupported=True``: tensors of a type outside :data:`SUPPORTED` load as
+  f32 arrays (``gguf.quants.dequantize``) instead of raising. Raises :class:`GGUFError`
+  for a file that is not GGUF, a tensor of an unsupported type (naming the tensor, the
+  type and :data:`SUPPORTED`), or a tensor whose bytes do not fit its shape;
+  ``ImportError`` with the install command when the ``gguf`` package is missing.
+  """
+  import jax
+  gguf, reader = _reader(path)
+  out = Checkpoint(os.fspath(path), metadata(reader), {})
+  for t in reader.tensors:
+    if names is not None and t.name not in names:
+      continue
+    kind = t.tensor_type.name
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # NumPy order: [out, in]
+    out.gguf_types[t.name] = kind
+    out.file_bytes[t.name] = int(t.n_bytes)
+    if kind in SUPPORTED:
+      parts = tensor_parts(t.data, kind, shape, where=f"{out.path}: tensor {t.name!r}")
+    elif dequantize_unsupported:
+      parts = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                         np.float32).reshape(shape)
+    else:
+      raise GGUFError(f"{out.path}: tensor {t.name!r} has GGUF type {kind}, which hxmlir "
+                      f"cannot hold exactly; supported: {', '.join(SUPPORTED)} (load(..., "
+                      "dequantize_unsupported=True) gives f32 arrays for the others)")
+    out.tensors[t.name] = _place(jax, parts)
+  return out
+
+
+def _place(jax, parts):
+  """``parts`` (an array, or ``(values, scale[, offset])``) on the default device, once."""
+  from hxmlir.qarray import QArray
+  if isinstance(parts, tuple):
+    return QArray(*(jax.device_put(p) for p in parts))
+  return jax.device_put(parts)
+
+
+def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
+  """The hx type a tensor of GGUF type ``kind`` and NumPy ``shape`` loads as
+  (``u4o[576,1536:g32,f16]``), or ``"unsupported"``."""
+  dims = ",".join(map(str, shape))
+  dense = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+  if kind in dense:
+    return f"{dense[kind]}[{dims}]"
+  fmt = _FORMATS.get(kind)
+  return formats.type_name(formats.FORMATS[fmt], dims, BLOCK) if fmt else "unsupported"
+
+
+_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16"}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22}
+
+
+def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str = "tensor"):
+  """The NumPy components of one GGUF tensor: its bytes ``data`` (what ``GGUFReader`` maps:
+  ``uint8[rows, row bytes]`` for block types), GGUF type name ``kind`` and NumPy ``shape``
+  -> an array (F32/F16/BF16) or ``(values, f16 scale[, f16 offset])`` of the format in
+  :data:`_FORMATS` with groups of 32 along the last axis. ``where`` names the tensor in
+  errors (:class:`GGUFError`)."""
+  if kind in ("F32", "F16"):
+    return np.asarray(data).reshape(shape)
+  if kind == "BF16":
+    import ml_dtypes
+    return np.asarray(data).view(np.uint16).view(ml_dtypes.bfloat16).reshape(shape)
+  n = shape[-1]
+  size = _BLOCK_BYTES[kind]
+  if n % BLOCK or np.asarray(data).size != int(np.prod(shape[:-1], dtype=np.int64)) * (
+      n // BLOCK) * size:
+    raise GGUFError(f"{where}: {kind} bytes {list(np.shape(data))} do not hold shape "
+                    f"{list(shape)} in blocks of {BLOCK} ({size} bytes each)")
+  raw = np.asarray(data).reshape(*shape[:-1], n // BLOCK, size)
+  d = raw[..., :2].copy().view(np.float16)[..., 0]  # [*lead, n / 32] f16: the file's bytes
+  if kind == "Q8_0":
+    return raw[..., 2:].copy().view(np.int8).reshape(shape), d
+  if kind == "Q4_1":
+    m = raw[..., 2:4].copy().view(np.float16)[..., 0]
+    return _pairs(_block_nibbles(raw[..., 4:])).reshape(*shape[:-1], n // 2), d, m
+  if kind == "Q4_0":  # q - 8 as a two's-complement nibble: q ^ 8
+    return _pairs(_block_nibbles(raw[..., 2:]) ^ np.uint8(8)).reshape(*shape[:-1], n // 2), d
+  # Q5_0: 4 bytes of fifth bits (little-endian uint32), then the low nibbles
+  qh = raw[..., 2:6].copy().view("<u4")[..., 0]
+  bits = ((qh[..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
+  q = (_block_nibbles(raw[..., 6:]) | (bits << np.uint8(4))).view(np.int8) - np.int8(16)
+  return q.reshape(shape), d
+
+
+def _block_nibbles(qs: np.ndarray) -> np.ndarray:
+  """``uint8[..., 16]`` GGUF block bytes -> ``uint8[..., 32]`` nibbles in element order
+  (element ``j`` low nibble of byte ``j``, ``j + 16`` its high nibble)."""
+  return np.concatenate([qs & np.uint8(0xF), qs >> np.uint8(4)], axis=-1)
+
+
+def _pairs(v: np.ndarray) -> np.ndarray:
+  """``uint8[..., 2m]`` nibbles -> ``uint8[..., m]``: element ``2i`` low, ``2i + 1`` high
+  (hxmlir's ``int4_pairs_v1`` / ``uint4_pairs_v1``)."""
+  return v[..., 0::2] | (v[..., 1::2] << np.uint8(4))
+
+
+def device_bytes(value) -> int:
+  """Bytes of ``value``'s device buffers (an array or a quantized value's components)."""
+  from hxmlir.qarray import QArray
+  comps = value.components if isinstance(value, QArray) else (value,)
+  return int(sum(c.nbytes for c in comps))
