@@ -16,7 +16,16 @@ Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
 Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
 Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
 Q5_0      ``q8[out, in:g32,f16]``             5-bit ``q - 16`` in [-16, 15], one per byte
+Q4_K      ``u4o[out, in:g32]``                ``q`` in [0, 15]; f32 ``d·sc`` and ``-dmin·m``
+Q6_K      ``q8[out, in:g16]``                 6-bit ``q - 32`` in [-32, 31]; f32 ``d·sc``
 ========  ==================================  ===========================================
+
+K-quants (blocks of 256 in sub-blocks of 32 or 16) have two levels of scales: a block's
+f16 ``d`` (and ``dmin``) times each sub-block's 6-bit (Q4_K) or int8 (Q6_K) factor. The
+products are exact in f32 (11 + 8 significant bits), so the loader keeps one f32 scale
+(and offset) per sub-block: 1.33x the file's bytes for Q4_K (192 bytes per 256 values
+against 144), 1.52x for Q6_K (320 against 210, the values one per byte). A two-level
+scale format (f16 per block, int8 per sub-block) would hold them in the file's bytes.
 
 Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) is
 one group, and the scale (and offset) bytes stay the file's f16, so a Q4_0, Q4_1 or Q8_0
@@ -51,7 +60,7 @@ from hxmlir import formats
 BLOCK = 32
 """Elements per block of GGUF's legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
 
-SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0")
+SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 """The GGUF tensor types :func:`load` holds exactly."""
 
 
@@ -146,11 +155,15 @@ def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
   if kind in dense:
     return f"{dense[kind]}[{dims}]"
   fmt = _FORMATS.get(kind)
-  return formats.type_name(formats.FORMATS[fmt], dims, BLOCK) if fmt else "unsupported"
+  return formats.type_name(formats.FORMATS[fmt], dims, _GROUPS.get(kind, BLOCK)) if fmt \
+      else "unsupported"
 
 
-_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16"}
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22}
+_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16",
+            "Q4_K": "uint4", "Q6_K": "int8"}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}
+_BLOCK_SIZES = {"Q4_K": 256, "Q6_K": 256}  # elements per block (else BLOCK)
+_GROUPS = {"Q6_K": 16}  # elements per group of the loaded value (else BLOCK)
 
 
 def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str = "tensor"):
@@ -165,12 +178,16 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     import ml_dtypes
     return np.asarray(data).view(np.uint16).view(ml_dtypes.bfloat16).reshape(shape)
   n = shape[-1]
-  size = _BLOCK_BYTES[kind]
-  if n % BLOCK or np.asarray(data).size != int(np.prod(shape[:-1], dtype=np.int64)) * (
-      n // BLOCK) * size:
+  size, elems = _BLOCK_BYTES[kind], _BLOCK_SIZES.get(kind, BLOCK)
+  if n % elems or np.asarray(data).size != int(np.prod(shape[:-1], dtype=np.int64)) * (
+      n // elems) * size:
     raise GGUFError(f"{where}: {kind} bytes {list(np.shape(data))} do not hold shape "
-                    f"{list(shape)} in blocks of {BLOCK} ({size} bytes each)")
-  raw = np.asarray(data).reshape(*shape[:-1], n // BLOCK, size)
+                    f"{list(shape)} in blocks of {elems} ({size} bytes each)")
+  raw = np.asarray(data).reshape(*shape[:-1], n // elems, size)
+  if kind == "Q4_K":
+    return _q4_k(raw, shape)
+  if kind == "Q6_K":
+    return _q6_k(raw, shape)
   d = raw[..., :2].copy().view(np.float16)[..., 0]  # [*lead, n / 32] f16: the file's bytes
   if kind == "Q8_0":
     return raw[..., 2:].copy().view(np.int8).reshape(shape), d
@@ -184,6 +201,47 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
   bits = ((qh[..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
   q = (_block_nibbles(raw[..., 6:]) | (bits << np.uint8(4))).view(np.int8) - np.int8(16)
   return q.reshape(shape), d
+
+
+def _q4_k(raw: np.ndarray, shape):
+  """Q4_K blocks ``uint8[*lead, nb, 144]`` (f16 ``d``, f16 ``dmin``, 12 bytes of 6-bit
+  scales and mins, 128 bytes of nibbles) -> ``uint4`` pairs, f32 ``d·sc``, f32 ``-dmin·m``
+  per 32 elements. In each 64 elements, 32 bytes: elements ``l`` in the low nibbles,
+  ``32 + l`` in the high ones (llama.cpp's ``dequantize_row_q4_K``)."""
+  lead, nb = raw.shape[:-2], raw.shape[-2]
+  d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+  dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+  sc = raw[..., 4:16]
+  # get_scale_min_k4: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7
+  # (mins); 4-7 in the nibbles of bytes 8-11 with their top bits in bytes 0-7's bits 6-7
+  lo, hi = sc[..., 0:4], sc[..., 4:8]
+  scales = np.concatenate([lo & 63, (sc[..., 8:12] & 0xF) | ((lo >> 6) << 4)], -1)
+  mins = np.concatenate([hi & 63, (sc[..., 8:12] >> 4) | ((hi >> 6) << 4)], -1)
+  qs = raw[..., 16:].reshape(*lead, nb, 4, 32)
+  vals = np.stack([qs & np.uint8(0xF), qs >> np.uint8(4)], -2)  # [.., nb, 4, 2, 32]
+  values = _pairs(vals.reshape(*lead, nb * 256)).reshape(*shape[:-1], shape[-1] // 2)
+  s = (d[..., None] * scales.astype(np.float32)).reshape(*shape[:-1], -1)
+  o = -(dmin[..., None] * mins.astype(np.float32)).reshape(*shape[:-1], -1)
+  return values, s, o
+
+
+def _q6_k(raw: np.ndarray, shape):
+  """Q6_K blocks ``uint8[*lead, nb, 210]`` (128 bytes of low nibbles ``ql``, 64 of 2-bit
+  high parts ``qh``, 16 int8 scales, f16 ``d``) -> int8 ``q - 32`` and f32 ``d·sc`` per 16
+  elements. In each 128 elements (``ql`` 64 bytes, ``qh`` 32): element ``l`` (``l < 32``)
+  is ``ql[l]``'s low nibble with ``qh[l]`` bits 0-1, ``32 + l`` ``ql[32 + l]``'s low
+  nibble with bits 2-3, ``64 + l`` ``ql[l]``'s high nibble with bits 4-5, ``96 + l``
+  ``ql[32 + l]``'s high nibble with bits 6-7 (llama.cpp's ``dequantize_row_q6_K``)."""
+  lead, nb = raw.shape[:-2], raw.shape[-2]
+  ql = raw[..., :128].reshape(*lead, nb, 2, 2, 32)  # [half, ql[0:32] / ql[32:64], l]
+  qh = raw[..., 128:192].reshape(*lead, nb, 2, 1, 32)
+  low = np.concatenate([ql & np.uint8(0xF), ql >> np.uint8(4)], -2)  # [half, 4, l]
+  shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+  high = (qh >> shifts) & np.uint8(3)
+  q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
+  sc = raw[..., 192:208].copy().view(np.int8).astype(np.float32)
+  d = raw[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+  return q.reshape(shape), (d[..., None] * sc).reshape(*shape[:-1], -1)
 
 
 def _block_nibbles(qs: np.ndarray) -> np.ndarray:

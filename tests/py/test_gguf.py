@@ -80,6 +80,35 @@ def test_every_supported_type_loads_exactly(tmp_path):
     assert (got[0, :32] == 0).all()
 
 
+def _k_blocks(kind: str, rows: int, blocks: int) -> np.ndarray:
+  """Random K-quant blocks (gguf-py cannot quantize them) with finite f16 scales."""
+  size = {"Q4_K": 144, "Q6_K": 210}[kind]
+  raw = RS.randint(0, 256, size=(rows, blocks, size)).astype(np.uint8)
+  for at in ((0, 2) if kind == "Q4_K" else (208,)):  # d (and dmin) of every block
+    raw[..., at:at + 2] = (RS.rand(rows, blocks) + 0.01).astype(np.float16)[..., None].view(
+        np.uint8)
+  return raw.reshape(rows, blocks * size)
+
+
+@pytest.mark.parametrize("kind, want, ratio", [("Q4_K", "u4o[4,512:g32]", 192 / 144),
+                                               ("Q6_K", "q8[4,512:g16]", 320 / 210)])
+def test_k_quants_load_exactly(tmp_path, kind, want, ratio):
+  w = gguf.GGUFWriter(os.fspath(tmp_path / "k.gguf"), "llama")
+  raw = _k_blocks(kind, 4, 2)
+  w.add_tensor(kind, raw, raw_shape=raw.shape, raw_dtype=T[kind])
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  ck = hg.load(tmp_path / "k.gguf")
+  v = ck[kind]
+  assert str(jax.typeof(v)) == want
+  ref = _reference(tmp_path / "k.gguf")[kind].reshape(4, 512)
+  # d·sc and dmin·m are exact in f32, so are the small integer products: one rounding
+  np.testing.assert_allclose(_dense(v), ref, rtol=np.finfo(np.float32).eps, atol=0)
+  assert hg.device_bytes(v) == ratio * ck.file_bytes[kind] <= 1.7 * ck.file_bytes[kind]
+
+
 def test_device_bytes_are_the_file_bytes(tmp_path):
   ck = hg.load(_write(tmp_path / "b.gguf", ["Q4_0", "Q4_1", "Q8_0", "F16", "Q5_0"]))
   for kind in ("Q4_0", "Q4_1", "Q8_0", "F16"):
@@ -110,7 +139,7 @@ def test_nibble_repacking_against_known_blocks():
 def test_unsupported_type_is_a_clear_error_or_f32_when_asked(tmp_path):
   path = _write(tmp_path / "u.gguf", ["Q4_0", "Q5_1"])
   with pytest.raises(hg.GGUFError, match=r"tensor 'Q5_1' has GGUF type Q5_1, which hxmlir "
-                     r"cannot hold exactly; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 "
+                     r"cannot hold exactly; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K "
                      r"\(load\(\.\.\., dequantize_unsupported=True\)"):
     hg.load(path)
   ck = hg.load(path, dequantize_unsupported=True)
