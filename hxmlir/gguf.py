@@ -261,3 +261,71 @@ def device_bytes(value) -> int:
   from hxmlir.qarray import QArray
   comps = value.components if isinstance(value, QArray) else (value,)
   return int(sum(c.nbytes for c in comps))
+
+
+# --- hxmlir inspect FILE.gguf ---------------------------------------------------------
+
+MAGIC = b"GGUF"
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+  """Whether the file at ``path`` starts with GGUF's magic bytes."""
+  try:
+    with open(path, "rb") as f:
+      return f.read(4) == MAGIC
+  except OSError:
+    return False
+
+
+def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
+  """Device bytes of a tensor of GGUF type ``kind`` and NumPy ``shape`` once loaded
+  (values, scales and offsets), or ``None`` for an unsupported type."""
+  count = int(np.prod(shape, dtype=np.int64))
+  dense = {"F32": 4, "F16": 2, "BF16": 2}
+  if kind in dense:
+    return count * dense[kind]
+  if kind not in _FORMATS:
+    return None
+  f = formats.FORMATS[_FORMATS[kind]]
+  groups = count // _GROUPS.get(kind, BLOCK)
+  return (count // f.pack * f.storage_dtype.itemsize
+          + groups * f.scale_dtype.itemsize * (2 if f.offset else 1))
+
+
+def inspect(path: str | os.PathLike) -> dict:
+  """What :func:`load` would make of ``path``, reading only its header and metadata:
+  ``{"path", "metadata": {key: value (long lists shortened)}, "tensors": [{"name",
+  "gguf_type", "shape", "hx_type", "file_bytes", "hx_bytes"}], "file_bytes", "hx_bytes"}``
+  (``hx_bytes`` totals the supported tensors; unsupported ones say ``"unsupported"``).
+  Raises :class:`GGUFError` for a file that is not GGUF."""
+  _, reader = _reader(path)
+  tensors = []
+  for t in reader.tensors:
+    kind = t.tensor_type.name
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    tensors.append({"name": t.name, "gguf_type": kind, "shape": list(shape),
+                    "hx_type": hx_type_name(kind, shape), "file_bytes": int(t.n_bytes),
+                    "hx_bytes": hx_bytes(kind, shape)})
+  meta = {k: (v if not isinstance(v, list) or len(v) <= 8 else [*v[:8], f"... ({len(v)})"])
+          for k, v in metadata(reader).items()}
+  return {"path": os.fspath(path), "metadata": meta, "tensors": tensors,
+          "file_bytes": sum(t["file_bytes"] for t in tensors),
+          "hx_bytes": sum(t["hx_bytes"] or 0 for t in tensors)}
+
+
+def format_inspect(info: dict) -> str:
+  """:func:`inspect`'s report as text: one line per tensor, then the totals."""
+  rows = [(t["name"], t["gguf_type"], t["hx_type"], f"{t['file_bytes']:,}",
+           "-" if t["hx_bytes"] is None else f"{t['hx_bytes']:,}") for t in info["tensors"]]
+  head = ("tensor", "GGUF type", "hx type", "file bytes", "hx bytes")
+  widths = [max(len(r[i]) for r in [head, *rows]) for i in range(5)]
+  def line(r):
+    return "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+  unsupported = sum(t["hx_bytes"] is None for t in info["tensors"])
+  arch = info["metadata"].get("general.architecture", "?")
+  out = [f"{info['path']}: GGUF, architecture {arch}, {len(rows)} tensors", line(head),
+         *map(line, rows),
+         f"total: {info['file_bytes']:,} file bytes, {info['hx_bytes']:,} hx bytes"
+         + (f" ({unsupported} unsupported tensors not counted)" if unsupported else "")]
+  return "\n".join(out) + "\n"

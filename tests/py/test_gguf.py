@@ -209,3 +209,33 @@ def test_smollm2_loads_exactly():
   want = gguf.quants.dequantize(np.asarray(t.data[:64]), t.tensor_type)
   rows = hx.make_qarray(*(c[:64] for c in hx.qarray_parts(ck["token_embd.weight"])))
   np.testing.assert_allclose(_dense(rows), want, rtol=np.finfo(np.float32).eps, atol=0)
+
+
+# --- hxmlir inspect FILE.gguf -------------------------------------------------------
+
+def test_inspect_lists_types_and_bytes(tmp_path, capsys):
+  import json
+
+  from hxmlir import cli
+  path = _write(tmp_path / "i.gguf", ["Q4_1", "Q8_0", "F32", "Q5_1"])
+  assert cli.main(["inspect", os.fspath(path)]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == f"{path}: GGUF, architecture llama, 4 tensors"
+  rows = {line.split()[0]: line.split() for line in out[2:-1]}
+  assert rows["Q4_1"] == ["Q4_1", "Q4_1", "u4o[8,96:g32,f16]", "480", "480"]
+  assert rows["Q8_0"] == ["Q8_0", "Q8_0", "q8[8,96:g32,f16]", "816", "816"]
+  assert rows["F32"] == ["F32", "F32", "f32[8,96]", "3,072", "3,072"]
+  assert rows["Q5_1"] == ["Q5_1", "Q5_1", "unsupported", "576", "-"]
+  assert out[-1] == ("total: 4,944 file bytes, 4,368 hx bytes (1 unsupported tensors not "
+                     "counted)")
+  assert cli.main(["inspect", os.fspath(path), "--json"]) == 0
+  info = json.loads(capsys.readouterr().out)
+  assert info["metadata"]["general.name"] == "synthetic"
+  assert [t["hx_type"] for t in info["tensors"]][:2] == ["u4o[8,96:g32,f16]", "q8[8,96:g32,f16]"]
+
+
+def test_inspect_bytes_are_what_load_places(tmp_path):
+  path = _write(tmp_path / "all.gguf", TYPES)
+  ck = hg.load(path)
+  for t in hg.inspect(path)["tensors"]:
+    assert t["hx_bytes"] == hg.device_bytes(ck[t["name"]]), t
