@@ -48,13 +48,16 @@ format (``dtype``)    prints                     values (range)         scale  o
 ``int4_f16``          ``q4[..., n:g32,f16]``     int4 [-8, 7]           f16    no      Q4_0
 ``uint4``             ``u4o[..., n:g32]``        uint4 [0, 15]          f32    f32     Q4_K
 ``uint4_f16``         ``u4o[..., n:g32,f16]``    uint4 [0, 15]          f16    f16     Q4_1
+``int8_offset``       ``q8o[..., n:g32]``        int8 [-128, 127]       f32    f32     Q5_K
+``int8_offset_f16``   ``q8o[..., n:g32,f16]``    int8 [-128, 127]       f16    f16     Q5_1
 ====================  =========================  =====================  =====  ======  ============
 
 The printed name is the value prefix (``u4o``: unsigned 4-bit values with an offset)
 and, when the scales are not f32, their dtype after the group (``,f16``). ``uint4``
 values are stored like int4 pairs but unsigned (layout ``"uint4_pairs_v1"``: element
 ``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the high one, each in [0, 15]).
-5-bit values (GGUF's Q5_0, ``q - 16`` in [-16, 15]) are int8 values: one per byte.
+5-bit values (GGUF's Q5_0, ``q - 16`` in [-16, 15]; Q5_1's and Q5_K's ``q`` in [0, 31]
+with an offset) are int8 values: one per byte (``q8o``: int8 values with an offset).
 ``value_range`` is what the storage holds (a loaded Q4_0 keeps -8); ``qmax`` is
 what :func:`hxmlir.quantize` produces. ``hx.quantize`` makes f32-scale formats only:
 the symmetric ones with ``method="absmax"``/``"mse"``, ``uint4`` with ``method="minmax"``
@@ -154,9 +157,12 @@ INT4_F16 = dataclasses.replace(INT4, name="int4_f16", scale_dtype=F16, **_NO_KER
 UINT4 = Format("uint4", "u4o", np.dtype(jnp.uint4), np.dtype(jnp.uint8), "ui8", 2, 15,
                "uint4_pairs_v1", offset=True, value_range=(0, 15), **_NO_KERNELS)
 UINT4_F16 = dataclasses.replace(UINT4, name="uint4_f16", scale_dtype=F16)
+INT8_OFFSET = dataclasses.replace(INT8, name="int8_offset", prefix="q8o", offset=True,
+                                  **_NO_KERNELS)
+INT8_OFFSET_F16 = dataclasses.replace(INT8_OFFSET, name="int8_offset_f16", scale_dtype=F16)
 
 FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT4_F16, UINT4,
-                                                  UINT4_F16)}
+                                                  UINT4_F16, INT8_OFFSET, INT8_OFFSET_F16)}
 """Every format by name (``hx.quantize``'s ``dtype``; the composites' ``dtype`` attribute)."""
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
@@ -253,6 +259,9 @@ def check_method(fmt: Format, method: str) -> str | None:
     base = fmt.name.removesuffix("_f16")
     return (f"{fmt.name} has f16 scales, which come from checkpoints (hxmlir.gguf, "
             f"hx.make_qarray); quantize to {base!r} (f32 scales)")
+  if fmt.offset and fmt.signed:
+    return (f"{fmt.name} holds checkpoints' 5-bit values with an offset (GGUF's Q5_1, "
+            "Q5_K); quantize with an offset to 'uint4' (method='minmax')")
   if fmt.offset != (method == "minmax"):
     if fmt.offset:
       return f"{fmt.name} has an offset: quantize it with method='minmax', got {method!r}"

@@ -16,7 +16,9 @@ Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
 Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
 Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
 Q5_0      ``q8[out, in:g32,f16]``             5-bit ``q - 16`` in [-16, 15], one per byte
+Q5_1      ``q8o[out, in:g32,f16]``            5-bit ``q`` in [0, 31], one per byte; f16 ``d``, ``m``
 Q4_K      ``u4o[out, in:g32]``                ``q`` in [0, 15]; f32 ``d·sc`` and ``-dmin·m``
+Q5_K      ``q8o[out, in:g32]``                5-bit ``q`` in [0, 31]; f32 ``d·sc``, ``-dmin·m``
 Q6_K      ``q8[out, in:g16]``                 6-bit ``q - 32`` in [-32, 31]; f32 ``d·sc``
 ========  ==================================  ===========================================
 
@@ -26,6 +28,9 @@ products are exact in f32 (11 + 8 significant bits), so the loader keeps one f32
 (and offset) per sub-block: 1.33x the file's bytes for Q4_K (192 bytes per 256 values
 against 144), 1.52x for Q6_K (320 against 210, the values one per byte). A two-level
 scale format (f16 per block, int8 per sub-block) would hold them in the file's bytes.
+Q5_K takes 1.82x (320 bytes against 176: its 5-bit values one per byte and two f32 per
+sub-block), above the issue's 1.7x: a two-level scale format would bring it to 1.45x,
+packing 5-bit values to 1.0x.
 
 Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) is
 one group, and the scale (and offset) bytes stay the file's f16, so a Q4_0, Q4_1 or Q8_0
@@ -38,9 +43,10 @@ Nibbles. In a GGUF Q4_0/Q4_1/Q5_0 block, byte ``j`` of ``qs`` (``j < 16``) holds
 The loader takes each block's 32 nibbles apart in element order and packs them again in
 pairs (``uint8`` NumPy work on a copy of the values' bytes, twice their size at most for a
 moment; never f32). Q4_0's ``q - 8`` as a 4-bit two's-complement nibble is ``q ^ 8``.
-Q5_0's fifth bits are the block's little-endian ``uint32 qh``: bit ``j`` for element ``j``.
+Q5_0's and Q5_1's fifth bits are the block's little-endian ``uint32 qh``: bit ``j`` for
+element ``j``.
 
-Other types (Q5_1, the K-quants, Q2_K/Q3_K, IQ*, TQ*, MXFP4, ...) are a
+Other types (Q2_K, Q3_K, Q8_K, IQ*, TQ*, MXFP4, ...) are a
 :class:`GGUFError` naming the tensor, its type and the supported ones, unless the caller
 asks for ``dequantize_unsupported=True``: then they are f32 arrays
 (``gguf.quants.dequantize``), which is not exact storage and says so nowhere else.
@@ -60,7 +66,8 @@ from hxmlir import formats
 BLOCK = 32
 """Elements per block of GGUF's legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
 
-SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
+SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+             "Q6_K")
 """The GGUF tensor types :func:`load` holds exactly."""
 
 
@@ -160,9 +167,10 @@ def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
 
 
 _FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16",
-            "Q4_K": "uint4", "Q6_K": "int8"}
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}
-_BLOCK_SIZES = {"Q4_K": 256, "Q6_K": 256}  # elements per block (else BLOCK)
+            "Q5_1": "int8_offset_f16", "Q4_K": "uint4", "Q5_K": "int8_offset", "Q6_K": "int8"}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144,
+                "Q5_K": 176, "Q6_K": 210}
+_BLOCK_SIZES = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # elements per block (else BLOCK)
 _GROUPS = {"Q6_K": 16}  # elements per group of the loaded value (else BLOCK)
 
 
@@ -184,8 +192,8 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     raise GGUFError(f"{where}: {kind} bytes {list(np.shape(data))} do not hold shape "
                     f"{list(shape)} in blocks of {elems} ({size} bytes each)")
   raw = np.asarray(data).reshape(*shape[:-1], n // elems, size)
-  if kind == "Q4_K":
-    return _q4_k(raw, shape)
+  if kind in ("Q4_K", "Q5_K"):
+    return _q45_k(raw, shape, five=kind == "Q5_K")
   if kind == "Q6_K":
     return _q6_k(raw, shape)
   d = raw[..., :2].copy().view(np.float16)[..., 0]  # [*lead, n / 32] f16: the file's bytes
@@ -196,18 +204,24 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     return _pairs(_block_nibbles(raw[..., 4:])).reshape(*shape[:-1], n // 2), d, m
   if kind == "Q4_0":  # q - 8 as a two's-complement nibble: q ^ 8
     return _pairs(_block_nibbles(raw[..., 2:]) ^ np.uint8(8)).reshape(*shape[:-1], n // 2), d
-  # Q5_0: 4 bytes of fifth bits (little-endian uint32), then the low nibbles
-  qh = raw[..., 2:6].copy().view("<u4")[..., 0]
+  # Q5_0 (Q5_1: after d, m): 4 bytes of fifth bits (little-endian uint32), then the nibbles
+  at = 4 if kind == "Q5_1" else 2
+  qh = raw[..., at:at + 4].copy().view("<u4")[..., 0]
   bits = ((qh[..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
-  q = (_block_nibbles(raw[..., 6:]) | (bits << np.uint8(4))).view(np.int8) - np.int8(16)
-  return q.reshape(shape), d
+  q = (_block_nibbles(raw[..., at + 4:]) | (bits << np.uint8(4))).view(np.int8)
+  if kind == "Q5_1":
+    return q.reshape(shape), d, raw[..., 2:4].copy().view(np.float16)[..., 0]
+  return (q - np.int8(16)).reshape(shape), d
 
 
-def _q4_k(raw: np.ndarray, shape):
+def _q45_k(raw: np.ndarray, shape, five: bool):
   """Q4_K blocks ``uint8[*lead, nb, 144]`` (f16 ``d``, f16 ``dmin``, 12 bytes of 6-bit
   scales and mins, 128 bytes of nibbles) -> ``uint4`` pairs, f32 ``d·sc``, f32 ``-dmin·m``
   per 32 elements. In each 64 elements, 32 bytes: elements ``l`` in the low nibbles,
-  ``32 + l`` in the high ones (llama.cpp's ``dequantize_row_q4_K``)."""
+  ``32 + l`` in the high ones (llama.cpp's ``dequantize_row_q4_K``). Q5_K (``five``,
+  176 bytes: 32 bytes ``qh`` before the nibbles): chunk ``c`` of 64 takes its fifth bits
+  from ``qh[l]``'s bit ``2c`` (low half) and ``2c + 1`` (high half); int8 values in
+  [0, 31] (``dequantize_row_q5_K``)."""
   lead, nb = raw.shape[:-2], raw.shape[-2]
   d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
   dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -217,9 +231,15 @@ def _q4_k(raw: np.ndarray, shape):
   lo, hi = sc[..., 0:4], sc[..., 4:8]
   scales = np.concatenate([lo & 63, (sc[..., 8:12] & 0xF) | ((lo >> 6) << 4)], -1)
   mins = np.concatenate([hi & 63, (sc[..., 8:12] >> 4) | ((hi >> 6) << 4)], -1)
-  qs = raw[..., 16:].reshape(*lead, nb, 4, 32)
+  qs = raw[..., 48 if five else 16:].reshape(*lead, nb, 4, 32)
   vals = np.stack([qs & np.uint8(0xF), qs >> np.uint8(4)], -2)  # [.., nb, 4, 2, 32]
-  values = _pairs(vals.reshape(*lead, nb * 256)).reshape(*shape[:-1], shape[-1] // 2)
+  if five:
+    qh = raw[..., 16:48].reshape(*lead, nb, 1, 1, 32)
+    shift = np.arange(8, dtype=np.uint8).reshape(4, 2, 1)  # bit 2c + half
+    vals = vals | (((qh >> shift) & np.uint8(1)) << np.uint8(4))
+    values = vals.view(np.int8).reshape(shape)
+  else:
+    values = _pairs(vals.reshape(*lead, nb * 256)).reshape(*shape[:-1], shape[-1] // 2)
   s = (d[..., None] * scales.astype(np.float32)).reshape(*shape[:-1], -1)
   o = -(dmin[..., None] * mins.astype(np.float32)).reshape(*shape[:-1], -1)
   return values, s, o

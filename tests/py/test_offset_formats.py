@@ -81,7 +81,7 @@ def test_components_name_one_format_each():
   assert formats.of_components("i8", "f64", False) is None
   # the formats of issue 26 have no native CPU or Pallas kernel: the rules ask the table
   assert [f.name for f in formats.FORMATS.values() if not f.native_cpu] == \
-      ["int8_f16", "int4_f16", "uint4", "uint4_f16"]
+      ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16"]
 
 
 @pytest.mark.parametrize("fmt, shape, want", [
@@ -230,9 +230,16 @@ def test_make_qarray_offset_must_be_the_scale_type():
   with pytest.raises(TypeError, match=r"expects the offset of the scale's type \(f32\[4,2\]\)"):
     hx.make_qarray(v, np.ones((4, 2), np.float32), np.ones((4, 1), np.float32))
   with pytest.raises(TypeError, match=r"no quantization format has components "
-                     r"i8\[4,64\], f32\[4,2\], f32\[4,2\]"):
-    hx.make_qarray(np.zeros((4, 64), np.int8), np.ones((4, 2), np.float32),
+                     r"f8_e4m3fn\[4,64\], f32\[4,2\], f32\[4,2\]"):
+    hx.make_qarray(jnp.zeros((4, 64), jnp.float8_e4m3fn), np.ones((4, 2), np.float32),
                    np.ones((4, 2), np.float32))
+  # int8 values with offsets are a format (GGUF's Q5_1, Q5_K): q8o
+  q = hx.make_qarray(np.full((4, 64), 31, np.int8), np.ones((4, 2), np.float32),
+                     np.full((4, 2), -16, np.float32))
+  assert str(jax.typeof(q)) == "q8o[4,64:g32]"
+  np.testing.assert_array_equal(np.asarray(hx.dequantize(q)), 15.0)
+  np.testing.assert_array_equal(
+      np.asarray(hx.einsum("mk,nk->mn", np.ones((1, 64), np.float32), q)), 960.0)
 
 
 def test_sharding_that_splits_a_group_is_a_type_error(on_mesh):
