@@ -136,13 +136,16 @@ class QArrayP(NeedsJitShardMap, HiPspec):
 
   ``spec`` partitions the leading axes only; the quantized (last) axis stays
   whole on each device, so every row travels with its scale. ``QArrayP(P('i'))``
-  shards the rows of a ``q8[8,3]`` over mesh axis ``i``.
+  shards the rows of a ``q8[8,3]`` over mesh axis ``i``. A format with an offset
+  (``u4o``, ``q8o``) has three components: ``QArrayP(P('i'), offset=True)``.
   """
   spec: PartitionSpec = PartitionSpec()
+  offset: bool = False
 
-  def to_lo(self) -> tuple[PartitionSpec, PartitionSpec]:
-    """Partition specs of ``(qvalue, scale)``: both take ``spec`` for the leading axes."""
-    return (self.spec, self.spec)
+  def to_lo(self) -> tuple[PartitionSpec, ...]:
+    """Partition specs of ``(qvalue, scale[, offset])``: each takes ``spec`` for the
+    leading axes."""
+    return (self.spec,) * (3 if self.offset else 2)
 
   def to_tangent_spec(self) -> PartitionSpec:
     """Tangents are dense ``f32`` arrays of the value's shape: partitioned by ``spec``."""
@@ -271,6 +274,10 @@ class QArrayTy(DenseValuedType, HiType):
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
                       f"q8[{self._dims()}]; only the leading axes may be partitioned")
+    if spec.offset != self.format.offset:
+      raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...), offset="
+                      f"{self.format.offset}) (its format has "
+                      f"{'an' if self.format.offset else 'no'} offset component), got {spec!r}")
     return spec.spec
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> QArrayTy:
@@ -286,7 +293,7 @@ class QArrayTy(DenseValuedType, HiType):
     return self._with(shape=qty.shape, sharding=qty.sharding, mat=qty.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> QArrayP:
-    return QArrayP(self._dense_i8().nospec(mesh, check_vma, all_names))
+    return QArrayP(self._dense_i8().nospec(mesh, check_vma, all_names), self.format.offset)
 
   # printing
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:

@@ -251,6 +251,20 @@ def test_sharding_that_splits_a_group_is_a_type_error(on_mesh):
     hx.quantize(w, jnp.uint4, group_size=32, method="minmax")
 
 
+def test_shard_map_takes_the_offset_component(mesh):
+  _, q = _u4o((8, 64), 32)
+  x = RS.randn(2, 64).astype(np.float32)
+  def f(spec):
+    return jax.jit(jax.shard_map(lambda x, q: hx.einsum("mk,nk->mn", x, q), mesh=mesh,
+                                 in_specs=(P(), spec), out_specs=P(None, "i")))
+  assert_within(f(hx.QArrayP(P("i"), offset=True))(x, q), x.astype(np.float64) @ _dense64(q).T,
+                dot_bound("mk,nk->mn", x, _mags64(q), extra=4))
+  with pytest.raises(TypeError, match=r"a u4o\[8,64:g32\] crosses shard_map with "
+                     r"hx.QArrayP\(P\(...\), offset=True\) \(its format has an offset "
+                     r"component\)"):
+    f(hx.QArrayP(P("i")))(x, q)
+
+
 # --- lowering, hx-verify, hx-decompose ---------------------------------------------
 
 def test_cpu_rule_never_calls_the_native_kernel_for_offset_formats():
