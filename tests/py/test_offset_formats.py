@@ -290,3 +290,42 @@ def test_verify_and_decompose_the_new_versions():
   assert "stablehlo.composite" not in str(module)
   y, d = jax.jit(f)(x, q)
   assert_within(d, _dense64(q), elementwise_bound(_dense64(q), 2))
+
+
+# --- descriptors, the CLI's type grammar, export ------------------------------------
+
+@pytest.mark.parametrize("text, fmt, v", [
+    ("u4o[8,64:g32]", "uint4", 1), ("u4o[8,64:g32,f16]", "uint4_f16", 1),
+    ("q8[8,64:g32,f16]", "int8_f16", 3), ("q4[8,64:g32,f16]", "int4_f16", 2),
+    ("q8o[8,64:g32,f16]", "int8_offset_f16", 1), ("q8o[8,64:g32]", "int8_offset", 1),
+    ("q8[8,64:g32]", "int8", 2), ("q4[8,64:g32]", "int4", 1),  # as before issue 26
+])
+def test_type_text_and_descriptor_round_trip(text, fmt, v):
+  from hxmlir import typedesc, typestr
+  ty = typestr.parse_type(text)
+  assert (ty.fmt, str(ty)) == (fmt, text)
+  d = typedesc.to_json(ty)
+  assert d["v"] == v and d.get("scale", "f32") == ty.format.scale_mlir
+  assert typedesc.parse(typedesc.describe(ty)) == ty
+
+
+def test_descriptor_scale_must_be_the_formats():
+  from hxmlir import typedesc
+  with pytest.raises(typedesc.DescriptorError, match=r"'scale' must be 'f32' or 'f16', got 'bf16'"):
+    typedesc.from_json({"type": "u4o", "v": 1, "group": 32, "scale": "bf16", "shape": [4, 64],
+                        "sharding": {"mesh": [], "spec": [None, None]}})
+
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_export_round_trip(f16):
+  from hxmlir import export as hxe
+  _, q = _u4o((8, 64), 32, f16)
+  x = RS.randn(2, 64).astype(np.float32)
+  f = jax.jit(lambda x, q: (hx.einsum("mk,nk->mn", x, q),
+                            hx.quantize(x, jnp.uint4, group_size=32, method="minmax")))
+  back = hxe.deserialize(hxe.export(f)(x, q).serialize())
+  (y, qo), (y0, qo0) = back.call(x, q), f(x, q)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y0))
+  assert str(jax.typeof(qo)) == "u4o[2,64:g32]"
+  for a, b in zip(hx.qarray_parts(qo), hx.qarray_parts(qo0)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
