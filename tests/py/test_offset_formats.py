@@ -329,3 +329,25 @@ def test_export_round_trip(f16):
   assert str(jax.typeof(qo)) == "u4o[2,64:g32]"
   for a, b in zip(hx.qarray_parts(qo), hx.qarray_parts(qo0)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- hx-fold-scales ----------------------------------------------------------------
+
+@pytest.mark.parametrize("f16", [False, True])
+def test_fold_keeps_the_offset(f16):
+  # x @ hx.dequantize(q) of an offset format folds (jaxpr stage) into hx.matmul_q with the
+  # offsets as its fourth operand; the transposed form is left alone (the MLIR stage folds
+  # only the formats of before): the numbers are the product's either way
+  _, q = _u4o((64, 16), 16, f16)
+  _, qt = _u4o((16, 64), 32, f16)
+  x = RS.randn(4, 64).astype(np.float32)
+  for f, w, folded, want in (
+      (lambda x, q: x @ hx.dequantize(q), q, True, x.astype(np.float64) @ _dense64(q)),
+      (lambda x, q: x @ hx.dequantize(q).T, qt, False, x.astype(np.float64) @ _dense64(qt).T)):
+    with hx.installed():
+      y = jax.jit(f)(x, w)
+      text = jax.jit(f).lower(x, w).as_text()
+    assert ('"hx.matmul_q" %arg0, %arg1, %arg2, %arg3' in text) == folded
+    assert ('"hx.dequantize"' in text) != folded
+    mags = _mags64(w) if folded else _mags64(w).T
+    assert_within(y, want, dot_bound("mk,kn->mn", x, mags, extra=4))
