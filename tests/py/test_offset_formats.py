@@ -351,3 +351,20 @@ def test_fold_keeps_the_offset(f16):
     assert ('"hx.dequantize"' in text) != folded
     mags = _mags64(w) if folded else _mags64(w).T
     assert_within(y, want, dot_bound("mk,kn->mn", x, mags, extra=4))
+
+
+# --- the CPU decomposition walks the weight in blocks ------------------------------------
+
+@pytest.mark.parametrize("spec, shape, group", [("...k,nk->...n", (1024, 512), 32),
+                                                ("...k,kn->...n", (512, 1024), 32)])
+def test_cpu_blocked_path_numbers_and_memory(spec, shape, group):
+  # a weight above the blocked path's threshold, with f16 scales and offsets (GGUF's
+  # Q4_1): blocks of whole groups and bytes, never the f32 weight whole
+  _, q = _u4o(shape, group, f16=True)
+  x = RS.randn(3, 512).astype(np.float32)
+  f = jax.jit(lambda x, q: hx.einsum(spec, x, q))
+  w64 = _dense64(q)
+  want = np.einsum(spec.replace("...", "m"), x.astype(np.float64), w64)
+  assert_within(f(x, q), want, dot_bound(spec.replace("...", "m"), x, _mags64(q), extra=4))
+  temp = f.lower(x, q).compile().memory_analysis().temp_size_in_bytes
+  assert temp <= w64.size * 4 // 8, temp  # at most 1/8 of the f32 weight
