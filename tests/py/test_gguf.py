@@ -160,6 +160,15 @@ def test_not_a_gguf_file(tmp_path):
     hg.load(bad)
 
 
+@pytest.mark.parametrize("keep", [-100, 200, 30])
+def test_truncated_file_is_a_clear_error(tmp_path, keep):
+  data = _write(tmp_path / "t.gguf", ["Q4_1"]).read_bytes()
+  cut = tmp_path / "cut.gguf"
+  cut.write_bytes(data[:keep])
+  with pytest.raises(hg.GGUFError, match=r"cut.gguf: not a readable GGUF file"):
+    hg.load(cut)
+
+
 def test_loaded_weight_in_einsum(tmp_path):
   ck = hg.load(_write(tmp_path / "e.gguf", ["Q4_1"]))
   w = ck["Q4_1"]
