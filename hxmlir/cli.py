@@ -173,7 +173,8 @@ def make_parser() -> argparse.ArgumentParser:
 
   ins = sub.add_parser("inspect", help="show what an artifact holds: signature, platforms, "
                        "hx ops, custom calls, versions, size")
-  ins.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's serialize()")
+  ins.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's "
+                   "serialize(), or a GGUF checkpoint (its tensors, GGUF and hx types, bytes)")
   ins.add_argument("--json", action="store_true", help="print the report as JSON")
   return p
 
@@ -506,6 +507,11 @@ def _format_results(paths: Sequence[str], types: Sequence, arrays: dict) -> str:
 def _cmd_inspect(args) -> int:
   import json
 
+  from hxmlir import gguf
+  if gguf.is_gguf(args.artifact):  # a GGUF checkpoint: its tensors and their hx types
+    info = gguf.inspect(args.artifact)
+    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else gguf.format_inspect(info))
+    return 0
   from hxmlir.artifact_info import artifact_info, format_info
   from hxmlir.export import ArtifactError
   with open(args.artifact, "rb") as f:

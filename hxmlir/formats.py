@@ -35,18 +35,58 @@ Layout (``LAYOUTS``; a versioned part of the IR contract: the composites'
   XLA's own ``s4`` packing). ``n`` must be even; groups (``g``) must be even too,
   so a packed byte never straddles a group or a shard.
 
+Formats with f16 scales and formats with an offset (issue 26: GGUF's block types,
+GPTQ/AWQ zero points). A format also says its scale dtype (``scale_dtype``: ``f32``, or
+``f16`` for GGUF's legacy blocks, whose bytes then stay the file's; decodes widen them
+to f32 on the fly) and whether it has an *offset* per row or group
+(``x = values * scale + offset``, the offset of the scale's dtype and shape):
+
+====================  =========================  =====================  =====  ======  ============
+format (``dtype``)    prints                     values (range)         scale  offset  GGUF
+====================  =========================  =====================  =====  ======  ============
+``int8_f16``          ``q8[..., n:g32,f16]``     int8 [-128, 127]       f16    no      Q8_0, Q5_0
+``int4_f16``          ``q4[..., n:g32,f16]``     int4 [-8, 7]           f16    no      Q4_0
+``uint4``             ``u4o[..., n:g32]``        uint4 [0, 15]          f32    f32     Q4_K
+``uint4_f16``         ``u4o[..., n:g32,f16]``    uint4 [0, 15]          f16    f16     Q4_1
+``int8_offset``       ``q8o[..., n:g32]``        int8 [-128, 127]       f32    f32     Q5_K
+``int8_offset_f16``   ``q8o[..., n:g32,f16]``    int8 [-128, 127]       f16    f16     Q5_1
+====================  =========================  =====================  =====  ======  ============
+
+The printed name is the value prefix (``u4o``: unsigned 4-bit values with an offset)
+and, when the scales are not f32, their dtype after the group (``,f16``). ``uint4``
+values are stored like int4 pairs but unsigned (layout ``"uint4_pairs_v1"``: element
+``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the high one, each in [0, 15]).
+5-bit values (GGUF's Q5_0, ``q - 16`` in [-16, 15]; Q5_1's and Q5_K's ``q`` in [0, 31]
+with an offset) are int8 values: one per byte (``q8o``: int8 values with an offset).
+``value_range`` is what the storage holds (a loaded Q4_0 keeps -8); ``qmax`` is
+what :func:`hxmlir.quantize` produces. ``hx.quantize`` makes f32-scale formats only:
+the symmetric ones with ``method="absmax"``/``"mse"``, ``uint4`` with ``method="minmax"``
+(asymmetric, per row or group: ``scale = (max - min) / 15``, ``offset = min``).
+Formats with f16 scales come from checkpoints (:mod:`hxmlir.gguf`,
+:func:`hxmlir.make_qarray`).
+
+A format's components identify it (:func:`of_components`: the values' storage dtype,
+the scale dtype, an offset or not), so every layer reads the format off the lo types.
+``native_cpu`` and ``pallas`` say whether the native CPU kernel and the Pallas kernel
+know the format; where they do not, the platform's rule emits the StableHLO
+decomposition (today: for every format of issue 26).
+
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
 
 
 @dataclass(frozen=True)
@@ -55,7 +95,11 @@ class Format:
   (the type's printed name: ``q4``), ``value_dtype`` (the values' own dtype),
   ``storage_dtype`` (the lo component's dtype), ``mlir`` (that dtype as MLIR spells it),
   ``pack`` (values per stored element), ``qmax`` (largest magnitude produced),
-  ``layout`` (the storage layout's name, see the module docstring)."""
+  ``layout`` (the storage layout's name, see the module docstring), ``scale_dtype``
+  (the scales' dtype, and the offsets'), ``offset`` (whether ``x = q * s + o``),
+  ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
+  ``pallas`` (whether the native CPU kernel, the Pallas kernel take it; where not, the
+  platform's rule emits the StableHLO decomposition)."""
   name: str
   prefix: str
   value_dtype: np.dtype
@@ -64,11 +108,32 @@ class Format:
   pack: int
   qmax: float
   layout: str
+  scale_dtype: np.dtype = F32
+  offset: bool = False
+  value_range: tuple[float, float] = (-127, 127)
+  native_cpu: bool = True
+  pallas: bool = True
 
   @property
   def integer(self) -> bool:
     """Whether values are integers (rounded) rather than floats (cast)."""
     return jnp.issubdtype(self.value_dtype, jnp.integer)
+
+  @property
+  def signed(self) -> bool:
+    """Whether stored values are signed (packed nibbles sign-extended when decoded)."""
+    return self.value_range[0] < 0
+
+  @property
+  def scale_mlir(self) -> str:
+    """The scale's (and offset's) element type as MLIR spells it: ``f32``, ``f16``."""
+    return {F32: "f32", F16: "f16"}[self.scale_dtype]
+
+  @property
+  def legacy(self) -> bool:
+    """Whether the composites' format attributes before issue 26 (f32 scales, no
+    offset: ``dtype``, ``group_size``, ``layout``) say this format."""
+    return self.scale_dtype == F32 and not self.offset
 
   def storage_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
     """The stored values' shape for dense ``shape`` (``n // pack`` along the last axis)."""
@@ -79,18 +144,44 @@ class Format:
     return (*storage_shape[:-1], storage_shape[-1] * self.pack)
 
 
-INT8 = Format("int8", "q8", np.dtype(jnp.int8), np.dtype(jnp.int8), "i8", 1, 127, "plain")
-INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7, "int4_pairs_v1")
+INT8 = Format("int8", "q8", np.dtype(jnp.int8), np.dtype(jnp.int8), "i8", 1, 127, "plain",
+              value_range=(-128, 127))
+INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7, "int4_pairs_v1",
+              value_range=(-8, 7))
 FP8 = Format("float8_e4m3fn", "f8", np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn),
-             "f8E4M3FN", 1, 448, "plain")
+             "f8E4M3FN", 1, 448, "plain", value_range=(-448, 448))
+# issue 26: f16 scales (GGUF's legacy blocks) and offsets; the native CPU kernel has none
+_NO_KERNELS = dict(native_cpu=False, pallas=False)
+INT8_F16 = dataclasses.replace(INT8, name="int8_f16", scale_dtype=F16, **_NO_KERNELS)
+INT4_F16 = dataclasses.replace(INT4, name="int4_f16", scale_dtype=F16, **_NO_KERNELS)
+UINT4 = Format("uint4", "u4o", np.dtype(jnp.uint4), np.dtype(jnp.uint8), "ui8", 2, 15,
+               "uint4_pairs_v1", offset=True, value_range=(0, 15), **_NO_KERNELS)
+UINT4_F16 = dataclasses.replace(UINT4, name="uint4_f16", scale_dtype=F16)
+INT8_OFFSET = dataclasses.replace(INT8, name="int8_offset", prefix="q8o", offset=True,
+                                  **_NO_KERNELS)
+INT8_OFFSET_F16 = dataclasses.replace(INT8_OFFSET, name="int8_offset_f16", scale_dtype=F16)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8)}
+FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT4_F16, UINT4,
+                                                  UINT4_F16, INT8_OFFSET, INT8_OFFSET_F16)}
 """Every format by name (``hx.quantize``'s ``dtype``; the composites' ``dtype`` attribute)."""
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
 
-METHODS = ("absmax", "mse")
-"""``hx.quantize``'s scale methods (see :func:`hxmlir.lowering.reference.quantize`)."""
+METHODS = ("absmax", "mse", "minmax")
+"""``hx.quantize``'s scale methods (see :func:`hxmlir.lowering.reference.quantize`):
+``"minmax"`` for formats with an offset, the others for the symmetric ones."""
+
+
+def _by_components() -> dict:
+  out = {}
+  for f in FORMATS.values():
+    key = (f.storage_dtype, f.scale_dtype, f.offset)
+    assert key not in out, f"formats {out.get(key)} and {f.name} have the same components"
+    out[key] = f.name
+  return out
+
+
+_COMPONENTS = _by_components()
 
 MSE_RATIOS = tuple(float(r) for r in np.linspace(1.0, 0.5, 20, dtype=np.float32))
 """Clipping ratios ``method="mse"`` tries, largest first (ties keep the larger)."""
@@ -128,6 +219,55 @@ def of_storage(dtype) -> Format | None:
 
 
 _OF_STORAGE: dict = {}  # of_storage's answers by argument (str(dtype) is slow on numpy dtypes)
+
+
+def _np_dtype(dtype) -> np.dtype | None:
+  """``dtype`` (numpy, JAX, or an MLIR element type name: ``"ui8"``, ``"f16"``) as numpy's
+  (MLIR names first: numpy reads ``"i8"`` as int64)."""
+  if isinstance(dtype, str):
+    f = of_storage(dtype)
+    if f is not None:
+      return f.storage_dtype
+    if dtype in _MLIR_FLOATS:
+      return _MLIR_FLOATS[dtype]
+  try:
+    return np.dtype(dtype)
+  except TypeError:
+    return None
+
+
+_MLIR_FLOATS = {"f32": F32, "f16": F16}
+
+
+def of_components(values_dtype, scale_dtype, offset: bool) -> Format | None:
+  """The format whose components are values of ``values_dtype``, scales of ``scale_dtype``
+  and, when ``offset``, offsets of the scale's dtype (numpy dtypes or MLIR element type
+  names), else ``None``. The one place that reads a format off lo types."""
+  key = (_np_dtype(values_dtype), _np_dtype(scale_dtype), bool(offset))
+  try:
+    name = _COMPONENTS.get(key)
+  except TypeError:  # an unhashable dtype
+    return None
+  return FORMATS[name] if name is not None else None
+
+
+def check_method(fmt: Format, method: str) -> str | None:
+  """Why ``hx.quantize(..., dtype=fmt.name, method=method)`` cannot be, else ``None``."""
+  if method not in METHODS:
+    return f"method must be one of {METHODS}, got {method!r}"
+  if fmt.scale_dtype != F32:
+    base = fmt.name.removesuffix("_f16")
+    return (f"{fmt.name} has f16 scales, which come from checkpoints (hxmlir.gguf, "
+            f"hx.make_qarray); quantize to {base!r} (f32 scales)")
+  if fmt.offset and fmt.signed:
+    return (f"{fmt.name} holds checkpoints' 5-bit values with an offset (GGUF's Q5_1, "
+            "Q5_K); quantize with an offset to 'uint4' (method='minmax')")
+  if fmt.offset != (method == "minmax"):
+    if fmt.offset:
+      return f"{fmt.name} has an offset: quantize it with method='minmax', got {method!r}"
+    return (f"method='minmax' is asymmetric and needs a format with an offset "
+            f"(uint4), got dtype {fmt.name}")
+  return None
 
 
 def scale_shape(shape: Sequence[int], group: int | None) -> tuple[int, ...]:
@@ -181,8 +321,16 @@ def split_problem(fmt: Format, n: int, group: int | None, ways: int,
 
 
 def type_name(fmt: Format, dims: str, group: int | None) -> str:
-  """``q4[64,128:g32]``: the prefix, the dims text (``64,128``, shardings included) and the group."""
-  return f"{fmt.prefix}[{dims}{'' if group is None else f':g{group}'}]"
+  """``q4[64,128:g32]``: the prefix, the dims text (``64,128``, shardings included), the
+  group and a scale dtype other than f32 (``u4o[64,128:g32,f16]``)."""
+  return f"{fmt.prefix}[{dims}{type_options(fmt, group)}]"
+
+
+def type_options(fmt: Format, group: int | None) -> str:
+  """What a type prints after its dims: ``:g32``, ``:g32,f16``, ``:f16`` or nothing."""
+  opts = ([] if group is None else [f"g{group}"]) + \
+      ([] if fmt.scale_dtype == F32 else [fmt.scale_mlir])
+  return f":{','.join(opts)}" if opts else ""
 
 
 # --- traced helpers: storage and scales -----------------------------------------
@@ -199,20 +347,45 @@ def pack_int4(q):
   return (pairs[..., 0] & np.uint8(0xF)) | (pairs[..., 1] << np.uint8(4))
 
 
-def unpack_int4(p):
-  """``ui8[..., m] -> i8[..., 2m]``: :func:`pack_int4`'s inverse (nibbles sign-extended)."""
+def unpack_int4(p, signed: bool = True):
+  """``ui8[..., m] -> i8[..., 2m]``: :func:`pack_int4`'s inverse (nibbles sign-extended;
+  ``signed=False``: layout ``uint4_pairs_v1``, nibbles in [0, 15])."""
+  if not signed:
+    lo = p & np.uint8(0xF)
+    hi = lax.shift_right_logical(p, np.uint8(4))
+    return jnp.stack([lo, hi], axis=-1).reshape(*p.shape[:-1], 2 * p.shape[-1])
   b = p.astype(jnp.int8)
   lo = lax.shift_right_arithmetic(lax.shift_left(b, np.int8(4)), np.int8(4))
   hi = lax.shift_right_arithmetic(b, np.int8(4))
   return jnp.stack([lo, hi], axis=-1).reshape(*p.shape[:-1], 2 * p.shape[-1])
 
 
-def values_f32(q):
-  """Stored values ``q`` of any format as ``f32`` of the dense shape."""
-  f = of_storage(q.dtype)
+def values_f32(q, fmt: Format | None = None):
+  """Stored values ``q`` of any format (``fmt``; default the symmetric format of ``q``'s
+  dtype, :func:`of_storage`) as ``f32`` of the dense shape."""
+  f = fmt or of_storage(q.dtype)
   if f is not None and f.pack == 2:
-    q = unpack_int4(q)
+    q = unpack_int4(q, f.signed)
   return q.astype(jnp.float32)
+
+
+def decode(q, s, o=None):
+  """The dense ``f32`` value of components ``q`` (stored values), ``s`` (scales, f32 or
+  f16, per row or group) and ``o`` (offsets like ``s``, or ``None``):
+  ``values * s + o`` per row or group, scales and offsets widened to f32 first. The
+  format is :func:`of_components`' (a dtype no format has raises ``TypeError``)."""
+  f = of_components(q.dtype, s.dtype, o is not None)
+  if f is None:
+    raise TypeError(f"no quantization format has values {q.dtype}, scales {s.dtype}"
+                    f"{' and offsets' if o is not None else ''}")
+  y = apply_scale(values_f32(q, f), s.astype(jnp.float32))
+  return y if o is None else apply_offset(y, o.astype(jnp.float32))
+
+
+def apply_offset(y, o):
+  """``y: f32[*lead, n]`` plus its offsets ``o`` (the scale's shape) per row or group."""
+  g = group_of_scale(y.shape, o)
+  return (split_groups(y, g) + o[..., None]).reshape(y.shape)
 
 
 def split_groups(x, group_size: int | None):

@@ -108,13 +108,20 @@ class QArray:
   """
   qvalue: Any
   scale: Any
+  offset: Any = None  # a format with an offset (u4o): x = qvalue * scale + offset
 
   def __post_init__(self):
     # concrete components are checked here, where the mistake is made: under jit JAX
     # would report a bad argument only as "Error interpreting argument ..."
     if all(isinstance(c, (np.ndarray, jax.Array)) and not isinstance(c, jax.core.Tracer)
-           for c in (self.qvalue, self.scale)):
+           for c in self.components):
       _typeof_qarray(self)
+
+  @property
+  def components(self) -> tuple:
+    """``(qvalue, scale)``, or ``(qvalue, scale, offset)`` for a format with an offset."""
+    return (self.qvalue, self.scale) if self.offset is None else \
+        (self.qvalue, self.scale, self.offset)
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -160,13 +167,16 @@ class QArrayP(NeedsJitShardMap, HiPspec):
 
   ``spec`` partitions the leading axes only; the quantized (last) axis stays
   whole on each device, so every row travels with its scale. ``QArrayP(P('i'))``
-  shards the rows of a ``q8[8,3]`` over mesh axis ``i``.
+  shards the rows of a ``q8[8,3]`` over mesh axis ``i``. A format with an offset
+  (``u4o``, ``q8o``) has three components: ``QArrayP(P('i'), offset=True)``.
   """
   spec: PartitionSpec = PartitionSpec()
+  offset: bool = False
 
-  def to_lo(self) -> tuple[PartitionSpec, PartitionSpec]:
-    """Partition specs of ``(qvalue, scale)``: both take ``spec`` for the leading axes."""
-    return (self.spec, self.spec)
+  def to_lo(self) -> tuple[PartitionSpec, ...]:
+    """Partition specs of ``(qvalue, scale[, offset])``: each takes ``spec`` for the
+    leading axes."""
+    return (self.spec,) * (3 if self.offset else 2)
 
   def to_tangent_spec(self) -> PartitionSpec:
     """Tangents are dense ``f32`` arrays of the value's shape: partitioned by ``spec``."""
@@ -243,19 +253,22 @@ class QArrayTy(DenseValuedType, HiType):
     """``[values, f32 scale]`` with the value's and derived scale's shardings: for
     ``q8[*lead, n]`` ``[i8[*lead, n], f32[*lead]]``; the values are ``ui8[*lead, n // 2]``
     for ``q4`` and ``f8E4M3FN[*lead, n]`` for ``f8``, the scale ``f32[*lead, n // g]``
-    per group (:mod:`hxmlir.formats`)."""
+    per group (:mod:`hxmlir.formats`); the scale is the format's ``scale_dtype`` (f16
+    for ``q8[..:g32,f16]``), and a format with an offset (``u4o``) has a third
+    component, the offsets, typed and sharded like the scale."""
     vspec, sspec = self._component_specs(PartitionSpec(*self._parts()))
     f = self.format
+    scale = ShapedArray(formats.scale_shape(self.shape, self.group), f.scale_dtype,
+                        sharding=self.sharding.update(spec=sspec), manual_axis_type=self.mat)
     return [ShapedArray(f.storage_shape(self.shape), f.storage_dtype,
                         sharding=self.sharding.update(spec=vspec), manual_axis_type=self.mat),
-            ShapedArray(formats.scale_shape(self.shape, self.group), F32,
-                        sharding=self.sharding.update(spec=sspec), manual_axis_type=self.mat)]
+            scale] + ([scale] if f.offset else [])
 
   def lower_val(self, q: QArray) -> list:
-    return [q.qvalue, q.scale]
+    return list(q.components)
 
-  def raise_val(self, qvalue, scale) -> QArray:
-    return QArray(qvalue, scale)
+  def raise_val(self, qvalue, scale, offset=None) -> QArray:
+    return QArray(qvalue, scale, offset)
 
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
@@ -292,6 +305,10 @@ class QArrayTy(DenseValuedType, HiType):
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
                       f"q8[{self._dims()}]; only the leading axes may be partitioned")
+    if spec.offset != self.format.offset:
+      raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...), offset="
+                      f"{self.format.offset}) (its format has "
+                      f"{'an' if self.format.offset else 'no'} offset component), got {spec!r}")
     return spec.spec
 
   def shard(self, mesh, manual_axes, check_vma, spec) -> QArrayTy:
@@ -307,15 +324,16 @@ class QArrayTy(DenseValuedType, HiType):
     return self._with(shape=qty.shape, sharding=qty.sharding, mat=qty.mat)
 
   def nospec(self, mesh, check_vma, all_names) -> QArrayP:
-    return QArrayP(self._dense_i8().nospec(mesh, check_vma, all_names))
+    return QArrayP(self._dense_i8().nospec(mesh, check_vma, all_names), self.format.offset)
 
   # printing
   def str_short(self, short_dtypes=False, mesh_axis_types=False) -> str:
     # an int8 array of the dense shape prints dims, shardings and {V:...} exactly like
     # JAX; the format's prefix replaces i8 and the group size ends the dims (q4[64,128:g32])
     text = self._dense_i8().str_short(True, mesh_axis_types).removeprefix("i8")
-    if self.group is not None:
-      text = text.replace("]", f":g{self.group}]", 1)
+    opts = formats.type_options(self.format, self.group)  # :g32, :g32,f16
+    if opts:
+      text = text.replace("]", f"{opts}]", 1)
     return self.format.prefix + text
 
   def __repr__(self) -> str:
@@ -343,8 +361,8 @@ class QArrayTy(DenseValuedType, HiType):
                       sharding=shd.with_partitions(self.sharding, (None,) * len(shape)))
 
   # JAX's placement APIs (jax.device_put, with_sharding_constraint, jit in/out_shardings)
-  def hx_lo_specs(self, spec: PartitionSpec, mesh) -> tuple[PartitionSpec, PartitionSpec]:
-    """The specs of ``(qvalue, scale)`` for a dense ``spec`` of this ``q8[*lead, n]`` on
+  def hx_lo_specs(self, spec: PartitionSpec, mesh) -> tuple[PartitionSpec, ...]:
+    """The specs of ``(qvalue, scale[, offset])`` for a dense ``spec`` of this ``q8[*lead, n]`` on
     ``mesh``: ``spec`` itself and ``spec`` without the last axis (the rule of
     :meth:`lo_ty`; per group, the group axis sharded like the last). Raises ``TypeError``
     if ``spec`` has more entries than the rank or splits a group or a packed byte
@@ -352,7 +370,8 @@ class QArrayTy(DenseValuedType, HiType):
     shd.dense_spec_entries(self, spec, self.ndim)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
     self._check_last_axis_split(parts[-1], dict(mesh.shape))
-    return self._component_specs(spec)
+    vspec, sspec = self._component_specs(spec)
+    return (vspec, sspec, sspec) if self.format.offset else (vspec, sspec)
 
   def _component_specs(self, spec: PartitionSpec) -> tuple[PartitionSpec, PartitionSpec]:
     # the one rule: the values take the dense spec, the scales drop its last entry
@@ -369,6 +388,12 @@ class QArrayTy(DenseValuedType, HiType):
 
 def _typeof_qarray(q: QArray) -> QArrayTy:
   qty, sty = jax.typeof(q.qvalue), jax.typeof(q.scale)
+  if q.offset is not None:
+    oty = jax.typeof(q.offset)
+    if is_hi_level_tracer(q.offset) or any(is_hi_level_tracer(c) for c in q.components):
+      raise TypeError("hx.QArray(qvalue, scale, offset) built from traced arrays inside "
+                      "jit/grad/vmap/scan; use hx.make_qarray(qvalue, scale, offset) there")
+    return _concrete_qarray_type_offset(qty, sty, oty)
   if isinstance(qty, _jax.AbstractRef):  # the components of a q8 ref inside a Pallas kernel
     return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)  # (q8 only)
   if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
@@ -388,7 +413,7 @@ def _concrete_qarray_type(qty, sty) -> QArrayTy:
   # function (its Python dispatch path for hi values); a model's step takes dozens of
   # them, so the type is computed once per pair of component types
   fmt = formats.of_storage(qty.dtype)
-  if (fmt is None or sty.dtype != F32 or qty.ndim < 1
+  if (fmt is None or formats.of_components(qty.dtype, sty.dtype, False) is None or qty.ndim < 1
       or isinstance(formats.group_of(fmt.dense_shape(qty.shape), sty.shape), str)):
     raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
                     f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)} (other formats: "
@@ -397,6 +422,12 @@ def _concrete_qarray_type(qty, sty) -> QArrayTy:
   # the scale's sharding and manual axes: make_qarray's rule, so the type agrees
   # with where the components live
   return make_qarray_type(qty, sty, who="hx.QArray")
+
+
+@functools.lru_cache(maxsize=4096)
+def _concrete_qarray_type_offset(qty, sty, oty) -> QArrayTy:
+  # a format with an offset: make_qarray's rule, as for the pair
+  return make_qarray_type(qty, sty, who="hx.QArray", o_aval=oty)
 
 
 register_hitype(QArray, _typeof_qarray)
@@ -429,6 +460,9 @@ class Quantize(HxPrimitive):
     _check_dense_f32("quantize", x_aval, 1)
     if method not in formats.METHODS:
       raise ValueError(f"hx.quantize: method must be one of {formats.METHODS}, got {method!r}")
+    why = formats.check_method(formats.lookup(fmt), method)
+    if why:
+      raise TypeError(f"hx.quantize({shd.short(x_aval)}, dtype={fmt!r}): {why}")
     self.in_avals = (x_aval,)
     try:
       self.out_aval = QArrayTy(x_aval.shape, x_aval.sharding, x_aval.mat, fmt, group_size)
@@ -649,7 +683,7 @@ def _same_parts(a: tuple, b: tuple) -> bool:
   return tuple(map(norm, a)) == tuple(map(norm, b))
 
 
-def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
+def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -> QArrayTy:
   """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``; every format's
   components (:mod:`hxmlir.formats`): ``ui8[*l, n // 2]`` values -> ``q4``,
   ``f8E4M3FN[*l, n]`` -> ``f8``, a scale ``f32[*l, n // g]`` -> groups of ``g``.
@@ -660,7 +694,15 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
   ``shard_map`` the result varies over the manual axes either component varies
   over. Raises ``TypeError`` naming both operand types otherwise; ``who`` names
   the caller in the message (``hx.QArray`` for the constructor's type).
+
+  Scales may be f16 (``int8_f16``, ``int4_f16``: ``q8[..:g32,f16]``); offsets ``o_aval``
+  (the scale's type and sharding) make a format with an offset (``u4o``: uint4 pairs
+  ``ui8[*l, n // 2]``), :func:`hxmlir.formats.of_components`.
   """
+  if o_aval is not None or (isinstance(s_aval, ShapedArray) and s_aval.dtype != F32
+                            and isinstance(q_aval, ShapedArray)
+                            and formats.of_components(q_aval.dtype, s_aval.dtype, False)):
+    return _make_qarray_type_issue26(q_aval, s_aval, who, o_aval)
   got = f"{shd.short(q_aval)}, {shd.short(s_aval)}"
   fmt = formats.of_storage(q_aval.dtype) if isinstance(q_aval, ShapedArray) else None
   group = None
@@ -692,45 +734,83 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray") -> QArrayTy:
                   fmt.name, group)
 
 
-class MakeQArray(HxPrimitive):
-  """``make_qarray: i8[*l, n], f32[*l] -> q8[*l, n]``; see :func:`make_qarray`."""
+def _make_qarray_type_issue26(q_aval, s_aval, who: str, o_aval) -> QArrayTy:
+  """:func:`make_qarray_type` for f16 scales or an offset: the format by
+  :func:`hxmlir.formats.of_components`; the offset must be the scale's type."""
+  comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
+  got = ", ".join(shd.short(c) for c in comps)
+  arrays = all(isinstance(c, ShapedArray) for c in comps)
+  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None) if arrays else None
+  if fmt is None:
+    known = ", ".join(f"{f.name} ({f.storage_dtype.name} values, {f.scale_dtype.name} scales"
+                      f"{' and offsets' if f.offset else ''})" for f in formats.FORMATS.values()
+                      if not f.legacy)
+    raise TypeError(f"{who}: no quantization format has components {got}; formats with "
+                    f"f16 scales or offsets: {known}")
+  if o_aval is not None and (o_aval.shape, o_aval.dtype) != (s_aval.shape, s_aval.dtype):
+    raise TypeError(f"{who} expects the offset of the scale's type ({shd.short(s_aval)}), "
+                    f"got {got}")
+  if o_aval is not None and not _same_parts(shd.partitions(o_aval.sharding, o_aval.ndim),
+                                            shd.partitions(s_aval.sharding, s_aval.ndim)):
+    raise TypeError(f"{who} expects the offset sharded like the scale, got {got}")
+  # the rest is the pair's rule: an f32 scale of the same shape and sharding stands in
+  ty = make_qarray_type(q_aval, ShapedArray(s_aval.shape, F32, sharding=s_aval.sharding,
+                                            manual_axis_type=shd.join_mat(*comps[1:])), who)
+  return dataclasses.replace(ty, mat=shd.join_mat(*comps), fmt=fmt.name)
 
-  def __init__(self, q_aval, s_aval):
-    self.out_aval = make_qarray_type(q_aval, s_aval)
-    self.in_avals = (q_aval, s_aval)
+
+class MakeQArray(HxPrimitive):
+  """``make_qarray: i8[*l, n], f32[*l] -> q8[*l, n]``; see :func:`make_qarray`. A format
+  with an offset takes a third operand, the offsets (``x = q * s + o``)."""
+
+  def __init__(self, q_aval, s_aval, o_aval=None):
+    self.out_aval = make_qarray_type(q_aval, s_aval, o_aval=o_aval)
+    self.in_avals = (q_aval, s_aval) if o_aval is None else (q_aval, s_aval, o_aval)
     self.params = {}
     super().__init__()
 
-  # the result is qvalue * scale[..., None]: linear in the scale, and the int8
-  # values carry no tangent (float0, as for every integer array in JAX)
-  def jvp(self, primals, tangents):
-    (qvalue, scale), (_, dscale) = primals, tangents
-    t_aval = self.out_aval.to_tangent_aval()
-    if isinstance(dscale, Zero):
-      return self(qvalue, scale), zeros(t_aval)
-    return self(qvalue, scale), formats.apply_scale(formats.values_f32(qvalue), dscale)
+  def _values(self, qvalue):
+    return formats.values_f32(qvalue, self.out_aval.format)
 
-  def vjp_fwd(self, nzs_in, qvalue, scale):
-    return self(qvalue, scale), qvalue
+  # the result is qvalue * scale[..., None] (+ offset[..., None]): linear in the scale
+  # and the offset, and the integer values carry no tangent (float0, as for every
+  # integer array in JAX)
+  def jvp(self, primals, tangents):
+    (qvalue, *rest), (_, dscale, *doff) = primals, tangents
+    t_aval = self.out_aval.to_tangent_aval()
+    out = self(qvalue, *rest)
+    terms = []
+    if not isinstance(dscale, Zero):
+      terms.append(formats.apply_scale(self._values(qvalue), dscale.astype(F32)))
+    if doff and not isinstance(doff[0], Zero):
+      base = terms.pop() if terms else jnp.zeros(t_aval.shape, F32)
+      terms.append(formats.apply_offset(base, doff[0].astype(F32)))
+    return out, (terms[0] if terms else zeros(t_aval))
+
+  def vjp_fwd(self, nzs_in, qvalue, *rest):
+    return self(qvalue, *rest), qvalue
 
   def vjp_bwd_retval(self, qvalue, g):
-    q_aval, s_aval = self.in_avals
+    q_aval, *sc_avals = self.in_avals
     if isinstance(g, Zero):
-      return Zero(q_aval.to_ct_aval()), Zero(s_aval.to_ct_aval())
-    gs = formats.sum_per_scale(g * formats.values_f32(qvalue), self.out_aval.group)
-    return Zero(q_aval.to_ct_aval()), shd.match_vma(gs, s_aval)
+      return (Zero(q_aval.to_ct_aval()), *(Zero(a.to_ct_aval()) for a in sc_avals))
+    group = self.out_aval.group
+    cts = [formats.sum_per_scale(g * self._values(qvalue), group)]
+    if len(sc_avals) == 2:  # the offset's cotangent: the sum over its row or group
+      cts.append(formats.sum_per_scale(g, group))
+    return (Zero(q_aval.to_ct_aval()),
+            *(shd.match_vma(ct.astype(a.dtype), a) for ct, a in zip(cts, sc_avals)))
 
   def batch(self, axis_data, args, dims):
-    (qvalue, scale), (dq, ds) = args, dims
-    if dq is None and ds is None:
-      return make_qarray(qvalue, scale), None
+    if all(d is None for d in dims):
+      return make_qarray(*args), None
     size = axis_data.size
     def lead(x, d):
       return jnp.moveaxis(x, d, 0) if d is not None else jnp.broadcast_to(x, (size, *x.shape))
-    return make_qarray(lead(qvalue, dq), lead(scale, ds)), QArraySpec()
+    return make_qarray(*(lead(a, d) for a, d in zip(args, dims))), QArraySpec()
 
 
-def scale_tangent_weights(qvalue, group: int | None = None) -> jax.Array:
+def scale_tangent_weights(qvalue, group: int | None = None, fmt=None) -> jax.Array:
   """``w: f32[*l, n]`` with ``d(scale) = sum(w * dX, -1)`` for ``qarray_parts`` (per group of
   ``group`` elements when given: the sum runs over each group, as everything below).
 
@@ -740,7 +820,7 @@ def scale_tangent_weights(qvalue, group: int | None = None) -> jax.Array:
   several values round to +-127). A row of zeros, and every row of an empty
   quantized axis (``n = 0``), gets ``w = 0``.
   """
-  qf = formats.split_groups(formats.values_f32(qvalue), group)
+  qf = formats.split_groups(formats.values_f32(qvalue, fmt), group)
   a = jnp.abs(qf)
   top = jnp.max(a, axis=-1, keepdims=True, initial=0)  # initial: n = 0 has no maximum
   at_top = (a == top) & (top > 0)
@@ -760,38 +840,43 @@ class QArrayParts(HxPrimitive):
     super().__init__()
 
   def _tangents(self, qvalue, dq):
-    q_ty, s_ty = self.out_aval
+    # a format with an offset: the offset's tangent is zero (the scale's is read as
+    # below, from the signed or unsigned values)
+    q_ty, s_ty, *o_ty = self.out_aval
     if isinstance(dq, Zero):
-      return Zero(q_ty.to_tangent_aval()), Zero(s_ty.to_tangent_aval())
+      return (Zero(q_ty.to_tangent_aval()), *(Zero(t.to_tangent_aval()) for t in (s_ty, *o_ty)))
     group = self.in_avals[0].group
-    ds = formats.sum_per_scale(scale_tangent_weights(qvalue, group) * dq, group)
-    return Zero(q_ty.to_tangent_aval()), ds
+    weights = scale_tangent_weights(qvalue, group, self.in_avals[0].format)
+    ds = formats.sum_per_scale(weights * dq, group).astype(s_ty.dtype)
+    return (Zero(q_ty.to_tangent_aval()), ds, *(Zero(t.to_tangent_aval()) for t in o_ty))
 
   def jvp(self, primals, tangents):
     (q,), (dq,) = primals, tangents
-    qvalue, scale = self(q)
-    return (qvalue, scale), self._tangents(qvalue, dq)
+    parts = self(q)
+    return parts, self._tangents(parts[0], dq)
 
   def vjp_fwd(self, nzs_in, q):
-    qvalue, scale = self(q)
-    return (qvalue, scale), qvalue
+    parts = self(q)
+    return parts, parts[0]
 
   def vjp_bwd_retval(self, qvalue, g):
     q_aval = self.in_avals[0]
-    _, gs = g
+    _, gs, *_ = g
     if isinstance(gs, Zero):
       return (Zero(q_aval.to_ct_aval()),)
     group = q_aval.group
-    gq = formats.apply_scale(scale_tangent_weights(qvalue, group), gs)
+    gq = formats.apply_scale(scale_tangent_weights(qvalue, group, q_aval.format),
+                             gs.astype(F32))
     return (shd.match_vma(gq, q_aval),)
 
   def batch(self, axis_data, args, dims):
     (q,), (d,) = args, dims
+    n = len(self.out_aval)
     if d is None:
-      return qarray_parts(q), (None, None)
+      return qarray_parts(q), (None,) * n
     if not isinstance(d, QArraySpec):
       raise TypeError(f"a quantized array is mapped with hx.QArraySpec(), got {d!r}")
-    return qarray_parts(q), (0, 0)
+    return qarray_parts(q), (0,) * n
 
 
 # --- user functions ----------------------------------------------------------
@@ -871,8 +956,13 @@ def matmul_q(x, qw) -> jax.Array:
   return MatmulQ(jax.typeof(x), jax.typeof(qw))(x, qw)
 
 
-def make_qarray(qvalue, scale) -> QArray:
+def make_qarray(qvalue, scale, offset=None) -> QArray:
   """The quantized array ``q8[*l, n]`` with components ``qvalue: i8[*l, n]``, ``scale: f32[*l]``.
+
+  ``offset`` (the scale's type, f32 or f16; formats of :mod:`hxmlir.formats` with an
+  offset, ``u4o``: ``qvalue: ui8[*l, n // 2]`` uint4 pairs) makes
+  ``qvalue * scale + offset``; f16 scales make ``q8[*l, n:g32,f16]`` and the like
+  (GGUF's blocks, :mod:`hxmlir.gguf`).
 
   Stands for ``qvalue * scale[..., None]``; nothing is computed or checked
   beyond the types (the values are taken as they are, ``-128`` included). Use it
@@ -881,8 +971,8 @@ def make_qarray(qvalue, scale) -> QArray:
   arrays in a checkpoint). The result is sharded like ``qvalue``; ``scale`` must
   be sharded like ``qvalue``'s leading axes. A weakly typed scale (a Python
   ``float`` or ``int``, also under ``jax_enable_x64``) becomes ``f32``; a
-  strongly typed one must already be ``f32`` (``f16``, ``bf16``, ``f64`` arrays
-  are a ``TypeError``: convert them explicitly).
+  strongly typed one must already be ``f32``, or ``f16`` for the formats with f16 scales
+  (``bf16``, ``f64`` arrays are a ``TypeError``: convert them explicitly).
 
   Differentiable in ``scale``: the tangent is the dense ``f32`` array
   ``qvalue * d(scale)[..., None]`` and the cotangent of ``scale`` is
@@ -898,11 +988,20 @@ def make_qarray(qvalue, scale) -> QArray:
     # a Python float or int (weakly typed: f32, or f64 under jax_enable_x64, or i32/i64)
     # takes the scale's dtype, as it would in arithmetic with an f32 array
     scale = jax.lax.convert_element_type(scale, F32)
+  if offset is not None:
+    offset = _lo_operand(offset)
+    o_aval = jax.typeof(offset)
+    if isinstance(o_aval, ShapedArray) and o_aval.weak_type:
+      offset = jax.lax.convert_element_type(offset, jax.typeof(scale).dtype)
+    return MakeQArray(jax.typeof(qvalue), jax.typeof(scale), jax.typeof(offset))(
+        qvalue, scale, offset)
   return MakeQArray(jax.typeof(qvalue), jax.typeof(scale))(qvalue, scale)
 
 
-def qarray_parts(q) -> tuple[jax.Array, jax.Array]:
-  """The components ``(qvalue: i8[*l, n], scale: f32[*l])`` of ``q: q8[*l, n]``.
+def qarray_parts(q) -> tuple[jax.Array, ...]:
+  """The components ``(qvalue: i8[*l, n], scale: f32[*l])`` of ``q: q8[*l, n]``; a format
+  with an offset (``u4o``) has three, ``(qvalue, scale, offset)``, and the offset's
+  tangent is zero.
 
   The inverse of :func:`make_qarray` (bit for bit both ways). Under ``vmap``
   both components are mapped along axis 0; shardings are those of ``q``'s

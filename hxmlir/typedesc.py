@@ -11,7 +11,10 @@ descriptor schema, and its data::
 Quantized types (:mod:`hxmlir.formats`) are named by their printed prefix: ``q8``
 (int8), ``q4`` (int4), ``f8`` (float8 e4m3fn), with an optional ``group`` (elements
 per scale; absent: one scale per row). ``q8`` per row is still written as schema
-version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it).
+version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it). The formats
+of issue 26: ``u4o`` (uint4 with an offset) and ``q8o`` (int8 with an offset), and
+``"scale": "f16"`` for f16 scales (and offsets), which makes ``q8`` version 3 and ``q4``
+version 2 (``{"type":"q4","v":2,"group":32,"scale":"f16",...}``: GGUF's Q4_0).
 
 ``sharding`` holds the mesh axes as ``[[name, size], ...]``, their
 ``axis_types`` (``"Explicit"``, ``"Auto"``, ``"Manual"``), the partition spec
@@ -43,10 +46,13 @@ from hxmlir.qarray import QArrayTy
 from hxmlir.rank1 import Rank1Ty
 from hxmlir.tuples import TupTy
 
-SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 2, "q4": 1, "f8": 1, "r1": 1, "tup": 1}
+SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 3, "q4": 2, "f8": 1, "u4o": 1, "q8o": 1,
+                                   "r1": 1, "tup": 1}
 """The newest descriptor schema version this hxmlir reads, per type name."""
 
-_QUANTIZED = {f.prefix: f.name for f in FORMATS.values()}  # descriptor name -> format
+# (descriptor name, scale dtype) -> format
+_QUANTIZED = {(f.prefix, f.scale_mlir): f.name for f in FORMATS.values()}
+_F16_VERSIONS = {"q8": 3, "q4": 2}  # the first schema version with "scale": "f16"
 
 
 class DescriptorError(ValueError):
@@ -127,11 +133,15 @@ def to_json(ty) -> dict:
   Raises :class:`DescriptorError` for any other type (or a symbolic shape).
   """
   if isinstance(ty, QArrayTy):
-    out = {"type": ty.format.prefix, "v": 1, "shape": list(ty.shape),
+    f = ty.format
+    out = {"type": f.prefix, "v": 1, "shape": list(ty.shape),
            "sharding": _describe_sharding(ty.sharding)}
     if ty.group is not None:
       out["group"] = int(ty.group)
-      out["v"] = SCHEMA_VERSIONS[ty.format.prefix]  # q8: version 2 has groups
+      out["v"] = 2 if f.prefix == "q8" else 1  # q8: version 2 has groups
+    if f.scale_mlir != "f32":
+      out["scale"] = f.scale_mlir
+      out["v"] = _F16_VERSIONS.get(f.prefix, 1)
     return out
   if isinstance(ty, Rank1Ty):
     return {"type": "r1", "v": SCHEMA_VERSIONS["r1"], "shape": list(ty.shape),
@@ -187,11 +197,16 @@ def from_json(d, where: str = "descriptor"):
       return TupTy(tuple(from_json(e, f"{where} element {i}") for i, e in enumerate(elts)))
     shape = _shape(d, where)
     sharding = _parse_sharding(d.get("sharding"), where)
-    if name in _QUANTIZED:
+    if (name, "f32") in _QUANTIZED:
       group = d.get("group")
       if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
         raise DescriptorError(f"{where}: 'group' must be an int, got {group!r}")
-      return QArrayTy(shape, sharding, fmt=_QUANTIZED[name], group=group)
+      scale = d.get("scale", "f32")
+      if (name, scale) not in _QUANTIZED:
+        raise DescriptorError(f"{where}: 'scale' must be "
+                              f"{' or '.join(repr(s) for n, s in _QUANTIZED if n == name)}, "
+                              f"got {scale!r}")
+      return QArrayTy(shape, sharding, fmt=_QUANTIZED[(name, scale)], group=group)
     if name == "r1":
       return Rank1Ty(shape, sharding)
     try:

@@ -59,6 +59,9 @@ HI_TYPES: dict[str, HiArrayType] = {t.name: t for t in (
     HiArrayType("q8", "q8", {"g": "group"}),   # int8 values
     HiArrayType("q4", "q4", {"g": "group"}),   # int4 values, two per byte
     HiArrayType("f8", "f8", {"g": "group"}),   # float8 e4m3fn values
+    # issue 26: offsets (u4o[576,1536:g32]) and f16 scales (q8[64,128:g32,f16])
+    HiArrayType("u4o", "u4o", {"g": "group"}),  # uint4 values with an offset
+    HiArrayType("q8o", "q8o", {"g": "group"}),  # int8 values with an offset
     HiArrayType("r1", "r1"),   # rank-1 matrix, two f32 factors (hxmlir.rank1)
 )}
 """Hi array types by printed name; a new quantized format is one entry here (and its
@@ -219,9 +222,12 @@ class _Parser:
     self.i += 1
     return val
 
-  def option(self, hi: HiArrayType) -> tuple[str, int]:
+  def option(self, hi: HiArrayType) -> tuple[str, int | str]:
     tok = self.peek()
     kind, val, _ = tok
+    if val == "f16" and "g" in hi.options:  # a quantized type's f16 scales
+      self.i += 1
+      return "scale", "f16"
     m = re.fullmatch(r"([A-Za-z]+)(\d+)", val) if kind == "name" else None
     if not hi.options:
       self.fail(f"']': {hi.name} takes no options", tok)

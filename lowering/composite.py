@@ -143,7 +143,7 @@ def composite_attributes(name: str, attributes: Mapping[str, Any] | None,
   ``TypeError`` when a value has the wrong Python type.
   """
   spec = _schema_of(name)
-  keys = spec.attributes_of(version)
+  keys = spec.attributes_of(spec.version_for(attributes) if version is None else version)
   attributes = dict(attributes or {})
   if set(attributes) != set(keys):
     raise ValueError(f"{name}: composite_attributes must have keys {sorted(keys)}, got "
@@ -166,8 +166,8 @@ def check_composite(name: str, *, attributes: Mapping[str, Any] | None = None,
   values of the wrong type (needs an MLIR context).
   """
   spec = _schema_of(name)
-  if version is None:
-    version = spec.version
+  if version is None:  # the oldest version that holds these attributes' format
+    version = spec.version_for(attributes)
   if version not in spec.versions:
     raise ValueError(f"{name}: unknown version {version}; this code accepts "
                      f"{', '.join(map(str, spec.versions))}")
@@ -215,11 +215,14 @@ def build_decomposition(name: str, operand_types: Sequence[ir.Type],
 
 
 def _check_arity(name: str, num_operands: int, num_results: int,
-                 operand_shardings: Sequence | None, result_shardings: Sequence | None) -> None:
+                 operand_shardings: Sequence | None, result_shardings: Sequence | None,
+                 attributes: Mapping[str, Any] | None = None) -> None:
   spec = _schema_of(name)
-  if num_operands != spec.num_operands or num_results != spec.num_results:
-    raise ValueError(f"{name} {spec.signature}: takes {spec.num_operands} operand(s) and "
-                     f"{spec.num_results} result(s), got {num_operands} and {num_results}")
+  want_ops, want_res = spec.counts({k: attribute_value(v) if isinstance(v, ir.Attribute) else v
+                                    for k, v in (attributes or {}).items()})
+  if num_operands != want_ops or num_results != want_res:
+    raise ValueError(f"{name} {spec.signature}: takes {want_ops} operand(s) and "
+                     f"{want_res} result(s), got {num_operands} and {num_results}")
   if operand_shardings is not None and len(operand_shardings) != num_operands:
     raise ValueError(f"{name}: {len(operand_shardings)} operand shardings for "
                      f"{num_operands} operands")
@@ -254,7 +257,8 @@ def emit_composite(name: str, operands: Sequence[ir.Value], result_types: Sequen
   partial set of result shardings.
   """
   version = check_composite(name, attributes=attributes, version=version)
-  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings)
+  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings,
+               attributes)
   if isinstance(decomposition, func_dialect.FuncOp):
     decomposition = ir.StringAttr(decomposition.attributes["sym_name"]).value
   operands = list(operands)
@@ -293,7 +297,8 @@ def build_composite(name: str, operands: Sequence[ir.Value], result_types: Seque
   """
   ip = ir.InsertionPoint.current
   check_composite(name, attributes=attributes, version=version)
-  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings)
+  _check_arity(name, len(operands), len(result_types), operand_shardings, result_shardings,
+               attributes)
   fn = build_decomposition(name, [v.type for v in operands], result_types,
                            decomposition_builder, symbol_table=symbol_table,
                            module=enclosing_module(ip))

@@ -71,13 +71,15 @@ def alignment(q_shape, axis: int, fmt: formats.Format, group: int | None) -> int
   return int(np.lcm(group or 1, fmt.pack))
 
 
-def matmul_q_blocked(x, q, s, dimension_numbers, *, axis: int, block: int):
+def matmul_q_blocked(x, q, s, *o, dimension_numbers, axis: int, block: int):
   """:func:`reference.matmul_q` computed ``block`` entries of ``q``'s free ``axis`` at a
-  time (``x: f32[...]``, ``q``: stored values of any format, ``s: f32[...]``; JAX arrays
-  or tracers; ``axis`` and ``block`` count dense elements)."""
+  time (``x: f32[...]``, ``q``: stored values of any format, ``s: f32[...]`` (or f16);
+  ``o``: the offsets of a format with one, sliced like ``s``
+  (:func:`reference.matmul_q_offset`); JAX arrays or tracers; ``axis`` and ``block``
+  count dense elements)."""
   dims = dimension_numbers
   (lc, rc), (lb, rb) = dims
-  fmt = formats.of_storage(q.dtype)
+  fmt = formats.of_components(q.dtype, s.dtype, bool(o))
   dense = fmt.dense_shape(q.shape)
   group = formats.group_of_scale(dense, s)
   out_shape = dotdims.result_shape(x.shape, dense, dims)
@@ -93,12 +95,13 @@ def matmul_q_blocked(x, q, s, dimension_numbers, *, axis: int, block: int):
   def part(start, size):
     if last:  # the quantized axis: stored bytes and group scales in step
       qb = lax.dynamic_slice_in_dim(q, start // fmt.pack, size // fmt.pack, axis)
-      sb = s if group is None else lax.dynamic_slice_in_dim(s, start // group, size // group,
-                                                             axis)
+      sb = [c if group is None else lax.dynamic_slice_in_dim(c, start // group, size // group,
+                                                              axis) for c in (s, *o)]
     else:
       qb = lax.dynamic_slice_in_dim(q, start, size, axis)
-      sb = lax.dynamic_slice_in_dim(s, start, size, axis)
-    return reference.matmul_q(x, lax.bitcast_convert_type(qb, stored), sb, dims)
+      sb = [lax.dynamic_slice_in_dim(c, start, size, axis) for c in (s, *o)]
+    return reference.matmul_q_offset(x, lax.bitcast_convert_type(qb, stored), sb[0],
+                                     sb[1] if o else None, dims)
 
   def step(i, out):
     start = i * block

@@ -439,7 +439,7 @@ def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   return None
 
 
-def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
                        dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
 
@@ -459,9 +459,13 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
     when :func:`choose_blocking` picks ``"whole"`` (small weights);
   - every other layout, and other formats than int8 per row outside the native
     kernel: one free axis of the dense weight walked in blocks of whole groups and
-    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small.
+    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small;
+  - formats the native kernel does not take (``Format.native_cpu``: f16 scales,
+    offsets ``o``): the blocked path (or the reference when small) in every layout.
   """
-  x_aval, q_aval, s_aval = ctx.avals_in
+  x_aval, q_aval, s_aval, *_ = ctx.avals_in
+  if not rules.weight_format(ctx).native_cpu:
+    return _lower_blocked(ctx, (x, q, s, *o), dimension_numbers or dotdims.v1_dims(x_aval.ndim))
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
   attrs = rules.matmul_q_attributes(ctx, dims)
   ref = reference.matmul_q_for(dims)
@@ -491,6 +495,23 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *,
   if choose_blocking(m, k, n)[0] == "whole":
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)
+
+
+def _lower_blocked(ctx, operands, dims) -> list[ir.Value]:
+  """``hx.matmul_q`` whose decomposition walks a free axis of the dense weight in blocks of
+  whole groups and packed bytes (``lowering/matmul_q_blocked.py``), or the reference
+  when the weight is small: the CPU rule for the formats without a native kernel."""
+  _, q_aval, s_aval, *o_aval = ctx.avals_in
+  fmt = rules.weight_format(ctx)
+  dense = fmt.dense_shape(q_aval.shape)
+  ref = reference.matmul_q_for(dims, bool(o_aval))
+  axis = matmul_q_blocked.block_axis(dense, dims)
+  if axis is not None:
+    align = matmul_q_blocked.alignment(dense, axis, fmt, formats.group_of_scale(dense, s_aval))
+    ref = matmul_q_blocked.blocked_for(dims, axis,
+                                       matmul_q_blocked.block_size(dense, axis, align))
+  return lower_composite(ctx, "hx.matmul_q", *operands, reference=ref,
+                         attributes=rules.matmul_q_attributes(ctx, dims))
 
 
 mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")

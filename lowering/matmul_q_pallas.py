@@ -398,7 +398,7 @@ def _kernel_fits(q_aval, s_aval, backend: str) -> bool:
   return default_blocks(1, dense[-2], dense[-1], backend, f, group) is not None
 
 
-def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers=None):
+def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_numbers=None):
   """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernel as decomposition.
 
   While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls
@@ -408,8 +408,11 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *, platform: str, dimension_numbers
   dimension numbers (``[out, in]`` weights, groups along the contraction) and
   group sizes no Triton tile fits (:func:`default_blocks`) keep the reference
   (which unpacks int4 and applies group scales per group, :mod:`hxmlir.formats`).
-  Otherwise the decomposition is the reference (what the default rule emits).
+  Otherwise the decomposition is the reference (what the default rule emits), as for
+  the formats the kernel does not take (``Format.pallas``: f16 scales, offsets ``o``).
   """
+  if not rules.weight_format(ctx).pallas:
+    return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
   x_aval, q_aval, s_aval = ctx.avals_in
   xr, qr = x_aval.ndim, q_aval.ndim
   dims = dimension_numbers or dotdims.v1_dims(xr)

@@ -79,17 +79,19 @@ def dense_shape(q) -> tuple[int, ...]:
 def _quantize_abstract_eval(x, *, fmt="int8", group_size=None, method="absmax"):
   p, f = _parts(x), formats.lookup(fmt)
   sp = p if group_size is not None else p[:-1]
+  scale = _arr(formats.scale_shape(x.shape, group_size), f.scale_dtype, x.sharding, sp, x)
   return [_arr(f.storage_shape(x.shape), f.storage_dtype, x.sharding, p, x),
-          _arr(formats.scale_shape(x.shape, group_size), F32, x.sharding, sp, x)]
+          scale] + ([scale] if f.offset else [])  # a format with an offset: (q, s, o)
 
 
 @hx_dequantize_p.def_abstract_eval
-def _dequantize_abstract_eval(q, s):
-  return _arr(dense_shape(q), F32, q.sharding, _parts(q), q, s)
+def _dequantize_abstract_eval(q, s, *o):
+  # o: the offsets of a format with one (hxmlir.formats), else nothing
+  return _arr(dense_shape(q), F32, q.sharding, _parts(q), q, s, *o)
 
 
 @hx_matmul_q_p.def_abstract_eval
-def _matmul_q_abstract_eval(x, q, s, *, dimension_numbers=None):
+def _matmul_q_abstract_eval(x, q, s, *o, dimension_numbers=None):
   dims = dimension_numbers or dotdims.v1_dims(x.ndim)
   return _f32(dotdims.result_shape(x.shape, dense_shape(q), dims),
               shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
@@ -126,16 +128,18 @@ for _p in (hx_quantize_p, hx_dequantize_p, hx_outer_p, hx_matmul_r1_p):
 
 
 def _batch_matmul_q(args, dims, *, dimension_numbers=None):
-  x, q, s = args
-  dx, dq, ds = dims
+  # a format with an offset has a fourth operand, mapped with the scales
+  x, q, s, *o = args
+  dx, dq, ds, *do = dims
   dimension_numbers = dimension_numbers or dotdims.v1_dims(x.ndim - (dx is not batching.not_mapped))
   nm = batching.not_mapped
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not nm)
   def lead(a, d):
     return jnp.broadcast_to(a, (size, *a.shape)) if d is nm else jnp.moveaxis(a, d, 0)
-  q_mapped = dq is not nm or ds is not nm
+  q_mapped = dq is not nm or ds is not nm or any(d is not nm for d in do)
   if q_mapped:
     q, s = lead(q, dq), lead(s, ds)
+    o = [lead(a, d) for a, d in zip(o, do)]
   batched = dotdims.batched(dimension_numbers, x.ndim, q.ndim - q_mapped,
                                 dx is not nm, q_mapped)
   if batched is None:  # only q mapped, the scales need x mapped too
@@ -145,7 +149,7 @@ def _batch_matmul_q(args, dims, *, dimension_numbers=None):
   elif dx is not nm:
     x = jnp.moveaxis(x, dx, 0)
   new, out = batched
-  return hx_matmul_q_p.bind(x, q, s, dimension_numbers=new), out
+  return hx_matmul_q_p.bind(x, q, s, *o, dimension_numbers=new), out
 
 
 batching.primitive_batchers[hx_matmul_q_p] = _batch_matmul_q

@@ -65,6 +65,8 @@ def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = 
   """
   f = formats.lookup(fmt)
   xg = formats.split_groups(x, group_size)
+  if method == "minmax":
+    return quantize_minmax(x, f, group_size)
   def combine(a, b):
     return lax.max(a[0], b[0]), lax.bitwise_or(a[1], b[1])
   amax, bad = lax.reduce((jnp.abs(xg), ~jnp.isfinite(xg)), (np.float32(0), np.bool_(False)),
@@ -76,6 +78,34 @@ def quantize(x, fmt: str = "int8", group_size: int | None = None, method: str = 
     raise ValueError(f"hx.quantize: method must be one of {formats.METHODS}, got {method!r}")
   q, s = quantize_with_amax(xg, amax, fmt=f)
   return formats.store(q.reshape(x.shape), f), s
+
+
+def quantize_minmax(x, f, group_size: int | None = None):
+  """``method="minmax"``: asymmetric quantization of ``x: f32[*lead, n]`` to format ``f``
+  (one with an offset, values in ``[0, qmax]``), per row or group of ``group_size``:
+  ``offset = min``, ``scale = (max - min) * f32(1/qmax)``, values
+  ``clip(round_half_even((x - offset) / scale), 0, qmax)`` -> ``(values, scale, offset)``.
+
+  GGUF's Q4_1 and the K-quants' sub-blocks are this form (``x = d·q + m``; llama.cpp's
+  ``quantize_row_q4_1_ref`` takes the block's min and max as here); qwix's and AWQ's
+  zero points are ``-offset / scale``. A constant row or group gets ``scale = 0``, zero
+  values and ``offset`` the constant, so it dequantizes exactly; a row or group holding
+  NaN or +-inf gets NaN scale and offset and zero values, so it dequantizes to NaN. The
+  range is not widened to hold 0: a group of positive values keeps its whole 16 levels.
+  """
+  xg = formats.split_groups(x, group_size)
+  def combine(a, b):
+    return lax.min(a[0], b[0]), lax.max(a[1], b[1]), lax.bitwise_or(a[2], b[2])
+  big = np.float32(np.inf)
+  lo, hi, bad = lax.reduce((xg, xg, ~jnp.isfinite(xg)), (big, -big, np.bool_(False)),
+                           combine, (xg.ndim - 1,))
+  lo = jnp.where(bad | (lo > hi), jnp.where(bad, jnp.nan, 0.0), lo)  # lo > hi: n = 0
+  hi = jnp.where(bad, jnp.nan, jnp.maximum(hi, lo))
+  scale = (hi - lo) * np.float32(1.0 / f.qmax)
+  divisor = jnp.where(scale > 0, scale, 1.0)
+  v = jnp.round((xg - lo[..., None]) / divisor[..., None])
+  q = jnp.where(jnp.isfinite(scale)[..., None], jnp.clip(v, 0, f.qmax), 0.0)
+  return formats.store(q.astype(jnp.int8).reshape(x.shape), f), scale, lo
 
 
 @functools.cache
@@ -125,19 +155,67 @@ def quantize_with_amax(x, amax, round_half_even=jnp.round, fmt="int8"):
   return q.astype(jnp.int8 if f.integer else f.value_dtype), scale
 
 
-def dequantize(q, s):
-  """``(values, f32 scales) -> f32[*lead, n]``: ``values * scale`` per row or per group
-  (the format from ``q``'s dtype, the group from ``s``'s shape)."""
-  return formats.apply_scale(formats.values_f32(q), s)
+def dequantize(q, s, o=None):
+  """``(values, scales[, offsets]) -> f32[*lead, n]``: ``values * scale (+ offset)`` per row
+  or per group (the format from the components' dtypes, :func:`hxmlir.formats.decode`;
+  the group from ``s``'s shape)."""
+  return formats.decode(q, s, o)
 
 
 def matmul_q(x, q, s, dimension_numbers=None):
   """``dot_general(x, dequantize(q, s), dimension_numbers)`` without scaling the weight.
 
   ``x: f32[...]``, ``q``: stored values of any format (:mod:`hxmlir.formats`) of dense
-  shape ``[..., n]``, ``s: f32[...]`` per row (``q``'s dense shape without ``n``) or per
-  group (with ``n // g``); ``dimension_numbers``: ``lax.dot_general``'s, default
-  ``hx.matmul_q`` version 1's (``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``).
+  shape ``[..., n]``, ``s: f32[...]`` (or f16, widened) per row (``q``'s dense shape
+  without ``n``) or per group (with ``n // g``); ``dimension_numbers``:
+  ``lax.dot_general``'s, default ``hx.matmul_q`` version 1's (``f32[*b, m, k] x
+  i8[*b, k, n] -> f32[*b, m, n]``). Formats with an offset: :func:`matmul_q_offset`.
+  """
+  return matmul_q_offset(x, q, s, None, dimension_numbers)
+
+
+def matmul_q_offset(x, q, s, o, dimension_numbers=None):
+  """:func:`matmul_q` of the values and scales, plus, for a format with an offset ``o``
+  (``None``: none), the offset term (:func:`matmul_offset`):
+  ``Σ x·(q·s + o) = Σ_g s·Σ x·q + Σ_g o·Σ x``. ``s`` and ``o`` may be f16 (widened)."""
+  f = formats.of_components(q.dtype, s.dtype, o is not None)
+  dims = dimension_numbers or dotdims.v1_dims(x.ndim)
+  qf = formats.values_f32(q, f)
+  y = _matmul_symmetric(x, qf, s.astype(jnp.float32), dims)
+  if o is None:
+    return y
+  return y + matmul_offset(x, qf.shape, o.astype(jnp.float32), dims)
+
+
+def matmul_offset(x, dense_shape, o, dimension_numbers):
+  """``dot_general(x, O, dims)`` where ``O[..., k] = o[..., k // g]`` is the offset
+  broadcast over its row or group (``o: f32``, the scale's shape for a weight of
+  ``dense_shape``), without forming ``O``: where the weight's grouped (last) axis is
+  contracted, ``x`` is summed over each group first (``Σ_g o_g·Σ_{k∈g} x_k``); where it
+  is a free axis, the product with ``o`` is repeated ``g`` times along it; as a batch
+  axis (rare), ``O`` is formed."""
+  dims = dimension_numbers
+  (lc, rc), (lb, rb) = dims
+  r = len(dense_shape) - 1
+  n = dense_shape[-1]
+  if o.ndim == r:  # per row: one group of n
+    o = o[..., None]
+  g = n // o.shape[-1]
+  if r in rc:
+    xa = lc[rc.index(r)]
+    xs = x.reshape(*x.shape[:xa], x.shape[xa] // g, g, *x.shape[xa + 1:]).sum(axis=xa + 1)
+    return lax.dot_general(xs, o, dims, preferred_element_type=jnp.float32)
+  if r in rb:
+    return lax.dot_general(x, jnp.repeat(o, g, axis=-1), dims,
+                           preferred_element_type=jnp.float32)
+  y = lax.dot_general(x, o, dims, preferred_element_type=jnp.float32)
+  q_free = dotdims.free_dims(r + 1, rc, rb)
+  axis = y.ndim - len(q_free) + q_free.index(r)
+  return jnp.repeat(y, g, axis=axis)
+
+
+def _matmul_symmetric(x, qf, s, dims):
+  """:func:`matmul_q` of decoded values ``qf: f32`` and scales ``s: f32``.
 
   Per group, the weight's last axis is split into ``(n // g, g)`` (and ``x``'s axis
   paired with it likewise), which makes the group scales per-row scales of a weight of
@@ -145,8 +223,6 @@ def matmul_q(x, q, s, dimension_numbers=None):
   contraction and the scale also spans a free axis (``"...k,nk->...n"``), each group's
   partial sum is scaled, then the partial sums are added.
   """
-  dims = dimension_numbers or dotdims.v1_dims(x.ndim)
-  qf = formats.values_f32(q)
   if s.ndim == qf.ndim - 1:
     return _matmul_rows(x, qf, s, dims)
   g = qf.shape[-1] // s.shape[-1]
@@ -206,10 +282,12 @@ def _matmul_rows(x, qf, s, dims):
 
 
 @functools.cache
-def matmul_q_for(dimension_numbers) -> Callable:
-  """:func:`matmul_q` with ``dimension_numbers`` bound, one function object per dims (so
-  ``lower_composite`` shares equal decompositions within a module)."""
-  return functools.partial(matmul_q, dimension_numbers=dimension_numbers)
+def matmul_q_for(dimension_numbers, offset: bool = False) -> Callable:
+  """:func:`matmul_q` (``offset``: :func:`matmul_q_offset`) with ``dimension_numbers``
+  bound, one function object per dims (so ``lower_composite`` shares equal
+  decompositions within a module)."""
+  return functools.partial(matmul_q_offset if offset else matmul_q,
+                           dimension_numbers=dimension_numbers)
 
 
 def _broadcast(s, shape, pos):

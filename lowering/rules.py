@@ -67,23 +67,34 @@ def matmul_q_dims(x_aval, dimension_numbers) -> dotdims.DotDims:
   return dimension_numbers or dotdims.v1_dims(x_aval.ndim)
 
 
-def format_attributes(q_aval, s_aval) -> dict:
+def format_attributes(q_aval, s_aval, o_aval=None) -> dict:
   """The format ``composite_attributes`` of stored values ``q_aval`` with scales ``s_aval``
-  (:func:`schema.format_attributes_of`)."""
-  return schema.format_attributes_of(schema.TensorType.of(q_aval), schema.TensorType.of(s_aval))
+  and offsets ``o_aval`` (``None``: a format without; :func:`schema.format_attributes_of`)."""
+  return schema.format_attributes_of(*(schema.TensorType.of(a) for a in (q_aval, s_aval, o_aval)
+                                       if a is not None))
 
 
 def matmul_q_attributes(ctx: mlir.LoweringRuleContext, dims) -> dict:
-  """``hx.matmul_q`` v3's ``composite_attributes`` for a rule's operands and ``dims``."""
+  """``hx.matmul_q``'s ``composite_attributes`` for a rule's operands and ``dims`` (v3's
+  keys, v4's for a format with f16 scales or an offset)."""
   return schema.matmul_q_attributes(dims, format_attributes(*ctx.avals_in[1:]))
 
 
-def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *, dimension_numbers=None):
-  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 3, its dims in ``composite_attributes``
-  (``stablehlo.dot_general``'s names) with the weight's format, decomposition
-  :func:`reference.matmul_q`."""
+def weight_format(ctx: mlir.LoweringRuleContext) -> formats.Format:
+  """The format of an ``hx_matmul_q`` rule's weight (operands ``x, q, s[, o]``)."""
+  q, s, *o = ctx.avals_in[1:]
+  return formats.of_components(q.dtype, s.dtype, bool(o))
+
+
+def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *o, dimension_numbers=None):
+  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 3 (version 4 for a format with f16
+  scales or offsets ``o``), its dims in ``composite_attributes`` (``stablehlo.dot_general``'s
+  names) with the weight's format, decomposition :func:`reference.matmul_q` (or
+  :func:`reference.matmul_q_offset`). The platforms' rules use it for the formats
+  their kernels do not take (:attr:`hxmlir.formats.Format.native_cpu`)."""
   dims = matmul_q_dims(ctx.avals_in[0], dimension_numbers)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=reference.matmul_q_for(dims),
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
+                         reference=reference.matmul_q_for(dims, bool(o)),
                          attributes=matmul_q_attributes(ctx, dims))
 
 
@@ -93,14 +104,16 @@ def lower_quantize(ctx: mlir.LoweringRuleContext, x, *, fmt="int8", group_size=N
   equation's format, group size and method."""
   f = formats.lookup(fmt)
   attrs = {"qmax": int(f.qmax), "method": method, **schema.format_attributes(f, group_size)}
+  # (a format with an offset: three results, hx.quantize v3)
   return lower_composite(ctx, "hx.quantize", x,
                          reference=reference.quantize_for(fmt, group_size, method),
                          attributes=attrs)
 
 
-def lower_dequantize(ctx: mlir.LoweringRuleContext, q, s):
-  """``hx_dequantize_p`` -> ``hx.dequantize`` version 2 with its operands' format."""
-  return lower_composite(ctx, "hx.dequantize", q, s, reference=reference.dequantize,
+def lower_dequantize(ctx: mlir.LoweringRuleContext, q, s, *o):
+  """``hx_dequantize_p`` -> ``hx.dequantize`` version 2 with its operands' format (version 3
+  for a format with f16 scales or offsets ``o``)."""
+  return lower_composite(ctx, "hx.dequantize", q, s, *o, reference=reference.dequantize,
                          attributes=format_attributes(*ctx.avals_in))
 
 

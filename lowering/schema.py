@@ -22,6 +22,15 @@ scale per row, else ``g``) and ``layout`` (the storage layout, ``"plain"`` or
 with the operand types (``hx-verify`` checks both). Older versions (``hx.quantize``
 v1, ``hx.dequantize`` v1, ``hx.matmul_q`` v1 and v2) have no format attributes and
 mean int8 values with per-row scales only.
+
+Formats with f16 scales or an offset (issue 26; ``x = q·s + o`` per row or group):
+``hx.quantize`` v3, ``hx.dequantize`` v3 and ``hx.matmul_q`` v4 add ``scale_dtype``
+(``"f32"``, ``"f16"``) and ``offset`` (bool) to the format attributes
+(:data:`OFFSET_FORMAT_ATTRIBUTES`); with ``offset = true`` the offsets (the scales'
+type) follow the scales: one more result of ``hx.quantize`` (``method = "minmax"``),
+one more operand of ``hx.dequantize`` and ``hx.matmul_q``. Each op is emitted at the
+oldest version that holds its format (:meth:`OpSchema.version_for`): the formats of
+before keep their versions and IR, those of issue 26 take the new one.
 """
 
 from __future__ import annotations
@@ -52,7 +61,8 @@ class TensorType:
 
 
 _DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8",
-                "float8_e4m3fn": "f8E4M3FN"}  # numpy -> MLIR spelling
+                "float8_e4m3fn": "f8E4M3FN", "float16": "f16",
+                "bfloat16": "bf16"}  # numpy -> MLIR spelling
 
 
 # Sharding of one value: for each dimension, the tuple of mesh axis names it is
@@ -90,6 +100,12 @@ class OpSchema:
   check_types: Callable[..., list[str]] = lambda ops, res, attrs=None: []
   check_shardings: Callable[..., list[str]] = lambda ops, res, attrs=None: []
   check_operands: Callable[..., list[str]] = lambda ops, attrs=None: []
+  # which count a format's offset adds one to, from the version that has the
+  # ``offset`` attribute on: "operands" or "results"
+  offset_adds: str | None = None
+  # the version still emitted for the formats of before issue 26 (f32 scales, no
+  # offset: FORMAT_ATTRIBUTES), whose IR stays as it was
+  legacy_version: int | None = None
   # The op's quantized value, if any: (what diagnostics call it -- "result", "operand",
   # "weight" --, index of its stored values, index of its scales), among the results
   # for "result", else among the operands.
@@ -99,6 +115,22 @@ class OpSchema:
   def versions(self) -> tuple[int, ...]:
     """Every version this code accepts (the current one last)."""
     return (*self.accepted_versions, self.version)
+
+  def counts(self, attrs: dict | None = None) -> tuple[int, int]:
+    """``(operands, results)`` of an op with decoded ``composite_attributes`` ``attrs``: one
+    more operand (or result) when they say ``offset = true``."""
+    extra = int(bool((attrs or {}).get("offset")) and self.offset_adds is not None)
+    return (self.num_operands + extra * (self.offset_adds == "operands"),
+            self.num_results + extra * (self.offset_adds == "results"))
+
+  def version_for(self, attrs: dict | None) -> int:
+    """What an emitter that names no version emits for ``composite_attributes`` ``attrs``:
+    ``legacy_version`` when they are its keys (a format of before issue 26, whose IR
+    stays as it was), else the current version (module docstring)."""
+    if self.legacy_version is not None and \
+       set(attrs or {}) == set(self.attributes_of(self.legacy_version)):
+      return self.legacy_version
+    return self.version
 
   def attributes_of(self, version: int | None = None) -> dict[str, type]:
     """The ``composite_attributes`` keys and Python types of ``version`` (default: current)."""
@@ -117,9 +149,10 @@ def _rank_at_least(t: TensorType, r: int) -> bool:
 
 # --- type invariants ---------------------------------------------------------
 
-def quantized_format(q: TensorType, s: TensorType):
-  """``(format, group, dense shape)`` of stored values ``q`` and scales ``s``
-  (:mod:`hxmlir.formats`), or a string saying what is wrong."""
+def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
+  """``(format, group, dense shape)`` of stored values ``q``, scales ``s`` and offsets
+  ``o`` (``None``: a format without) (:mod:`hxmlir.formats`), or a string saying what is
+  wrong."""
   f = formats.of_storage(q.dtype)
   if f is None or not _rank_at_least(q, 1):
     return (f"quantized values must be i8[..., n], got {q} (or ui8[..., n/2] int4 pairs, "
@@ -129,42 +162,57 @@ def quantized_format(q: TensorType, s: TensorType):
   if isinstance(group, str):
     return (f"scale shape must be the value shape without its last axis: values {q}, "
             f"scale {s} (per group of g: with n // g last; dense shape {list(dense)})")
-  problem = formats.check(f, dense, group)
+  full = formats.of_components(q.dtype, s.dtype, o is not None)
+  if full is None or (o is not None and (o.shape, o.dtype) != (s.shape, s.dtype)):
+    offsets = "" if o is None else f", offsets {o}"
+    return (f"values {q}, scale {s}{offsets}: no quantization format has these components "
+            "(f32 scales, or f16 for int8_f16, int4_f16, uint4_f16; uint4 values need "
+            "offsets of the scales' type)")
+  problem = formats.check(full, dense, group)
   if problem:
     return f"values {q}, scale {s}: {problem}"
-  return f, group, dense
+  return full, group, dense
 
 
 FORMAT_ATTRIBUTES = {"dtype": str, "group_size": int, "layout": str}
 """The ``composite_attributes`` that say a quantized operand's or result's format."""
 
+OFFSET_FORMAT_ATTRIBUTES = {**FORMAT_ATTRIBUTES, "scale_dtype": str, "offset": bool}
+"""The format attributes of the versions of issue 26: also the scales' (and offsets')
+dtype, ``"f32"`` or ``"f16"``, and whether offsets follow the scales."""
+
 
 def format_attributes(fmt, group: int | None) -> dict[str, object]:
   """``{"dtype", "group_size", "layout"}`` of format ``fmt`` (a :class:`hxmlir.formats.Format`
-  or its name) with ``group`` (``None``: per row, written ``0``)."""
+  or its name) with ``group`` (``None``: per row, written ``0``); for a format with f16
+  scales or an offset, also ``scale_dtype`` and ``offset`` (:data:`OFFSET_FORMAT_ATTRIBUTES`)."""
   f = formats.lookup(fmt)
-  return {"dtype": f.name, "group_size": group or 0, "layout": f.layout}
+  out = {"dtype": f.name, "group_size": group or 0, "layout": f.layout}
+  if not f.legacy:
+    out.update(scale_dtype=f.scale_mlir, offset=f.offset)
+  return out
 
 
-def format_attributes_of(q: TensorType, s: TensorType) -> dict[str, object]:
-  """:func:`format_attributes` of stored values ``q`` with scales ``s`` (types that
-  :func:`quantized_format` accepts)."""
-  f, group, _ = quantized_format(q, s)
+def format_attributes_of(q: TensorType, s: TensorType,
+                         o: TensorType | None = None) -> dict[str, object]:
+  """:func:`format_attributes` of stored values ``q`` with scales ``s`` and offsets ``o``
+  (types that :func:`quantized_format` accepts)."""
+  f, group, _ = quantized_format(q, s, o)
   return format_attributes(f, group)
 
 
-def _quantized_pair(q: TensorType, s: TensorType, what: str, attrs=None) -> list[str]:
+def _quantized_pair(q: TensorType, s: TensorType, what: str, attrs=None,
+                    o: TensorType | None = None) -> list[str]:
   errs = []
-  got = quantized_format(q, s)
+  if s.dtype != "f32" and not (attrs and "scale_dtype" in attrs and s.dtype == "f16"):
+    # (the versions before issue 26 hold f32 scales only)
+    return [f"{what}: scale must be f32, got {s}"]
+  got = quantized_format(q, s, o)
   if isinstance(got, str):
-    errs.append(f"{what}: {got}")
-  if s.dtype != "f32":
-    errs.append(f"{what}: scale must be f32, got {s}")
-  if errs:
-    return errs
+    return [f"{what}: {got}"]
   have = format_attributes(got[0], got[1])
   if attrs and "dtype" in attrs:
-    said = {k: attrs.get(k) for k in FORMAT_ATTRIBUTES}
+    said = {k: attrs[k] for k in OFFSET_FORMAT_ATTRIBUTES if k in attrs}
     if said != have:
       errs.append(f"{what}: composite_attributes say {_fmt_attrs(said)} but the types "
                   f"{q}, {s} are {_fmt_attrs(have)}")
@@ -175,7 +223,7 @@ def _quantized_pair(q: TensorType, s: TensorType, what: str, attrs=None) -> list
 
 
 def _fmt_attrs(a: dict) -> str:
-  return ", ".join(f"{k} = {a[k]!r}" for k in FORMAT_ATTRIBUTES)
+  return ", ".join(f"{k} = {a[k]!r}" for k in OFFSET_FORMAT_ATTRIBUTES if k in a)
 
 
 def dense_shape(q: TensorType) -> tuple[int, ...]:
@@ -189,19 +237,19 @@ def _grouped(q: TensorType, s: TensorType) -> bool:
 
 
 def _check_quantize(ops, res, attrs=None):
-  (x,), (q, s) = ops, res
+  (x,), (q, s, *o) = ops, res
   errs = []
   if x.dtype != "f32" or not _rank_at_least(x, 1):
     errs.append(f"operand must be f32[..., n], got {x}")
-  errs += _quantized_pair(q, s, "result", attrs)
+  errs += _quantized_pair(q, s, "result", attrs, *o)
   if dense_shape(q) != x.shape:
     errs.append(f"result values {q} must have the operand's shape {x}")
   return errs
 
 
 def _check_dequantize(ops, res, attrs=None):
-  (q, s), (y,) = ops, res
-  errs = _quantized_pair(q, s, "operand", attrs)
+  (q, s, *o), (y,) = ops, res
+  errs = _quantized_pair(q, s, "operand", attrs, *o)
   if y.dtype != "f32" or y.shape != dense_shape(q):
     errs.append(f"result must be f32 of the values' dense shape {dense_shape(q)}, got {y}")
   return errs
@@ -235,8 +283,8 @@ def matmul_q_dims(attrs, x_rank: int) -> DotDims:
 
 
 def _matmul_q_operands(ops, attrs=None) -> list[str]:
-  x, q, s = ops
-  errs = _quantized_pair(q, s, "weight", attrs)
+  x, q, s, *o = ops
+  errs = _quantized_pair(q, s, "weight", attrs, *o)
   if x.dtype != "f32":
     errs.append(f"expects a dense f32 operand, got {_fmt(ops)}")
   if errs:
@@ -249,7 +297,7 @@ def _matmul_q_operands(ops, attrs=None) -> list[str]:
 
 
 def _check_matmul_q(ops, res, attrs=None):
-  (x, q, _), (y,) = ops, res
+  (x, q, *_), (y,) = ops, res
   errs = _matmul_q_operands(ops, attrs)
   if errs:
     return errs
@@ -289,10 +337,14 @@ def _check_matmul_r1(ops, res, attrs=None):
 
 # --- sharding invariants -----------------------------------------------------
 
-def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str) -> list[str]:
-  if q is None or s is None:
-    return []
+def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str,
+                       o: DimSharding | None = None) -> list[str]:
   errs = []
+  if o is not None and s is not None and tuple(o) != tuple(s):
+    errs.append(f"{what}: offset sharding {fmt_sharding(o)} must be the scale's "
+                f"{fmt_sharding(s)}")
+  if q is None or s is None:
+    return errs
   if len(s) == len(q):  # group scales: the group axis is sharded like the last axis
     if tuple(q) != tuple(s):
       errs.append(f"{what}: group scale sharding {fmt_sharding(s)} must be the values' "
@@ -308,8 +360,8 @@ def _same(a: DimSharding | None, b: DimSharding | None) -> bool:
 
 
 def _shard_quantize(ops, res, attrs=None):
-  (x,), (q, s) = ops, res
-  errs = _scale_like_values(q, s, "result")
+  (x,), (q, s, *o) = ops, res
+  errs = _scale_like_values(q, s, "result", *o)
   if not _same(x, q):
     errs.append(f"result values sharding {fmt_sharding(q)} must equal the operand's "
                 f"{fmt_sharding(x)}")
@@ -317,8 +369,8 @@ def _shard_quantize(ops, res, attrs=None):
 
 
 def _shard_dequantize(ops, res, attrs=None):
-  (q, s), (y,) = ops, res
-  errs = _scale_like_values(q, s, "operand")
+  (q, s, *o), (y,) = ops, res
+  errs = _scale_like_values(q, s, "operand", *o)
   if not _same(q, y):
     errs.append(f"result sharding {fmt_sharding(y)} must equal the values' {fmt_sharding(q)}")
   return errs
@@ -358,8 +410,8 @@ def _shard_matmul_q(ops, res, attrs=None):
   a sharded contraction at trace time (:func:`hxmlir.qarray.matmul_q_result_type`), as
   JAX's dot does.
   """
-  (x, q, s), (y,) = ops, res
-  errs = _scale_like_values(q, s, "weight")
+  (x, q, s, *o), (y,) = ops, res
+  errs = _scale_like_values(q, s, "weight", *o)
   # x's rank: version 1 has equal ranks; a v2 op with x's sharding unknown checks q only
   rank = len(x) if x is not None else len(q) if q is not None and not attrs else None
   if rank is None:
@@ -405,24 +457,31 @@ QMAX = 127
 ``qmax`` attribute."""
 
 SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
-    OpSchema("hx.quantize", 2, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
+    OpSchema("hx.quantize", 3, 1, 2, "(f32[*l, n]) -> (i8[*l, n], f32[*l])",
              primitive="hx_quantize",
-             attributes={"qmax": int, "method": str, **FORMAT_ATTRIBUTES},
-             accepted_versions=(1,), old_attributes={1: {"qmax": int}},
+             attributes={"qmax": int, "method": str, **OFFSET_FORMAT_ATTRIBUTES},
+             accepted_versions=(1, 2),
+             old_attributes={1: {"qmax": int},
+                             2: {"qmax": int, "method": str, **FORMAT_ATTRIBUTES}},
+             offset_adds="results", legacy_version=2,
              quantized_pair=("result", 0, 1),
              check_types=_check_quantize, check_shardings=_shard_quantize),
-    OpSchema("hx.dequantize", 2, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
-             primitive="hx_dequantize", attributes=dict(FORMAT_ATTRIBUTES),
-             accepted_versions=(1,), old_attributes={1: {}}, quantized_pair=("operand", 0, 1),
+    OpSchema("hx.dequantize", 3, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
+             primitive="hx_dequantize", attributes=dict(OFFSET_FORMAT_ATTRIBUTES),
+             accepted_versions=(1, 2), old_attributes={1: {}, 2: dict(FORMAT_ATTRIBUTES)},
+             offset_adds="operands", legacy_version=2, quantized_pair=("operand", 0, 1),
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
-    OpSchema("hx.matmul_q", 3, 3, 1,
+    OpSchema("hx.matmul_q", 4, 3, 1,
              "(f32[...], i8[..., n], f32[...]) -> f32[...]: dot_general(x, q * s[..., None]) "
              "with the composite's dimension numbers (version 1: f32[*b, m, k], i8[*b, k, n], "
              "f32[*b, k] -> f32[*b, m, n])",
              primitive="hx_matmul_q",
-             attributes={**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple), **FORMAT_ATTRIBUTES},
-             accepted_versions=(1, 2),
-             old_attributes={1: {}, 2: dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple)},
+             attributes={**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple), **OFFSET_FORMAT_ATTRIBUTES},
+             accepted_versions=(1, 2, 3),
+             old_attributes={1: {}, 2: dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
+                             3: {**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
+                                 **FORMAT_ATTRIBUTES}},
+             offset_adds="operands", legacy_version=3,
              check_types=_check_matmul_q,
              check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands,
              quantized_pair=("weight", 1, 2)),

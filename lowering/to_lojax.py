@@ -31,13 +31,12 @@ from hxmlir.tuples import GetTupElt, HiTup, MakeTup
 
 @register_to_lojax(Quantize)
 def _quantize(prim, x):
-  q, s = hx_quantize_p.bind(x, **prim.params)
-  return QArray(q, s)
+  return QArray(*hx_quantize_p.bind(x, **prim.params))  # (q, s) or (q, s, offset)
 
 
 @register_to_lojax(Dequantize)
 def _dequantize(prim, qx):
-  return hx_dequantize_p.bind(qx.qvalue, qx.scale)
+  return hx_dequantize_p.bind(*qx.components)
 
 
 @register_to_lojax(MatmulQ)
@@ -45,7 +44,7 @@ def _matmul_q(prim, x, qw):
   # a bf16/f16 x (hxmlir.qarray.DENSE_DTYPES) is converted to f32, exactly, before the
   # composite: hx.matmul_q's contract is f32 x, so every kernel takes it as it is
   x = jax.lax.convert_element_type(x, F32)
-  return hx_matmul_q_p.bind(x, qw.qvalue, qw.scale, **prim.params)
+  return hx_matmul_q_p.bind(x, *qw.components, **prim.params)
 
 
 @register_to_lojax(Outer)
@@ -75,7 +74,7 @@ def _get_tuple_element(prim, tup):
 
 
 @register_to_lojax(MakeQArray)
-def _make_qarray_rule(prim, qvalue, scale):
+def _make_qarray_rule(prim, qvalue, scale, *offset):
   # no lo primitive and no composite (as for tuples): the components are the value.
   # Inside shard_map a component invariant over an axis the other varies over is
   # made varying, so both match the result type's manual-axis type.
@@ -84,13 +83,12 @@ def _make_qarray_rule(prim, qvalue, scale):
     missing = tuple(a for a in aval.sharding.mesh.axis_names
                     if a in varying and a not in aval.mat.varying)
     return jax.lax.pcast(x, missing, to="varying") if missing else x
-  q_aval, s_aval = prim.in_avals
-  return QArray(vary(qvalue, q_aval), vary(scale, s_aval))
+  return QArray(*(vary(c, a) for c, a in zip((qvalue, scale, *offset), prim.in_avals)))
 
 
 @register_to_lojax(QArrayParts)
 def _qarray_parts_rule(prim, q):
-  return (q.qvalue, q.scale)
+  return q.components
 
 
 @register_to_lojax(BroadcastHi)

@@ -107,7 +107,7 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> list[core.JaxprEqn] 
   if pet is not None and np.dtype(pet) != _F32:
     return None
   x = dot.invars[0]
-  q, s = deq.invars
+  q, s, *o = deq.invars  # o: the offsets of a format with one (u4o, q8o)
   dims = _matmul_q_dims(params["dimension_numbers"], x.aval.ndim, q.aval.ndim)
   if dims is None:
     return None
@@ -118,9 +118,9 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> list[core.JaxprEqn] 
                                   {"new_dtype": _F32, "weak_type": False, "sharding": None},
                                   core.no_effects, dot.source_info, dot.ctx)]
     x = xf
-  if _result_type(x.aval, q.aval, s.aval, dims) != dot.outvars[0].aval:
+  if _result_type(x.aval, q.aval, s.aval, *(v.aval for v in o), dims) != dot.outvars[0].aval:
     return None
-  return [*convert, dot.replace(invars=[x, q, s], primitive=hx_matmul_q_p,
+  return [*convert, dot.replace(invars=[x, q, s, *o], primitive=hx_matmul_q_p,
                                 params={"dimension_numbers": dims})]
 
 
@@ -161,13 +161,14 @@ def _breaks_contract(operands, result, dims) -> bool:
   a symbolic dimension (composites need static shapes), shardings the schema refuses."""
   spec = schema.SCHEMAS["hx.matmul_q"]
   types = [_schema_type(a) for a in (*operands, result)]
-  if None in types or isinstance(schema.quantized_format(*types[1:3]), str):
+  n = len(operands)  # x, q, s and, for a format with an offset, o
+  if None in types or isinstance(schema.quantized_format(*types[1:n]), str):
     return True
-  attrs = schema.matmul_q_attributes(dims, schema.format_attributes_of(*types[1:3]))
-  if spec.check_types(types[:3], types[3:], attrs):
+  attrs = schema.matmul_q_attributes(dims, schema.format_attributes_of(*types[1:n]))
+  if spec.check_types(types[:n], types[n:], attrs):
     return True
   shardings = [_dim_sharding(a) for a in (*operands, result)]
-  return bool(spec.check_shardings(shardings[:3], shardings[3:], attrs))
+  return bool(spec.check_shardings(shardings[:n], shardings[n:], attrs))
 
 
 def _schema_type(aval) -> schema.TensorType | None:

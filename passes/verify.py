@@ -133,9 +133,10 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   errs += attr_errs
   attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
   operands, results = list(op.operands), list(op.results)
-  if len(operands) != spec.num_operands or len(results) != spec.num_results:
-    errs.append(f"{spec.signature} takes {spec.num_operands} operand(s) and "
-                f"{spec.num_results} result(s), got {len(operands)} and {len(results)}")
+  n_ops, n_res = spec.counts(attrs)  # a format's offset is one more operand or result
+  if len(operands) != n_ops or len(results) != n_res:
+    errs.append(f"{spec.signature} takes {n_ops} operand(s) and "
+                f"{n_res} result(s), got {len(operands)} and {len(results)}")
     return errs
   in_t = [ops.tensor_type(v.type) for v in operands]
   out_t = [ops.tensor_type(v.type) for v in results]
@@ -149,7 +150,7 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   errs += _check_decomposition(op, funcs, plain_cache)
   if not bad and not attr_errs:
     errs += _check_shardings(op, spec, attrs)
-    errs += _check_whole_groups(op, spec)
+    errs += _check_whole_groups(op, spec, attrs)
   return errs
 
 
@@ -245,7 +246,7 @@ def _check_shardings(op: ir.Operation, spec: schema.OpSchema, attrs: dict) -> li
   return spec.check_shardings(op_sh, res_sh, attrs)
 
 
-def _check_whole_groups(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
+def _check_whole_groups(op: ir.Operation, spec: schema.OpSchema, attrs=None) -> list[str]:
   """A sharded quantized (last) axis must split into whole groups and stored values.
 
   The rule of :func:`hxmlir.formats.split_problem`, the types' own (README, "Sharding
@@ -259,7 +260,8 @@ def _check_whole_groups(op: ir.Operation, spec: schema.OpSchema) -> list[str]:
   what, iq, i_s = pair
   vals = list(op.results if what == "result" else op.operands)
   q_t, s_t = (ops.tensor_type(vals[i].type) for i in (iq, i_s))
-  fmt = schema.quantized_format(q_t, s_t)
+  o_t = ops.tensor_type(vals[i_s + 1].type) if (attrs or {}).get("offset") else None
+  fmt = schema.quantized_format(q_t, s_t, o_t)
   if isinstance(fmt, str):  # reported by the type check
     return []
   f, group, dense = fmt

@@ -73,15 +73,15 @@ def test_weak_type_is_kept():
 
 def test_unknown_type_name_is_refused():
   with pytest.raises(td.DescriptorError, match=r"unknown type name 'q2'; this hxmlir knows "
-                     r"array, f8, q4, q8, r1, tup"):
+                     r"array, f8, q4, q8, q8o, r1, tup, u4o"):
     td.parse('{"type":"q2","v":1,"shape":[3,4]}')
 
 
 def test_newer_schema_version_is_refused():
   d = td.to_json(jax.typeof(hx.quantize(jnp.ones((3, 4), "float32"))))
-  d["v"] = 3
-  with pytest.raises(td.DescriptorError, match=r"type 'q8' has schema version 3, newer than "
-                     r"the 2 this hxmlir reads; upgrade hxmlir"):
+  d["v"] = 4
+  with pytest.raises(td.DescriptorError, match=r"type 'q8' has schema version 4, newer than "
+                     r"the 3 this hxmlir reads; upgrade hxmlir"):
     td.from_json(d)
 
 

@@ -98,7 +98,7 @@ def test_json_arguments():
 @pytest.mark.parametrize("text, message", [
     ("f32[8,x]", "column 7: expected a dimension size (an integer), got 'x'"),
     ("x32[4]", "column 1: expected a type (a dtype such as f32[8,512], q8[...], q4[...], "
-               "f8[...], r1[...] or Tup{...}); 'x32' is not a dtype"),
+               "f8[...], u4o[...], q8o[...], r1[...] or Tup{...}); 'x32' is not a dtype"),
     ("f32[4", "column 6: expected ',' or ']' after a dimension, got the end of the text"),
     ("f32(4)", "column 4: expected '[' after f32, got '('"),
     ("f32[4]]", "column 7: expected the end of the text, got ']'"),

@@ -76,6 +76,12 @@ def _x(shape, seed):
   return jnp.asarray(v)
 
 
+def _f16_scales(q):
+  """``q`` with its scales (and offsets) rounded to f16: GGUF's legacy blocks' form."""
+  v, *rest = hx.qarray_parts(q)
+  return hx.make_qarray(v, *(c.astype(jnp.float16) for c in rest))
+
+
 CASES: dict[str, Case] = {
     "quantize_v1": Case(hx.quantize, lambda: (_x((3, 4), 1),), (("hx.quantize", 1),)),
     "dequantize_v1": Case(hx.dequantize, lambda: (hx.quantize(_x((3, 4), 2)),),
@@ -109,6 +115,30 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((5, 8), 28), jnp.int4, group_size=4),
                  hx.quantize(_x((8, 6), 29), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 3),)),
+    # issue 26's formats: hx.quantize v3, hx.dequantize v3, hx.matmul_q v4 add scale_dtype
+    # and offset (the offsets one more result or operand): u4o (uint4 pairs with an
+    # offset), f16 scales (GGUF's Q8_0, Q4_0, Q4_1), q8o (int8 with an offset)
+    "quantize_v3": Case(
+        lambda x: (hx.quantize(x, jnp.uint4, group_size=4, method="minmax"),
+                   hx.quantize(x, jnp.uint4, method="minmax")),
+        lambda: (_x((3, 8), 41),), (("hx.quantize", 3),)),
+    "dequantize_v3": Case(
+        lambda a, b, c: (hx.dequantize(a), hx.dequantize(b), hx.dequantize(c)),
+        lambda: (_f16_scales(hx.quantize(_x((3, 8), 42), jnp.uint4, group_size=4,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((3, 8), 43), jnp.int4, group_size=4)),
+                 hx.make_qarray(np.arange(24, dtype=np.int8).reshape(3, 8) % 32,
+                                _x((3, 2), 44), _x((3, 2), 45))),
+        (("hx.dequantize", 3),)),
+    "matmul_q_v4": Case(
+        lambda x, xo, a, b, c: (hx.matmul_q(x, a), hx.einsum("bsk,nk->bsn", xo, b),
+                                hx.einsum("bsk,nk->bsn", xo, c)),
+        lambda: (_x((2, 3, 8), 46), _x((2, 3, 8), 47),
+                 hx.quantize(_x((8, 6), 48), jnp.uint4, group_size=2, method="minmax"),
+                 _f16_scales(hx.quantize(_x((5, 8), 49), jnp.uint4, group_size=4,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((5, 8), 50), jnp.int8, group_size=4))),
+        (("hx.matmul_q", 4),)),
     "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
