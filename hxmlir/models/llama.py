@@ -357,6 +357,56 @@ def sample(logits: np.ndarray, temperature: float, top_k: int | None,
   return int(order[rng.choice(p.size, p=p)])
 
 
-def tokenizer_from_metadata(meta: dict[str, Any]):
-  """Placeholder until the tokenizer exists (returns ``None``)."""
-  return None
+class Tokenizer:
+  """A GGUF file's GPT-2-style byte-level BPE tokenizer (``tokenizer.ggml.model ==
+  "gpt2"``), built with the ``tokenizers`` library from ``tokenizer.ggml.tokens`` and
+  ``tokenizer.ggml.merges``: digits split one by one, then GPT-2's pre-tokenizer regex
+  (llama.cpp's ``smollm`` pre-tokenizer); control tokens (``token_type`` 3, such as
+  ``<|im_start|>``) are matched as special tokens in the text, as llama.cpp's
+  ``tokenize(..., special=True)``. ``encode(text) -> list[int]`` adds no BOS;
+  ``decode(ids) -> str`` keeps the special tokens' text."""
+
+  def __init__(self, meta: dict[str, Any]):
+    try:
+      from tokenizers import AddedToken, decoders, models, pre_tokenizers
+      from tokenizers import Tokenizer as _Tok
+    except ImportError:
+      raise ModelNotInstalledError("the GGUF tokenizer needs tokenizers: pip install "
+                                   "tokenizers (or pip install 'hxmlir[llama]')") from None
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+    if kind != "gpt2" or pre not in PRE_TOKENIZERS:
+      raise UnsupportedModelError(
+          f"tokenizer {kind!r} with pre-tokenizer {pre!r} is not supported (supported: "
+          f"'gpt2' with {', '.join(map(repr, PRE_TOKENIZERS))})")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = _Tok(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    self._tok = tok
+    self.eos = meta.get("tokenizer.ggml.eos_token_id")
+    self.bos = meta.get("tokenizer.ggml.bos_token_id")
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text`` (no BOS added), llama.cpp's for the same text."""
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """The text of token ids ``ids`` (special tokens written out)."""
+    return self._tok.decode(list(map(int, ids)), skip_special_tokens=False)
+
+
+PRE_TOKENIZERS = ("smollm",)
+"""llama.cpp pre-tokenizer names :class:`Tokenizer` reproduces (digits one by one, then
+GPT-2's regex)."""
+
+
+def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer | None:
+  """The :class:`Tokenizer` of a GGUF file's metadata, or ``None`` when it has none."""
+  return Tokenizer(meta) if "tokenizer.ggml.tokens" in meta else None

@@ -230,3 +230,25 @@ def test_take_rows_gathers_quantized_rows():
     np.testing.assert_array_equal(np.asarray(got), want)  # the same products, exactly
   with pytest.raises(TypeError, match=r"hx.take_rows\(f32\[10,64\], i32\[2\]\)"):
     hx.take_rows(jnp.asarray(x), jnp.asarray([1, 2]))
+
+
+@needs_model
+def test_tokenizer_matches_llama_cpp(model):
+  cases = _cases()
+  assert len(cases) == 12
+  for c in cases:
+    assert model.tokenizer.encode(c["text"]) == c["ids"], c["text"]
+    assert model.tokenizer.decode(c["ids"]) == c["text"]
+
+
+@needs_model
+def test_generate_takes_text(model):
+  prompt = "The capital of France is"
+  ids = model.tokenizer.encode(prompt)
+  assert list(model.generate(prompt, 4)) == list(model.generate(ids, 4))
+
+
+def test_unsupported_tokenizer_is_an_error():
+  with pytest.raises(llama.UnsupportedModelError,
+                     match=r"tokenizer 'llama' with pre-tokenizer None is not supported"):
+    llama.Tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
