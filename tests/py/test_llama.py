@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -252,3 +253,31 @@ def test_unsupported_tokenizer_is_an_error():
   with pytest.raises(llama.UnsupportedModelError,
                      match=r"tokenizer 'llama' with pre-tokenizer None is not supported"):
     llama.Tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+
+
+@needs_model
+def test_cli_generate_chat_streams_the_models_tokens(model, capsys):
+  pytest.importorskip("jinja2")
+  from hxmlir import cli, generate_cli
+  prompt = generate_cli.chat_prompt(model.metadata, "What is the capital of France?")
+  assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                    "trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the "
+                    "capital of France?<|im_end|>\n<|im_start|>assistant\n")
+  want = model.tokenizer.decode(list(model.generate(prompt, 8)))
+  assert cli.main(["generate", "--gguf", PATH, "--prompt", "What is the capital of France?",
+                   "--chat", "--max-tokens", "8", "--max-context", "128"]) == 0
+  out, err = capsys.readouterr()
+  assert out == want + "\n"
+  assert "Paris" in out
+  assert re.fullmatch(r"prompt tokens 37, generated \d+; prefill [\d.]+ tok/s, decode "
+                      r"([\d.]+|-) tok/s \(first calls include compilation\); weight bytes "
+                      r"96,576,768, KV cache bytes 5,898,240\n", err), err
+
+
+def test_cli_generate_other_architecture_is_one_line(tmp_path, capsys):
+  from hxmlir import cli
+  path = _write_arch(tmp_path / "q.gguf", "qwen2")
+  assert cli.main(["generate", "--gguf", str(path), "--prompt", "hi"]) == 1
+  err = capsys.readouterr().err
+  assert err == (f"hxmlir generate: error: UnsupportedModelError: {path}: GGUF architecture "
+                 "'qwen2' is not supported by hxmlir.models.llama (supported: llama)\n")
