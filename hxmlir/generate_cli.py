@@ -87,6 +87,7 @@ def run(args, out=None, err=None) -> int:
       shown = now
   t_end = time.perf_counter()
   out.write(m.tokenizer.decode(got)[len(shown):] + "\n")
+  out.flush()  # the text's end before the stats line on stderr
   prefill = (t_first or t_end) - t0
   decode_n = max(len(got) - 1, 0)
   decode_s = t_end - (t_first or t_end)
