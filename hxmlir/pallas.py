@@ -25,8 +25,10 @@ share, described per type by
   whole packed bytes (:func:`check_whole_groups`, :func:`check_index`): its
   component blocks and indices are the dense ones divided by the divisor.
 
-Every format and group size is an operand and a result (``q8``, ``q4`` int4
-pairs, ``f8``; per row or per group).
+Every format of :data:`hxmlir.formats.FORMATS` and group size is an operand and a
+result (``q8``, ``q4`` int4 pairs, ``f8``, f16 scales; per row or per group); a
+format with an offset (``u4o``, ``q8o``) has a third component blocked exactly
+like the scale.
 
 The kernel-side form. Inside ``pl.pallas_call`` each hi operand and result
 travels as its *kernel form* (:func:`kernel_form`): the same components, each

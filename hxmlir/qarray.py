@@ -347,12 +347,15 @@ class QArrayTy(DenseValuedType, HiType):
   def _pallas_layout(self, rank: int | None = None) -> dict:
     # values have every dense axis (pack values per stored entry along the last); the
     # scale every axis but the quantized one (per row: that axis is structural) or all of
-    # them, one entry per group; a BlockSpec has the array's rank (a block type lacks
-    # its squeezed axes)
+    # them, one entry per group; the offset (u4o, q8o) as the scale; a BlockSpec has the
+    # array's rank (a block type lacks its squeezed axes)
     r = len(self.shape) if rank is None else rank
     grouped = self.group is not None
-    return dict(components=(tuple(range(r)), tuple(range(r if grouped else r - 1))),
-                divisors=(self.format.pack, self.group or 1),
+    scale_axes = tuple(range(r if grouped else r - 1))
+    # a format with an offset (u4o, q8o): the offsets are blocked exactly like the scale
+    extra = 1 if self.format.offset else 0
+    return dict(components=(tuple(range(r)),) + (scale_axes,) * (1 + extra),
+                divisors=(self.format.pack,) + (self.group or 1,) * (1 + extra),
                 structural=() if grouped else (r - 1,), group=self.group,
                 pack=self.format.pack)
 

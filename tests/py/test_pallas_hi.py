@@ -701,3 +701,108 @@ def test_r1_operand_lowers_for_tpu_from_cpu():
   text = f.trace(r1).lower(lowering_platforms=("tpu",)).as_text()
   assert "stablehlo.custom_call @tpu_custom_call" in text
   assert "(tensor<16x1xf32>, tensor<1x256xf32>) -> tensor<16x256xf32>" in text
+
+
+# --- every format of hxmlir.formats (offsets, f16 scales) in users' kernels ---------
+
+EPS = float(np.finfo(np.float32).eps)
+ALL_FORMATS = [(name, g) for name in __import__("hxmlir.formats").formats.FORMATS
+               for g in (None, 32)]
+ALL_FORMAT_IDS = [f"{n}-g{g}" for n, g in ALL_FORMATS]
+
+
+def _any_format(rng, shape, name, group):
+  """A QArray of format ``name`` from normal data (f16 formats: the f32 format's
+  components with f16 scales and offsets), its components, its dense value
+  ``values * scale + offset`` in numpy float64 and the bound of an f32 evaluation's
+  error (a rounding of the product and one of the sum, or one fused: ``eps`` each
+  relative to the value rounded), and the f32 data."""
+  from hxmlir import formats
+  f = formats.FORMATS[name]
+  base = formats.FORMATS[name.removesuffix("_f16")]
+  x = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+  method = "minmax" if f.offset else "absmax"
+  n_scales = (*shape[:-1], shape[-1] // group) if group else shape[:-1]
+  if formats.check_method(base, method) is None:
+    parts = hx.qarray_parts(hx.quantize(x, base.name, group_size=group, method=method))
+  else:  # q8o holds checkpoints' 5-bit values (hx.quantize does not make it)
+    parts = (jnp.asarray(rng.integers(0, 32, shape).astype(np.int8)),
+             jnp.asarray(rng.uniform(0.01, 0.1, n_scales).astype(np.float32)),
+             jnp.asarray(rng.standard_normal(n_scales).astype(np.float32)))
+  parts = [parts[0]] + [p.astype(f.scale_dtype) for p in parts[1:]]
+  w = hx.make_qarray(*parts)
+  v = np.asarray(formats.values_f32(parts[0], f), np.float64)
+  g = group or shape[-1]
+
+  def per_element(c):
+    return np.repeat(np.asarray(c, np.float64).reshape(*shape[:-1], -1), g, axis=-1)
+
+  product = v * per_element(parts[1])
+  dense = product + (per_element(parts[2]) if f.offset else 0.0)
+  bound = EPS * (np.abs(product) + np.abs(dense))
+  return w, parts, dense, bound, x
+
+
+@pytest.mark.parametrize("name, group", ALL_FORMATS, ids=ALL_FORMAT_IDS)
+def test_all_formats_dequantize_in_a_kernel_exactly(name, group):
+  # the offset is blocked like the scale: a lost or misplaced offset is off by the offsets
+  from numerics import assert_within
+  w, _, dense, bound, _ = _any_format(np.random.default_rng(90), (16, 256), name, group)
+
+  def kernel(q_ref, o_ref):
+    o_ref[...] = hx.dequantize(q_ref[...])
+
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32), [spec], spec, (2, 2))(w)
+  assert_within(out, dense, bound)
+
+
+@pytest.mark.parametrize("name, group", ALL_FORMATS, ids=ALL_FORMAT_IDS)
+def test_all_formats_in_a_matmul_kernel(name, group):
+  from numerics import assert_matmul_close
+  rng = np.random.default_rng(91)
+  w, _, dense, _, _ = _any_format(rng, (64, 256), name, group)
+  x = rng.standard_normal((16, 64)).astype(np.float32)
+
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+
+  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+              [pl.BlockSpec((8, 64), lambda i, j: (i, 0)),
+               pl.BlockSpec((64, 128), lambda i, j: (0, j))],
+              pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), w)
+  assert_matmul_close(np.asarray(out), x, dense, extra=3)
+
+
+def _bits(a):
+  a = np.asarray(a)
+  return a.view(np.uint8) if a.dtype.itemsize == 1 else a.view(f"u{a.dtype.itemsize}")
+
+
+@pytest.mark.parametrize("name, group", ALL_FORMATS, ids=ALL_FORMAT_IDS)
+def test_all_formats_as_results_copied_and_quantized_in_the_kernel(name, group):
+  from hxmlir import formats
+  f = formats.FORMATS[name]
+  w, parts, _, _, x = _any_format(np.random.default_rng(92), (16, 256), name, group)
+  block = (8, 256) if group is None else (8, 128)
+  spec = pl.BlockSpec(block, lambda i, j: (i, j))
+
+  def copy(q_ref, o_ref):
+    o_ref[...] = q_ref[...]
+
+  got = _call(copy, jax.typeof(w), [spec], spec, (2, 256 // block[1]))(w)
+  assert jax.typeof(got) == jax.typeof(w)
+  assert len(hx.qarray_parts(got)) == len(parts)
+  for g, want in zip(hx.qarray_parts(got), parts):
+    np.testing.assert_array_equal(_bits(g), _bits(want))
+  method = "minmax" if f.offset else "absmax"
+  if formats.check_method(f, method) is not None:
+    return  # f16 scales and q8o come from checkpoints: hx.quantize does not make them
+
+  def quantize(x_ref, q_ref):
+    q_ref[...] = hx.quantize(x_ref[...], name, group_size=group, method=method)
+
+  got = _call(quantize, jax.typeof(w), [spec], spec, (2, 256 // block[1]))(x)
+  assert jax.typeof(got) == jax.typeof(w)
+  for g, want in zip(hx.qarray_parts(got), parts):
+    np.testing.assert_array_equal(_bits(g), _bits(want))
