@@ -372,14 +372,24 @@ def values_f32(q, fmt: Format | None = None):
 def decode(q, s, o=None):
   """The dense ``f32`` value of components ``q`` (stored values), ``s`` (scales, f32 or
   f16, per row or group) and ``o`` (offsets like ``s``, or ``None``):
-  ``values * s + o`` per row or group, scales and offsets widened to f32 first. The
+  ``values * s + o`` per row or group, scales and offsets widened to f32 first (finite
+  where ``values * s`` alone overflows but the sum does not). The
   format is :func:`of_components`' (a dtype no format has raises ``TypeError``)."""
   f = of_components(q.dtype, s.dtype, o is not None)
   if f is None:
     raise TypeError(f"no quantization format has values {q.dtype}, scales {s.dtype}"
                     f"{' and offsets' if o is not None else ''}")
-  y = apply_scale(values_f32(q, f), s.astype(jnp.float32))
-  return y if o is None else apply_offset(y, o.astype(jnp.float32))
+  v, s = values_f32(q, f), s.astype(jnp.float32)
+  y = apply_scale(v, s)
+  if o is None:
+    return y
+  o = o.astype(jnp.float32)
+  out = apply_offset(y, o)
+  # a range near f32's limits (scale up to 2 * max / qmax): values * scale may overflow
+  # where values * scale + offset does not; there the halved sum, doubled (exact scalings)
+  wide = apply_offset(apply_scale(v, s * 0.5), o * 0.5) * 2
+  return jnp.where(jnp.isinf(out) & jnp.isfinite(apply_offset(apply_scale(v * 0, s), o)),
+                   wide, out)
 
 
 def apply_offset(y, o):

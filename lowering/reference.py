@@ -90,7 +90,8 @@ def quantize_minmax(x, f, group_size: int | None = None):
   ``quantize_row_q4_1_ref`` takes the block's min and max as here); qwix's and AWQ's
   zero points are ``-offset / scale``. A constant row or group gets ``scale = 0``, zero
   values and ``offset`` the constant, so it dequantizes exactly; a row or group holding
-  NaN or +-inf gets NaN scale and offset and zero values, so it dequantizes to NaN. The
+  NaN or +-inf gets NaN scale and offset and zero values, so it dequantizes to NaN; a
+  finite range wider than f32 holds (``-3e38 .. 3e38``) keeps a finite scale. The
   range is not widened to hold 0: a group of positive values keeps its whole 16 levels.
   """
   xg = formats.split_groups(x, group_size)
@@ -101,9 +102,12 @@ def quantize_minmax(x, f, group_size: int | None = None):
                            combine, (xg.ndim - 1,))
   lo = jnp.where(bad | (lo > hi), jnp.where(bad, jnp.nan, 0.0), lo)  # lo > hi: n = 0
   hi = jnp.where(bad, jnp.nan, jnp.maximum(hi, lo))
-  scale = (hi - lo) * np.float32(1.0 / f.qmax)
+  # a range wider than f32's (-3e38 .. 3e38) overflows hi - lo and x - lo: such a group
+  # computes both halved (exact for normal f32), the same roundings on the same values
+  c = jnp.where(jnp.isinf(hi - lo) & ~bad, np.float32(0.5), np.float32(1.0))
+  scale = (hi * c - lo * c) * np.float32(1.0 / f.qmax) / c
   divisor = jnp.where(scale > 0, scale, 1.0)
-  v = jnp.round((xg - lo[..., None]) / divisor[..., None])
+  v = jnp.round((xg * c[..., None] - (lo * c)[..., None]) / (divisor * c)[..., None])
   q = jnp.where(jnp.isfinite(scale)[..., None], jnp.clip(v, 0, f.qmax), 0.0)
   return formats.store(q.astype(jnp.int8).reshape(x.shape), f), scale, lo
 

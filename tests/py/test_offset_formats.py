@@ -132,6 +132,57 @@ def test_minmax_constant_zero_and_nonfinite_groups():
   assert np.isnan(d[2]).all()  # a non-finite row is NaN, never finite garbage
 
 
+F32_OFFSET_FORMATS = [f for f in formats.FORMATS.values()
+                      if f.offset and f.scale_dtype == np.float32]  # f16 scales cannot overflow
+M32 = float(np.finfo(np.float32).max)
+
+
+def _extreme(n):
+  """Finite rows whose range (max - min) overflows f32: ``[-3e38.., 3e38..]``, f32's
+  largest magnitudes, one side of it, and a wide row holding small values."""
+  w = np.zeros((4, n), np.float32)
+  w[0, : n // 2], w[0, n // 2:] = -3e38, 3e38
+  w[1, ::2], w[1, 1::2] = -M32, M32
+  w[2] = np.linspace(-M32, 0.9 * M32, n, dtype=np.float32)
+  w[3] = RS.randn(n).astype(np.float32)
+  w[3, 0], w[3, -1] = -2e38, 2e38
+  return w
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("group", [None, 32])
+@pytest.mark.parametrize("fmt", F32_OFFSET_FORMATS, ids=lambda f: f.name)
+def test_ranges_wider_than_f32_stay_finite(fmt, group, jit):
+  # minmax's scale (max - min) / qmax and values (x - min) / scale overflowed to inf -> NaN;
+  # values * scale can overflow where values * scale + offset does not
+  w = _extreme(64)
+  wrap = jax.jit if jit else (lambda f: f)
+  if formats.check_method(fmt, "minmax") is None:
+    q = wrap(lambda w: hx.quantize(w, fmt.name, group_size=group, method="minmax"))(w)
+    _, s, o = (np.asarray(c, np.float64) for c in hx.qarray_parts(q))
+    assert np.isfinite(s).all() and np.isfinite(o).all()
+    d = np.asarray(wrap(hx.dequantize)(q), np.float64)
+    assert np.isfinite(d).all()
+    g = group or 64
+    step = np.repeat(s.reshape(4, -1), g, -1)
+    # half a step, plus the roundings of the scale (times up to qmax), of q * s and of the sum
+    bound = step / 2 + 2 * EPS * (fmt.qmax * step + np.abs(np.repeat(o.reshape(4, -1), g, -1))
+                                  + np.abs(d))
+    assert_within(d, w, bound)
+  # components at the edge (any offset format with f32 scales, q8o's 5-bit values included)
+  hi = fmt.value_range[1] if fmt.pack == 2 else 31
+  n_s = (4, 64 // group) if group else (4,)
+  s = np.full(n_s, 2 * 3e38 / hi, np.float32)
+  o = np.full(n_s, -3e38, np.float32)
+  v = np.tile(np.arange(64) % (hi + 1), (4, 1))
+  stored = formats.store(jnp.asarray(v, jnp.int8), fmt)
+  q = hx.make_qarray(stored, jnp.asarray(s), jnp.asarray(o))
+  want = _dense64(q)
+  assert np.isfinite(want).all()
+  d = wrap(hx.dequantize)(q)
+  assert_within(d, want, 2 * EPS * _mags64(q))
+
+
 @pytest.mark.parametrize("f16", [False, True])
 def test_dequantize_is_q_times_s_plus_o(f16):
   _, q = _u4o((5, 64), 32, f16)
