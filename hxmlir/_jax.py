@@ -1087,6 +1087,16 @@ def _wrap_bcast_select_n(jax_rule, select_n):
   return _bcast_select_n
 
 
+def _wrap_lax_asarray(jax_asarray):
+  # cond/switch forward an operand that every branch returns unchanged around cond_p
+  # and convert it with lax.asarray (conditionals.py); a hi value is already a JAX value
+  def asarray(x):
+    return x if _hi_typeof(x) is not None else jax_asarray(x)
+  _functools.update_wrapper(asarray, jax_asarray)
+  asarray._hx_wraps = jax_asarray
+  return asarray
+
+
 def _stop_gradient_to_lojax(x):
   ty = core.typeof(x)
   return ty.raise_val(*(_ad_util.stop_gradient_p.bind(lo) for lo in ty.lower_val(x)))
@@ -1101,7 +1111,9 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   :func:`internal_batch_dst`, and in the rules'
   outputs), and the array helpers they call learn hi values: ``moveaxis`` to axis 1
   is ``swap_leading_axes(x)``, ``broadcast`` is ``broadcast_unmapped(x, size)``, the
-  batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; and
+  batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; a hi operand that
+  every branch of a ``cond``/``switch`` returns unchanged (forwarded around ``cond_p``,
+  then ``lax.asarray``'d) passes ``lax.asarray`` as it is; and
   ``lax.stop_gradient`` takes hi values (componentwise). A hi output of ``vmap`` itself
   still needs its spec in ``out_axes`` (``0`` is refused, naming the spec). hxmlir.control_flow passes
   its hi primitives for the three callables.
@@ -1115,6 +1127,7 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
              lambda f: _wrap_control_flow_batcher(f, swap_leading_axes))
   _replace(_conditionals, "_bcast_select", lambda f: _wrap_bcast_select(f, select_n))
   _replace(_conditionals, "_bcast_select_n", lambda f: _wrap_bcast_select_n(f, select_n))
+  _replace(_conditionals.lax, "asarray", _wrap_lax_asarray)
   _make_high(_ad_util.stop_gradient_p, _stop_gradient_to_lojax)
 
 

@@ -238,3 +238,54 @@ def test_while_loop_batched_predicate_tup_r1_carry():
                            (0, hx.make_tup(x, hx.outer(x[0], x[1]))))[1]
     return hx.get_tuple_element(t, 0), hx.factors(hx.get_tuple_element(t, 1))
   _check_against_loop(f, (X, jnp.array([0, 2, 1])), (0, 0))
+
+
+# --- branches that return a hi operand unchanged ----------------------------------------
+# cond/switch forward an operand every branch returns as it is around cond_p and
+# lax.asarray it: a hi value raised "asarray: expected ArrayLike, got QArray(...)"
+
+def _parts(v):
+  return [np.asarray(c) for c in hx.qarray_parts(v)]
+
+
+IDENTITY_FORMS = {
+    "cond": lambda p, q: jax.lax.cond(p, lambda a: a, lambda a: a, q),
+    "cond-one-identity": lambda p, q: jax.lax.cond(p, lambda a: a, _minus, q),
+    "cond-closure": lambda p, q: jax.lax.cond(p, lambda: q, lambda: q),
+    "switch": lambda p, q: jax.lax.switch(p.astype(jnp.int32), [lambda a: a] * 2, q),
+    "switch-int": lambda p, q: jax.lax.switch(0, [lambda a: a] * 2, q),
+}
+
+
+def _minus(q):
+  """``q`` with its values negated (any format: -v of q8, 15 - v of u4o's nibbles), a fresh value."""
+  v, *rest = hx.qarray_parts(q)
+  return hx.make_qarray(~v if v.dtype == jnp.uint8 else -v, *rest)
+
+
+def _offset_q(x):
+  return hx.quantize(x, jnp.uint4, method="minmax")
+
+
+@pytest.mark.parametrize("quantize", [hx.quantize, _offset_q], ids=["q8", "u4o"])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("form", list(IDENTITY_FORMS))
+def test_branches_returning_the_hi_operand(form, jit, quantize):
+  q = quantize(X[0])
+  f = IDENTITY_FORMS[form]
+  for p in (True, False):
+    got = (jax.jit(f) if jit else f)(jnp.array(p), q)
+    # the one non-identity branch (cond-one-identity, false) negates the values
+    want = _minus(q) if form == "cond-one-identity" and not p else q
+    assert jax.typeof(got) == jax.typeof(want)
+    for g, w in zip(_parts(got), _parts(want)):
+      np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("form", list(IDENTITY_FORMS))
+def test_vmap_of_branches_returning_the_hi_operand(form):
+  f = IDENTITY_FORMS[form]
+  # a batched predicate with the q8 batched and unbatched, and an unbatched predicate
+  _check_against_loop(lambda p, q: hx.dequantize(f(p, q)), (PRED, QX), (0, QS))
+  _check_against_loop(lambda p, q: hx.dequantize(f(p, q)), (PRED, hx.quantize(X[0])), (0, None))
+  _check_against_loop(lambda q: f(jnp.array(True), q), (QX,), (QS,), out_axes=QS, axis_size=B)
