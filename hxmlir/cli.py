@@ -511,7 +511,8 @@ def _cmd_inspect(args) -> int:
   import json
 
   from hxmlir import gguf
-  if gguf.is_gguf(args.artifact):  # a GGUF checkpoint: its tensors and their hx types
+  if gguf.is_gguf(args.artifact) or os.fspath(args.artifact).endswith(".gguf"):
+    # a GGUF checkpoint (by its magic or its name: a bad one is a GGUF error): its tensors
     info = gguf.inspect(args.artifact)
     sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else gguf.format_inspect(info))
     return 0

@@ -101,15 +101,46 @@ class Checkpoint:
 
 
 def _reader(path):
+  """``(gguf, GGUFReader)`` for ``path``; :class:`GGUFError` naming the file for a file
+  without the GGUF magic, a truncated or malformed header, and a data section shorter
+  than a tensor needs (naming the tensor, the bytes it needs and those available)."""
   try:
     import gguf
   except ImportError:
     raise ImportError("hxmlir.gguf needs the gguf package: pip install 'hxmlir[gguf]' "
                       "(or pip install gguf)") from None
+  p = os.fspath(path)
   try:
-    return gguf, gguf.GGUFReader(os.fspath(path), "r")
-  except (ValueError, OSError, IndexError) as e:  # bad magic, truncated, missing
-    raise GGUFError(f"{os.fspath(path)}: not a readable GGUF file: {e}") from None
+    with open(p, "rb") as f:
+      head = f.read(len(MAGIC))
+  except OSError as e:
+    raise GGUFError(f"{p}: not a readable GGUF file: {e}") from None
+  if head != MAGIC:
+    raise GGUFError(f"{p}: not a GGUF file: it starts with {head!r}, not the GGUF magic "
+                    f"{MAGIC!r}")
+
+  class Reader(gguf.GGUFReader):
+    def _build_tensors(self, start_offs, fields):  # the header is read: check the data
+      size = len(self.data)
+      for fld in fields:
+        _, name, _, dims, raw_dtype, offset = fld.parts
+        kind = gguf.GGMLQuantizationType(raw_dtype[0])
+        block, type_size = gguf.GGML_QUANT_SIZES[kind]
+        need = int(np.prod(dims, dtype=np.int64)) * type_size // block
+        start = int(start_offs + offset[0])
+        if start + need > size:
+          raise GGUFError(f"{p}: not a readable GGUF file: truncated data section: tensor "
+                          f"{bytes(name).decode(errors='replace')!r} ({kind.name}) needs "
+                          f"{need} bytes at offset {start}, {max(size - start, 0)} available")
+      super()._build_tensors(start_offs, fields)
+
+  try:
+    return gguf, Reader(p, "r")
+  except GGUFError:
+    raise
+  except (ValueError, OSError, IndexError, KeyError) as e:  # in the header
+    raise GGUFError(f"{p}: not a readable GGUF file: truncated or malformed header "
+                    f"({type(e).__name__}: {e})") from None
 
 
 def metadata(reader) -> dict[str, Any]:
@@ -361,8 +392,10 @@ def format_inspect(info: dict) -> str:
                      for i, (c, w) in enumerate(zip(r, widths))).rstrip()
   unsupported = sum(t["hx_bytes"] is None for t in info["tensors"])
   arch = info["metadata"].get("general.architecture", "?")
-  out = [f"{info['path']}: GGUF, architecture {arch}, {len(rows)} tensors", line(head),
+  def count(n, what):
+    return f"{n} {what}" + ("" if n == 1 else "s")
+  out = [f"{info['path']}: GGUF, architecture {arch}, {count(len(rows), 'tensor')}", line(head),
          *map(line, rows),
          f"total: {info['file_bytes']:,} file bytes, {info['hx_bytes']:,} hx bytes"
-         + (f" ({unsupported} unsupported tensors not counted)" if unsupported else "")]
+         + (f" ({count(unsupported, 'unsupported tensor')} not counted)" if unsupported else "")]
   return "\n".join(out) + "\n"

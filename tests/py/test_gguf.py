@@ -157,7 +157,8 @@ def test_unsupported_type_is_a_clear_error_or_f32_when_asked(tmp_path):
 def test_not_a_gguf_file(tmp_path):
   bad = tmp_path / "bad.gguf"
   bad.write_bytes(b"not a gguf file at all")
-  with pytest.raises(hg.GGUFError, match=r"bad.gguf: not a readable GGUF file"):
+  with pytest.raises(hg.GGUFError, match=r"bad.gguf: not a GGUF file: it starts with b.not ., "
+                     r"not the GGUF magic b.GGUF.$"):
     hg.load(bad)
 
 
@@ -242,7 +243,7 @@ def test_inspect_lists_types_and_bytes(tmp_path, capsys):
   assert rows["Q8_0"] == ["Q8_0", "Q8_0", "q8[8,256:g32,f16]", "2,176", "2,176"]
   assert rows["F32"] == ["F32", "F32", "f32[8,256]", "8,192", "8,192"]
   assert rows["Q2_K"] == ["Q2_K", "Q2_K", "unsupported", "672", "-"]
-  assert out[-1] == ("total: 12,320 file bytes, 11,648 hx bytes (1 unsupported tensors not "
+  assert out[-1] == ("total: 12,320 file bytes, 11,648 hx bytes (1 unsupported tensor not "
                      "counted)")
   assert cli.main(["inspect", os.fspath(path), "--json"]) == 0
   info = json.loads(capsys.readouterr().out)
@@ -288,3 +289,28 @@ def test_integer_and_f64_tensors_load_exactly_and_gguf_errors_name_the_tensor(tm
                        r"hxmlir cannot hold exactly and gguf.quants cannot dequantize "
                        r"\(NotImplementedError: no\)"):
       hg.load(path, dequantize_unsupported=True)
+
+
+def test_bad_files_are_errors_naming_the_file_and_what_is_wrong(tmp_path, capsys):
+  from hxmlir import cli
+  bad = tmp_path / "badmagic.gguf"
+  bad.write_bytes(b"GGUX" + bytes(60))
+  assert cli.main(["inspect", os.fspath(bad)]) == 1
+  err = capsys.readouterr().err
+  assert f"{bad}: not a GGUF file: it starts with b'GGUX', not the GGUF magic b'GGUF'" in err, err
+  assert "hxmlir artifact" not in err
+  data = _write(tmp_path / "t.gguf", ["F32"], shape=(8, 96)).read_bytes()
+  cut = tmp_path / "cut.gguf"
+  cut.write_bytes(data[:-100])  # the tensor's 3072 bytes are the file's last ones
+  for f in (hg.load, hg.inspect):
+    with pytest.raises(hg.GGUFError, match=rf"cut.gguf: not a readable GGUF file: truncated "
+                       rf"data section: tensor 'F32' \(F32\) needs 3072 bytes at offset "
+                       rf"{len(data) - 3072}, 2972 available$"):
+      f(cut)
+  cut.write_bytes(data[:30])
+  with pytest.raises(hg.GGUFError, match=r"cut.gguf: not a readable GGUF file: truncated or "
+                     r"malformed header"):
+    hg.load(cut)
+  assert cli.main(["inspect", os.fspath(tmp_path / "t.gguf")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].endswith(": GGUF, architecture llama, 1 tensor"), out[0]
