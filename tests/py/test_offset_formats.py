@@ -381,3 +381,15 @@ def test_refusals_name_the_offset_component():
   with pytest.raises(TypeError, match=r"hx\.qarray_parts\(q\) for its values and scales "
                      r"\(and offsets: u4o, q8o\)"):
     q + 1
+
+
+def test_weight_bytes_count_the_offsets():
+  # models._nn.weight_bytes counted qvalue and scale only: a u4o's offsets were left out
+  from hxmlir.models import _nn
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32))
+  for q in (hx.quantize(w, jnp.uint4, group_size=32, method="minmax"), hx.quantize(w)):
+    b = _nn.weight_bytes({"w": q})
+    assert b["values"] == q.qvalue.nbytes
+    assert b["scales"] == sum(np.asarray(c).nbytes for c in hx.qarray_parts(q)[1:])
+  assert _nn.weight_bytes({"w": hx.quantize(w, jnp.uint4, group_size=32,
+                                            method="minmax")})["scales"] == 2 * 8 * 2 * 4
