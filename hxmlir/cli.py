@@ -28,7 +28,7 @@ the string), bound before tracing.
 
 ``run`` loads an artifact (``hxmlir.export.deserialize``) and calls it on the
 arrays of an ``.npz`` file, keyed as :mod:`hxmlir.npzio` documents (``a0``,
-``a1.qvalue`` and ``a1.scale`` for a ``q8``, ``a2['w']`` for a dict entry,
+``a1.qvalue`` and ``a1.scale`` for a ``q8`` (and ``a1.offset`` for ``u4o``, ``q8o``), ``a2['w']`` for a dict entry,
 ``a0.1`` for a ``Tup`` element), each with exactly the shape and dtype the
 artifact expects (no casts); results are written the same way (``a0``, or
 ``a<i>`` for element ``i`` of returned tuples; ``Tup`` and ``r1`` results as
@@ -161,7 +161,8 @@ def make_parser() -> argparse.ArgumentParser:
   r = sub.add_parser("run", help="load an artifact and run it on arrays from an .npz file")
   r.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's serialize()")
   r.add_argument("--inputs", metavar="NPZ", required=True,
-                 help="arguments keyed a0, a1, ... (a q8 as a<i>.qvalue and a<i>.scale, a dict "
+                 help="arguments keyed a0, a1, ... (a q8 as a<i>.qvalue and a<i>.scale, and "
+                 "a<i>.offset for u4o/q8o, a dict "
                  "entry as a<i>['key']; `hxmlir inspect` lists them)")
   r.add_argument("--output", metavar="NPZ",
                  help="write the results here, keyed the same way (.npz is appended if missing)")
@@ -510,7 +511,8 @@ def _cmd_inspect(args) -> int:
   import json
 
   from hxmlir import gguf
-  if gguf.is_gguf(args.artifact):  # a GGUF checkpoint: its tensors and their hx types
+  if gguf.is_gguf(args.artifact) or os.fspath(args.artifact).endswith(".gguf"):
+    # a GGUF checkpoint (by its magic or its name: a bad one is a GGUF error): its tensors
     info = gguf.inspect(args.artifact)
     sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else gguf.format_inspect(info))
     return 0

@@ -196,7 +196,7 @@ class _Demo:
     qs = [w for w in jax.tree.leaves(m.qparams) if _nn.is_quantized(w)]
     n = len(qs)
     lim = formats.lookup(fmt.dtype).qmax
-    qmax = max((float(np.abs(np.asarray(formats.values_f32(w.qvalue))).max()) for w in qs),
+    qmax = max((float(np.abs(np.asarray(formats.values_f32(w.qvalue, jax.typeof(w).format))).max()) for w in qs),
                default=0.0)
     types = sorted({str(jax.typeof(w)) for w in qs})
     if n == 0 or qmax > lim:

@@ -9,7 +9,7 @@ arguments pays for it on every call: all-MiniLM-L6-v2's 36 ``q8`` weights and
 step is ~20 ms), the 24 of the built-in model about 0.9 ms (a step is ~5 ms).
 
 :func:`jit` passes each concrete hi value as its lo components instead (a
-``q8`` as its values and scales, an ``r1`` as its factors, a ``Tup`` as its
+``q8`` as its values and scales, and offsets for a format with one, an ``r1`` as its factors, a ``Tup`` as its
 elements) to a ``jax.jit`` of a function that rebuilds it (``hx.make_qarray``,
 ``hx.outer``, ``hx.make_tup``), calls the user's function, takes hi results
 apart, and is traced with its hi equations lowered to lo ones at once
@@ -69,7 +69,7 @@ def _lower(v, parts_of: dict, key) -> Any:
   return _Lo(kind, parts)
 
 
-_CONCRETE_PARTS = {QArray: (QArray, lambda v: (v.qvalue, v.scale)),
+_CONCRETE_PARTS = {QArray: (QArray, lambda v: v.components),  # all of them (an offset too)
                    Rank1: (Rank1, lambda v: (v.col, v.row)),
                    HiTup: (HiTup, lambda v: v.elts)}
 """Before the call: a concrete value's stored components, by the value's class."""

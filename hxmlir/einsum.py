@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from opt_einsum.parser import parse_einsum_input
 
+from hxmlir import formats
 from hxmlir import shardings as shd
 from hxmlir.qarray import F32, MatmulQ, QArrayTy, dense_dtype
 
@@ -56,7 +57,7 @@ def einsum(subscripts: str, x, q) -> jax.Array:
   sig = f"hx.einsum({subscripts!r}): {shd.short(x_aval)}, {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy) or isinstance(x_aval, QArrayTy):
     raise TypeError(f"{sig}: expects one dense (f32, bf16 or f16) operand and one quantized "
-                    "operand (q8, q4 or f8)")
+                    f"operand ({formats.prefixes()})")
   if dense_dtype(x_aval) not in (None, F32):
     # bf16/f16 activations: in f32 from here on (exact), as jnp.einsum promotes them
     # against the f32 weight; the sums of x alone below run in f32 too

@@ -167,6 +167,13 @@ FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
 
+def prefixes() -> str:
+  """The formats' printed names for messages, from :data:`FORMATS`: ``"q8, q4, f8, u4o
+  or q8o"`` (each once; f16 scales are an option of the same name)."""
+  names = list(dict.fromkeys(f.prefix for f in FORMATS.values()))
+  return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 METHODS = ("absmax", "mse", "minmax")
 """``hx.quantize``'s scale methods (see :func:`hxmlir.lowering.reference.quantize`):
 ``"minmax"`` for formats with an offset, the others for the symmetric ones."""

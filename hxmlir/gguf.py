@@ -12,6 +12,8 @@ GGUF      hx value                            how
 F32       ``f32[...]``                        as stored
 F16       ``f16[...]``                        as stored
 BF16      ``bf16[...]``                       as stored
+F64, I8   ``f64[...]``, ``i8[...]``, ...       as stored (I16, I32, I64 too); 64-bit ones stay
+                                              NumPy arrays unless ``jax_enable_x64``
 Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
 Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
 Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
@@ -66,7 +68,11 @@ from hxmlir import formats
 BLOCK = 32
 """Elements per block of GGUF's legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)."""
 
-SUPPORTED = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+DENSE = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
+         "I16": np.int16, "I32": np.int32, "I64": np.int64}
+"""The GGUF types held as NumPy arrays of their own dtype (BF16 too, as ml_dtypes')."""
+
+SUPPORTED = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
              "Q6_K")
 """The GGUF tensor types :func:`load` holds exactly."""
 
@@ -95,15 +101,46 @@ class Checkpoint:
 
 
 def _reader(path):
+  """``(gguf, GGUFReader)`` for ``path``; :class:`GGUFError` naming the file for a file
+  without the GGUF magic, a truncated or malformed header, and a data section shorter
+  than a tensor needs (naming the tensor, the bytes it needs and those available)."""
   try:
     import gguf
   except ImportError:
     raise ImportError("hxmlir.gguf needs the gguf package: pip install 'hxmlir[gguf]' "
                       "(or pip install gguf)") from None
+  p = os.fspath(path)
   try:
-    return gguf, gguf.GGUFReader(os.fspath(path), "r")
-  except (ValueError, OSError, IndexError) as e:  # bad magic, truncated, missing
-    raise GGUFError(f"{os.fspath(path)}: not a readable GGUF file: {e}") from None
+    with open(p, "rb") as f:
+      head = f.read(len(MAGIC))
+  except OSError as e:
+    raise GGUFError(f"{p}: not a readable GGUF file: {e}") from None
+  if head != MAGIC:
+    raise GGUFError(f"{p}: not a GGUF file: it starts with {head!r}, not the GGUF magic "
+                    f"{MAGIC!r}")
+
+  class Reader(gguf.GGUFReader):
+    def _build_tensors(self, start_offs, fields):  # the header is read: check the data
+      size = len(self.data)
+      for fld in fields:
+        _, name, _, dims, raw_dtype, offset = fld.parts
+        kind = gguf.GGMLQuantizationType(raw_dtype[0])
+        block, type_size = gguf.GGML_QUANT_SIZES[kind]
+        need = int(np.prod(dims, dtype=np.int64)) * type_size // block
+        start = int(start_offs + offset[0])
+        if start + need > size:
+          raise GGUFError(f"{p}: not a readable GGUF file: truncated data section: tensor "
+                          f"{bytes(name).decode(errors='replace')!r} ({kind.name}) needs "
+                          f"{need} bytes at offset {start}, {max(size - start, 0)} available")
+      super()._build_tensors(start_offs, fields)
+
+  try:
+    return gguf, Reader(p, "r")
+  except GGUFError:
+    raise
+  except (ValueError, OSError, IndexError, KeyError) as e:  # in the header
+    raise GGUFError(f"{p}: not a readable GGUF file: truncated or malformed header "
+                    f"({type(e).__name__}: {e})") from None
 
 
 def metadata(reader) -> dict[str, Any]:
@@ -136,8 +173,13 @@ def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
     if kind in SUPPORTED:
       parts = tensor_parts(t.data, kind, shape, where=f"{out.path}: tensor {t.name!r}")
     elif dequantize_unsupported:
-      parts = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
-                         np.float32).reshape(shape)
+      try:
+        parts = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                           np.float32).reshape(shape)
+      except Exception as e:  # gguf.quants: NotImplementedError for types it cannot read
+        raise GGUFError(f"{out.path}: tensor {t.name!r} has GGUF type {kind}, which hxmlir "
+                        f"cannot hold exactly and gguf.quants cannot dequantize "
+                        f"({type(e).__name__}: {e})") from None
     else:
       raise GGUFError(f"{out.path}: tensor {t.name!r} has GGUF type {kind}, which hxmlir "
                       f"cannot hold exactly; supported: {', '.join(SUPPORTED)} (load(..., "
@@ -147,10 +189,14 @@ def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
 
 
 def _place(jax, parts):
-  """``parts`` (an array, or ``(values, scale[, offset])``) on the default device, once."""
+  """``parts`` (an array, or ``(values, scale[, offset])``) on the default device, once;
+  a 64-bit array (I64, F64) stays a NumPy array unless ``jax_enable_x64`` is on (JAX
+  would narrow it to 32 bits)."""
   from hxmlir.qarray import QArray
   if isinstance(parts, tuple):
     return QArray(*(jax.device_put(p) for p in parts))
+  if parts.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+    return parts
   return jax.device_put(parts)
 
 
@@ -158,9 +204,10 @@ def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
   """The hx type a tensor of GGUF type ``kind`` and NumPy ``shape`` loads as
   (``u4o[576,1536:g32,f16]``), or ``"unsupported"``."""
   dims = ",".join(map(str, shape))
-  dense = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-  if kind in dense:
-    return f"{dense[kind]}[{dims}]"
+  if kind == "BF16":
+    return f"bf16[{dims}]"
+  if kind in DENSE:
+    return f"{kind.lower()}[{dims}]"
   fmt = _FORMATS.get(kind)
   return formats.type_name(formats.FORMATS[fmt], dims, _GROUPS.get(kind, BLOCK)) if fmt \
       else "unsupported"
@@ -177,11 +224,11 @@ _GROUPS = {"Q6_K": 16}  # elements per group of the loaded value (else BLOCK)
 def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str = "tensor"):
   """The NumPy components of one GGUF tensor: its bytes ``data`` (what ``GGUFReader`` maps:
   ``uint8[rows, row bytes]`` for block types), GGUF type name ``kind`` and NumPy ``shape``
-  -> an array (F32/F16/BF16) or ``(values, f16 scale[, f16 offset])`` of the format in
+  -> an array (:data:`DENSE` types, BF16) or ``(values, f16 scale[, f16 offset])`` of the format in
   :data:`_FORMATS` with groups of 32 along the last axis. ``where`` names the tensor in
   errors (:class:`GGUFError`)."""
-  if kind in ("F32", "F16"):
-    return np.asarray(data).reshape(shape)
+  if kind in DENSE:
+    return np.asarray(data).view(DENSE[kind]).reshape(shape)
   if kind == "BF16":
     import ml_dtypes
     return np.asarray(data).view(np.uint16).view(ml_dtypes.bfloat16).reshape(shape)
@@ -301,9 +348,10 @@ def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
   """Device bytes of a tensor of GGUF type ``kind`` and NumPy ``shape`` once loaded
   (values, scales and offsets), or ``None`` for an unsupported type."""
   count = int(np.prod(shape, dtype=np.int64))
-  dense = {"F32": 4, "F16": 2, "BF16": 2}
-  if kind in dense:
-    return count * dense[kind]
+  if kind == "BF16":
+    return count * 2
+  if kind in DENSE:
+    return count * np.dtype(DENSE[kind]).itemsize
   if kind not in _FORMATS:
     return None
   f = formats.FORMATS[_FORMATS[kind]]
@@ -344,8 +392,10 @@ def format_inspect(info: dict) -> str:
                      for i, (c, w) in enumerate(zip(r, widths))).rstrip()
   unsupported = sum(t["hx_bytes"] is None for t in info["tensors"])
   arch = info["metadata"].get("general.architecture", "?")
-  out = [f"{info['path']}: GGUF, architecture {arch}, {len(rows)} tensors", line(head),
+  def count(n, what):
+    return f"{n} {what}" + ("" if n == 1 else "s")
+  out = [f"{info['path']}: GGUF, architecture {arch}, {count(len(rows), 'tensor')}", line(head),
          *map(line, rows),
          f"total: {info['file_bytes']:,} file bytes, {info['hx_bytes']:,} hx bytes"
-         + (f" ({unsupported} unsupported tensors not counted)" if unsupported else "")]
+         + (f" ({count(unsupported, 'unsupported tensor')} not counted)" if unsupported else "")]
   return "\n".join(out) + "\n"

@@ -11,7 +11,7 @@ results to one; ``hxmlir export --inputs-out`` and the demo write them. An
   then ``['key']`` for a dict entry and ``[j]`` for a tuple or list element,
   as ``jax.tree_util.keystr`` writes paths; and
 - the component, for hi values: ``.qvalue`` (``i8``) and ``.scale`` (``f32``)
-  of a ``q8``, ``.col`` and ``.row`` of an ``r1``, and ``.<j>`` for element
+  of a ``q8`` (and ``.offset`` for a format with an offset, ``u4o``, ``q8o``), ``.col`` and ``.row`` of an ``r1``, and ``.<j>`` for element
   ``j`` of a ``Tup`` (recursively: ``a0.1.scale``).
 
 So ``f(x, {"w": q8[4,3], "b": f32[3]})`` reads ``a0``, ``a1['b']``,
@@ -42,19 +42,29 @@ from hxmlir.tuples import TupTy
 COMPONENTS: dict[type, tuple[str, ...]] = {QArrayTy: ("qvalue", "scale"),
                                            Rank1Ty: ("col", "row")}
 """Names of a hi array type's lo components, in ``lo_ty()`` order (``Tup`` elements are
-numbered)."""
+numbered); a quantized format with an offset adds ``offset`` (:func:`component_names`)."""
+
+
+def component_names(ty) -> tuple[str, ...] | None:
+  """The names of hi type ``ty``'s lo components in ``lo_ty()`` order: ``COMPONENTS``,
+  plus ``offset`` for a quantized format that has one (``u4o``); ``None`` if undefined."""
+  names = COMPONENTS.get(type(ty))
+  if names is not None and isinstance(ty, QArrayTy) and ty.format.offset:
+    names = (*names, "offset")
+  return names
 
 
 def component_keys(ty) -> list[str]:
   """The key suffixes of ``ty``'s lo components: ``[""]`` for an array,
-  ``[".qvalue", ".scale"]`` for ``q8``, ``[".0", ".1.qvalue", ...]`` for a ``Tup``.
+  ``[".qvalue", ".scale"]`` for ``q8``, ``[".qvalue", ".scale", ".offset"]`` for ``u4o``,
+  ``[".0", ".1.qvalue", ...]`` for a ``Tup``.
 
   Raises ``TypeError`` for a hi type with no documented components.
   """
   if isinstance(ty, TupTy):
     return [f".{i}{s}" for i, t in enumerate(ty.tys) for s in component_keys(t)]
   if isinstance(ty, HiType):
-    names = COMPONENTS.get(type(ty))
+    names = component_names(ty)
     if names is None:
       raise TypeError(f"no .npz keys are defined for values of type {ty}")
     return [f".{n}" for n in names]
@@ -164,9 +174,10 @@ def unflatten_values(arrays: dict[str, np.ndarray]) -> list[Any]:
   """Inverse of :func:`flatten_values`; raises ``ValueError`` on a missing or unknown key."""
   idx = {}
   for key in arrays:
-    m = re.fullmatch(r"a(\d+)(?:\.(qvalue|scale))?", key)
+    m = re.fullmatch(r"a(\d+)(?:\.(qvalue|scale|offset))?", key)
     if not m:
-      raise ValueError(f"unexpected array name {key!r}: expected a<i>, a<i>.qvalue, a<i>.scale")
+      raise ValueError(f"unexpected array name {key!r}: expected a<i>, a<i>.qvalue, a<i>.scale "
+                       "(and a<i>.offset for a format with an offset)")
     idx.setdefault(int(m.group(1)), set()).add(m.group(2))
   if sorted(idx) != list(range(len(idx))):
     raise ValueError(f"argument numbers must be 0..{len(idx) - 1}, got {sorted(idx)}")
@@ -174,8 +185,10 @@ def unflatten_values(arrays: dict[str, np.ndarray]) -> list[Any]:
   for i in range(len(idx)):
     if idx[i] == {None}:
       out.append(jnp.asarray(arrays[f"a{i}"]))
-    elif idx[i] == {"qvalue", "scale"}:
-      out.append(QArray(jnp.asarray(arrays[f"a{i}.qvalue"]), jnp.asarray(arrays[f"a{i}.scale"])))
+    elif idx[i] in ({"qvalue", "scale"}, {"qvalue", "scale", "offset"}):
+      out.append(QArray(*(jnp.asarray(arrays[f"a{i}.{n}"])
+                          for n in ("qvalue", "scale", "offset") if n in idx[i])))
     else:
-      raise ValueError(f"argument {i} needs a{i}, or both a{i}.qvalue and a{i}.scale")
+      raise ValueError(f"argument {i} needs a{i}, or a{i}.qvalue and a{i}.scale "
+                       f"(and a{i}.offset for a format with an offset)")
   return out

@@ -147,7 +147,8 @@ class QArray:
   # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
       "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
-      "(np.asarray(q.qvalue), np.asarray(q.scale)) for the stored values and f32 scales")
+      "for the stored values and scales, and the offsets of a format with an offset "
+      "(u4o, q8o): (np.asarray(q.qvalue), np.asarray(q.scale)[, np.asarray(q.offset)])")
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,8 @@ def _concrete_qarray_type_offset(qty, sty, oty) -> QArrayTy:
 register_hitype(QArray, _typeof_qarray)
 refuse_array_api(QArray, QArrayTy, "quantized array",
                  "call hx.matmul_q(x, q) or hx.einsum(spec, x, q) for a product, hx.dequantize(q) "
-                 "for the dense f32 array, hx.qarray_parts(q) for its values and scales")
+                 "for the dense f32 array, hx.qarray_parts(q) for its values and scales (and offsets: "
+                 "u4o, q8o)")
 hx_pallas.register_type(QArrayTy)
 
 
@@ -449,7 +451,7 @@ def _check_dense_f32(op: str, aval, min_rank: int) -> None:
 
 def _check_quantized(op: str, aval) -> None:
   if not isinstance(aval, QArrayTy):
-    raise TypeError(f"hx.{op} expects a quantized array (q8, q4 or f8[..., n]), got "
+    raise TypeError(f"hx.{op} expects a quantized array ({formats.prefixes()}[..., n]), got "
                     f"{shd.short(aval)}")
 
 

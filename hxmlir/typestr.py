@@ -31,6 +31,7 @@ Errors are :class:`TypeStrError`: one line naming the text, the column
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -183,7 +184,8 @@ class _Parser:
           break
         if hi is not None and self.peek()[1] == ":":
           self.i += 1
-          opts = self.seq("]", lambda: self.option(hi), "an option")
+          seen: dict = {}
+          opts = self.seq("]", functools.partial(self.option, hi, seen), "an option")
           break
         self.take(",", "',' or ']' after a dimension" + (" (or ':' and options)" if hi and
                                                           hi.options else ""))
@@ -222,19 +224,27 @@ class _Parser:
     self.i += 1
     return val
 
-  def option(self, hi: HiArrayType) -> tuple[str, int | str]:
+  def option(self, hi: HiArrayType, seen: dict) -> tuple[str, int | str]:
+    """One option of ``hi`` (``g32``; ``f16`` for a quantized type's scales); ``seen``
+    holds the options read so far (key -> text): one given twice is an error."""
     tok = self.peek()
     kind, val, _ = tok
     if val == "f16" and "g" in hi.options:  # a quantized type's f16 scales
-      self.i += 1
-      return "scale", "f16"
-    m = re.fullmatch(r"([A-Za-z]+)(\d+)", val) if kind == "name" else None
-    if not hi.options:
-      self.fail(f"']': {hi.name} takes no options", tok)
-    if m is None or m.group(1) not in hi.options:
-      self.fail(f"an option of {hi.name} ({', '.join(o + 'N' for o in hi.options)})", tok)
+      key, value = "scale", "f16"
+    else:
+      m = re.fullmatch(r"([A-Za-z]+)(\d+)", val) if kind == "name" else None
+      if not hi.options:
+        self.fail(f"']': {hi.name} takes no options", tok)
+      if m is None or m.group(1) not in hi.options:
+        valid = [o + "N" for o in hi.options] + (["f16 (f16 scales)"] if "g" in hi.options
+                                                  else [])
+        self.fail(f"an option of {hi.name} ({', '.join(valid)})", tok)
+      key, value = hi.options[m.group(1)], int(m.group(2))
+    if key in seen:
+      self.fail(f"an option not given before ({seen[key]} is already there)", tok)
+    seen[key] = val
     self.i += 1
-    return hi.options[m.group(1)], int(m.group(2))
+    return key, value
 
   def sharding(self, spec: list) -> dict:
     mesh = self.mesh
@@ -321,7 +331,10 @@ def parse_mesh(text: str) -> AbstractMesh:
   names, sizes, types = [], [], []
   for entry in (e.strip() for e in text.split(",")):
     m = re.fullmatch(r"([A-Za-z_]\w*)\s*=\s*(\d+)(?:\s*:\s*(\w+))?", entry)
-    if m is None or int(m.group(2)) < 1 or (m.group(3) or "explicit").lower() not in _AXIS_TYPES:
+    if m is not None and int(m.group(2)) < 1:
+      raise TypeStrError(f"mesh {text!r}: entry {entry!r}: axis {m.group(1)!r} has size "
+                         f"{m.group(2)}; a mesh axis's size must be positive (1 or more)")
+    if m is None or (m.group(3) or "explicit").lower() not in _AXIS_TYPES:
       raise TypeStrError(f"mesh {text!r}: entry {entry!r}: expected NAME=SIZE or "
                          f"NAME=SIZE:TYPE (TYPE one of {', '.join(_AXIS_TYPES)})")
     if m.group(1) in names:

@@ -104,7 +104,8 @@ def weight_bytes(tree: Any) -> dict[str, int]:
 
   Returns ``{"values": .., "scales": .., "f32_equivalent": .., "other_f32": ..}``:
   the bytes of the stored values (``qvalue``: int8, int4 packed two per byte, or
-  float8) and of the f32 scales of every quantized leaf, counted from its
+  float8) and of the scales (f32 or f16, and the offsets of a format with one: u4o,
+  q8o) of every quantized leaf, counted from its
   components' device buffers (so a format's packing shows), the bytes those leaves'
   dense values would take as f32, and the bytes of every other array leaf.
   """
@@ -112,7 +113,7 @@ def weight_bytes(tree: Any) -> dict[str, int]:
   for leaf in jax.tree.leaves(tree):
     if isinstance(leaf, QArray):
       out["values"] += int(leaf.qvalue.nbytes)
-      out["scales"] += int(leaf.scale.nbytes)
+      out["scales"] += sum(int(c.nbytes) for c in leaf.components[1:])  # scale[, offset]
       out["f32_equivalent"] += 4 * int(np.prod(leaf.shape))
     else:
       out["other_f32"] += int(np.asarray(leaf).nbytes)

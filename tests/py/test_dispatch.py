@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import hxmlir as hx
+from hxmlir import formats
 
 RNG = np.random.default_rng(7)
 
@@ -47,6 +48,45 @@ def test_same_results_as_jax_jit_for_every_format(dtype, group):
   got_y, got_q = hx.jit(step)(params, x, scale=0.5)
   np.testing.assert_array_equal(got_y, want_y)   # the same program: bitwise equal
   assert isinstance(got_q, hx.QArray) and _parts_equal(got_q, want_q)
+
+
+def _table_qarray(f, shape=(64, 32), group=16):
+  """A concrete ``hx.QArray`` of format ``f`` (``hxmlir.formats.FORMATS``) built from its
+  components by ``hx.make_qarray``: values over ``f.value_range``, scales (and offsets)
+  of ``f.scale_dtype``, one per group of ``group``."""
+  lo, hi = f.value_range
+  vals = RNG.integers(int(lo), int(hi) + 1, size=shape)
+  if f.integer:
+    qvalue = formats.store(jnp.asarray(vals.astype(np.int8 if lo < 0 else np.uint8)), f)
+  else:
+    qvalue = jnp.asarray((vals / 4).astype(f.value_dtype))
+  sshape = (*shape[:-1], shape[-1] // group)
+  scale = jnp.asarray(RNG.uniform(0.01, 0.1, sshape).astype(f.scale_dtype))
+  offset = jnp.asarray(RNG.uniform(-1, 1, sshape).astype(f.scale_dtype)) if f.offset else None
+  return hx.make_qarray(qvalue, scale, offset)
+
+
+@pytest.mark.parametrize("name", sorted(formats.FORMATS))
+def test_every_table_format_crosses_as_all_its_components(name):
+  # the offset (u4o, q8o) and f16 scales travel too: a u4o came back as q4 (the offset
+  # dropped) and matmul_q differed from jax.jit's by ~90
+  f = formats.FORMATS[name]
+  q = _table_qarray(f)
+  assert jax.typeof(q).format is f
+  x = _w(5, 64)
+  got_id, want_id = hx.jit(lambda w: w)(q), jax.jit(lambda w: w)(q)
+  assert jax.typeof(got_id) == jax.typeof(q) and _parts_equal(got_id, want_id)
+  assert len(hx.qarray_parts(got_id)) == (3 if f.offset else 2)
+
+  def step(x, q):
+    return hx.matmul_q(x, q), q
+
+  (want_y, want_q), (got_y, got_q) = jax.jit(step)(x, q), hx.jit(step)(x, q)
+  np.testing.assert_array_equal(got_y, want_y)
+  assert _parts_equal(got_q, want_q) and jax.typeof(got_q) == jax.typeof(q)
+  dense = np.asarray(formats.decode(*hx.qarray_parts(q)), np.float64)
+  # against float64 numpy (k = 64 terms of |x| <~ 4, |w| <~ 17: f32 rounding ~1e-3)
+  np.testing.assert_allclose(got_y, np.asarray(x, np.float64) @ dense, rtol=0, atol=1e-2)
 
 
 def test_rank1_and_nested_tuples_round_trip():

@@ -421,5 +421,5 @@ def test_messages_name_the_format(fmt, g, prefix):
   q = hx.quantize(_w((64, 32)), fmt, group_size=g)
   with pytest.raises(TypeError, match=rf"sums the quantized axis 'k' of the {prefix} operand"):
     hx.einsum("ij,jk->i", _w((3, 64)), q)
-  with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4 or f8\)"):
+  with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4, f8, u4o or q8o\)"):
     hx.einsum("ij,jk->ik", _w((3, 64)), _w((64, 32)))

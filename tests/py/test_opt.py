@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -447,6 +448,23 @@ def _exported_hx_module() -> str:
   with hx.installed():
     exp = jax.export.export(jax.jit(lambda x: hx.matmul_q(x, w)))(jnp.ones((2, 3)))
   return exp.mlir_module_serialized
+
+
+def test_hxmlir_export_module_as_the_readme_says(tmp_path):
+  # the README named exp.mlir_module_serialized, which hxmlir.export.Exported has not
+  import jax.numpy as jnp
+
+  import hxmlir as hx
+  from hxmlir import export as hxe
+  readme = (Path(__file__).parents[2] / "README.md").read_text()
+  assert "`exp.lo.mlir_module_serialized` of an\n`hxmlir.export.Exported`" in readme
+  w = hx.quantize(jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(3, 4))
+  exp = hxe.export(lambda x: hx.matmul_q(x, w), platforms=["cpu"])(jnp.ones((2, 3)))
+  art = tmp_path / "e.mlirbc"
+  art.write_bytes(bytes(exp.lo.mlir_module_serialized))
+  r = run([str(art)])
+  assert r.status == 0 and "vhlo." not in r.out
+  assert 'stablehlo.composite "hx.matmul_q"' in r.out
 
 
 def test_vhlo_input_is_upgraded_to_stablehlo(tmp_path):

@@ -304,7 +304,7 @@ def test_quantize_names_the_conversion_for_f64():
 
 
 def test_dequantize_rejects_dense(x):
-  with pytest.raises(TypeError, match=r"hx\.dequantize expects a quantized array \(q8, q4 or f8\[\.\.\., n\]\), "
+  with pytest.raises(TypeError, match=r"hx\.dequantize expects a quantized array \(q8, q4, f8, u4o or q8o\[\.\.\., n\]\), "
                      r"got f32\[2,3\]"):
     jax.jit(hx.dequantize).trace(x)
 

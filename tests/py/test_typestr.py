@@ -65,7 +65,8 @@ def test_mesh_axis_types():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("i", "entry 'i': expected NAME=SIZE"), ("i=0", "entry 'i=0'"), ("i=2:weird", "TYPE one of"),
+    ("i", "entry 'i': expected NAME=SIZE"), ("i=2:weird", "TYPE one of"),
+    ("i=0", "entry 'i=0': axis 'i' has size 0; a mesh axis's size must be positive"),
     ("i=2,i=3", "axis 'i' given twice"),
 ])
 def test_bad_meshes(text, message):
@@ -109,7 +110,13 @@ def test_json_arguments():
     ("Tup[f32[1]]", "column 4: expected '{' after Tup, got '['"),
     ("Tup{f32[1] q8[2]}", "column 12: expected ',' or '}' after a tuple element type"),
     ("r1[4,3:g32]", "column 8: expected ']': r1 takes no options, got 'g32'"),
-    ("q4[4,3:x32]", "column 8: expected an option of q4 (gN), got 'x32'"),
+    ("q4[4,3:x32]", "column 8: expected an option of q4 (gN, f16 (f16 scales)), got 'x32'"),
+    ("u4o[64,64:g32,f64]", "column 15: expected an option of u4o (gN, f16 (f16 scales)), "
+                           "got 'f64'"),
+    ("q8[192,576:g32,f16,f16]", "column 20: expected an option not given before (f16 is "
+                                "already there), got 'f16'"),
+    ("q8[192,576:g32,g16]", "column 16: expected an option not given before (g32 is already "
+                            "there), got 'g16'"),
     ("q8[4,3:g32]", "q8[4,3:g32]: the last axis (3) is not a multiple of the group size 32"),
     ("f32[8@i]", "column 7: expected an unsharded dimension: a sharded dimension needs a mesh "
                  "(--mesh i=N), got 'i'"),
@@ -145,5 +152,5 @@ def test_a_new_format_is_one_table_entry(monkeypatch):
   monkeypatch.setattr(typedesc, "from_json", fake_from_json)
   assert parse_type("q4[512,256:g32]") == "built"
   assert seen["type"] == "q8" and seen["shape"] == [512, 256] and seen["group"] == 32
-  with pytest.raises(TypeStrError, match=r"column 12: expected an option of q4 \(gN\), got 'x3'"):
+  with pytest.raises(TypeStrError, match=r"column 12: expected an option of q4 \(gN, f16 \(f16 scales\)\), got 'x3'"):
     parse_type("q4[512,256:x3]")
