@@ -235,7 +235,7 @@ def test_values_round_trip_through_npz_names():
   back = demo.unflatten_values(flat)
   assert np.array_equal(back[0], np.ones(2))
   assert np.array_equal(back[1].qvalue, q.qvalue) and np.array_equal(back[1].scale, q.scale)
-  with pytest.raises(ValueError, match="argument 0 needs a0, or both"):
+  with pytest.raises(ValueError, match=r"argument 0 needs a0, or a0.qvalue and a0.scale \(and a0.offset for a format with an offset\)"):
     demo.unflatten_values({"a0.qvalue": flat["a1.qvalue"]})
   with pytest.raises(ValueError, match="unexpected array name 'x'"):
     demo.unflatten_values({"x": flat["a0"]})
