@@ -1,6 +1,6 @@
 """``hx-verify``: checks every ``hx.*`` composite against the IR contract.
 
-The contract (DESIGN.md, "The IR contract") is read from
+The contract (the composite schema; README, "They reach StableHLO") is read from
 :mod:`hxmlir.lowering.schema`; for each ``stablehlo.composite "hx.*"`` op:
 
 - the name is a known op and its ``version`` one this code accepts;

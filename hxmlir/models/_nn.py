@@ -27,7 +27,7 @@ def linear(x, w, b=None, *, naive: bool = False):
   """``x: f32[*lead, k] @ w + b -> f32[*lead, n]`` for ``w: f32[k, n]`` or ``q8[k, n]``.
 
   A quantized ``w`` goes through ``hx.matmul_q`` (the leading axes of ``x`` are
-  flattened into its rows, since ``matmul_q`` takes equal-rank operands), or,
+  flattened into its rows: one 2-D product per layer), or,
   with ``naive=True``, through ``x @ hx.dequantize(w)``: the dequantize-then-dot
   baseline that materialises the f32 weight. ``b: f32[n]`` is optional.
   """
