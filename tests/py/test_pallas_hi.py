@@ -563,6 +563,18 @@ def test_every_format_as_an_operand_blocked_over_rows_and_columns(dtype, group):
   np.testing.assert_array_equal(np.asarray(out, np.float64), dense.astype(np.float32) * 2.0)
 
 
+def _matmul_in_kernel(x, w):
+  """``hx.matmul_q(x, w)`` for ``x: f32[16, 64]``, ``w: [64, 256]`` inside a kernel over a
+  2 x 2 grid of ``(8, 128)`` result blocks (the weight blocked ``(64, 128)``)."""
+  def kernel(x_ref, q_ref, o_ref):
+    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
+
+  return _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
+               [pl.BlockSpec((8, 64), lambda i, j: (i, 0)),
+                pl.BlockSpec((64, 128), lambda i, j: (0, j))],
+               pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), w)
+
+
 @pytest.mark.parametrize("dtype, group", FORMATS, ids=FORMAT_IDS)
 def test_every_format_in_a_matmul_kernel(dtype, group):
   from numerics import assert_matmul_close
@@ -570,13 +582,7 @@ def test_every_format_in_a_matmul_kernel(dtype, group):
   w, dense = _quantized(rng, (64, 256), dtype, group)
   x = rng.standard_normal((16, 64)).astype(np.float32)
 
-  def kernel(x_ref, q_ref, o_ref):
-    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
-
-  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
-              [pl.BlockSpec((8, 64), lambda i, j: (i, 0)),
-               pl.BlockSpec((64, 128), lambda i, j: (0, j))],
-              pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), w)
+  out = _matmul_in_kernel(x, w)
   assert_matmul_close(np.asarray(out), x, dense, extra=2)
 
 
@@ -764,13 +770,7 @@ def test_all_formats_in_a_matmul_kernel(name, group):
   w, _, dense, _, _ = _any_format(rng, (64, 256), name, group)
   x = rng.standard_normal((16, 64)).astype(np.float32)
 
-  def kernel(x_ref, q_ref, o_ref):
-    o_ref[...] = hx.matmul_q(x_ref[...], q_ref[...])
-
-  out = _call(kernel, jax.ShapeDtypeStruct((16, 256), jnp.float32),
-              [pl.BlockSpec((8, 64), lambda i, j: (i, 0)),
-               pl.BlockSpec((64, 128), lambda i, j: (0, j))],
-              pl.BlockSpec((8, 128), lambda i, j: (i, j)), (2, 2))(jnp.asarray(x), w)
+  out = _matmul_in_kernel(x, w)
   assert_matmul_close(np.asarray(out), x, dense, extra=3)
 
 
