@@ -149,6 +149,12 @@ def metadata(reader) -> dict[str, Any]:
   return {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
 
 
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+  """The key/value metadata of the GGUF file ``path`` (:func:`metadata`), reading its header
+  only (no tensor is placed). Raises :func:`load`'s errors for a file that is not GGUF."""
+  return metadata(_reader(path)[1])
+
+
 def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
          names: Collection[str] | None = None) -> Checkpoint:
   """Load the GGUF file ``path`` (module docstring: the types and how each is held).

@@ -247,8 +247,7 @@ class Llama:
       raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
                        f"{', '.join(map(repr, KV_CACHES))})")
     path = os.fspath(path)
-    _, reader = gguf._reader(path)
-    meta = gguf.metadata(reader)
+    meta = gguf.read_metadata(path)
     cfg = Config.from_metadata(meta, path)  # before loading: another architecture fails fast
     if not isinstance(max_context, int) or not 1 <= max_context <= cfg.context_length:
       raise ValueError(f"max_context={max_context!r} must be an int in [1, "
