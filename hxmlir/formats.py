@@ -67,9 +67,10 @@ Formats with f16 scales come from checkpoints (:mod:`hxmlir.gguf`,
 
 A format's components identify it (:func:`of_components`: the values' storage dtype,
 the scale dtype, an offset or not), so every layer reads the format off the lo types.
-``native_cpu`` and ``pallas`` say whether the native CPU kernel and the Pallas kernel
-know the format; where they do not, the platform's rule emits the StableHLO
-decomposition (today: for every format of issue 26).
+``native_cpu`` says whether the native CPU kernel knows the format, ``pallas`` which
+weight layouts (:data:`PALLAS_LAYOUTS`) the Pallas kernels take it in; where they do not,
+the platform's rule emits the StableHLO decomposition (the native CPU kernel: for every
+format of issue 26; the Pallas kernels: the ``"kn"`` kernel for those formats).
 
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
@@ -89,6 +90,15 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
 
+PALLAS_LAYOUTS = {
+    "kn": "W[in, out] = Q[*b, k, n], quantized along the free axis n: x @ w, "
+          "kernels hx_matmul_q_v1/v2 (lowering/matmul_q_pallas.py)",
+    "nk": "W[out, in] = Q[*b, n, k], groups along the contraction k: "
+          "hx.einsum('...k,nk->...n', x, w), kernel hx_matmul_q_nk_v1",
+}
+"""The weight layouts of the Pallas ``hx.matmul_q`` kernels (``Format.pallas`` names them)."""
+
+
 @dataclass(frozen=True)
 class Format:
   """One value format: ``name`` (``hx.quantize``'s ``dtype``: ``"int4"``), ``prefix``
@@ -98,8 +108,9 @@ class Format:
   ``layout`` (the storage layout's name, see the module docstring), ``scale_dtype``
   (the scales' dtype, and the offsets'), ``offset`` (whether ``x = q * s + o``),
   ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
-  ``pallas`` (whether the native CPU kernel, the Pallas kernel take it; where not, the
-  platform's rule emits the StableHLO decomposition)."""
+  ``pallas`` (whether the native CPU kernel takes it; the weight layouts of
+  :data:`PALLAS_LAYOUTS` the Pallas kernels take it in; elsewhere the platform's rule
+  emits the StableHLO decomposition)."""
   name: str
   prefix: str
   value_dtype: np.dtype
@@ -112,7 +123,7 @@ class Format:
   offset: bool = False
   value_range: tuple[float, float] = (-127, 127)
   native_cpu: bool = True
-  pallas: bool = True
+  pallas: tuple[str, ...] = ("kn", "nk")
 
   @property
   def integer(self) -> bool:
@@ -150,8 +161,9 @@ INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7
               value_range=(-8, 7))
 FP8 = Format("float8_e4m3fn", "f8", np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn),
              "f8E4M3FN", 1, 448, "plain", value_range=(-448, 448))
-# issue 26: f16 scales (GGUF's legacy blocks) and offsets; the native CPU kernel has none
-_NO_KERNELS = dict(native_cpu=False, pallas=False)
+# issue 26: f16 scales (GGUF's legacy blocks) and offsets; the native CPU kernel has none,
+# the Pallas kernel of the checkpoints' [out, in] layout takes them
+_NO_KERNELS = dict(native_cpu=False, pallas=("nk",))
 INT8_F16 = dataclasses.replace(INT8, name="int8_f16", scale_dtype=F16, **_NO_KERNELS)
 INT4_F16 = dataclasses.replace(INT4, name="int4_f16", scale_dtype=F16, **_NO_KERNELS)
 UINT4 = Format("uint4", "u4o", np.dtype(jnp.uint4), np.dtype(jnp.uint8), "ui8", 2, 15,

@@ -32,11 +32,18 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
   ``v1`` for int8 per-row weights (exactly v1's call, so those artifacts keep
   loading in code that knows v1 only) and ``v2`` for every other format.
 
-The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
+- ``hx_matmul_q_nk_v1`` (:func:`matmul_q_nk_pallas`): the checkpoint layout
+  ``W[out, in]`` (GGUF, torch ``Linear``; ``hx.einsum("...k,nk->...n", x, w)``) with
+  groups along the contraction ``k``, every format of :mod:`hxmlir.formats` (f16 scales
+  widened in the kernel, offsets: each tile dequantized as ``q * s + o``); operands
+  ``(x, q, s[, o])``, see that function.
+
+The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use a
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
 installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
-for every format; otherwise they emit the default composite with the reference
-decomposition.
+for each layout a weight's format takes (``Format.pallas``, the layouts of
+:data:`hxmlir.formats.PALLAS_LAYOUTS`); otherwise they emit the default composite with
+the reference decomposition.
 
 The kernel. Grid ``(batch, cdiv(m, block_m), cdiv(n, block_n))``, all
 parallel. Each program holds one ``block_m x block_n`` output tile in
@@ -378,6 +385,220 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
   return y[:, :m, :n].reshape(*batch, m, n)
 
 
+# --- the [out, in] kernel: W[n, k], groups along the contraction ----------------
+
+NK_KERNEL_NAME = "hx_matmul_q_nk"
+NK_KERNEL_VERSION = 1
+"""The ``[out, in]`` kernel's calling convention (see :func:`matmul_q_nk_pallas`); bump when
+its semantics or calling convention change (and add back-compat cases)."""
+NK_TRITON_KERNEL = targets.register_kernel(targets.TRITON, NK_KERNEL_NAME, NK_KERNEL_VERSION,
+                                           ("cuda", "rocm"), owner="hxmlir")
+NK_MOSAIC_TPU_KERNEL = targets.register_kernel(targets.MOSAIC_TPU, NK_KERNEL_NAME,
+                                               NK_KERNEL_VERSION, ("tpu",), owner="hxmlir")
+assert NK_TRITON_KERNEL.ir_name == NK_MOSAIC_TPU_KERNEL.ir_name == "hx_matmul_q_nk_v1"
+
+
+def default_blocks_nk(m: int, k: int, n: int, backend: str, fmt=formats.INT8,
+                      group: int | None = None) -> tuple[int, int, int] | None:
+  """``(block_m, block_n, block_k)`` of the ``[out, in]`` kernel for ``x: f32[m, k]`` and a
+  weight ``W[n, k]`` (``n`` outputs, ``k`` inputs) in format ``fmt`` with ``group``
+  elements of ``k`` per scale (``None``: one scale per output row) on ``backend``.
+
+  As :func:`default_blocks` with the roles of ``n`` and ``k`` exchanged for the group:
+  one row block at decode shapes; ``block_n = 128`` output columns (TPU lanes of the
+  result); ``block_k``, the weight tile's lane axis, holds 128 stored elements on Mosaic
+  (int4: 256 values) and 128 values on Triton, and must hold whole groups or lie inside
+  one (``block_k % g == 0`` or ``g % block_k == 0``): else on Triton the largest power of
+  two dividing ``g`` (at most 128), on Mosaic the least common multiple of ``g`` and the
+  default. Returns ``None`` when no tile fits ``g`` (Triton: a largest power-of-two divisor
+  below 16; Mosaic: a multiple above :data:`MOSAIC_MAX_BLOCK_N`).
+  """
+  f = formats.lookup(fmt)
+  if backend == "triton":
+    block_m, block_k = min(64, max(16, _pow2_at_least(m))), 128
+  else:
+    block_m, block_k = min(128, _round_up(max(m, 1), 8)), 128 * f.pack
+  if not _fits_group(block_k, group):
+    if backend == "triton":
+      block_k = min(128, group & -group)
+      if block_k < 16:
+        return None
+    else:
+      block_k = math.lcm(block_k, group)
+      if block_k > MOSAIC_MAX_BLOCK_N:
+        return None
+  return block_m, 128, block_k
+
+
+def _broadcast_groups(c, shape, group: int | None):
+  """Per-row or per-group factors ``c: [bn, 1]`` or ``[bn, bk / g]`` broadcast over a tile of
+  ``shape = (bn, bk)`` (each over its ``g`` consecutive columns)."""
+  bn, bk = shape
+  if c.shape[-1] == 1:
+    return jnp.broadcast_to(c, shape)
+  return jnp.broadcast_to(c[:, :, None], (bn, c.shape[-1], group)).reshape(bn, bk)
+
+
+def _kernel_nk(x_ref, q_ref, s_ref, *refs, k: int, n: int, block_k: int, masked: bool,
+               fmt: str, group: int | None):
+  """One ``block_m x block_n`` output tile of ``x @ dequantize(W).T`` over chunks of ``block_k``.
+
+  ``x_ref: f32[block_m, kp]`` (zero-padded to ``kp``, ``k`` rounded up to ``block_k``);
+  ``q_ref``: stored values ``[block_n, kp / pack]`` (rows ``>= n`` and columns ``>= k``
+  lie past the array: masked when ``masked``, else stale); ``s_ref`` (and the offsets
+  ``o_ref``, when the format has them, in ``refs`` before the output): per row
+  ``[block_n, 1]``, per group ``[block_n, width]`` (every group of the tile's rows: a
+  Mosaic block's last dim is the array's or a multiple of 128 lanes), f32 or f16;
+  ``out_ref: f32[block_m, block_n]``. Each chunk's weight tile is dequantized as
+  ``q * s (+ o)`` in f32, its columns ``>= k`` selected to zero (stale data may be NaN)
+  and contracted with the ``x`` chunk along both operands' last axis.
+  """
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import triton as pltriton
+  f = formats.FORMATS[fmt]
+  o_ref, out_ref = (refs[0], refs[1]) if len(refs) == 2 else (None, refs[0])
+  block_m, kp = x_ref.shape
+  block_n = out_ref.shape[-1]
+  r0 = pl.program_id(2) * block_n  # this tile's first weight row (output column)
+
+  def load(ref, c0, width: int, ncols: int, other=0):
+    # ref[:, c0:c0 + width], reading rows r0 + r >= n and columns c0 + c >= ncols as other
+    if not masked:
+      return ref[:, pl.ds(c0, width)]
+    shape = (block_n, width)
+    rows = r0 + lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = c0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+    return pltriton.load(ref.at[:, pl.ds(c0, width)], mask=(rows < n) & (cols < ncols),
+                         other=other)
+
+  def factors(ref, k0):
+    if group is None:
+      return load(ref, 0, 1, 1).astype(jnp.float32)
+    # lax.div: jnp's // on a traced int lowers through `sign`, which Mosaic lowers per chip
+    c0 = lax.div(k0, group)
+    return load(ref, c0, max(block_k // group, 1), k // group).astype(jnp.float32)
+
+  def step(t, acc):
+    k0 = pl.multiple_of(t * block_k, block_k)
+    xs = x_ref[:, pl.ds(k0, block_k)]
+    # Triton has no fp8 `other`: masked fp8 values are selected away below
+    c0 = k0 if f.pack == 1 else pl.multiple_of(lax.div(k0, f.pack), block_k // f.pack)
+    qt = load(q_ref, c0, block_k // f.pack, k // f.pack, other=0 if f.integer else None)
+    shape = (block_n, block_k)
+    w = formats.values_f32(qt, f) * _broadcast_groups(factors(s_ref, k0), shape, group)
+    if o_ref is not None:
+      w = w + _broadcast_groups(factors(o_ref, k0), shape, group)
+    if kp != k:  # Mosaic: stale columns (may be NaN); Triton: fp8 has no `other`
+      w = jnp.where(k0 + lax.broadcasted_iota(jnp.int32, shape, 1) < k, w, 0.0)
+    return acc + lax.dot_general(xs, w, (((1,), (1,)), ((), ())),
+                                 precision=lax.Precision.HIGHEST,
+                                 preferred_element_type=jnp.float32)
+
+  acc = lax.fori_loop(0, kp // block_k, step, jnp.zeros((block_m, block_n), jnp.float32))
+  out_ref[...] = acc
+
+
+def _check_operands_nk(x, q, s, o):
+  """``(format, group)`` of the ``[out, in]`` operands ``x: f32[*b, m, k]``, values of dense
+  shape ``[*b, n, k]``, scales (and offsets) per row or group of ``k``; ``TypeError`` naming
+  them otherwise."""
+  ops = [schema.TensorType.of(v) for v in (x, q, s, *(() if o is None else (o,)))]
+  f = formats.of_components(q.dtype, s.dtype, o is not None)
+  ok = f is not None and 2 <= x.ndim == q.ndim and s.ndim in (q.ndim - 1, q.ndim)
+  group = None
+  if ok:
+    dense = f.dense_shape(q.shape)
+    g = formats.group_of(dense, s.shape)
+    ok = (x.shape[:-2] == dense[:-2] and x.shape[-1] == dense[-1] and not isinstance(g, str)
+          and formats.check(f, dense, g) is None and (o is None or o.shape == s.shape))
+    group = None if isinstance(g, str) else g
+  if not ok:
+    raise TypeError(f"matmul_q_nk_pallas expects f32[*b, m, k], values of dense shape "
+                    f"[*b, n, k] of a format of hxmlir.formats and scales (and offsets) "
+                    f"[*b, n] or [*b, n, k/g], got {', '.join(map(str, ops))}")
+  return f, group
+
+
+def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False,
+                       blocks: Sequence[int] | None = None):
+  """``x @ dequantize(W).T`` for a weight in the checkpoint layout ``W[out, in]``, with Pallas.
+
+  ``hx.einsum("...mk,...nk->...mn", x, w)``: ``x: f32[*b, m, k]``; ``q``: stored values of
+  dense shape ``[*b, n, k]`` in any format of :mod:`hxmlir.formats` (``i8``, ``ui8``
+  int4 or uint4 pairs, ``f8E4M3FN``), quantized along ``k``, the contraction; ``s``:
+  scales ``[*b, n]`` (one per output row) or ``[*b, n, k / g]`` (one per group of ``g``
+  inputs), f32 or f16 (widened in the kernel); ``o``: offsets like ``s`` for a format
+  with an offset (``x = q * s + o``), else ``None`` -> ``f32[*b, m, n]``. Each weight
+  tile is dequantized in f32 (``q * s + o``: one rounding for the product, one for the
+  sum) and contracted with ``x``; the weight is read once per row block of ``x`` and
+  never copied (``x`` is zero-padded to whole blocks, the result sliced back).
+
+  Kernel ``hx_matmul_q_nk_v1`` (:data:`NK_TRITON_KERNEL`, :data:`NK_MOSAIC_TPU_KERNEL`),
+  operands ``(x, q, s[, o])``: ``x: f32[B, mp, kp]``, ``q: [B, n, k / pack]``, ``s``
+  (and ``o``) ``[B, n, 1]`` or ``[B, n, k / g]`` (``B`` the batch dims collapsed, ``mp`` /
+  ``kp`` rounded up to whole blocks) -> ``f32[B, mp, np]``; the format and the group
+  follow from the operand types. ``backend``, ``interpret`` as for
+  :func:`matmul_q_pallas`; ``blocks``: ``(block_m, block_n, block_k)``, default
+  :func:`default_blocks_nk`. Raises ``TypeError`` naming the operand types when they do
+  not have these shapes and dtypes, and ``ValueError`` for an unknown backend, Triton
+  blocks that are not powers of two >= 16, or a ``block_k`` that neither holds whole
+  groups nor lies inside one (nor holds whole bytes of int4 pairs).
+  """
+  if backend not in BACKENDS:
+    raise ValueError(f"matmul_q_nk_pallas: unknown backend {backend!r}; expected one of "
+                     f"{BACKENDS}")
+  x, q, s, o = (v if v is None or isinstance(v, jax.core.Tracer) else jnp.asarray(v)
+                for v in (x, q, s, o))
+  f, group = _check_operands_nk(x, q, s, o)
+  *batch, m, k = x.shape
+  n = q.shape[-2]
+  chosen = blocks or default_blocks_nk(m, k, n, backend, f, group)
+  if chosen is None:
+    raise ValueError(f"matmul_q_nk_pallas: no {backend} block_k holds whole groups of "
+                     f"{group} or lies inside one; use the reference (hx.einsum without "
+                     "install) for this group size")
+  block_m, block_n, block_k = chosen
+  if backend == "triton" and any(b < 16 or b & (b - 1) for b in chosen):
+    raise ValueError(f"matmul_q_nk_pallas: Triton blocks must be powers of two >= 16, got "
+                     f"(block_m, block_n, block_k) = {tuple(chosen)}")
+  if not _fits_group(block_k, group) or block_k % f.pack:
+    raise ValueError(f"matmul_q_nk_pallas: block_k = {block_k} must be a multiple or a "
+                     f"divisor of the group size {group} (and a multiple of {f.pack} for "
+                     f"{f.name})")
+  from jax.experimental import pallas as pl  # imported late: it is slow to import
+  nb = math.prod(batch)
+  mp, kp, np_ = _round_up(m, block_m), _round_up(k, block_k), _round_up(n, block_n)
+  x3 = jnp.pad(x.reshape(nb, m, k), ((0, 0), (0, mp - m), (0, kp - k)))
+  q3 = q.reshape(nb, n, q.shape[-1])
+  sq = pl.squeezed
+  if group is None:
+    width, factors = 1, [c.reshape(nb, n, 1) for c in (s, o) if c is not None]
+  else:
+    # every group of the tile's rows; with ragged k the last chunk reaches past the last
+    # group: whole chunks of groups, rounded up to 128 lanes (selected away in the kernel)
+    groups, covered = k // group, max(kp // group, k // group)
+    width = groups if covered == groups else _round_up(covered, 128)
+    factors = [c.reshape(nb, n, groups) for c in (s, o) if c is not None]
+  f_spec = pl.BlockSpec((sq, block_n, width), lambda b, i, j: (b, j, 0))
+  kernel = functools.partial(_kernel_nk, k=k, n=n, block_k=block_k,
+                             masked=backend == "triton", fmt=f.name, group=group)
+  call = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((nb, mp, np_), jnp.float32),
+      grid=(nb, mp // block_m, np_ // block_n),
+      in_specs=[pl.BlockSpec((sq, block_m, kp), lambda b, i, j: (b, i, 0)),
+                pl.BlockSpec((sq, block_n, kp // f.pack), lambda b, i, j: (b, j, 0)),
+                *([f_spec] * len(factors))],
+      out_specs=pl.BlockSpec((sq, block_m, block_n), lambda b, i, j: (b, i, j)),
+      compiler_params=None if interpret else _compiler_params(backend),
+      interpret=interpret,
+      name=NK_TRITON_KERNEL.ir_name,
+  )
+  with jax.disable_jit(False):  # as in matmul_q_pallas: keep the fori_loop a loop
+    y = call(x3, q3, *factors)
+  return y[:, :m, :n].reshape(*batch, m, n)
+
+
 # --- lowering rules of hx_matmul_q_p for cuda, rocm and tpu ---------------------
 
 def _pallas_reference(backend: str):
@@ -389,46 +610,72 @@ _PALLAS_REFERENCES = {b: functools.partial(matmul_q_pallas, backend=b)
                       for b in ("triton", "mosaic_tpu")}
 
 
-def _kernel_fits(q_aval, s_aval, backend: str) -> bool:
-  """Whether the kernel takes this weight's format on ``backend`` (every format; a group
-  size without a Triton tile, :func:`default_blocks`, keeps the reference)."""
+def _kernel_fits(q_aval, s_aval, backend: str, layout: str = "kn") -> bool:
+  """Whether the kernel of ``layout`` takes this weight on ``backend`` (a group size without a
+  tile, :func:`default_blocks` / :func:`default_blocks_nk`, keeps the reference)."""
   f = formats.of_storage(q_aval.dtype)
   dense = f.dense_shape(q_aval.shape)
   group = formats.group_of_scale(dense, s_aval)
+  if layout == "nk":  # W[n, k]: groups along k, the last axis
+    return default_blocks_nk(1, dense[-1], dense[-2], backend, f, group) is not None
   return default_blocks(1, dense[-2], dense[-1], backend, f, group) is not None
 
 
-def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_numbers=None):
-  """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernel as decomposition.
+def nk_dims(x_rank: int, q_rank: int) -> dotdims.DotDims | None:
+  """The dims of the ``[out, in]`` layouts the kernel takes: ``f32[..., k] x W[n, k]``
+  (``hx.einsum("...k,nk->...n")``, any rank of ``x``) and ``f32[*b, m, k] x W[*b, n, k]``
+  (equal ranks >= 3), or ``None`` for other ranks."""
+  if q_rank == 2 and x_rank >= 1:
+    return ((x_rank - 1,), (1,)), ((), ())
+  if x_rank == q_rank >= 3:
+    batch = tuple(range(x_rank - 2))
+    return ((x_rank - 1,), (q_rank - 1,)), (batch, batch)
+  return None
 
-  While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls
-  the registered kernel, for every format (int8, int4, fp8; per-row or group
-  scales), for version 1's layout ``f32[*b, m, k] x Q[*b, k, n]`` and for
-  ``f32[..., k] x Q[k, n]`` (``x``'s leading dims collapsed into ``m``); other
-  dimension numbers (``[out, in]`` weights, groups along the contraction) and
-  group sizes no Triton tile fits (:func:`default_blocks`) keep the reference
-  (which unpacks int4 and applies group scales per group, :mod:`hxmlir.formats`).
-  Otherwise the decomposition is the reference (what the default rule emits), as for
-  the formats the kernel does not take (``Format.pallas``: f16 scales, offsets ``o``).
-  """
-  if not rules.weight_format(ctx).pallas:
-    return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
-  x_aval, q_aval, s_aval = ctx.avals_in
+
+def _pallas_kernel(ctx, dims, backend: str):
+  """The kernel (a function of the operands ``x, q, s[, o]``) that computes this equation on
+  ``backend``, run per shard in a program over several devices, or ``None`` (the reference):
+  the layout (``"kn"``, ``"nk"``, :data:`hxmlir.formats.PALLAS_LAYOUTS`) must be one the
+  weight's format takes (``Format.pallas``) with a tile for its group size."""
+  x_aval, q_aval, s_aval, *_ = ctx.avals_in
   xr, qr = x_aval.ndim, q_aval.ndim
-  dims = dimension_numbers or dotdims.v1_dims(xr)
-  attrs = rules.matmul_q_attributes(ctx, dims)
-  backend = _PLATFORM_BACKEND[platform]
-  ref = reference.matmul_q_for(dims)
-  if is_installed() and _kernel_fits(q_aval, s_aval, backend):
-    kernel = None
-    if xr == qr and dims == dotdims.v1_dims(xr):
-      kernel = _pallas_reference(backend)
-    elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
-      kernel = _PALLAS_COLLAPSED[backend]  # f32[..., k] x Q[k, n]: leading dims into m
-    if kernel is not None and _jax.kernel_is_partitioned(ctx.module_context):
-      kernel = _kernel_per_shard(kernel, *ctx.avals_in)
-    ref = kernel or ref
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+  if xr == qr and dims == dotdims.v1_dims(xr):
+    layout, kernel = "kn", _pallas_reference(backend)
+  elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
+    layout, kernel = "kn", _PALLAS_COLLAPSED[backend]  # f32[..., k] x Q[k, n]: rows into m
+  elif dims == nk_dims(xr, qr):
+    layout, kernel = "nk", _PALLAS_NK[(backend, qr == 2)]
+  else:
+    return None
+  if layout not in rules.weight_format(ctx).pallas or \
+     not _kernel_fits(q_aval, s_aval, backend, layout):
+    return None
+  if _jax.kernel_is_partitioned(ctx.module_context):
+    return _kernel_per_shard(kernel, layout, *ctx.avals_in)
+  return kernel
+
+
+def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_numbers=None):
+  """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernels as decomposition.
+
+  While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls a
+  registered kernel where the weight's format takes its layout (``Format.pallas``):
+  :func:`matmul_q_pallas` for version 1's layout ``f32[*b, m, k] x Q[*b, k, n]`` and
+  ``f32[..., k] x Q[k, n]`` (``x``'s leading dims collapsed into ``m``), every format
+  with f32 scales and no offset; :func:`matmul_q_nk_pallas` for the checkpoint layout
+  ``f32[..., k] x W[n, k]`` (``hx.einsum("...k,nk->...n")``, groups along the
+  contraction) and ``f32[*b, m, k] x W[*b, n, k]``, every format (f16 scales, offsets).
+  Other dimension numbers, formats and group sizes no tile fits (:func:`default_blocks`,
+  :func:`default_blocks_nk`), and every equation while hxmlir is not installed, keep the
+  reference decomposition (what the default rule emits).
+  """
+  dims = dimension_numbers or dotdims.v1_dims(ctx.avals_in[0].ndim)
+  kernel = _pallas_kernel(ctx, dims, _PLATFORM_BACKEND[platform]) if is_installed() else None
+  if kernel is None:
+    return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,
+                         attributes=rules.matmul_q_attributes(ctx, dims))
 
 
 def _explicit_specs(*avals) -> tuple | None:
@@ -448,40 +695,42 @@ def _mesh_axes(entry) -> tuple:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _kernel_per_shard(kernel, x_aval, q_aval, s_aval):
-  """``kernel(x, q, s)`` run on each device's shards (``jax.shard_map``), or ``None``.
+def _kernel_per_shard(kernel, layout: str, x_aval, q_aval, s_aval, *o_aval):
+  """``kernel(x, q, s[, o])`` run on each device's shards (``jax.shard_map``), or ``None``.
 
   For a program over several devices, where Mosaic refuses to be partitioned and XLA
   would replicate a Triton call's operands. The shards are the operands' own: explicit
   shardings (``ctx.avals_in``) on one mesh, the contraction axis ``k`` unsharded (as
   ``hx-verify`` requires), the batch axes of ``x`` and ``q`` sharded alike; each
-  device computes its block of the result, rows like ``x`` and columns like ``q``.
-  ``None`` where the shardings are not known at lowering time (mesh axes of type Auto:
-  XLA's propagation picks them later) or do not make independent blocks: the caller
-  then keeps the reference decomposition, which XLA partitions like any dense dot.
+  device computes its block of the result, rows like ``x`` and columns like the weight's
+  free axis (``n``: ``q``'s last axis in layout ``"kn"``, its second last in ``"nk"``;
+  scales and offsets sharded with it). ``None`` where the shardings are not known at
+  lowering time (mesh axes of type Auto: XLA's propagation picks them later) or do not
+  make independent blocks: the caller then keeps the reference decomposition, which XLA
+  partitions like any dense dot.
   """
-  found = _explicit_specs(x_aval, q_aval, s_aval)
+  found = _explicit_specs(x_aval, q_aval, s_aval, *o_aval)
   if found is None:
     return None
-  mesh, (xs, qs, ss) = found
+  mesh, (xs, qs, ss, *os_) = found
   per_group = s_aval.ndim == q_aval.ndim
-  k_entries = (xs[-1], qs[-2], ss[-2] if per_group else ss[-1])
+  if layout == "kn":
+    k_entries, col = (xs[-1], qs[-2], ss[-2] if per_group else ss[-1]), qs[-1]
+  else:  # W[.., n, k], scales [.., n(, k / g)]
+    k_entries, col = (xs[-1], qs[-1], *(ss[-1:] if per_group else ())), qs[-2]
   if any(e is not None for e in k_entries):
     return None                      # a sharded contraction: partial sums, not blocks
-  if q_aval.ndim == x_aval.ndim:     # f32[*b, m, k] x Q[*b, k, n]
-    if xs[:-2] != qs[:-2]:
-      return None
-    ys = (*xs[:-1], qs[-1])
-  else:                              # f32[..., k] x Q[k, n]
-    ys = (*xs[:-1], qs[-1])
+  if q_aval.ndim == x_aval.ndim and xs[:-2] != qs[:-2]:
+    return None                      # batch axes sharded differently
+  ys = (*xs[:-1], col)
   used = [a for e in ys for a in _mesh_axes(e)]
   if len(used) != len(set(used)):
     return None                      # one mesh axis on both rows and columns
-  return _shard_mapped(kernel, mesh, xs, qs, ss, ys)
+  return _shard_mapped(kernel, mesh, (xs, qs, ss, *os_), ys)
 
 
 @functools.lru_cache(maxsize=256)
-def _shard_mapped(kernel, mesh, xs, qs, ss, ys):
+def _shard_mapped(kernel, mesh, in_specs, ys):
   # one function object per (kernel, mesh, specs): lower_composite shares a
   # decomposition between equal keys, and the key holds this object
   from jax.sharding import PartitionSpec as P
@@ -490,9 +739,9 @@ def _shard_mapped(kernel, mesh, xs, qs, ss, ys):
   # Auto twin shard_map takes them as they come, and lowers to the same manual axes
   auto = mesh.update_axis_types({a: jax.sharding.AxisType.Auto for a in mesh.axis_names})
 
-  def per_shard(x, q, s):
-    return jax.shard_map(kernel, mesh=auto, in_specs=(P(*xs), P(*qs), P(*ss)),
-                         out_specs=P(*ys), check_vma=False)(x, q, s)
+  def per_shard(*operands):
+    return jax.shard_map(kernel, mesh=auto, in_specs=tuple(P(*e) for e in in_specs),
+                         out_specs=P(*ys), check_vma=False)(*operands)
   return per_shard
 
 
@@ -503,6 +752,18 @@ def _collapsed(x, q, s, *, backend: str):
 
 
 _PALLAS_COLLAPSED = {b: functools.partial(_collapsed, backend=b) for b in ("triton", "mosaic_tpu")}
+
+
+def _nk_collapsed(x, q, s, *o, backend: str):
+  """``f32[..., k] x W[n, k] -> f32[..., n]``: ``x``'s leading dims collapsed into ``m``."""
+  y = matmul_q_nk_pallas(x.reshape(-1, x.shape[-1]), q, s, *o, backend=backend)
+  return y.reshape(*x.shape[:-1], q.shape[-2])
+
+
+_PALLAS_NK = {**{(b, True): functools.partial(_nk_collapsed, backend=b) for b in BACKENDS},
+              **{(b, False): functools.partial(matmul_q_nk_pallas, backend=b) for b in BACKENDS}}
+"""The ``[out, in]`` kernel per ``(backend, weight of rank 2)``, one object each (shared
+decompositions)."""
 
 
 for _platform in ("cuda", "rocm", "tpu"):

@@ -168,13 +168,15 @@ def test_group_size_without_a_triton_tile_keeps_the_reference_on_gpu_only():
   assert _custom_calls(text) == [(targets.MOSAIC_TPU, "hx_matmul_q_v2")]
 
 
-def test_out_in_layout_keeps_the_reference():
-  # hx.einsum("...k,nk->...n"): groups along the contraction, not the kernel's layout
+def test_out_in_layout_takes_its_own_kernel():
+  # hx.einsum("...k,nk->...n"): groups along the contraction, the [out, in] kernel
+  # (tests/py/test_matmul_q_pallas_nk.py), never this one
   x = np.ones((2, 64), np.float32)
   qw = hx.quantize(np.ones((48, 64), np.float32), jnp.int4, group_size=32)  # [out, in]
   with hx.installed():
     exp = hxe.export(lambda x, q: hx.einsum("mk,nk->mn", x, q), platforms=["cuda", "tpu"])(x, qw)
-  assert _custom_calls(exp.mlir_module()) == []
+  assert sorted(_custom_calls(exp.mlir_module())) == [(targets.TRITON, "hx_matmul_q_nk_v1"),
+                                                      (targets.MOSAIC_TPU, "hx_matmul_q_nk_v1")]
 
 
 # --- benchmarks/matmul_q_gpu.py on a machine without a GPU ---------------------
