@@ -158,6 +158,20 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 3),), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v2"),))
       for p in ("cuda", "rocm", "tpu")},
+    # the [out, in] Pallas kernel (issue 26): hx.einsum("...k,nk->...n") with groups along
+    # the contraction -- GGUF's Q4_1 (u4o, f16 scales and offsets, ragged k chunk), Q8_0
+    # (q8 g32 f16) and fp8 per row, x of rank 3
+    **{f"hx_matmul_q_nk_v1_{p}": Case(
+        lambda x, a, b, c: (hx.einsum("bsk,nk->bsn", x, a), hx.einsum("bsk,nk->bsn", x, b),
+                            hx.einsum("bsk,nk->bsn", x, c)),
+        lambda: (_x((2, 3, 96), 51),
+                 _f16_scales(hx.quantize(_x((40, 96), 52), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((40, 96), 53), jnp.int8, group_size=32)),
+                 hx.quantize(_x((40, 96), 54), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 3), ("hx.matmul_q", 4)), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_nk_v1"),))
+      for p in ("cuda", "rocm", "tpu")},
     # the native CPU kernel (lowering/matmul_q_cpu.py), kept by hx.keep_native_cpu_calls();
     # a weight above matmul_q_impl.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
     "hx_matmul_q_cpu_v1_cpu": Case(
