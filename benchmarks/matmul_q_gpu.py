@@ -291,11 +291,11 @@ def main(argv=None) -> int:
     ap.error("--shapes is for --layout nk; --layout kn takes --k and --n")
   else:
     shapes = [(args.k, args.n)]
-  grouped = "--k" if nk else "--n"
   for k, n in shapes:
     bad = [format_label(f) for f in fmts if f[1] is not None and (k if nk else n) % f[1]]
     if bad:
-      ap.error(f"{grouped} {k if nk else n} is not a multiple of the group size of "
+      what = f"the in axis of weight {n}x{k}" if nk else "--n"
+      ap.error(f"{what} ({k if nk else n}) is not a multiple of the group size of "
                f"{', '.join(bad)}")
   if args.dry_run:
     dry_run(ms[0], shapes, blocks, fmts, args.layout)

@@ -195,7 +195,7 @@ def test_gpu_benchmark_parses_formats_and_dry_runs_on_cpu(capsys):
   assert "kernel hx_matmul_q_v1; hx.matmul_q (installed) calls hx_matmul_q_v1" in out[0]
   assert "kernel hx_matmul_q_v2; hx.matmul_q (installed) calls hx_matmul_q_v2" in out[1]
   for argv, msg in [(["--formats", "int3"], "unknown format 'int3'"),
-                    (["--formats", "int4:g100"], "--n 8192 is not a multiple of the group "
+                    (["--formats", "int4:g100"], "--n (8192) is not a multiple of the group "
                                                  "size of q4:g100")]:
     with pytest.raises(SystemExit):
       bench["main"](argv)

@@ -275,3 +275,34 @@ def test_sharded_export_runs_the_kernel_per_shard(mesh, name, g):
   assert 'manual_axes={"i", "j"}' in text
   assert jax.typeof(got).sharding.spec == P("i", "j")
   _check(got, x, w, "mk,nk->mn")
+
+
+# --- benchmarks/matmul_q_gpu.py --layout nk on a machine without a GPU ------------
+
+def test_gpu_benchmark_nk_layout_dry_runs_and_interprets_on_cpu(capsys):
+  import pathlib
+  import runpy
+  bench = runpy.run_path(str(pathlib.Path(__file__).parents[2] / "benchmarks" /
+                             "matmul_q_gpu.py"))
+  assert [bench["parse_shape"](t) for t in bench["NK_SHAPES"]] == [
+      (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576), (4096, 4096)]
+  assert bench["main"](["--dry-run", "--layout", "nk", "--m", "1", "--shapes", "72x64"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert [line.split()[:2] for line in out] == [
+      ["q8:g32,f16", "q8[72,64:g32,f16]"], ["q4:g32,f16", "q4[72,64:g32,f16]"],
+      ["u4o:g32,f16", "u4o[72,64:g32,f16]"]]
+  assert all(f"kernel {NK}; hx.einsum (installed) calls {NK}" in line for line in out)
+  assert bench["main"](["--interpret", "--layout", "nk", "--m", "2", "--shapes", "40x64",
+                        "--rounds", "1", "--formats", "uint4_f16:g32"]) == 0
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
+  assert [(r[4], r[5]) for r in rows] == [("-", "bf16"), ("-", "f32"), ("u4o:g32,f16", "pallas"),
+                                          ("u4o:g32,f16", "hx")]
+  # the error column: the f32 products (kernel, rule) well inside bf16's rounding (2^-9)
+  assert all(float(r[-1]) < float(rows[0][-1]) / 16 for r in rows[2:])
+  for argv, msg in [(["--layout", "nk", "--shapes", "64x100"],
+                     "the in axis of weight 64x100 (100) is not a multiple of the group size "
+                     "of q8:g32,f16"),
+                    (["--shapes", "64x64"], "--shapes is for --layout nk")]:
+    with pytest.raises(SystemExit):
+      bench["main"](argv)
+    assert msg in capsys.readouterr().err
