@@ -1,0 +1,56 @@
+# RUN: %python %s | filecheck %s
+# hx.einsum("...k,nk->...n") of a weight in the checkpoint layout W[out, in] (GGUF's Q4_1:
+# u4o g32 with f16 scales and offsets), exported for cuda and tpu while hxmlir is
+# installed: the composite's decomposition calls the registered Pallas kernel
+# hx_matmul_q_nk_v1 (lowering/matmul_q_pallas.py) on x, the packed values, the f16 scales
+# and the f16 offsets as stored; without install, the reference decomposition.
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hxmlir as hx
+from hxmlir.testing import print_exported
+
+x = np.ones((2, 3, 96), np.float32)
+q = hx.quantize(np.ones((40, 96), np.float32), jnp.uint4, group_size=32, method="minmax")
+v, s, o = hx.qarray_parts(q)
+w = hx.make_qarray(v, s.astype(jnp.float16), o.astype(jnp.float16))
+
+
+def einsum(x, w):
+  return hx.einsum("bsk,nk->bsn", x, w)
+
+
+with hx.installed():
+  for platform in ("cuda", "tpu"):
+    print_exported(f"matmul_q_nk_{platform}",
+                   jax.export.export(jax.jit(einsum), platforms=[platform])(x, w))
+# CHECK-LABEL: TEST: matmul_q_nk_cuda cuda
+# CHECK: stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {dtype = "uint4_f16", group_size = 32 : i64, layout = "uint4_pairs_v1", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<2> : tensor<1xi64>, offset = true, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<1> : tensor<1xi64>, scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32} : (tensor<2x3x96xf32>, tensor<40x48xui8>, tensor<40x3xf16>, tensor<40x3xf16>) -> tensor<2x3x40xf32>
+# CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x3x96xf32>, %[[Q:[a-z0-9]+]]: tensor<40x48xui8>, %[[S:[a-z0-9]+]]: tensor<40x3xf16>, %[[O:[a-z0-9]+]]: tensor<40x3xf16>) -> tensor<2x3x40xf32>
+# x's leading dims become rows, padded to whole blocks (16 rows for tl.dot, k to 128);
+# the packed values, f16 scales and f16 offsets go as stored (a reshape is a bitcast).
+# CHECK-DAG: %[[X2:[0-9]+]] = stablehlo.reshape %[[X]] : (tensor<2x3x96xf32>) -> tensor<6x96xf32>
+# CHECK-DAG: %[[Q3:[0-9]+]] = stablehlo.reshape %[[Q]] : (tensor<40x48xui8>) -> tensor<1x40x48xui8>
+# CHECK-DAG: %[[S3:[0-9]+]] = stablehlo.reshape %[[S]] : (tensor<40x3xf16>) -> tensor<1x40x3xf16>
+# CHECK-DAG: %[[O3:[0-9]+]] = stablehlo.reshape %[[O]] : (tensor<40x3xf16>) -> tensor<1x40x3xf16>
+# CHECK-DAG: %[[XP:[0-9]+]] = stablehlo.pad %{{[0-9]+}}, {{.*}} -> tensor<1x16x128xf32>
+# CHECK: %[[K:[0-9]+]] = stablehlo.custom_call @__gpu$xla.gpu.triton(%[[XP]], %[[Q3]], %[[S3]], %[[O3]]) {mhlo.backend_config = {{{.*}}name = "hx_matmul_q_nk_v1", num_stages = 3 : i32, num_warps = 4 : i32}{{.*}} : (tensor<1x16x128xf32>, tensor<1x40x48xui8>, tensor<1x40x3xf16>, tensor<1x40x3xf16>) -> tensor<1x16x128xf32>
+# CHECK-NEXT: %[[YS:[0-9]+]] = stablehlo.slice %[[K]] [0:1, 0:6, 0:40]
+# CHECK-NEXT: %[[Y2:[0-9]+]] = stablehlo.reshape %[[YS]] : (tensor<1x6x40xf32>) -> tensor<6x40xf32>
+# CHECK-NEXT: %[[Y:[0-9]+]] = stablehlo.reshape %[[Y2]] : (tensor<6x40xf32>) -> tensor<2x3x40xf32>
+# CHECK-NEXT: return %[[Y]]
+
+# CHECK-LABEL: TEST: matmul_q_nk_tpu tpu
+# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}offset = true{{.*}}scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32}
+# CHECK: func.func private @[[IMPL]](
+# Mosaic: 8-row blocks, k chunks of 128 stored bytes (256 uint4 values).
+# CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_nk_v1"{{.*}} : (tensor<1x8x256xf32>, tensor<1x40x48xui8>, tensor<1x40x3xf16>, tensor<1x40x3xf16>) -> tensor<1x8x128xf32>
+
+print_exported("matmul_q_nk_not_installed",
+               jax.export.export(jax.jit(einsum), platforms=["cuda"])(x, w))
+# CHECK-LABEL: TEST: matmul_q_nk_not_installed cuda
+# CHECK: func.func private @hx.matmul_q.impl
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.dot_general
+# CHECK-NOT: custom_call
