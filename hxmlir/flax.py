@@ -54,7 +54,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import formats
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
-from hxmlir.qarray import QArray, dequantize, make_qarray, matmul_q
+from hxmlir.models import _nn
+from hxmlir.qarray import QArray, QArraySpec, dequantize, make_qarray
 from hxmlir.qarray import quantize as hx_quantize
 
 KEEP = "keep f32"
@@ -75,6 +76,14 @@ class QuantizedParam(nnx.Variable):
   only the float parameters that remain. Read it with ``.get_value()``; its metadata
   ``out_sharding`` (from ``nnx.with_partitioning``) names the partitions of the stored
   dense shape, so ``nnx.get_partition_spec`` and ``jax.device_put`` place it."""
+
+
+STACKED = nnx.StateAxes({QuantizedParam: QArraySpec(), ...: 0})
+"""``nnx.vmap``'s ``in_axes`` for a stack of quantized layers (made with ``nnx.vmap``, then
+:func:`quantize`): every variable mapped along axis 0, the quantized ones with
+``hx.QArraySpec()`` (JAX maps hi values with their own spec, never an int).
+``nnx.scan`` over such a stack takes ``in_axes=(nnx.Carry, 0)`` and needs ``length=``
+(JAX's ``scan`` does not read the length off hi values)."""
 
 
 # --- rules ------------------------------------------------------------------
@@ -128,8 +137,10 @@ def _out_dtype(y, dtype):
 
 
 def _matmul(x, q, layout: str):
-  """``x: f32[..., k]`` times a stored kernel ``q8[n, k]`` (``"out_in"``) or ``q8[k, n]``."""
-  return einsum("...k,nk->...n", x, q) if layout == "out_in" else matmul_q(x, q)
+  """``x: f32[..., k]`` times a stored kernel ``q8[n, k]`` (``"out_in"``) or ``q8[k, n]``
+  (``"in_out"``: the leading axes of ``x`` flattened into rows, one 2-D ``hx.matmul_q``,
+  exactly as :func:`hxmlir.models._nn.linear` does)."""
+  return einsum("...k,nk->...n", x, q) if layout == "out_in" else _nn.linear(x, q)
 
 
 class QLinear(nnx.Module):
@@ -262,24 +273,32 @@ class QEmbed(nnx.Module):
 # --- quantize ----------------------------------------------------------------
 
 def _stored(module, layout: str):
-  """``(f32 array to quantize, how its axes map to the kernel's, extra)`` for ``module``:
-  ``axes`` lists, per stored axis, the kernel axes it is made of (for the sharding)."""
+  """``(f32 array to quantize, axes, extra)`` for ``module``'s weight in the stored layout:
+  ``axes`` lists, per stored axis, the weight's axes it is made of (for the sharding).
+  Leading axes beyond the module's own (a stack of layers made with ``nnx.vmap``) of an
+  ``nnx.Linear`` kernel or ``nnx.Embed`` table stay leading axes."""
   if isinstance(module, nnx.Embed):
-    return _value(module.embedding), ((0,), (1,)), None
+    w = _value(module.embedding)
+    return w, tuple((a,) for a in range(w.ndim)), None
   w = _value(module.kernel)
   if isinstance(module, nnx.Einsum):
+    if w.ndim != len(module.kernel_shape):
+      raise TypeError(f"a kernel of shape {w.shape} for kernel_shape {module.kernel_shape} "
+                      "(stacked layers): keep it f32 with a rule")
     perm = _einsum_perm(module.einsum_str, w.ndim)
     return jnp.transpose(w, perm), tuple((p,) for p in perm), perm
   if isinstance(module, nnx.LinearGeneral):
-    if module.batch_axis:
-      raise TypeError("hxmlir.flax.quantize: nnx.LinearGeneral with batch_axis is not "
-                      "supported; keep it f32 with a rule")
     n_in = len(module.in_features)
-    ins, outs = tuple(range(n_in)), tuple(range(n_in, w.ndim))
+    if module.batch_axis or w.ndim != n_in + len(module.out_features):
+      raise TypeError("nnx.LinearGeneral with batch_axis or stacked kernels is not "
+                      "supported; keep it f32 with a rule")
+    lead, ins, outs = (), tuple(range(n_in)), tuple(range(n_in, w.ndim))
     w = w.reshape(int(np.prod(module.in_features)), int(np.prod(module.out_features)))
   else:
-    ins, outs = (0,), (1,)
-  return (w.T, (outs, ins), None) if layout == "out_in" else (w, (ins, outs), None)
+    lead, ins, outs = tuple((a,) for a in range(w.ndim - 2)), (w.ndim - 2,), (w.ndim - 1,)
+  if layout == "out_in":
+    return jnp.swapaxes(w, -1, -2), (*lead, outs, ins), None
+  return w, (*lead, ins, outs), None
 
 
 def _stored_spec(spec, axes) -> PartitionSpec | None:
@@ -422,6 +441,6 @@ def from_arrays(state) -> Any:
   return jax.tree.map(build, state, is_leaf=is_parts)
 
 
-__all__ = ["KEEP", "LAYOUTS", "QEinsum", "QEmbed", "QLinear", "QLinearGeneral",
+__all__ = ["KEEP", "LAYOUTS", "STACKED", "QEinsum", "QEmbed", "QLinear", "QLinearGeneral",
            "QuantizedParam", "from_arrays", "module_path", "quantize",
            "quantize_weight", "to_arrays"]
