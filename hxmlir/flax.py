@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -50,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
+from opt_einsum.parser import parse_einsum_input
 
 from hxmlir import formats
 from hxmlir.einsum import einsum
@@ -230,17 +232,20 @@ class QEinsum(nnx.Module):
     if einsum_str is None:
       raise ValueError("QEinsum: no einsum_str, neither as an argument nor as an attribute")
     lhs, rhs, out = _einsum_parts(einsum_str)
-    if len(rhs) != len(self.perm):
-      raise ValueError(f"QEinsum: {einsum_str!r} has {len(rhs)} kernel indices, the kernel "
-                       f"{len(self.perm)} axes")
-    y = einsum(f"{lhs},{''.join(rhs[i] for i in self.perm)}->{out}", inputs,
-               self.kernel.get_value())
+    if "." not in rhs:
+      if len(rhs) != len(self.perm):
+        raise ValueError(f"QEinsum: {einsum_str!r} has {len(rhs)} kernel indices, the kernel "
+                         f"{len(self.perm)} axes")
+      rhs = "".join(rhs[i] for i in self.perm)
+    y = einsum(f"{lhs},{rhs}->{out}", inputs, self.kernel.get_value())
     bias = _bias(self)
     if bias is not None:
-      shape = [self.kernel_shape[rhs.index(c)] if c in rhs else 1 for c in out]
-      if "." in out:  # an ellipsis in the output: broadcast the bias over its trailing axes
-        shape = [1] * (y.ndim - len(out.replace("...", ""))) + shape[out.index(".") + 3:]
-      y = y + jnp.reshape(bias, shape)
+      # nnx.Einsum's rule: the bias spans the output indices that come from the kernel
+      shapes = (SimpleNamespace(shape=inputs.shape), SimpleNamespace(shape=self.kernel_shape))
+      ins, out_full, _ = parse_einsum_input((einsum_str.replace(" ", ""), *shapes))
+      k_idx = ins.split(",")[1]
+      y = y + jnp.reshape(bias, [self.kernel_shape[k_idx.index(c)] if c in k_idx else 1
+                                 for c in out_full])
     return _out_dtype(y, self.dtype)
 
 
@@ -369,7 +374,8 @@ def quantize(model: nnx.Module, dtype=jnp.int8, group_size: int | None = None,
   specs = [t[-1] for t in todo]
   qs = jax.jit(lambda ws: [quantize_weight(w, **s) for w, s in zip(ws, specs)])(
       [t[2] for t in todo])
-  for (path, module, w, axes, extra, _), q in zip(todo, qs):
+  twins = {}
+  for (_, module, w, axes, extra, _), q in zip(todo, qs):
     old = module.embedding if isinstance(module, nnx.Embed) else module.kernel
     meta = {k: v for k, v in old.get_metadata().items()
             if k not in ("hijax", "ref", "eager_sharding", "out_sharding")}
@@ -381,22 +387,24 @@ def quantize(model: nnx.Module, dtype=jnp.int8, group_size: int | None = None,
         q = jax.device_put(q, NamedSharding(sharding.mesh, pspec))
     var = QuantizedParam(q, eager_sharding=False, **meta)
     if isinstance(module, nnx.Embed):
-      new = QEmbed(module, var)
+      twins[id(module)] = QEmbed(module, var)
     elif isinstance(module, nnx.Einsum):
-      new = QEinsum(module, var, extra)
+      twins[id(module)] = QEinsum(module, var, extra)
     elif isinstance(module, nnx.LinearGeneral):
-      new = QLinearGeneral(module, var, layout)
+      twins[id(module)] = QLinearGeneral(module, var, layout)
     else:
-      new = QLinear(module, var, layout)
-    if not path:
-      return new
-    parent = model
-    for p in path[:-1]:
-      parent = parent[p] if isinstance(p, int) else getattr(parent, p)
-    if isinstance(path[-1], int):
-      parent[path[-1]] = new
-    else:
-      setattr(parent, path[-1], new)
+      twins[id(module)] = QLinear(module, var, layout)
+  if id(model) in twins:
+    return twins[id(model)]
+  # every reference to a quantized module (a module shared by two attributes, tied
+  # embeddings) now points to its one twin
+  for _, parent in list(nnx.iter_modules(model)):
+    for key, child in list(nnx.iter_children(parent)):
+      if id(child) in twins:
+        if isinstance(key, int):
+          parent[key] = twins[id(child)]
+        else:
+          setattr(parent, key, twins[id(child)])
   return model
 
 

@@ -396,3 +396,35 @@ def test_minilm_nnx_equals_the_hand_written_quantized_path():
   with pytest.raises(ValueError, match=r"\['position'\] has shape \(512, 384\), the config "
                      r"wants \(8, 384\)"):
     minilm_flax.MiniLM.from_params(minilm.Config(max_positions=8), params)
+
+
+class Tied(nnx.Module):
+  """Tied embeddings (one Embed under two names), a list of layers, an ellipsis Einsum."""
+
+  def __init__(self, rngs):
+    self.emb = nnx.Embed(10, 8, rngs=rngs)
+    self.head = self.emb
+    self.blocks = nnx.List([nnx.Linear(8, 8, rngs=rngs) for _ in range(2)])
+    self.e = nnx.Einsum("...d,dh->...h", (8, 6), (6,), bias_init=nnx.initializers.ones,
+                        rngs=rngs)
+
+  def __call__(self, ids):
+    x = self.emb(ids)
+    for b in self.blocks:
+      x = b(x)
+    return self.head.attend(x), self.e(x)
+
+
+def test_shared_modules_lists_and_ellipsis():
+  qm = hxf.quantize(Tied(nnx.Rngs(11)))
+  assert qm.emb is qm.head and type(qm.emb) is hxf.QEmbed
+  assert [type(b) for b in qm.blocks] == [hxf.QLinear, hxf.QLinear]
+  assert len(jax.tree.leaves(nnx.state(qm, hxf.QuantizedParam))) == 4
+  ids = jnp.array([[1, 2], [3, 9]])
+  x = qm.blocks[1](qm.blocks[0](qm.emb(ids)))
+  logits, y = qm(ids)
+  exact, bound = _linear_ref(x.reshape(4, 8), _deq(qm.emb.embedding.get_value()).T, None)
+  assert_within(logits.reshape(4, 10), exact, bound)
+  w = _deq(qm.e.kernel.get_value()).T  # stored [h, d]: its contracted axis d moved last
+  exact, bound = _linear_ref(x.reshape(4, 8), w, qm.e.bias.get_value())
+  assert_within(y.reshape(4, 6), exact, bound)
