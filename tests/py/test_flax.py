@@ -40,9 +40,15 @@ class Net(nnx.Module):
     return self.head(self.ein(self.gen(x))), self.emb.attend(x[:, :64])
 
 
+def _build(cls, seed):
+  """``cls(nnx.Rngs(seed))`` initialised in one jitted call (eager, each initializer
+  would compile on its own)."""
+  return nnx.jit(lambda: cls(nnx.Rngs(seed)))()
+
+
 @pytest.fixture(scope="module")
 def net():
-  return Net(nnx.Rngs(0))
+  return _build(Net, 0)
 
 
 IDS = jnp.array([[1, 2, 3], [4, 5, 39]], jnp.int32)
@@ -124,15 +130,8 @@ def test_linear_equals_the_dequantized_weight(layout):
 
 def test_every_module_type(net):
   qm = hxf.quantize(net)
-  y, logits = qm(IDS)
-  # reference: the same forward with each weight replaced by its dequantized f32 value
-  ref = nnx.clone(net)
-  ref.l1.kernel.set_value(jnp.asarray(_deq(qm.l1.kernel.get_value()).T))
-  ref.gen.kernel.set_value(jnp.asarray(_deq(qm.gen.kernel.get_value()).T.reshape(96, 4, 16)))
-  ref.ein.kernel.set_value(jnp.asarray(_deq(qm.ein.kernel.get_value())))
-  ref.head.kernel.set_value(jnp.asarray(_deq(qm.head.kernel.get_value()).T))
-  ref.emb.embedding.set_value(jnp.asarray(_deq(qm.emb.embedding.get_value())))
-  # layer by layer, each product within its bound (the inputs taken from the quantized run)
+  # layer by layer, each product within its bound of the f64 product with the dequantized
+  # weight (each layer's input taken from the quantized run)
   e = qm.emb(IDS)
   assert_within(e, _deq(qm.emb.embedding.get_value())[np.asarray(IDS)], 0)
   x = e.mean(axis=1)
@@ -140,18 +139,17 @@ def test_every_module_type(net):
   h = qm.norm(jax.nn.relu(qm.l1(x)))
   g = qm.gen(h)
   _check_linear(qm.gen, h, g.reshape(2, 64))
-  want = np.einsum("bhd,hdo->bo", _f64(g), _f64(ref.ein.kernel.get_value())) + \
-      _f64(qm.ein.bias.get_value())
-  bound = dot_bound("bhd,hdo->bo", g, ref.ein.kernel.get_value(), extra=2) + \
-      gamma(2) * np.abs(want)
-  assert_within(qm.ein(g), want, bound)
-  got_attend = qm.emb.attend(h[:, :64])
-  exact, bound = _linear_ref(h[:, :64], ref.emb.embedding.get_value().T, None)
-  assert_within(got_attend, exact, bound)
-  # and end to end, the reference model agrees within the bounds' propagation: the
-  # quantized and the dequantized-f32 forwards run the same f32 math up to summation order
-  y_ref, logits_ref = ref(IDS)
-  assert y.shape == y_ref.shape and logits.shape == logits_ref.shape
+  w_ein = _deq(qm.ein.kernel.get_value())
+  want = np.einsum("bhd,hdo->bo", _f64(g), _f64(w_ein)) + _f64(qm.ein.bias.get_value())
+  bound = dot_bound("bhd,hdo->bo", g, w_ein, extra=2) + gamma(2) * np.abs(want)
+  z = qm.ein(g)
+  assert_within(z, want, bound)
+  exact, bound = _linear_ref(z, _deq(qm.head.kernel.get_value()).T, qm.head.bias.get_value())
+  y, logits = qm(IDS)
+  assert_within(qm.head(z), exact, bound)
+  exact, bound = _linear_ref(h[:, :64], _deq(qm.emb.embedding.get_value()).T, None)
+  assert_within(qm.emb.attend(h[:, :64]), exact, bound)
+  assert y.shape == (2, 24) and logits.shape == (2, 40)
 
 
 FORMATS = [("int8", None, "absmax", "q8[48,64]"), ("int4", 32, "absmax", "q4[48,64:g32]"),
@@ -229,14 +227,14 @@ class Mlp(nnx.Module):
 
 
 def test_grad_inputs_and_float_params():
-  qm = hxf.quantize(Mlp(nnx.Rngs(5)))
+  qm = hxf.quantize(_build(Mlp, 5))
   x = jax.random.normal(jax.random.key(6), (3, 16))
   loss = lambda m, x: jnp.sum(m(x) ** 2)
-  grads = nnx.grad(loss)(qm, x)
+  grads = nnx.jit(nnx.grad(loss))(qm, x)
   # only the float parameters that remain: the biases
   assert sorted(map(str, (k for k, _ in nnx.to_flat_state(grads)))) == [
       "('a', 'bias')", "('b', 'bias')"]
-  gx = nnx.grad(loss, argnums=1)(qm, x)
+  gx = nnx.jit(nnx.grad(loss, argnums=1))(qm, x)
   w1, w2 = (jnp.asarray(_deq(m.kernel.get_value()).T) for m in (qm.a, qm.b))
   b1, b2 = qm.a.bias.get_value(), qm.b.bias.get_value()
   args = (x, w1, b1, w2, b2)
@@ -244,7 +242,7 @@ def test_grad_inputs_and_float_params():
   for got, argnum in ((gx, 0), (grads["a"]["bias"].get_value(), 2),
                       (grads["b"]["bias"].get_value(), 4)):
     # the sign-free polynomial at |operands| bounds the rounding of any evaluation order
-    g = jax.grad(_mlp_loss, argnums=argnum)
+    g = jax.jit(jax.grad(_mlp_loss, argnums=argnum))
     assert_within(got, _grad64(argnum, *args), 2 * polynomial_bound(g, *args, depth=depth))
 
 
@@ -337,7 +335,7 @@ def test_orbax_round_trip(tmp_path, net):
   ckpt.save(tmp_path / "q", pure)
   ckpt.wait_until_finished()
   restored = hxf.from_arrays(ckpt.restore(tmp_path / "q", pure))
-  fresh = hxf.quantize(Net(nnx.Rngs(1)), rules={"emb": {"dtype": "uint4", "method": "minmax"}})
+  fresh = hxf.quantize(_build(Net, 1), rules={"emb": {"dtype": "uint4", "method": "minmax"}})
   state = nnx.state(fresh)
   nnx.replace_by_pure_dict(state, restored)
   nnx.update(fresh, state)
@@ -416,13 +414,13 @@ class Tied(nnx.Module):
 
 
 def test_shared_modules_lists_and_ellipsis():
-  qm = hxf.quantize(Tied(nnx.Rngs(11)))
+  qm = hxf.quantize(_build(Tied, 11))
   assert qm.emb is qm.head and type(qm.emb) is hxf.QEmbed
   assert [type(b) for b in qm.blocks] == [hxf.QLinear, hxf.QLinear]
   assert len(jax.tree.leaves(nnx.state(qm, hxf.QuantizedParam))) == 4
   ids = jnp.array([[1, 2], [3, 9]])
   x = qm.blocks[1](qm.blocks[0](qm.emb(ids)))
-  logits, y = qm(ids)
+  logits, y = nnx.jit(lambda m, i: m(i))(qm, ids)
   exact, bound = _linear_ref(x.reshape(4, 8), _deq(qm.emb.embedding.get_value()).T, None)
   assert_within(logits.reshape(4, 10), exact, bound)
   w = _deq(qm.e.kernel.get_value()).T  # stored [h, d]: its contracted axis d moved last
