@@ -31,6 +31,13 @@ Formats: every format :func:`hxmlir.quantize` makes: ``jnp.int8``, ``jnp.int4``,
 an offset (``method="minmax"``). The f16-scale formats come from checkpoints only
 (:mod:`hxmlir.gguf`); asking for one is ``hx.quantize``'s ``TypeError``, naming the module.
 
+Transformations: ``nnx.jit``, ``nnx.grad``, ``nnx.split``/``merge``/``state``/``update``,
+``nnx.vmap`` over a stack of quantized layers (``in_axes`` :data:`STACKED`), ``nnx.scan``
+(with ``length=``) and ``nnx.with_partitioning`` work as for the f32 model. For the
+fastest calls, jit the forward with ``hx.jit`` on the split state
+(``hx.jit(lambda st, x: nnx.merge(graphdef, st)(x))``): with ``jax.jit`` each call checks
+every hi argument in Python (``benchmarks/flax_qwix.py``).
+
 Checkpoints: a :class:`~hxmlir.QArray` is one JAX value with two or three components;
 :func:`to_arrays` turns a state into a pytree of plain arrays (for ``orbax-checkpoint``)
 and :func:`from_arrays` rebuilds it, bit for bit.
