@@ -16,8 +16,9 @@ Printed per format, side by side from one run: the output's relative error again
 f32 model (``||y - y_f32|| / ||y_f32||`` over ``f32[1, 128, d]`` random inputs), the bytes
 of all the model's parameters on the device (``jax.Array.on_device_size_in_bytes`` of every
 leaf: XLA CPU keeps qwix's ``int4`` one byte per value, hxmlir packs two), and the jit'd
-forward time (``hx.jit`` of ``nnx.merge(graphdef, state)(x)``, the state passed in: with
-``jax.jit`` each call checks every hi argument in Python, 24 ``q8`` here) at 1
+forward time (``jax.jit`` of ``nnx.merge(graphdef, state)(x)``, the state passed in;
+``hx.jit`` for hxmlir's: with ``jax.jit`` each call checks every hi argument in Python,
+24 ``q8`` here) at 1
 and 128 tokens: the median (``--stat min``: the minimum) over ``--rounds`` interleaved rounds (each round calls every
 variant once, in a seeded random order), with the time of each against qwix's
 (``/qwix``) and against f32's. Everything runs while ``hxmlir.install()`` is active.
@@ -100,11 +101,13 @@ def device_bytes(state) -> int:
 
 
 def forward(model):
-  """``(jitted f(state, x), state)`` for ``model``: the graph static, the state passed in.
-  ``hx.jit`` (``jax.jit`` whose hi arguments cross the call as their components, so the
-  call takes JAX's C++ dispatch path; for arrays alone it is ``jax.jit``'s)."""
+  """``(jitted f(state, x), state)`` for ``model``: the graph static, the state passed in;
+  ``jax.jit`` for a state of arrays, ``hx.jit`` for one holding hx values (``jax.jit``
+  whose hi arguments cross the call as their components, so the call takes JAX's C++
+  dispatch path)."""
   graphdef, state = nnx.split(model)
-  return hx.jit(lambda st, x: nnx.merge(graphdef, st)(x)), state
+  hi = any(isinstance(v, hx.QArray) for v in jax.tree.leaves(state))
+  return (hx.jit if hi else jax.jit)(lambda st, x: nnx.merge(graphdef, st)(x)), state
 
 
 def qwix_model(model, dtype, x):
