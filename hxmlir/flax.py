@@ -56,9 +56,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from opt_einsum.parser import parse_einsum_input
+
+try:
+  from flax import nnx
+except ImportError as e:  # one line with the way out, not a bare "No module named 'flax'"
+  raise ImportError(f"hxmlir.flax needs Flax ({e}); install it with: "
+                    "pip install 'hxmlir[flax]'") from e
 
 from hxmlir import formats
 from hxmlir.einsum import einsum

@@ -71,10 +71,16 @@ def _linear_ref(x, w, b):
 
 
 def test_import_hxmlir_does_not_import_flax():
-  code = "import sys, hxmlir; print(any(m.split('.')[0] in ('flax', 'qwix', 'orbax') " \
-         "for m in sys.modules))"
+  # and without Flax, hxmlir.flax says how to install it
+  code = ("import sys, hxmlir\n"
+          "print(any(m.split('.')[0] in ('flax', 'qwix', 'orbax') for m in sys.modules))\n"
+          "sys.modules['flax'] = None\n"
+          "try:\n  import hxmlir.flax\nexcept ImportError as e:\n  print(e)\n")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-  assert out.stdout.strip() == "False"
+  lines = out.stdout.strip().splitlines()
+  assert lines[0] == "False"
+  assert lines[1].startswith("hxmlir.flax needs Flax (") and \
+      lines[1].endswith("install it with: pip install 'hxmlir[flax]'")
 
 
 def test_quantize_swaps_modules_and_keeps_the_original(net):
