@@ -1,0 +1,83 @@
+"""One process of a tensor-parallel LLaMA decoder run across processes (``jax.distributed``).
+
+Start the same command once per process, with ``--process-id`` 0 .. N-1 (process 0 hosts
+the coordinator)::
+
+  python -m hxmlir.models.llama_dist --coordinator 127.0.0.1:12345 --num-processes 2 \\
+      --process-id 0 --model smollm2 --prompt "The capital of France is" --max-tokens 8 &
+  python -m hxmlir.models.llama_dist --coordinator 127.0.0.1:12345 --num-processes 2 \\
+      --process-id 1 --model smollm2 --prompt "The capital of France is" --max-tokens 8
+
+Each process makes ``--local-devices`` CPU devices (``jax_num_cpu_devices``, default 1),
+joins the others with ``jax.distributed.initialize`` (the coordinator bound to the
+``--coordinator`` address only; cross-process collectives on CPU by gloo,
+``jax_cpu_collectives_implementation``, whose TCP pairs bind to this host name's
+address), loads the GGUF file, and runs :class:`hxmlir.models.llama.Llama` with ``mesh=``
+one axis ``"i"`` over every process's devices: the same SPMD program on each, the
+weights placed by :func:`hxmlir.models.llama_sharding.shard_params`. Each process prints
+one JSON line, ``{"process": i, "processes": N, "devices": D, "tokens": [...],
+"text": "..."}``: the greedy tokens, the same on every process (the logits are
+replicated).
+
+Must run in a fresh process: the CPU device count and the collectives are fixed when
+JAX's backend starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(prog="python -m hxmlir.models.llama_dist",
+                              description=__doc__.split("\n\n")[0])
+  p.add_argument("--coordinator", required=True, metavar="HOST:PORT",
+                 help="the coordinator's address, process 0 binds it (127.0.0.1:PORT on "
+                 "one machine)")
+  p.add_argument("--num-processes", type=int, required=True)
+  p.add_argument("--process-id", type=int, required=True)
+  p.add_argument("--local-devices", type=int, default=1,
+                 help="CPU devices of this process (jax_num_cpu_devices)")
+  src = p.add_mutually_exclusive_group(required=True)
+  src.add_argument("--model", choices=("smollm2",))
+  src.add_argument("--gguf", metavar="PATH")
+  p.add_argument("--prompt", default=None, help="text (encoded with the file's tokenizer)")
+  p.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
+  p.add_argument("--max-tokens", type=int, default=8)
+  p.add_argument("--max-context", type=int, default=64)
+  p.add_argument("--timeout", type=int, default=60,
+                 help="seconds to wait for the other processes to join")
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  import jax
+  jax.config.update("jax_platforms", "cpu")
+  jax.config.update("jax_num_cpu_devices", args.local_devices)
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=args.coordinator,
+                             num_processes=args.num_processes, process_id=args.process_id,
+                             coordinator_bind_address=args.coordinator,
+                             cluster_detection_method="deactivate",
+                             initialization_timeout=args.timeout)
+  try:
+    from hxmlir.models import llama
+    path = llama.smollm2_path() if args.model else args.gguf
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    m = llama.Llama.from_gguf(path, max_context=args.max_context, mesh=mesh)
+    prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids \
+        else args.prompt
+    tokens = list(m.generate(prompt, args.max_tokens))
+    print(json.dumps({"process": jax.process_index(), "processes": jax.process_count(),
+                      "devices": jax.device_count(), "tokens": tokens,
+                      "text": m.tokenizer.decode(tokens)}), flush=True)
+  finally:
+    jax.distributed.shutdown()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
