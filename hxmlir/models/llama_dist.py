@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--prompt-ids", default=None, help="comma-separated token ids")
   p.add_argument("--max-tokens", type=int, default=8)
   p.add_argument("--max-context", type=int, default=64)
+  p.add_argument("--layers", type=int, default=None,
+                 help="run only the file's first N blocks (a shorter program over the same "
+                 "weights, for tests); default: all")
   p.add_argument("--timeout", type=int, default=60,
                  help="seconds to wait for the other processes to join")
   return p.parse_args(argv)
@@ -64,10 +67,8 @@ def main(argv=None) -> int:
                              cluster_detection_method="deactivate",
                              initialization_timeout=args.timeout)
   try:
-    from hxmlir.models import llama
-    path = llama.smollm2_path() if args.model else args.gguf
     mesh = jax.make_mesh((jax.device_count(),), ("i",))
-    m = llama.Llama.from_gguf(path, max_context=args.max_context, mesh=mesh)
+    m = load(args.model, args.gguf, args.max_context, mesh, args.layers)
     prompt = [int(t) for t in args.prompt_ids.split(",")] if args.prompt_ids \
         else args.prompt
     tokens = list(m.generate(prompt, args.max_tokens))
@@ -77,6 +78,24 @@ def main(argv=None) -> int:
   finally:
     jax.distributed.shutdown()
   return 0
+
+
+def load(model: str | None, path: str | None, max_context: int, mesh, layers: int | None):
+  """The decoder of ``--model``/``--gguf`` on ``mesh``; with ``layers``, of the file's first
+  ``layers`` blocks only (:func:`hxmlir.models.llama.params_of` reads ``config.layers``)."""
+  import dataclasses
+
+  from hxmlir import gguf
+  from hxmlir.models import llama
+  path = llama.smollm2_path() if model else path
+  if layers is None:
+    return llama.Llama.from_gguf(path, max_context=max_context, mesh=mesh)
+  meta = gguf.read_metadata(path)
+  cfg = dataclasses.replace(llama.Config.from_metadata(meta, path), layers=layers)
+  m = llama.Llama(cfg, llama.params_of(gguf.load(path), cfg), max_context=max_context,
+                  metadata=meta, path=path, mesh=mesh)
+  m.tokenizer = llama.tokenizer_from_metadata(meta)
+  return m
 
 
 if __name__ == "__main__":
