@@ -1,7 +1,8 @@
 """Tensor-parallel placement of a LLaMA decoder on a one-axis device mesh (Megatron-style).
 
 :func:`shard_params` places the weights pytree of :func:`hxmlir.models.llama.params_of`
-on a ``jax.sharding.Mesh`` with one axis of ``n`` devices (:func:`auto_mesh`), each weight in its stored hx format, by the rule of :func:`weight_spec`:
+on a ``jax.sharding.Mesh`` with one axis of ``n`` devices (:func:`auto_mesh`), each
+weight in its stored hx format, by the rule of :func:`weight_spec`:
 
 ==================================  ===========  ========================================
 weights (``[out, in]`` as stored)   split along  why
@@ -31,8 +32,8 @@ heads when ``n`` divides ``kv_heads`` (then attention is local to each device); 
 its positions ``C`` when ``n`` divides ``C``; else replicated. SmolLM2 has 3 KV heads, which
 2, 4 or 8 devices do not divide, so there the cache splits along positions: each device
 keeps ``C / n`` positions of every head (the cache's memory splits ``n`` ways, as it
-would by heads), a token's K and V are written on the device that owns its position, and
-the attention scores are sharded along positions; the partitioner all-reduces softmax's
+would by heads), a token's K and V land on the device that owns its position (a masked
+update: no cache traffic), and the attention scores are sharded along positions; the partitioner all-reduces softmax's
 max and sum and the partial products with V (sequence-parallel decoding). Splitting
 ``head_dim`` instead would cut the rotary pairs and every score into partial sums;
 replicating would keep ``n`` full copies of the largest buffer of a long context.
@@ -46,9 +47,11 @@ the partitioner (mesh axes of type Auto), the ``hx.matmul_q`` composite's decomp
 partitioned along a sharded weight axis: XLA would all-gather every weight on every
 device at every step. Everything else (norms, rotary embeddings, attention, the embedding
 gather) is the partitioner's, by sharding propagation (Shardy) from the placed weights
-and cache; the logits come back replicated (:func:`replicated`). The program is the same SPMD program on one process or
-on several (``jax.distributed``): :func:`place` builds each device's shard from the host
-copy, which every process holds.
+and cache; the logits come back replicated (:func:`replicated`). Per decode step and
+block that leaves activation-sized collectives only (2 devices: the ``psum`` of O and
+down, the gathers of Q, K and V's outputs, attention's three all-reduces). The program is
+the same SPMD program on one process or on several (``jax.distributed``): :func:`place`
+builds each device's shard from the host copy, which every process holds.
 """
 
 from __future__ import annotations
