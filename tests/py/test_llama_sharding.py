@@ -119,6 +119,15 @@ def test_decode_step_runs_each_composite_on_its_shard(one):
   assert any(re.search(col + local.format("24576x576xi8", "24576x18xf16"), c)
              for c in comps)  # the tied head: half the vocabulary per device
   assert sum(bool(re.search(row, c)) for c in comps) == 2 * LAYERS  # o and down
+  # compiled, the step moves activations only: every collective's result is at most a row
+  # of logits (49152); the smallest weight, k, has 192 x 576 elements. The partitioner
+  # left alone with the composites' blocked loops all-gathers every weight instead.
+  hlo = m._step.lower(m.params, np.asarray([1], np.int32), np.int32(3), k, v).compile(
+      ).as_text()
+  moved = re.findall(r"= \w+\[([\d,]*)\]\S* (?:all-gather|all-reduce|collective-permute|"
+                     r"all-to-all|reduce-scatter)(?:-start)?\(", hlo)
+  assert moved and max(int(np.prod([int(d) for d in m_.split(",") if d])) for m_ in moved) \
+      <= m.config.vocab, moved
 
 
 def test_placement_on_8_devices_and_other_head_counts(one):
