@@ -16,6 +16,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -59,14 +60,17 @@ def want(one):
   return list(m.generate(prompt, TOKENS))
 
 
-_models = {}
+@pytest.fixture(scope="module")
+def on_mesh(one):
+  """``on_mesh(n)``: the truncated decoder on the first ``n`` devices, made once per ``n``."""
+  models = {}
 
-
-def _on_mesh(one, n):
-  if n not in _models:
-    m, _ = one
-    _models[n] = llama.Llama(m.config, m.params, max_context=MAX_CONTEXT, mesh=_mesh(n))
-  return _models[n]
+  def get(n):
+    if n not in models:
+      models[n] = llama.Llama(one[0].config, one[0].params, max_context=MAX_CONTEXT,
+                              mesh=_mesh(n))
+    return models[n]
+  return get
 
 
 def _spec(v):
@@ -78,8 +82,8 @@ def _spec(v):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_mesh_gives_one_devices_greedy_tokens(one, want, n):
-  m = _on_mesh(one, n)
+def test_mesh_gives_one_devices_greedy_tokens(one, want, on_mesh, n):
+  m = on_mesh(n)
   layer = m.params["layers"][0]
   assert {k: _spec(v) for k, v in layer.items()} == {
       "q": P("i"), "k": P("i"), "v": P("i"), "gate": P("i"),
@@ -97,8 +101,8 @@ def test_mesh_gives_one_devices_greedy_tokens(one, want, n):
   assert m.traces["step"] == m.traces["prefill"] == 1
 
 
-def test_decode_step_runs_each_composite_on_its_shard(one):
-  m = _on_mesh(one, 2)
+def test_decode_step_runs_each_composite_on_its_shard(on_mesh):
+  m = on_mesh(2)
   k, v = m.new_cache()
   text = m._step.lower(m.params, np.asarray([1], np.int32), np.int32(3), k, v).as_text()
   # the arguments carry the placement: the Q8_0 table along the vocabulary
@@ -178,10 +182,10 @@ def test_two_processes_give_one_devices_greedy_tokens(one, want):
   procs = [subprocess.Popen([*cmd, "--process-id", str(i)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
            for i in range(2)]
-  outs = []
+  outs, deadline = [], time.monotonic() + 420  # both processes, together
   try:
     for p in procs:
-      outs.append(p.communicate(timeout=420))
+      outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic())))
   finally:
     for p in procs:
       if p.poll() is None:
