@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
 def load(model: str | None, path: str | None, max_context: int, mesh, layers: int | None):
   """The decoder of ``--model``/``--gguf`` on ``mesh``; with ``layers``, of the file's first
-  ``layers`` blocks only (:func:`hxmlir.models.llama.params_of` reads ``config.layers``)."""
+  ``layers`` blocks only (only their tensors are read; :func:`hxmlir.models.llama.params_of`
+  takes ``config.layers`` blocks)."""
   import dataclasses
 
   from hxmlir import gguf
@@ -90,11 +91,13 @@ def load(model: str | None, path: str | None, max_context: int, mesh, layers: in
   path = llama.smollm2_path() if model else path
   if layers is None:
     return llama.Llama.from_gguf(path, max_context=max_context, mesh=mesh)
-  meta = gguf.read_metadata(path)
-  cfg = dataclasses.replace(llama.Config.from_metadata(meta, path), layers=layers)
-  m = llama.Llama(cfg, llama.params_of(gguf.load(path), cfg), max_context=max_context,
-                  metadata=meta, path=path, mesh=mesh)
-  m.tokenizer = llama.tokenizer_from_metadata(meta)
+  names = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
+      f"blk.{i}.{v}" for i in range(layers) for v in llama._LAYER.values()}
+  ck = gguf.load(path, names=names)  # the header once (its token lists take seconds)
+  cfg = dataclasses.replace(llama.Config.from_metadata(ck.metadata, path), layers=layers)
+  m = llama.Llama(cfg, llama.params_of(ck, cfg), max_context=max_context,
+                  metadata=ck.metadata, path=path, mesh=mesh)
+  m.tokenizer = llama.tokenizer_from_metadata(ck.metadata)
   return m
 
 
