@@ -8,7 +8,11 @@
 #define HX_PACKED_MR 6
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#define HX_DOT_MR 4
+#define HX_DOT_MAX_M 8
 #include "matmul_q_formats.inc"
+#include "matmul_q_nk.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsAvx2() { return &avx2::kKernels; }
 const hxmlir::FormatKernels* hxmlir::FormatKernelsAvx2() { return &avx2::kFormatKernels; }
+const hxmlir::NkKernels* hxmlir::NkKernelsAvx2() { return &avx2::kNkKernels; }

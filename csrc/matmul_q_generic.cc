@@ -8,7 +8,11 @@
 #define HX_PACKED_MR 4
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#define HX_DOT_MR 4
+#define HX_DOT_MAX_M 8
 #include "matmul_q_formats.inc"
+#include "matmul_q_nk.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsGeneric() { return &generic::kKernels; }
 const hxmlir::FormatKernels* hxmlir::FormatKernelsGeneric() { return &generic::kFormatKernels; }
+const hxmlir::NkKernels* hxmlir::NkKernelsGeneric() { return &generic::kNkKernels; }

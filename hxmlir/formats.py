@@ -68,8 +68,11 @@ Formats with f16 scales come from checkpoints (:mod:`hxmlir.gguf`,
 A format's components identify it (:func:`of_components`: the values' storage dtype,
 the scale dtype, an offset or not), so every layer reads the format off the lo types.
 ``native_cpu`` and ``pallas`` say whether the native CPU kernel and the Pallas kernel
-know the format; where they do not, the platform's rule emits the StableHLO
-decomposition (today: for every format of issue 26).
+know the format in ``hx.matmul_q``'s main layout (``x @ Q[k, n]``, quantized along the
+free axis ``n``); ``native_cpu_nk`` whether the native CPU kernel knows it in the
+checkpoint layout ``[out, in]`` (``hx.einsum("...k,nk->...n", x, w)``, quantized along
+the contraction axis ``k``: target ``hx_matmul_q_cpu_v3``, every format). Where a kernel
+does not take a format, the platform's rule emits the StableHLO decomposition.
 
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
@@ -98,8 +101,10 @@ class Format:
   ``layout`` (the storage layout's name, see the module docstring), ``scale_dtype``
   (the scales' dtype, and the offsets'), ``offset`` (whether ``x = q * s + o``),
   ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
-  ``pallas`` (whether the native CPU kernel, the Pallas kernel take it; where not, the
-  platform's rule emits the StableHLO decomposition)."""
+  ``pallas`` (whether the native CPU kernel, the Pallas kernel take it in the layout
+  ``x @ Q[k, n]``; where not, the platform's rule emits the StableHLO decomposition),
+  ``native_cpu_nk`` (whether the native CPU kernel takes it in the ``[out, in]`` layout,
+  ``W[n, k]`` quantized along the contraction axis)."""
   name: str
   prefix: str
   value_dtype: np.dtype
@@ -113,6 +118,7 @@ class Format:
   value_range: tuple[float, float] = (-127, 127)
   native_cpu: bool = True
   pallas: bool = True
+  native_cpu_nk: bool = True
 
   @property
   def integer(self) -> bool:
@@ -150,7 +156,8 @@ INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7
               value_range=(-8, 7))
 FP8 = Format("float8_e4m3fn", "f8", np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn),
              "f8E4M3FN", 1, 448, "plain", value_range=(-448, 448))
-# issue 26: f16 scales (GGUF's legacy blocks) and offsets; the native CPU kernel has none
+# issue 26: f16 scales (GGUF's legacy blocks) and offsets: the native CPU kernel takes them
+# in the [out, in] layout only (native_cpu_nk)
 _NO_KERNELS = dict(native_cpu=False, pallas=False)
 INT8_F16 = dataclasses.replace(INT8, name="int8_f16", scale_dtype=F16, **_NO_KERNELS)
 INT4_F16 = dataclasses.replace(INT4, name="int4_f16", scale_dtype=F16, **_NO_KERNELS)
