@@ -1,5 +1,5 @@
-// hx.matmul_q block kernels for AVX2 + FMA (compiled with -mavx2 -mfma; chosen at
-// run time only on CPUs that have them).
+// hx.matmul_q block kernels for AVX2 + FMA + F16C (compiled with -mavx2 -mfma -mf16c;
+// chosen at run time only on CPUs that have them).
 #define HX_NS avx2
 #define HX_ISA_NAME "avx2"
 #define HX_W 8
@@ -10,6 +10,8 @@
 #include "matmul_q_kernels.inc"
 #define HX_DOT_MR 4
 #define HX_DOT_MAX_M 8
+#define HX_NKG_MR 3
+#define HX_NKG_NR 3
 #include "matmul_q_formats.inc"
 #include "matmul_q_nk.inc"
 

@@ -138,7 +138,8 @@ const Isa kIsas[] = {
     {"avx2", &hxmlir::KernelsAvx2, &hxmlir::FormatKernelsAvx2, &hxmlir::NkKernelsAvx2,
      [] {
        __builtin_cpu_init();
-       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
      }},
 #endif
     {"generic", &hxmlir::KernelsGeneric, &hxmlir::FormatKernelsGeneric, &hxmlir::NkKernelsGeneric, [] { return true; }},

@@ -20,13 +20,14 @@
 //   (computed once per row of x, shared by all n rows of W). int4 chunks of 2W values are
 //   decoded without interleaving (low nibbles, high nibbles) and x is put in that order
 //   once per call (NkChunkOrder), so at m = 1 the weight streams at memory speed.
-// - "blocks" (larger m): a block of rows of W decoded once to f32 (v * s + o) into
-//   micro-panels in a cache-resident buffer, then the register-tiled f32 loop of
-//   matmul_q_kernels.inc over x packed by PackRowGroups; rows of W past the last whole
-//   vector take a row dot product.
+// - "blocks" (larger m): a block of rows of W decoded once to f32 (v * s + o, in place
+//   of the row) into a buffer that fits half the L2 cache, then tiles of rows of x x
+//   decoded rows as row dot products in vector lanes, k in blocks that keep both tiles
+//   in L1 (NkProblem::kc), each tile's vector accumulators in registers.
 //
 // Numerics: "dot" adds, per output, f32 products x * value within each group, times the
-// scale, and o * X_g; "blocks" adds x * fl(fl(value * s) + o). Both are within
+// scale, and o * X_g; "blocks" adds x * fl(fl(value * s) + o) (the rounding of a
+// fused multiply-add where the compiler contracts). Both are within
 // gamma_{k+2} * sum_kk |x| (|value * s| + |o|) of the exact value (Higham, Accuracy and
 // Stability of Numerical Algorithms, 2nd ed., section 3.1), tested against float64.
 #ifndef HXMLIR_CSRC_MATMUL_Q_NK_H_
@@ -50,14 +51,14 @@ struct NkProblem {
   bool f16 = false;
   // "dot": x with each whole chunk of chunk_width(values) inside a group in the chunk's
   // lane order (NkChunkOrder; x itself for one value per byte), and, with an offset, the
-  // per-group sums of x, f32[m, ns]. "blocks": xp, x packed by PackRowGroups (block_mr).
+  // per-group sums of x, f32[m, ns].
   const float* xd = nullptr;
   const float* xsum = nullptr;
-  const float* xp = nullptr;
   float* y;            // f32[m, n]
   int64_t m, k, n;
   int64_t g;           // group size along k (k for one scale per row)
   int64_t ns;          // scales per row of W: k / g
+  int64_t kc = 512;    // "blocks": elements of k per block (a multiple of the lanes)
   NkValues values;
 };
 
@@ -66,12 +67,11 @@ struct NkKernels {
   int64_t w;            // f32 lanes per vector
   int64_t dot_mr;       // "dot": rows of x per pass over a row of W
   int64_t dot_max_m;    // "dot" for m <= this, "blocks" above
-  int64_t block_nr;     // "blocks": rows of W per micro-panel
-  int64_t block_mr;     // "blocks": rows of x per group (PackRowGroups)
-  int64_t block_kc;     // "blocks": elements of k decoded per panel
+  int64_t tile_nr;      // "blocks": decoded rows of W per tile
+  int64_t tile_mr;      // "blocks": rows of x per tile
   // y[:, j0:j1] for rows [j0, j1) of W.
   void (*dot)(const NkProblem& p, int64_t j0, int64_t j1);
-  // y[:, j0:j1]; scratch: at least block_kc * (j1 - j0 + block_nr) floats.
+  // y[:, j0:j1]; scratch: at least (j1 - j0) * k floats (the decoded rows).
   void (*blocks)(const NkProblem& p, int64_t j0, int64_t j1, float* scratch);
 };
 

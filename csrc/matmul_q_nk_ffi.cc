@@ -10,8 +10,8 @@
 // "f16": S, the scales' and offsets' dtype) and offset (whether the operand o follows s).
 // T is s8, u8, u8 and f8E4M3FN.
 //
-// Threads: the rows of W are cut into blocks (whole micro-panels; fewer rows when
-// a block of decoded weight would not fit half the L2 cache this CPU reports), about
+// Threads: the rows of W are cut into blocks (whole tiles; fewer rows when a block of
+// decoded weight would not fit half the L2 cache this CPU reports), about
 // kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
 // is computed by one thread in an order fixed by the shapes alone, so results never
 // depend on the thread count.
@@ -65,6 +65,18 @@ int64_t L2Bytes() {
   return bytes;
 }
 
+// The L1 data cache's bytes as this CPU reports them (32 KiB when it does not say).
+int64_t L1Bytes() {
+  static const int64_t bytes = [] {
+    long b = -1;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{32} << 10;
+  }();
+  return bytes;
+}
+
 struct NkJob : BlockedJob {
   NkProblem p;
   const NkKernels* kern;
@@ -73,7 +85,7 @@ struct NkJob : BlockedJob {
   void Run(int64_t t) {
     const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
     if (!blocks) return kern->dot(p, j0, j1);
-    kern->blocks(p, j0, j1, ThreadBuffer(kScratch, kern->block_kc * (block_len + kern->block_nr)));
+    kern->blocks(p, j0, j1, ThreadBuffer(kScratch, block_len * p.k));
   }
 };
 
@@ -185,13 +197,14 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
   job->blocks = p.m > kern->dot_max_m;
   if (job->blocks) {
-    float* xp = ThreadBuffer(kXs, p.m * p.k);  // packed by the first tasks (XPack)
-    job->pack.Plan(p.x, nullptr, 1, p.m, p.k, kern->block_mr, xp);
-    p.xp = xp;
-    const int64_t nr = kern->block_nr;
+    // k in blocks whose tiles of x and of decoded W (tile_mr + tile_nr rows) fill half of L1
+    const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
+    p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
+    // rows of W per block: about kBlocksPerThread blocks per thread, whole tiles, and the
+    // decoded block (rows x k f32) in half the L2 cache
+    const int64_t nr = kern->tile_nr;
     Blocking b = ColumnBlocks(p.n, 1, nr, threads);
-    // a block of decoded weight (block_kc x rows f32) in half the L2 cache
-    const int64_t fit = std::max(nr, L2Bytes() / 2 / (4 * kern->block_kc) / nr * nr);
+    const int64_t fit = std::max(nr, L2Bytes() / 2 / (4 * p.k) / nr * nr);
     if (b.len > fit) b = {fit, CeilDiv(p.n, fit)};
     job->Plan(1, b);
   } else {
