@@ -49,7 +49,7 @@ along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
 ``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
 (the native kernel ``hx_matmul_q_cpu_v3``), for Q8_0-like ``q8[..:g32,f16]``, Q4_0-like
 ``q4[..:g32,f16]`` and Q4_1-like ``u4o[..:g32,f16]``, against XLA's f32 dot on the
-dequantized weight (``x @ w.T``), all four interleaved in one set of rounds, at ``--m``
+dequantized weight stored ``[in, out]`` (``x @ w``: XLA's fast layout), all four interleaved in one set of rounds, at ``--m``
 on 4096 x 4096 and SmolLM2-135M's projections (out x in: 576x576, 192x576, 1536x576,
 576x1536, 49152x576), with each weight's bytes and the CPU model. Targets: at ``m = 1,
 4`` time <= 0.35x f32 for 4-bit and <= 0.50x for 8-bit; at ``m >= 64`` <= 1.0x::
@@ -294,8 +294,11 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
   rng = np.random.default_rng(seed)
   w = jnp.asarray(rng.standard_normal((n, k)).astype(np.float32) * 0.02)
   x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
-  f32 = jax.jit(lambda x, w: x @ w.T)
-  compiled = {"f32": (f32.lower(x, w).compile(), (x, w))}
+  # the f32 weight stored [in, out], XLA's fast layout (x @ w.T on w: f32[out, in] takes a
+  # slow loop in XLA:CPU, ~100x at m = 1 on 4096 x 4096)
+  wt = jnp.asarray(np.asarray(w).T.copy())
+  f32 = jax.jit(f32_matmul)
+  compiled = {"f32": (f32.lower(x, wt).compile(), (x, wt))}
   bytes_ = {"f32": 4 * n * k}
   checks = {}
   for label, dtype in NK_FORMATS:
@@ -304,7 +307,7 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
       c = jax.jit(_nk_einsum).lower(x, *parts).compile()
     compiled[label] = (c, (x, *parts))
     bytes_[label] = sum(int(p.nbytes) for p in parts)
-    checks[label] = jax.jit(lambda *p: hx.dequantize(hx.make_qarray(*p)))(*parts)
+    checks[label] = jax.jit(lambda *p: hx.dequantize(hx.make_qarray(*p)).T)(*parts)
   for label, (c, a) in compiled.items():
     c(*a).block_until_ready()
     if label != "f32":
