@@ -12,9 +12,10 @@ headers it needs are vendored under ``csrc/third_party/xla`` (header-only,
 Apache 2.0), so the build needs no jaxlib.
 
 Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc`` for
-``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``) are
+``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``; ``csrc/matmul_q_nk.inc`` for
+the ``[out, in]`` layout, ``_v3``) are
 compiled once per ISA, each translation unit with its own ``-m`` flags
-(AVX-512, AVX2 + FMA on x86-64; a portable copy everywhere), and the module
+(AVX-512, AVX2 + FMA + F16C on x86-64; a portable copy everywhere), and the module
 picks one at run time with ``__builtin_cpu_supports``. The extension is
 ``optional``: if it fails to build, ``pip install`` still succeeds and hxmlir
 falls back to its StableHLO lowering (``hxmlir.cpu_kernel_info()`` says so).
@@ -48,7 +49,7 @@ COMMON = ["-std=c++20", "-O3", "-fno-math-errno", "-fvisibility=hidden", "-Wall"
 ISA_SOURCES = {
     "csrc/matmul_q_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
                                 "-mavx2", "-mfma", "-mprefer-vector-width=512"],
-    "csrc/matmul_q_avx2.cc": ["-mavx2", "-mfma"],
+    "csrc/matmul_q_avx2.cc": ["-mavx2", "-mfma", "-mf16c"],
 } if X86 else {}
 
 
@@ -72,12 +73,14 @@ setup(
     package_dir=PACKAGE_ROOTS,
     ext_modules=[Extension(
         "hxmlir._matmul_q_cpu",
-        sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_formats_ffi.cc", "csrc/matmul_q_generic.cc"],
+        sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_formats_ffi.cc", "csrc/matmul_q_nk_ffi.cc",
+                 "csrc/matmul_q_generic.cc"],
         include_dirs=["csrc"],
         define_macros=[("HXMLIR_HAVE_X86_ISAS", "1")] if X86 else [],
         extra_compile_args=[*COMMON, "-isystem", "csrc/third_party"],
         depends=["csrc/matmul_q_cpu.h", "csrc/matmul_q_kernels.inc", "csrc/matmul_q_formats.h",
-                 "csrc/matmul_q_formats.inc", "csrc/matmul_q_parallel.h"],
+                 "csrc/matmul_q_formats.inc", "csrc/matmul_q_parallel.h", "csrc/matmul_q_nk.h",
+                 "csrc/matmul_q_nk.inc"],
         language="c++",
         optional=True,
     )],

@@ -44,6 +44,18 @@ against f32's::
 
   python benchmarks/matmul_q_cpu.py --formats --m 1 16
 
+``--nk`` prints the checkpoint layout's table instead (issue 26: ``W[out, in]`` quantized
+along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
+``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
+(the native kernel ``hx_matmul_q_cpu_v3``), for Q8_0-like ``q8[..:g32,f16]``, Q4_0-like
+``q4[..:g32,f16]`` and Q4_1-like ``u4o[..:g32,f16]``, against XLA's f32 dot on the
+dequantized weight stored ``[in, out]`` (``x @ w``: XLA's fast layout), all four interleaved in one set of rounds, at ``--m``
+on 4096 x 4096 and SmolLM2-135M's projections (out x in: 576x576, 192x576, 1536x576,
+576x1536, 49152x576), with each weight's bytes and the CPU model. Targets: at ``m = 1,
+4`` time <= 0.35x f32 for 4-bit and <= 0.50x for 8-bit; at ``m >= 64`` <= 1.0x::
+
+  python benchmarks/matmul_q_cpu.py --nk --rounds 15
+
 Usage::
 
   python benchmarks/matmul_q_cpu.py                 # the issue's table
@@ -239,6 +251,105 @@ def main_formats(args) -> None:
             f"{4 * k * n / r['bytes']:>10.2f} | {_mib(r['temp']):>8}", flush=True)
 
 
+NK_SHAPES = ((4096, 4096), (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))
+"""``--nk``'s weights, out x in: 4096 x 4096 and SmolLM2-135M's projections (q/o, k/v,
+gate/up, down, the tied head)."""
+NK_FORMATS = (("Q8_0 q8 g32,f16", "int8"), ("Q4_0 q4 g32,f16", "int4"),
+              ("Q4_1 u4o g32,f16", "uint4"))
+"""``--nk``'s formats: (label, ``hx.quantize`` dtype of the f32-scale format whose scales
+(and offsets) are then cast to f16)."""
+
+
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+  import platform
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
+def _nk_weight(w, dtype: str):
+  """Components of ``w: f32[n, k]`` quantized along ``k`` in groups of 32 with f16 scales
+  (and offsets): ``hx.quantize`` (``method="minmax"`` for uint4), scales cast to f16."""
+  qw = hx.quantize(w, dtype, group_size=32, method="minmax" if dtype == "uint4" else "absmax")
+  parts = (qw.qvalue, qw.scale.astype(jnp.float16))
+  return parts + ((qw.offset.astype(jnp.float16),) if dtype == "uint4" else ())
+
+
+def _nk_einsum(x, *parts):
+  return hx.einsum("mk,nk->mn", x, hx.make_qarray(*parts))
+
+
+def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
+               warm: bool = False) -> dict[str, tuple[float, int]]:
+  """``{label: (median seconds per call, weight bytes)}`` for ``f32`` and each of
+  :data:`NK_FORMATS` on ``x: f32[m, k]``, ``W[n, k]``, interleaved in one set of rounds.
+  Raises ``AssertionError`` when a format's result differs from the f32 dot on its own
+  dequantized weight by more than 1e-4 of the largest output."""
+  rng = np.random.default_rng(seed)
+  w = jnp.asarray(rng.standard_normal((n, k)).astype(np.float32) * 0.02)
+  x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+  # the f32 weight stored [in, out], XLA's fast layout (x @ w.T on w: f32[out, in] takes a
+  # slow loop in XLA:CPU, ~100x at m = 1 on 4096 x 4096)
+  wt = jnp.asarray(np.asarray(w).T.copy())
+  f32 = jax.jit(f32_matmul)
+  compiled = {"f32": (f32.lower(x, wt).compile(), (x, wt))}
+  bytes_ = {"f32": 4 * n * k}
+  checks = {}
+  for label, dtype in NK_FORMATS:
+    parts = _nk_weight(w, dtype)
+    with hx.installed():
+      c = jax.jit(_nk_einsum).lower(x, *parts).compile()
+    compiled[label] = (c, (x, *parts))
+    bytes_[label] = sum(int(p.nbytes) for p in parts)
+    checks[label] = jax.jit(lambda *p: hx.dequantize(hx.make_qarray(*p)).T)(*parts)
+  for label, (c, a) in compiled.items():
+    c(*a).block_until_ready()
+    if label != "f32":
+      want = np.asarray(f32(x, checks[label]))
+      err = np.abs(np.asarray(c(*a)) - want).max() / np.abs(want).max()
+      if err > 1e-4:
+        raise AssertionError(f"{label} differs from f32 by {err:.2e} (relative) at m={m}")
+  times = time_rounds(compiled, rounds, warm)
+  return {label: (statistics.median(times[label]), bytes_[label]) for label in compiled}
+
+
+def main_nk(args) -> None:
+  """The ``--nk`` table (see the module docstring)."""
+  ms, info = args.m, hx.cpu_kernel_info()
+  print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs, median of "
+        f"{args.rounds} interleaved rounds, "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
+        f"hx.einsum('mk,nk->mn') installed, weight assembled inside jit; "
+        + (f"native hx_matmul_q_cpu_v3 ({info.isa})" if info.active
+           else f"StableHLO lowering ({info.reason})"))
+  labels = [label for label, _ in NK_FORMATS]
+  head = (f"{'out':>6} {'in':>5} {'m':>4} | {'f32 ms':>8} | "
+          + " | ".join(f"{label:>16} ms {'x f32':>6}" for label in labels) + " | weight MiB "
+          + " ".join(f"{label.split()[0]:>5}" for label in ["f32 "] + labels) + " | targets")
+  print(head)
+  print("-" * len(head))
+  for n, k in NK_SHAPES:
+    for m in ms:
+      r = measure_nk(m, n, k, args.rounds, warm=args.warm)
+      tf = r["f32"][0]
+      cells, marks = [], []
+      for label, dtype in NK_FORMATS:
+        t = r[label][0]
+        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f}")
+        target = (0.5 if dtype == "int8" else 0.35) if m <= 4 else 1.0 if m >= 64 else None
+        if target is not None:
+          marks.append(f"{label.split()[0]}<={target:.2f}{'+' if t / tf <= target else '-'}")
+      mib = " ".join(f"{r[lab][1] / 2**20:>5.2f}" for lab in ["f32", *labels])
+      print(f"{n:>6} {k:>5} {m:>4} | {tf * 1e3:>8.3f} | " + " | ".join(cells)
+            + f" | {mib:>10} | {' '.join(marks)}", flush=True)
+
+
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 64, 256])
@@ -251,6 +362,9 @@ def main(argv=None) -> None:
                   help="print the formats table instead: FORMAT is int8, int4, "
                        "float8_e4m3fn, with :gG for groups of G (default: "
                        f"{' '.join(DEFAULT_FORMATS)}; --m defaults to 1 16 there)")
+  ap.add_argument("--nk", action="store_true",
+                  help="print the [out, in] layout's table instead (hx_matmul_q_cpu_v3: Q8_0-, "
+                       "Q4_0-, Q4_1-like weights against f32, 4096x4096 and SmolLM2's shapes)")
   ap.add_argument("--rounds", type=int, default=30)
   ap.add_argument("--warm", action="store_true",
                   help="do not evict the caches between calls")
@@ -261,6 +375,8 @@ def main(argv=None) -> None:
   extra = args.shape if args.shape is not None else [(512, 2048), (384, 1536)]
   cases = [(m, args.k, args.n) for m in args.m]
   cases += [(m, k, n) for k, n in extra for m in (16, 128)]
+  if args.nk:
+    return main_nk(args)
   if args.formats is not None:
     args.m_given = args.m != ap.get_default("m")
     return main_formats(args)

@@ -190,7 +190,7 @@ def run(ms, shapes, rounds, blocks, peak, fmts, interpret: bool = False,
   dev = jax.devices()[0]
   print(f"jax {jax.__version__}, {dev.device_kind}, peak {peak or '?'} GB/s, "
         f"median of {rounds} interleaved rounds, blocks {blocks or 'default'}, "
-        f"layout {layout} ({formats.PALLAS_LAYOUTS[layout].split(':')[0]})")
+        f"layout {layout} ({formats.WEIGHT_LAYOUTS[layout].split(':')[0]})")
   head = (f"{'m':>4} {'k':>6} {'n':>6} | {'format':>14} {'variant':>7} {'us':>9} "
           f"{'MB moved':>9} {'GB/s':>8} {'of peak':>7} | {'max rel err':>11}")
   print(head)
@@ -258,7 +258,7 @@ def dry_run(m: int, shapes, blocks, fmts, layout: str = "kn") -> None:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--layout", choices=sorted(formats.PALLAS_LAYOUTS), default="kn",
+  ap.add_argument("--layout", choices=sorted(formats.WEIGHT_LAYOUTS), default="kn",
                   help="weight layout: kn = W[in, out] (x @ w), nk = W[out, in] with groups "
                        "along the contraction (hx.einsum('...k,nk->...n'))")
   ap.add_argument("--m", type=int, nargs="+",

@@ -8,7 +8,13 @@
 #define HX_PACKED_MR 8
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#define HX_DOT_MR 8
+#define HX_DOT_MAX_M 8
+#define HX_NKG_MR 4
+#define HX_NKG_NR 4
 #include "matmul_q_formats.inc"
+#include "matmul_q_nk.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsAvx512() { return &avx512::kKernels; }
 const hxmlir::FormatKernels* hxmlir::FormatKernelsAvx512() { return &avx512::kFormatKernels; }
+const hxmlir::NkKernels* hxmlir::NkKernelsAvx512() { return &avx512::kNkKernels; }

@@ -28,6 +28,7 @@
 
 #include "matmul_q_cpu.h"
 #include "matmul_q_formats.h"
+#include "matmul_q_nk.h"
 #include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -121,25 +122,27 @@ struct Isa {
   const char* name;
   const hxmlir::Kernels* (*kernels)();
   const hxmlir::FormatKernels* (*format_kernels)();  // hx_matmul_q_cpu_v2's
+  const hxmlir::NkKernels* (*nk_kernels)();          // hx_matmul_q_cpu_v3's
   bool (*supported)();
 };
 
 const Isa kIsas[] = {
 #if defined(HXMLIR_HAVE_X86_ISAS)
-    {"avx512", &hxmlir::KernelsAvx512, &hxmlir::FormatKernelsAvx512,
+    {"avx512", &hxmlir::KernelsAvx512, &hxmlir::FormatKernelsAvx512, &hxmlir::NkKernelsAvx512,
      [] {
        __builtin_cpu_init();
        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
      }},
-    {"avx2", &hxmlir::KernelsAvx2, &hxmlir::FormatKernelsAvx2,
+    {"avx2", &hxmlir::KernelsAvx2, &hxmlir::FormatKernelsAvx2, &hxmlir::NkKernelsAvx2,
      [] {
        __builtin_cpu_init();
-       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
      }},
 #endif
-    {"generic", &hxmlir::KernelsGeneric, &hxmlir::FormatKernelsGeneric, [] { return true; }},
+    {"generic", &hxmlir::KernelsGeneric, &hxmlir::FormatKernelsGeneric, &hxmlir::NkKernelsGeneric, [] { return true; }},
 };
 
 PyObject* PyHandler(PyObject*, PyObject*) {
@@ -148,6 +151,10 @@ PyObject* PyHandler(PyObject*, PyObject*) {
 
 PyObject* PyHandlerV2(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuV2), nullptr, nullptr);
+}
+
+PyObject* PyHandlerV3(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuV3), nullptr, nullptr);
 }
 
 PyObject* PyCompiledIsas(PyObject*, PyObject*) {
@@ -182,6 +189,7 @@ PyObject* PySelectIsa(PyObject*, PyObject* arg) {
     }
     hxmlir::g_kernels.store(isa.kernels(), std::memory_order_release);
     hxmlir::SelectFormatKernels(isa.format_kernels());
+    hxmlir::SelectNkKernels(isa.nk_kernels());
     Py_RETURN_NONE;
   }
   PyErr_Format(PyExc_ValueError, "no %s kernels were compiled into hxmlir._matmul_q_cpu", want);
@@ -199,6 +207,8 @@ PyMethodDef kMethods[] = {
      "PyCapsule of the XLA FFI handler (for jax.ffi.register_ffi_target, api_version=1)."},
     {"handler_v2", PyHandlerV2, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_v2's XLA FFI handler (every format; api_version=1)."},
+    {"handler_v3", PyHandlerV3, METH_NOARGS,
+     "PyCapsule of hx_matmul_q_cpu_v3's XLA FFI handler (the [out, in] layout; api_version=1)."},
     {"compiled_isas", PyCompiledIsas, METH_NOARGS,
      "Names of the kernel sets compiled in, best first."},
     {"supported_isas", PySupportedIsas, METH_NOARGS,
@@ -209,7 +219,7 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",
-                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1 and _v2).",
+                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3).",
                        -1, kMethods};
 
 }  // namespace

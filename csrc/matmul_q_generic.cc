@@ -8,7 +8,13 @@
 #define HX_PACKED_MR 4
 #define HX_PACKED_NV 2
 #include "matmul_q_kernels.inc"
+#define HX_DOT_MR 4
+#define HX_DOT_MAX_M 8
+#define HX_NKG_MR 3
+#define HX_NKG_NR 3
 #include "matmul_q_formats.inc"
+#include "matmul_q_nk.inc"
 
 const hxmlir::Kernels* hxmlir::KernelsGeneric() { return &generic::kKernels; }
 const hxmlir::FormatKernels* hxmlir::FormatKernelsGeneric() { return &generic::kFormatKernels; }
+const hxmlir::NkKernels* hxmlir::NkKernelsGeneric() { return &generic::kNkKernels; }

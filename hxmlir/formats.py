@@ -67,10 +67,11 @@ Formats with f16 scales come from checkpoints (:mod:`hxmlir.gguf`,
 
 A format's components identify it (:func:`of_components`: the values' storage dtype,
 the scale dtype, an offset or not), so every layer reads the format off the lo types.
-``native_cpu`` says whether the native CPU kernel knows the format, ``pallas`` which
-weight layouts (:data:`PALLAS_LAYOUTS`) the Pallas kernels take it in; where they do not,
-the platform's rule emits the StableHLO decomposition (the native CPU kernel: for every
-format of issue 26; the Pallas kernels: the ``"kn"`` kernel for those formats).
+``native_cpu`` and ``pallas`` name the weight layouts (:data:`WEIGHT_LAYOUTS`) in
+which the native CPU kernel and the Pallas kernels take the format; where they do not,
+the platform's rule emits the StableHLO decomposition (the formats of issue 26 have
+kernels in the checkpoints' ``"nk"`` layout only: ``hx_matmul_q_cpu_v3`` on CPU,
+``hx_matmul_q_nk_v1`` in Pallas).
 
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
@@ -90,13 +91,14 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
 
-PALLAS_LAYOUTS = {
+WEIGHT_LAYOUTS = {
     "kn": "W[in, out] = Q[*b, k, n], quantized along the free axis n: x @ w, "
-          "kernels hx_matmul_q_v1/v2 (lowering/matmul_q_pallas.py)",
+          "CPU kernels hx_matmul_q_cpu_v1/v2, Pallas kernels hx_matmul_q_v1/v2",
     "nk": "W[out, in] = Q[*b, n, k], groups along the contraction k: "
-          "hx.einsum('...k,nk->...n', x, w), kernel hx_matmul_q_nk_v1",
+          "hx.einsum('...k,nk->...n', x, w), CPU kernel hx_matmul_q_cpu_v3, Pallas kernel hx_matmul_q_nk_v1",
 }
-"""The weight layouts of the Pallas ``hx.matmul_q`` kernels (``Format.pallas`` names them)."""
+"""The weight layouts of the ``hx.matmul_q`` kernels (``Format.native_cpu`` and ``Format.pallas``
+name them)."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,9 @@ class Format:
   ``layout`` (the storage layout's name, see the module docstring), ``scale_dtype``
   (the scales' dtype, and the offsets'), ``offset`` (whether ``x = q * s + o``),
   ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
-  ``pallas`` (whether the native CPU kernel takes it; the weight layouts of
-  :data:`PALLAS_LAYOUTS` the Pallas kernels take it in; elsewhere the platform's rule
-  emits the StableHLO decomposition)."""
+  ``pallas`` (the weight layouts of :data:`WEIGHT_LAYOUTS` the native CPU kernel and the
+  Pallas kernels take it in; elsewhere the platform's rule emits the StableHLO
+  decomposition)."""
   name: str
   prefix: str
   value_dtype: np.dtype
@@ -122,7 +124,7 @@ class Format:
   scale_dtype: np.dtype = F32
   offset: bool = False
   value_range: tuple[float, float] = (-127, 127)
-  native_cpu: bool = True
+  native_cpu: tuple[str, ...] = ("kn", "nk")
   pallas: tuple[str, ...] = ("kn", "nk")
 
   @property
@@ -161,9 +163,9 @@ INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7
               value_range=(-8, 7))
 FP8 = Format("float8_e4m3fn", "f8", np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn),
              "f8E4M3FN", 1, 448, "plain", value_range=(-448, 448))
-# issue 26: f16 scales (GGUF's legacy blocks) and offsets; the native CPU kernel has none,
-# the Pallas kernel of the checkpoints' [out, in] layout takes them
-_NO_KERNELS = dict(native_cpu=False, pallas=("nk",))
+# issue 26: f16 scales (GGUF's legacy blocks) and offsets: the native CPU kernel and the
+# Pallas kernel take them in the checkpoints' [out, in] layout only
+_NO_KERNELS = dict(native_cpu=("nk",), pallas=("nk",))
 INT8_F16 = dataclasses.replace(INT8, name="int8_f16", scale_dtype=F16, **_NO_KERNELS)
 INT4_F16 = dataclasses.replace(INT4, name="int4_f16", scale_dtype=F16, **_NO_KERNELS)
 UINT4 = Format("uint4", "u4o", np.dtype(jnp.uint4), np.dtype(jnp.uint8), "ui8", 2, 15,

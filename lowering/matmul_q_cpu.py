@@ -17,6 +17,15 @@ thread pool:
   ``n``), with the attributes ``dtype``, ``layout`` and ``group_size`` (``0``: per
   row) naming the format; the kernel refuses operands that disagree with them
   (``csrc/matmul_q_formats_ffi.cc``, ``csrc/matmul_q_formats.h``).
+- ``hx_matmul_q_cpu_v3`` (:data:`TARGET_V3`): the checkpoint layout ``[out, in]``
+  (``hx.einsum("...k,nk->...n", x, w)``): ``x: f32[*b, k]``, ``q: T[n, k / pack]`` quantized
+  along ``k`` (the contraction axis), ``s: S[n]`` or ``S[n, k / g]`` with ``S`` f32 or f16,
+  and for the offset formats ``o`` like ``s`` -> ``f32[*b, n]``, for every format of
+  :mod:`hxmlir.formats` (``"nk"`` in ``Format.native_cpu``), with the attributes ``dtype`` (the
+  values' dtype: ``int8``, ``int4``, ``uint4``, ``float8_e4m3fn``), ``layout``,
+  ``group_size``, ``scale_dtype`` (``f32``/``f16``) and ``offset`` (``csrc/matmul_q_nk_ffi.cc``,
+  ``csrc/matmul_q_nk.h``): row dot products at small ``m`` (a GEMV streaming the weight at
+  ``m = 1``), a block of rows decoded once to f32 under a register-tiled loop above.
 
 At import this module picks the kernel's ISA (the best of ``avx512``, ``avx2``
 this CPU runs; ``$HXMLIR_CPU_ISA`` forces one, ``generic`` included) and
@@ -32,8 +41,8 @@ composite's decomposition calls the kernel only while hxmlir is installed,
 the kernel is active, the module is for one device, and either the lowering is
 not for ``jax.export`` or the export opted in with :func:`keep_native_cpu_calls`.
 Everything else gets the portable StableHLO decomposition, so artifacts run
-anywhere by default. An artifact that keeps the call names ``hx_matmul_q_cpu_v1``
-or ``_v2``; :func:`native_call_problem` tells a loading process what it lacks.
+anywhere by default. An artifact that keeps the call names ``hx_matmul_q_cpu_v1``,
+``_v2`` or ``_v3``; :func:`native_call_problem` tells a loading process what it lacks.
 """
 
 from __future__ import annotations
@@ -54,7 +63,9 @@ TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
 """The FFI custom-call target of int8 per-row weights (its name carries the version)."""
 TARGET_V2 = f"{KERNEL_NAME}_v2"
 """The FFI custom-call target of every format (:mod:`hxmlir.formats`)."""
-TARGETS = (TARGET, TARGET_V2)
+TARGET_V3 = f"{KERNEL_NAME}_v3"
+"""The FFI custom-call target of the ``[out, in]`` layout, every format."""
+TARGETS = (TARGET, TARGET_V2, TARGET_V3)
 """Every version of the kernel this hxmlir has, oldest first."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
 """A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
@@ -73,7 +84,8 @@ DEFAULT_ISAS = ("avx512", "avx2")
 CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu",),
                                      owner="hxmlir")
 CPU_KERNEL_V2 = targets.register_kernel(TARGET_V2, KERNEL_NAME, 2, ("cpu",), owner="hxmlir")
-assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name) == TARGETS
+CPU_KERNEL_V3 = targets.register_kernel(TARGET_V3, KERNEL_NAME, 3, ("cpu",), owner="hxmlir")
+assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name) == TARGETS
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,7 @@ def _load() -> CpuKernelInfo:
   ext.select_isa(isa)
   jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V2, ext.handler_v2(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported)
 
 
@@ -181,8 +194,8 @@ def keep_native_cpu_calls(keep: bool = True):
 
   ``with hx.installed(), hx.keep_native_cpu_calls(): exp = hxmlir.export.export(f)(...)``
   gives an artifact whose ``hx.matmul_q`` decompositions call the custom-call
-  target ``hx_matmul_q_cpu_v1`` (int8 per row) or ``hx_matmul_q_cpu_v2`` (other
-  formats) instead of the portable StableHLO: it runs
+  target ``hx_matmul_q_cpu_v1`` (int8 per row), ``hx_matmul_q_cpu_v2`` (other
+  formats) or ``hx_matmul_q_cpu_v3`` (the ``[out, in]`` layout) instead of the portable StableHLO: it runs
   only in a process where hxmlir (with its kernel built and active) is
   imported, and ``hxmlir.export.deserialize`` says so otherwise. Effective
   only while hxmlir is installed, where the kernel is active
@@ -243,6 +256,36 @@ def matmul_q_native_v2(x, q, s):
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[-1]), jnp.float32)
   return jax.ffi.ffi_call(TARGET_V2, out)(x, q, s, dtype=fmt.name, layout=fmt.layout,
                                           group_size=np.int64(group or 0))
+
+
+def matmul_q_native_v3(x, q, s, o=None):
+  """``x @ dequantize(q, s, o).T`` through the custom call ``hx_matmul_q_cpu_v3``: the
+  checkpoint layout ``[out, in]``, any format.
+
+  ``x: f32[*b, k]``; ``q``: stored values of a weight ``W[n, k]`` quantized along ``k``
+  (``i8[n, k]``, ``ui8[n, k // 2]`` for int4 and uint4 pairs, ``f8E4M3FN[n, k]``);
+  ``s: f32/f16[n]`` (one scale per row of ``W``) or ``[n, k // g]`` (per group of ``g``);
+  ``o``: the offsets, like ``s``, for the offset formats, else ``None`` ->
+  ``f32[*b, n]``, ``y[..., j] = sum_i x[..., i] * (q[j, i] * s[j, i // g] + o[j, i // g])``.
+  The format (:func:`hxmlir.formats.of_components`) and group size are read from the
+  operands and passed as the call's ``dtype``/``layout``/``group_size``/``scale_dtype``/
+  ``offset`` attributes. Raises ``TypeError`` naming the operand types when no format has
+  these components or ``s``'s shape fits no group size; runs only where the target is
+  registered (:func:`cpu_kernel_info`).
+  """
+  fmt = formats.of_components(q.dtype, s.dtype, o is not None)
+  dense = None if fmt is None or q.ndim != 2 else fmt.dense_shape(q.shape)
+  group = None if dense is None else formats.group_of(dense, s.shape)
+  if dense is None or isinstance(group, str):
+    offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
+    raise TypeError(f"{TARGET_V3}: no quantization format of a weight [n, k] for values "
+                    f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
+                    + ("" if not isinstance(group, str) else f": {group}"))
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[0]), jnp.float32)
+  operands = (x, q, s) if o is None else (x, q, s, o)
+  return jax.ffi.ffi_call(TARGET_V3, out)(
+      *operands, dtype=fmt.value_dtype.name, layout=fmt.layout, group_size=np.int64(group or 0),
+      scale_dtype=fmt.scale_mlir, offset=bool(fmt.offset))
 
 
 def native_call_problem(call_targets: Iterable[str]) -> str | None:

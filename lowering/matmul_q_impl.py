@@ -430,12 +430,15 @@ def _collapsed(native):
 
 def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   """``"batched"`` (version 1's dims: ``f32[*b, m, k] x Q[*b, k, n]``), ``"collapsed"``
-  (``f32[..., k] x Q[k, n]``), or ``None``: the layouts the native kernels and the int8
-  streaming builders know."""
+  (``f32[..., k] x Q[k, n]``), ``"nk"`` (the checkpoint layout ``f32[..., k] x W[n, k]``,
+  ``"...k,nk->...n"``: ``hx_matmul_q_cpu_v3``), or ``None``: the layouts the native kernels
+  and the int8 streaming builders know."""
   if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
     return "batched"
   if q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
     return "collapsed"
+  if q_aval.ndim == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (1,)), ((), ())):
+    return "nk"
   return None
 
 
@@ -460,16 +463,28 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   - every other layout, and other formats than int8 per row outside the native
     kernel: one free axis of the dense weight walked in blocks of whole groups and
     packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small;
-  - formats the native kernel does not take (``Format.native_cpu``: f16 scales,
-    offsets ``o``): the blocked path (or the reference when small) in every layout.
+  - formats the native kernel does not take in these layouts (``"kn"`` not in
+    ``Format.native_cpu``: f16 scales,
+    offsets ``o``): the blocked path (or the reference when small) in every layout
+    but the next;
+  - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
+    ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
+    under the same policy and size bound, else the blocked path.
   """
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
-  if not rules.weight_format(ctx).native_cpu:
-    return _lower_blocked(ctx, (x, q, s, *o), dimension_numbers or dotdims.v1_dims(x_aval.ndim))
+  fmt = rules.weight_format(ctx)
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
+  if _kernel_layout(x_aval, q_aval, dims) == "nk":
+    n, k = fmt.dense_shape(q_aval.shape)
+    if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
+                             reference=matmul_q_cpu.matmul_q_native_v3,
+                             attributes=rules.matmul_q_attributes(ctx, dims))
+    return _lower_blocked(ctx, (x, q, s, *o), dims)
+  if "kn" not in fmt.native_cpu:
+    return _lower_blocked(ctx, (x, q, s, *o), dimension_numbers or dotdims.v1_dims(x_aval.ndim))
   attrs = rules.matmul_q_attributes(ctx, dims)
   ref = reference.matmul_q_for(dims)
-  fmt = formats.of_storage(q_aval.dtype)
   dense = fmt.dense_shape(q_aval.shape)
   per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
   layout = _kernel_layout(x_aval, q_aval, dims)

@@ -42,7 +42,7 @@ The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use a
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
 installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
 for each layout a weight's format takes (``Format.pallas``, the layouts of
-:data:`hxmlir.formats.PALLAS_LAYOUTS`); otherwise they emit the default composite with
+:data:`hxmlir.formats.WEIGHT_LAYOUTS`); otherwise they emit the default composite with
 the reference decomposition.
 
 The kernel. Grid ``(batch, cdiv(m, block_m), cdiv(n, block_n))``, all
@@ -636,7 +636,7 @@ def nk_dims(x_rank: int, q_rank: int) -> dotdims.DotDims | None:
 def _pallas_kernel(ctx, dims, backend: str):
   """The kernel (a function of the operands ``x, q, s[, o]``) that computes this equation on
   ``backend``, run per shard in a program over several devices, or ``None`` (the reference):
-  the layout (``"kn"``, ``"nk"``, :data:`hxmlir.formats.PALLAS_LAYOUTS`) must be one the
+  the layout (``"kn"``, ``"nk"``, :data:`hxmlir.formats.WEIGHT_LAYOUTS`) must be one the
   weight's format takes (``Format.pallas``) with a tile for its group size."""
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   xr, qr = x_aval.ndim, q_aval.ndim

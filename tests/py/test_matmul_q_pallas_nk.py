@@ -180,7 +180,7 @@ def test_nk_kernel_is_registered_per_platform():
   assert all("nk" in f.pallas for f in formats.FORMATS.values())
   assert [f.name for f in formats.FORMATS.values() if "kn" in f.pallas] == \
       ["int8", "int4", "float8_e4m3fn"]
-  assert set(formats.PALLAS_LAYOUTS) == {"kn", "nk"}
+  assert set(formats.WEIGHT_LAYOUTS) == {"kn", "nk"}
 
 
 def _einsum(x, w):

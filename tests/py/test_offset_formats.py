@@ -6,6 +6,8 @@ decoded here, independently of hxmlir's decode), within bounds derived from the
 computation (tests/py/numerics.py).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,7 +82,7 @@ def test_components_name_one_format_each():
     assert formats.of_components(f.mlir, f.scale_mlir, f.offset) is f  # MLIR spellings
   assert formats.of_components("i8", "f64", False) is None
   # the formats of issue 26 have no native CPU or Pallas kernel: the rules ask the table
-  assert [f.name for f in formats.FORMATS.values() if not f.native_cpu] == \
+  assert [f.name for f in formats.FORMATS.values() if "kn" not in f.native_cpu] == \
       ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16"]
 
 
@@ -318,13 +320,17 @@ def test_shard_map_takes_the_offset_component(mesh):
 
 # --- lowering, hx-verify, hx-decompose ---------------------------------------------
 
-def test_cpu_rule_never_calls_the_native_kernel_for_offset_formats():
+def test_cpu_rule_calls_the_native_kernel_for_offset_formats_in_the_out_in_layout_only():
+  # [out, in] (quantized along the contraction): hx_matmul_q_cpu_v3 ("nk" in native_cpu); the
+  # Q[k, n] layout has no native kernel for offset formats (native_cpu): blocked StableHLO
   _, q = _u4o((512, 512), 32)  # big enough for the native kernel
   x = np.ones((2, 512), np.float32)
-  with hx.installed():
-    text = jax.jit(lambda x, q: hx.einsum("...k,nk->...n", x, q)).lower(x, q).as_text()
-  assert "hx_matmul_q_cpu" not in text
-  assert 'stablehlo.composite "hx.matmul_q"' in text and "version = 4" in text
+  for spec, target in (("...k,nk->...n", "hx_matmul_q_cpu_v3"), ("...k,kn->...n", None)):
+    with hx.installed():
+      text = jax.jit(lambda x, q, spec=spec: hx.einsum(spec, x, q)).lower(x, q).as_text()
+    calls = re.findall(r"custom_call @(hx_matmul_q_cpu\w*)", text)
+    assert calls == ([target] if target else []), spec
+    assert 'stablehlo.composite "hx.matmul_q"' in text and "version = 4" in text
 
 
 def test_verify_and_decompose_the_new_versions():

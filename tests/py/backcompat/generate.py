@@ -189,6 +189,21 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((300, 256), 34), jnp.int8, group_size=8)),
         (("hx.matmul_q", 3),), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v2", "hx_matmul_q_cpu_v2"),)),
+    # its version 3 (the [out, in] layout, issue 26): Q4_1-like u4o with f16 scales and
+    # offsets ("dot" regime, m <= 8, rank-3 x), Q8_0-like q8 f16 per group and q8o
+    # ("blocks", m > 8), fp8 per row (a legacy format: hx.matmul_q version 3)
+    "hx_matmul_q_cpu_v3_cpu": Case(
+        lambda x1, x2, a, b, c, d: (hx.einsum("bmk,nk->bmn", x1, a), hx.einsum("mk,nk->mn", x2, b),
+                                    hx.einsum("mk,nk->mn", x2, c), hx.einsum("bmk,nk->bmn", x1, d)),
+        lambda: (_x((2, 3, 320), 60), _x((20, 320), 61),
+                 _f16_scales(hx.quantize(_x((230, 320), 62), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((230, 320), 63), jnp.int8, group_size=32)),
+                 hx.make_qarray(np.arange(230 * 320, dtype=np.int64).reshape(230, 320)
+                                .astype(np.int8) % 32, _x((230, 10), 64), _x((230, 10), 65)),
+                 hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
 }
 
 

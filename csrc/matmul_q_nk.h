@@ -1,0 +1,97 @@
+// hx.matmul_q on CPU in the checkpoint layout [out, in] (GGUF's, torch Linear's): the
+// weight W[n, k] is quantized along k, the contraction axis, and
+//
+//   x: f32[*b, k]   q: stored values [n, k / pack]   s: [n] or [n, k / g]   (o: like s)
+//   y[.., j] = sum_kk x[.., kk] * (value(q[j, kk]) * s[j, kk / g] + o[j, kk / g])   (f32[*b, n])
+//
+// for every format of hxmlir/formats.py: values int8 (s8, "plain"), int4 (u8,
+// "int4_pairs_v1": dense element 2i is the low nibble of byte i, 2i + 1 the high one,
+// each two's complement in [-8, 7]), uint4 (u8, "uint4_pairs_v1": the same nibbles,
+// unsigned in [0, 15]) and float8_e4m3fn ("plain", decoded exactly as in
+// matmul_q_formats.h); scales f32 or f16 (widened to f32 exactly on the fly), one per row
+// of W (per row: g = k) or per group of g along k; an offset o of the scale's dtype and
+// shape for the offset formats (u4o, q8o). x's leading dims are rows of one f32[m, k].
+//
+// Two regimes by m:
+// - "dot" (m <= NkKernels::dot_max_m): each thread owns a range of rows of W and takes
+//   each row once, as row dot products with up to dot_mr rows of x at a time: per group,
+//   sum_{i in g} x_i q_i in f32 vector lanes, times the group's scale, added into the
+//   row's accumulator; the offset term sum_g o_g * X_g from the per-group sums X_g of x
+//   (computed once per row of x, shared by all n rows of W). int4 chunks of 2W values are
+//   decoded without interleaving (low nibbles, high nibbles) and x is put in that order
+//   once per call (NkChunkOrder), so at m = 1 the weight streams at memory speed.
+// - "blocks" (larger m): a block of rows of W decoded once to f32 (v * s + o, in place
+//   of the row) into a buffer that fits half the L2 cache, then tiles of rows of x x
+//   decoded rows as row dot products in vector lanes, k in blocks that keep both tiles
+//   in L1 (NkProblem::kc), each tile's vector accumulators in registers.
+//
+// Numerics: "dot" adds, per output, f32 products x * value within each group, times the
+// scale, and o * X_g; "blocks" adds x * fl(fl(value * s) + o) (the rounding of a
+// fused multiply-add where the compiler contracts). Both are within
+// gamma_{k+2} * sum_kk |x| (|value * s| + |o|) of the exact value (Higham, Accuracy and
+// Stability of Numerical Algorithms, 2nd ed., section 3.1), tested against float64.
+#ifndef HXMLIR_CSRC_MATMUL_Q_NK_H_
+#define HXMLIR_CSRC_MATMUL_Q_NK_H_
+
+#include <cstdint>
+
+namespace hxmlir {
+
+enum class NkValues : int { kInt8 = 0, kInt4 = 1, kUInt4 = 2, kFp8E4M3Fn = 3 };
+
+constexpr int64_t NkPackOf(NkValues v) {
+  return v == NkValues::kInt4 || v == NkValues::kUInt4 ? 2 : 1;
+}
+
+struct NkProblem {
+  const float* x;      // f32[m, k]
+  const uint8_t* q;    // [n, k / pack] bytes
+  const void* s;       // f32 or f16 (f16 true) [n, ns]
+  const void* o = nullptr;  // like s, or null (no offset)
+  bool f16 = false;
+  // "dot": x with each whole chunk of chunk_width(values) inside a group in the chunk's
+  // lane order (NkChunkOrder; x itself for one value per byte), and, with an offset, the
+  // per-group sums of x, f32[m, ns].
+  const float* xd = nullptr;
+  const float* xsum = nullptr;
+  float* y;            // f32[m, n]
+  int64_t m, k, n;
+  int64_t g;           // group size along k (k for one scale per row)
+  int64_t ns;          // scales per row of W: k / g
+  int64_t kc = 512;    // "blocks": elements of k per block (a multiple of the lanes)
+  NkValues values;
+};
+
+struct NkKernels {
+  const char* isa;
+  int64_t w;            // f32 lanes per vector
+  int64_t dot_mr;       // "dot": rows of x per pass over a row of W
+  int64_t dot_max_m;    // "dot" for m <= this, "blocks" above
+  int64_t tile_nr;      // "blocks": decoded rows of W per tile
+  int64_t tile_mr;      // "blocks": rows of x per tile
+  // y[:, j0:j1] for rows [j0, j1) of W.
+  void (*dot)(const NkProblem& p, int64_t j0, int64_t j1);
+  // y[:, j0:j1]; scratch: at least (j1 - j0) * k floats (the decoded rows).
+  void (*blocks)(const NkProblem& p, int64_t j0, int64_t j1, float* scratch);
+};
+
+// Dense elements per chunk decoded at once in "dot" for values of format v with W lanes.
+constexpr int64_t NkChunkWidth(NkValues v, int64_t w) { return w * NkPackOf(v); }
+
+const NkKernels* NkKernelsGeneric();
+#if defined(HXMLIR_HAVE_X86_ISAS)
+const NkKernels* NkKernelsAvx2();
+const NkKernels* NkKernelsAvx512();
+#endif
+
+// The kernels the v3 handler uses from now on (set with the other ISAs' kernels).
+void SelectNkKernels(const NkKernels* k);
+
+}  // namespace hxmlir
+
+struct XLA_FFI_Error;
+struct XLA_FFI_CallFrame;
+// The FFI handler of "hx_matmul_q_cpu_v3" (matmul_q_nk_ffi.cc).
+extern "C" XLA_FFI_Error* HxMatmulQCpuV3(XLA_FFI_CallFrame* call_frame);
+
+#endif  // HXMLIR_CSRC_MATMUL_Q_NK_H_

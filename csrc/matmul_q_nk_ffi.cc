@@ -1,0 +1,249 @@
+// The XLA FFI handler of hx.matmul_q on CPU in the [out, in] layout (custom call target
+// "hx_matmul_q_cpu_v3"; layout, formats, regimes and numerics in matmul_q_nk.h):
+//
+//   x: f32[*b, k], q: T[n, k / pack], s: S[n] or S[n, k / g] (, o: like s) -> y: f32[*b, n]
+//
+// Attributes (part of the IR contract; the call is refused unless they agree with the
+// operands): dtype ("int8", "int4", "uint4", "float8_e4m3fn": the values), layout
+// ("plain", "int4_pairs_v1", "uint4_pairs_v1" respectively), group_size (0: one scale
+// per row of W, else g > 0 dividing k, even for 4-bit values), scale_dtype ("f32" or
+// "f16": S, the scales' and offsets' dtype) and offset (whether the operand o follows s).
+// T is s8, u8, u8 and f8E4M3FN.
+//
+// Threads: the rows of W are cut into blocks (whole tiles; fewer rows when a block of
+// decoded weight would not fit half the L2 cache this CPU reports), about
+// kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
+// is computed by one thread in an order fixed by the shapes alone, so results never
+// depend on the thread count.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "matmul_q_nk.h"
+#include "matmul_q_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hxmlir {
+
+namespace {
+std::atomic<const NkKernels*> g_nk_kernels{nullptr};
+}  // namespace
+
+void SelectNkKernels(const NkKernels* k) { g_nk_kernels.store(k, std::memory_order_release); }
+
+namespace {
+
+struct NkSpec {
+  std::string_view dtype, layout, storage;
+  ffi::DataType type;
+  NkValues values;
+};
+
+constexpr NkSpec kNkSpecs[] = {
+    {"int8", "plain", "s8", ffi::DataType::S8, NkValues::kInt8},
+    {"int4", "int4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kInt4},
+    {"uint4", "uint4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kUInt4},
+    {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, NkValues::kFp8E4M3Fn},
+};
+
+// The L2 cache's bytes as this CPU reports them (256 KiB when it does not say).
+int64_t L2Bytes() {
+  static const int64_t bytes = [] {
+    long b = -1;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{256} << 10;
+  }();
+  return bytes;
+}
+
+// The L1 data cache's bytes as this CPU reports them (32 KiB when it does not say).
+int64_t L1Bytes() {
+  static const int64_t bytes = [] {
+    long b = -1;
+#if defined(_SC_LEVEL1_DCACHE_SIZE)
+    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{32} << 10;
+  }();
+  return bytes;
+}
+
+struct NkJob : BlockedJob {
+  NkProblem p;
+  const NkKernels* kern;
+  bool blocks = false;
+
+  void Run(int64_t t) {
+    const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
+    if (!blocks) return kern->dot(p, j0, j1);
+    kern->blocks(p, j0, j1, ThreadBuffer(kScratch, block_len * p.k));
+  }
+};
+
+std::string NkTypeName(ffi::DataType t) {
+  for (const NkSpec& s : kNkSpecs)
+    if (s.type == t) return std::string(s.storage);
+  if (t == ffi::DataType::F32) return "f32";
+  if (t == ffi::DataType::F16) return "f16";
+  return "dtype#" + std::to_string(static_cast<int>(t));
+}
+
+ffi::Error Invalid(std::string msg) {
+  return ffi::Error::InvalidArgument("hx_matmul_q_cpu_v3: " + msg);
+}
+
+// x in "dot"'s chunk order (matmul_q_nk.h): in each group, each whole chunk of cw dense
+// elements [e0, e1, ..., e_{cw-1}] as [e0, e2, ..., e1, e3, ...] (pack 2: the low
+// nibbles' lanes, then the high nibbles'); the group's elements past them unchanged.
+void NkChunkOrder(const float* x, int64_t m, int64_t k, int64_t g, int64_t cw, float* out) {
+  const int64_t half = cw / 2;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * k;
+    float* oi = out + i * k;
+    for (int64_t kb = 0; kb < k; kb += g) {
+      const int64_t gv = g / cw * cw;
+      for (int64_t c = kb; c < kb + gv; c += cw)
+        for (int64_t l = 0; l < half; ++l) {
+          oi[c + l] = xi[c + 2 * l];
+          oi[c + half + l] = xi[c + 2 * l + 1];
+        }
+      std::copy(xi + kb + gv, xi + kb + g, oi + kb + gv);
+    }
+  }
+}
+
+ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                     std::string_view dtype, std::string_view layout, int64_t group_size,
+                     std::string_view scale_dtype, bool offset) {
+  const NkSpec* spec = nullptr;
+  for (const NkSpec& c : kNkSpecs)
+    if (c.dtype == dtype) spec = &c;
+  if (spec == nullptr)
+    return Invalid("unknown dtype attribute '" + std::string(dtype) +
+                   "' (expected int8, int4, uint4 or float8_e4m3fn)");
+  if (layout != spec->layout)
+    return Invalid("dtype " + std::string(dtype) + " is stored in layout '" +
+                   std::string(spec->layout) + "', got layout '" + std::string(layout) + "'");
+  if (scale_dtype != "f32" && scale_dtype != "f16")
+    return Invalid("scale_dtype must be f32 or f16, got '" + std::string(scale_dtype) + "'");
+  const ffi::DataType st = scale_dtype == "f16" ? ffi::DataType::F16 : ffi::DataType::F32;
+  const int64_t pack = NkPackOf(spec->values);
+  if (group_size < 0 || (group_size > 0 && group_size % pack != 0))
+    return Invalid("group_size must be 0 (one scale per row) or positive" +
+                   std::string(pack > 1 ? " and even" : "") + ", got " +
+                   std::to_string(group_size));
+  if (rest.size() != (offset ? 1u : 0u))
+    return Invalid(std::string(offset ? "offset=true expects the operand o after s"
+                                      : "offset=false expects no operand after s") +
+                   ", got " + std::to_string(3 + rest.size()) + " operands");
+  const auto xd = x.dimensions(), qd = q.dimensions(), sd = s.dimensions(), yd = y->dimensions();
+  std::string got = ", got f32" + ShapeText(xd) + ", " + NkTypeName(q.element_type()) +
+                    ShapeText(qd) + ", " + NkTypeName(s.element_type()) + ShapeText(sd);
+  const void* o_data = nullptr;
+  bool o_ok = true;
+  if (offset) {
+    auto o = rest.get<ffi::AnyBuffer>(0);
+    if (!o.has_value()) return Invalid("cannot read the offset operand");
+    got += ", " + NkTypeName(o->element_type()) + ShapeText(o->dimensions());
+    o_ok = o->element_type() == st && o->dimensions() == sd;
+    o_data = o->untyped_data();
+  }
+  got += " -> f32" + ShapeText(yd);
+  const std::string sn(scale_dtype), g = std::to_string(group_size);
+  const std::string scales = group_size == 0 ? sn + "[n]" : sn + "[n, k / " + g + "]";
+  const std::string want = "expects f32[*b, k], " + std::string(spec->storage) + "[n, k" +
+                           (pack > 1 ? " / " + std::to_string(pack) : "") + "], " + scales +
+                           (offset ? ", " + scales : "") + " -> f32[*b, n] for dtype " +
+                           std::string(dtype) + ", group_size " + g + ", scale_dtype " + sn +
+                           ", offset " + (offset ? "true" : "false");
+  const size_t r = xd.size();
+  bool ok = q.element_type() == spec->type && s.element_type() == st && o_ok && r >= 1 &&
+            qd.size() == 2 && yd.size() == r && sd.size() == (group_size == 0 ? 1u : 2u);
+  const int64_t k = ok ? xd[r - 1] : 0, n = ok ? qd[0] : 0;
+  ok = ok && qd[1] * pack == k && sd[0] == n && yd[r - 1] == n;
+  for (size_t i = 0; ok && i + 1 < r; ++i) ok = yd[i] == xd[i];
+  if (ok && group_size > 0) ok = k % group_size == 0 && sd[1] == k / group_size;
+  if (!ok) return Invalid(want + got);
+
+  const NkKernels* kern = g_nk_kernels.load(std::memory_order_acquire);
+  if (kern == nullptr) kern = NkKernelsGeneric();
+  auto job = std::make_shared<NkJob>();
+  NkProblem& p = job->p;
+  p.x = x.typed_data();
+  p.q = static_cast<const uint8_t*>(q.untyped_data());
+  p.s = s.untyped_data();
+  p.o = o_data;
+  p.f16 = st == ffi::DataType::F16;
+  p.y = y->typed_data();
+  p.m = 1;
+  for (size_t i = 0; i + 1 < r; ++i) p.m *= xd[i];
+  p.k = k;
+  p.n = n;
+  p.g = group_size == 0 ? std::max<int64_t>(k, 1) : group_size;
+  p.ns = group_size == 0 ? 1 : k / group_size;
+  p.values = spec->values;
+  if (NothingToCompute(1, p.m, p.k, p.n, p.y)) return ffi::Error::Success();
+  job->kern = kern;
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  job->blocks = p.m > kern->dot_max_m;
+  if (job->blocks) {
+    // k in blocks whose tiles of x and of decoded W (tile_mr + tile_nr rows) fill half of L1
+    const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
+    p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
+    // rows of W per block: about kBlocksPerThread blocks per thread, whole tiles, and the
+    // decoded block (rows x k f32) in half the L2 cache
+    const int64_t nr = kern->tile_nr;
+    Blocking b = ColumnBlocks(p.n, 1, nr, threads);
+    const int64_t fit = std::max(nr, L2Bytes() / 2 / (4 * p.k) / nr * nr);
+    if (b.len > fit) b = {fit, CeilDiv(p.n, fit)};
+    job->Plan(1, b);
+  } else {
+    p.xd = p.x;
+    if (pack > 1) {
+      float* xd_buf = ThreadBuffer(kXs, p.m * p.k);
+      NkChunkOrder(p.x, p.m, p.k, p.g, NkChunkWidth(p.values, kern->w), xd_buf);
+      p.xd = xd_buf;
+    }
+    if (offset) {
+      float* xs = ThreadBuffer(kPartial, p.m * p.ns);
+      for (int64_t i = 0; i < p.m; ++i)
+        for (int64_t gi = 0; gi < p.ns; ++gi) {
+          const float* xg = p.x + i * p.k + gi * p.g;
+          float t = 0.f;
+          for (int64_t e = 0; e < p.g; ++e) t += xg[e];
+          xs[i * p.ns + gi] = t;
+        }
+      p.xsum = xs;
+    }
+    job->Plan(1, ColumnBlocks(p.n, 1, 4, threads));
+  }
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hxmlir
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV3, hxmlir::MatmulQV3,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::AnyBuffer>()         // q (s8, u8, f8E4M3FN)
+                                  .Arg<ffi::AnyBuffer>()         // s (f32, f16)
+                                  .RemainingArgs()               // o (offset formats)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
+                                  .Attr<std::string_view>("dtype")
+                                  .Attr<std::string_view>("layout")
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<std::string_view>("scale_dtype")
+                                  .Attr<bool>("offset"));
