@@ -48,6 +48,7 @@ import numpy as np
 
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
+from hxmlir.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
@@ -139,22 +140,56 @@ _LAYER = {"attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.we
           "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight"}
 
 
-def params_of(ck, cfg: Config) -> dict[str, Any]:
+FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+"""Projections that read the same ``x``, held as one weight by :func:`params_of`
+(``fuse=True``): ``name: (parts, ...)`` concatenated along ``out`` in this order."""
+
+
+def params_of(ck, cfg: Config, *, fuse: bool = True) -> dict[str, Any]:
   """The weights pytree of a loaded checkpoint ``ck`` (:func:`hxmlir.gguf.load`):
   ``{"embed": q8[vocab, d], "norm": f32[d], "layers": [{"attn_norm", "q", "k", "v",
   "o", "ffn_norm", "gate", "up", "down"}, ...]}`` plus ``"output"`` when the head is not
-  tied. Values are the checkpoint's, not copied. Raises :class:`UnsupportedModelError`
-  naming a missing tensor."""
+  tied. Values are the checkpoint's, not copied.
+
+  ``fuse``: in each layer, the weights that multiply the same activation (:data:`FUSED`:
+  Q/K/V, gate/up) are held as one weight concatenated along ``out`` -- ``"qkv":
+  u4o[(heads + 2 kv_heads) * head_dim, d:g32,f16]``, ``"gate_up": u4o[2 ffn, d:g32,f16]``
+  -- where their formats agree (same type, as GGUF's Q4_1 layers are), so each is one
+  ``hx.matmul_q`` call per token instead of three or two; :func:`forward` splits the
+  result. Parts of different formats stay separate. The concatenation copies those
+  weights once at load (the same bytes; the unfused ones are not kept). Leave it off
+  for a mesh that shards ``out``: a shard of the fused weight would mix Q, K and V.
+
+  Raises :class:`UnsupportedModelError` naming a missing tensor."""
   def get(name):
     if name not in ck.tensors:
       raise UnsupportedModelError(f"{ck.path}: tensor {name!r} is missing")
     return ck.tensors[name]
+  layers = [{k: get(f"blk.{i}.{v}") for k, v in _LAYER.items()} for i in range(cfg.layers)]
+  if fuse:
+    layers = [_fuse(p) for p in layers]
   params = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight"),
-            "layers": [{k: get(f"blk.{i}.{v}") for k, v in _LAYER.items()}
-                       for i in range(cfg.layers)]}
+            "layers": layers}
   if "output.weight" in ck.tensors:
     params["output"] = ck.tensors["output.weight"]
   return params
+
+
+def _fuse(p: dict[str, Any]) -> dict[str, Any]:
+  """Layer ``p`` with each group of :data:`FUSED` concatenated along ``out`` when all its
+  parts are quantized arrays of one format (:func:`hxmlir.qarray_parts` of each,
+  concatenated along axis 0, reassembled by :func:`hxmlir.make_qarray`)."""
+  p = dict(p)
+  for name, parts in FUSED.items():
+    types = [jax.typeof(p[k]) for k in parts]
+    if not all(isinstance(t, QArrayTy) for t in types) or len(
+        {(t.format, t.group_size, t.shape[1:]) for t in types}) != 1:
+      continue
+    comps = zip(*(qarray_parts(p[k]) for k in parts))
+    p[name] = make_qarray(*(jnp.concatenate(c, axis=0) for c in comps))
+    for k in parts:
+      del p[k]
+  return p
 
 
 def rms_norm(x, w, eps: float):
@@ -175,7 +210,37 @@ def rope(x, positions, base: float):
 
 
 def _proj(x, w):
-  return einsum("...k,nk->...n", x, w)
+  """``x @ w.T`` for a weight ``w[out, in]``: :func:`hxmlir.einsum` (one ``hx.matmul_q``)
+  on a quantized ``w``, ``jnp.einsum`` on a dense one (:func:`dequantized` params)."""
+  if isinstance(jax.typeof(w), QArrayTy):
+    return einsum("...k,nk->...n", x, w)
+  return jnp.einsum("...k,nk->...n", x, w)
+
+
+def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int]) -> list:
+  """The projections ``FUSED[fused]`` of ``x`` (``out`` sizes ``sizes``) by layer ``p``'s
+  weights: one call on the fused weight, split along ``out`` (:func:`params_of`), or one
+  call per part."""
+  if fused not in p:
+    return [_proj(x, p[k]) for k in FUSED[fused]]
+  return jnp.split(_proj(x, p[fused]), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+
+
+def _embed(table, ids):
+  """Rows ``ids`` of the token embedding ``table[vocab, d]``, quantized or dense."""
+  if isinstance(jax.typeof(table), QArrayTy):
+    return take_rows(table, ids)
+  return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def dequantized(params: dict[str, Any]) -> dict[str, Any]:
+  """``params`` with every quantized weight replaced by ``f32`` :func:`hxmlir.dequantize`
+  of it (same pytree structure): the dense f32 decoder that the quantized one replaces,
+  run by the same :func:`forward` (``jnp.einsum`` and ``jnp.take`` instead of
+  ``hx.einsum`` and ``hx.take_rows``). About 6x the device bytes of a Q4_1 file."""
+  deq = jax.jit(dequantize)
+  return jax.tree.map(lambda v: deq(v) if isinstance(jax.typeof(v), QArrayTy) else v,
+                      params)
 
 
 def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
@@ -189,13 +254,14 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   positions = start + jnp.arange(t, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
-  x = take_rows(params["embed"], ids)
+  x = _embed(params["embed"], ids)
   zero = jnp.zeros((), jnp.int32)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
-    q = rope(_proj(h, p["q"]).reshape(t, cfg.heads, hd), positions, cfg.rope_base)
-    k = rope(_proj(h, p["k"]).reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
-    v = _proj(h, p["v"]).reshape(t, cfg.kv_heads, hd)
+    q, k, v = _projs(h, p, "qkv", (cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd))
+    q = rope(q.reshape(t, cfg.heads, hd), positions, cfg.rope_base)
+    k = rope(k.reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
+    v = v.reshape(t, cfg.kv_heads, hd)
     at = (jnp.int32(i), start, zero, zero)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
     v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
@@ -205,7 +271,8 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
     a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
     x = x + _proj(a.reshape(t, cfg.heads * hd), p["o"])
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
-    x = x + _proj(jax.nn.silu(_proj(h, p["gate"])) * _proj(h, p["up"]), p["down"])
+    gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn))
+    x = x + _proj(jax.nn.silu(gate) * up, p["down"])
   x = rms_norm(x, params["norm"], cfg.rms_eps)
   return _proj(x, params.get("output", params["embed"])), k_cache, v_cache
 
