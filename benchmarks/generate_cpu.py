@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import glob
+import gzip
 import json
 import os
 import re
@@ -225,7 +225,7 @@ def bench(args) -> None:
     print(f"{name}: {note}")
 
   results = {name: [] for name in engines}
-  for name, e in engines.items():  # compile / warm up: prefill + 2 decode steps
+  for e in engines.values():  # compile / warm up: prefill + 2 decode steps
     run_round(e, ids, 2)
   order = np.random.default_rng(0)
   for r in range(args.rounds):
@@ -261,16 +261,19 @@ def bench(args) -> None:
 
 # --- profile -----------------------------------------------------------------------
 
-_OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (\S+) (\w[\w\-]*)\(")
+_OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
+_QVALUES = re.compile(r"\b((?:u8|s8|f8e4m3fn)\[\d+,\d+\])")
 
 
 def _hlo_ops(hlo_text: str) -> dict[str, str]:
-  """``{instruction name: description}`` of the entry computation's instructions in
-  ``hlo_text`` (XLA's ``as_text()``): custom calls by target and operand shapes, fusions
-  by what they hold (a dot, a reduce ...), others by opcode."""
-  comps, cur, name = {}, None, None
+  """``{instruction name: what it is}`` for the entry computation of ``hlo_text`` (XLA's
+  ``as_text()`` after compilation): the native kernel's custom calls by target and
+  quantized operand, ``while`` loops over a quantized operand as ``hx.matmul_q``'s
+  StableHLO lowering (blocked loop) of that weight, fusions by the ops they hold and
+  their result, others by opcode and result."""
+  comps, cur = {}, None
   for line in hlo_text.splitlines():
-    if line and not line.startswith(" ") and "{" in line:
+    if line and not line.startswith((" ", "}")) and line.rstrip().endswith("{"):
       name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
       cur = comps.setdefault(name.lstrip("%"), [])
       if line.startswith("ENTRY"):
@@ -283,16 +286,20 @@ def _hlo_ops(hlo_text: str) -> dict[str, str]:
     if not mt:
       continue
     inst, shape, opcode = mt.groups()
+    shape = re.sub(r"\{[\d,]*\}", "", shape)
+    qv = _QVALUES.findall(line.split(f" {opcode}(", 1)[0] if opcode == "while" else line)
     if opcode == "custom-call":
       tgt = re.search(r'custom_call_target="([^"]+)"', line)
-      args = re.findall(r"(\w+\[[\d,]*\])", line.split("custom-call(", 1)[1])
-      ops[inst] = f"custom-call {tgt.group(1) if tgt else '?'} {' '.join(args[1:3])}"
+      ops[inst] = f"custom-call {tgt.group(1) if tgt else '?'} {' '.join(qv[:1])} -> {shape}"
+    elif opcode == "while" and qv:
+      out = re.search(r"f32\[[\d,]+\]", shape)
+      ops[inst] = f"hx.matmul_q StableHLO loop {qv[0]} -> {out.group(0) if out else '?'}"
     elif opcode == "fusion":
       called = re.search(r"calls=%?([\w.\-]+)", line)
       body = "\n".join(comps.get(called.group(1), [])) if called else ""
-      kinds = [k for k in ("dot", "convolution", "reduce", "exponential", "rsqrt",
-                           "dynamic-update-slice", "gather", "sine", "cosine")
-               if re.search(rf"\b{k}\(", body)]
+      kinds = [k for k in ("dot", "transpose", "reduce", "exponential", "rsqrt",
+                           "dynamic-update-slice", "dynamic-slice", "gather", "sine")
+               if re.search(rf" {k}\(", body)]
       ops[inst] = f"fusion[{','.join(kinds) or 'elementwise'}] -> {shape}"
     else:
       ops[inst] = f"{opcode} -> {shape}"
@@ -321,12 +328,14 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
     for _ in range(3):
       logits, k, v = m._step(*args(1, 8, k, v))
     np.asarray(logits)
-    walls = []
+    walls, calls = [], []
     for i in range(steps):  # untraced wall times first
       t0 = time.perf_counter()
       logits, k, v = m._step(*args(1, 9 + i, k, v))
+      t1 = time.perf_counter()
       np.asarray(logits)
       walls.append(time.perf_counter() - t0)
+      calls.append(t1 - t0)
     with tempfile.TemporaryDirectory() as d:
       with jax.profiler.trace(d, create_perfetto_trace=True):
         for i in range(steps):
@@ -361,6 +370,8 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
       continue
     print(f"{us:>9.1f} {100 * us / total:>5.1f} {n:>5}  {what}")
   print(f"{total:>9.1f} {100.0:>5.1f} {len(per_op):>5}  all instructions (sum of per-op times)")
+  print(f"the step call returns (Python and C++ dispatch, async) after "
+        f"{statistics.median(calls) * 1e6:.0f} us (median, untraced)")
   print(f"step wall time on the host (median of {steps}, untraced): {wall:.0f} us; "
         f"outside the instructions (dispatch, argument handling, thread wake-ups, the "
         f"logits to the host): {wall - total:.0f} us ({100 * (wall - total) / wall:.0f}%)")

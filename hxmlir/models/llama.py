@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hxmlir.dispatch import jit as hx_jit
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
 from hxmlir.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
@@ -183,7 +184,7 @@ def _fuse(p: dict[str, Any]) -> dict[str, Any]:
   for name, parts in FUSED.items():
     types = [jax.typeof(p[k]) for k in parts]
     if not all(isinstance(t, QArrayTy) for t in types) or len(
-        {(t.format, t.group_size, t.shape[1:]) for t in types}) != 1:
+        {(t.fmt, t.group, t.shape[1:]) for t in types}) != 1:
       continue
     comps = zip(*(qarray_parts(p[k]) for k in parts))
     p[name] = make_qarray(*(jnp.concatenate(c, axis=0) for c in comps))
@@ -296,9 +297,9 @@ class Llama:
         self.traces[name] += 1
         return forward(*args, cfg=config)
       return fwd
-    self._logits = jax.jit(counted("logits"))
-    self._prefill = jax.jit(counted("prefill"), donate_argnums=(3, 4))
-    self._step = jax.jit(counted("step"), donate_argnums=(3, 4))
+    self._logits = hx_jit(counted("logits"))
+    self._prefill = hx_jit(counted("prefill"), donate_argnums=(3, 4))
+    self._step = hx_jit(counted("step"), donate_argnums=(3, 4))
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
