@@ -9,9 +9,12 @@ come from the file's metadata.
 Weights are what :func:`hxmlir.gguf.load` places: ``u4o[out, in:g32,f16]`` for Q4_1,
 ``q8[out, in:g32,f16]`` for Q8_0, ... and stay so: every projection is
 ``hx.einsum("...k,nk->...n", x, w)`` (one ``hx.matmul_q``, scales applied to the
-result), the token embedding rows come from :func:`hxmlir.take_rows` on the quantized
-table, and a tied head is ``hx.einsum`` over that same table. Nothing is dequantized
-to a dense f32 weight.
+result; Q/K/V and gate/up, which multiply the same ``x``, are held concatenated along
+``out`` and cost one call each, :func:`params_of`), the token embedding rows come from
+:func:`hxmlir.take_rows` on the quantized table, and a tied head is ``hx.einsum`` over
+that same table. Nothing is dequantized to a dense f32 weight; :func:`dequantized`
+gives the dense f32 params that the same :func:`forward` also runs (the baseline of
+``benchmarks/generate_cpu.py``).
 
 Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``rotate_half`` pairs ``(i, i + d/2)``) so that on the rows as stored the rotation pairs
