@@ -9,9 +9,12 @@ come from the file's metadata.
 Weights are what :func:`hxmlir.gguf.load` places: ``u4o[out, in:g32,f16]`` for Q4_1,
 ``q8[out, in:g32,f16]`` for Q8_0, ... and stay so: every projection is
 ``hx.einsum("...k,nk->...n", x, w)`` (one ``hx.matmul_q``, scales applied to the
-result), the token embedding rows come from :func:`hxmlir.take_rows` on the quantized
-table, and a tied head is ``hx.einsum`` over that same table. Nothing is dequantized
-to a dense f32 weight.
+result; Q/K/V and gate/up, which multiply the same ``x``, are held concatenated along
+``out`` and cost one call each, :func:`params_of`), the token embedding rows come from
+:func:`hxmlir.take_rows` on the quantized table, and a tied head is ``hx.einsum`` over
+that same table. Nothing is dequantized to a dense f32 weight; :func:`dequantized`
+gives the dense f32 params that the same :func:`forward` also runs (the baseline of
+``benchmarks/generate_cpu.py``).
 
 Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``rotate_half`` pairs ``(i, i + d/2)``) so that on the rows as stored the rotation pairs
@@ -53,9 +56,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hxmlir.dispatch import jit as hx_jit
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
 from hxmlir.models import llama_sharding
+from hxmlir.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
@@ -147,22 +152,57 @@ _LAYER = {"attn_norm": "attn_norm.weight", "q": "attn_q.weight", "k": "attn_k.we
           "gate": "ffn_gate.weight", "up": "ffn_up.weight", "down": "ffn_down.weight"}
 
 
-def params_of(ck, cfg: Config) -> dict[str, Any]:
+FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+"""Projections that read the same ``x``, held as one weight by :func:`params_of`
+(``fuse=True``): ``name: (parts, ...)`` concatenated along ``out`` in this order."""
+
+
+def params_of(ck, cfg: Config, *, fuse: bool = True) -> dict[str, Any]:
   """The weights pytree of a loaded checkpoint ``ck`` (:func:`hxmlir.gguf.load`):
   ``{"embed": q8[vocab, d], "norm": f32[d], "layers": [{"attn_norm", "q", "k", "v",
   "o", "ffn_norm", "gate", "up", "down"}, ...]}`` plus ``"output"`` when the head is not
-  tied. Values are the checkpoint's, not copied. Raises :class:`UnsupportedModelError`
-  naming a missing tensor."""
+  tied. Values are the checkpoint's, not copied.
+
+  ``fuse``: in each layer, the weights that multiply the same activation (:data:`FUSED`:
+  Q/K/V, gate/up) are held as one weight concatenated along ``out`` -- ``"qkv":
+  u4o[(heads + 2 kv_heads) * head_dim, d:g32,f16]``, ``"gate_up": u4o[2 ffn, d:g32,f16]``
+  -- where their formats agree (same type, as GGUF's Q4_1 layers are), so each is one
+  ``hx.matmul_q`` call per token instead of three or two; :func:`forward` splits the
+  result. Parts of different formats stay separate. The concatenation copies those
+  weights once at load (the same bytes; the unfused ones are not kept). On a mesh a fused
+  weight is split along ``out`` like its parts (a shard then holds columns of Q, K and V
+  together, and the split of the result is the partitioner's: the same numbers).
+
+  Raises :class:`UnsupportedModelError` naming a missing tensor."""
   def get(name):
     if name not in ck.tensors:
       raise UnsupportedModelError(f"{ck.path}: tensor {name!r} is missing")
     return ck.tensors[name]
+  layers = [{k: get(f"blk.{i}.{v}") for k, v in _LAYER.items()} for i in range(cfg.layers)]
+  if fuse:
+    layers = [_fuse(p) for p in layers]
   params = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight"),
-            "layers": [{k: get(f"blk.{i}.{v}") for k, v in _LAYER.items()}
-                       for i in range(cfg.layers)]}
+            "layers": layers}
   if "output.weight" in ck.tensors:
     params["output"] = ck.tensors["output.weight"]
   return params
+
+
+def _fuse(p: dict[str, Any]) -> dict[str, Any]:
+  """Layer ``p`` with each group of :data:`FUSED` concatenated along ``out`` when all its
+  parts are quantized arrays of one format (:func:`hxmlir.qarray_parts` of each,
+  concatenated along axis 0, reassembled by :func:`hxmlir.make_qarray`)."""
+  p = dict(p)
+  for name, parts in FUSED.items():
+    types = [jax.typeof(p[k]) for k in parts]
+    if not all(isinstance(t, QArrayTy) for t in types) or len(
+        {(t.fmt, t.group, t.shape[1:]) for t in types}) != 1:
+      continue
+    comps = zip(*(qarray_parts(p[k]) for k in parts))
+    p[name] = make_qarray(*(jnp.concatenate(c, axis=0) for c in comps))
+    for k in parts:
+      del p[k]
+  return p
 
 
 def rms_norm(x, w, eps: float):
@@ -183,7 +223,38 @@ def rope(x, positions, base: float):
 
 
 def _proj(x, w, name=None):
-  return einsum("...k,nk->...n", x, w)
+  """``x @ w.T`` for a weight ``w[out, in]`` (``name``: the weight's key, read by a
+  mesh's projection, :func:`hxmlir.models.llama_sharding.projection`): :func:`hxmlir.einsum` (one ``hx.matmul_q``)
+  on a quantized ``w``, ``jnp.einsum`` on a dense one (:func:`dequantized` params)."""
+  if isinstance(jax.typeof(w), QArrayTy):
+    return einsum("...k,nk->...n", x, w)
+  return jnp.einsum("...k,nk->...n", x, w)
+
+
+def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=_proj) -> list:
+  """The projections ``FUSED[fused]`` of ``x`` (``out`` sizes ``sizes``) by layer ``p``'s
+  weights: one call on the fused weight, split along ``out`` (:func:`params_of`), or one
+  call per part."""
+  if fused not in p:
+    return [proj(x, p[k], k) for k in FUSED[fused]]
+  return jnp.split(proj(x, p[fused], fused), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+
+
+def _embed(table, ids):
+  """Rows ``ids`` of the token embedding ``table[vocab, d]``, quantized or dense."""
+  if isinstance(jax.typeof(table), QArrayTy):
+    return take_rows(table, ids)
+  return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def dequantized(params: dict[str, Any]) -> dict[str, Any]:
+  """``params`` with every quantized weight replaced by ``f32`` :func:`hxmlir.dequantize`
+  of it (same pytree structure): the dense f32 decoder that the quantized one replaces,
+  run by the same :func:`forward` (``jnp.einsum`` and ``jnp.take`` instead of
+  ``hx.einsum`` and ``hx.take_rows``). About 6x the device bytes of a Q4_1 file."""
+  deq = jax.jit(dequantize)
+  return jax.tree.map(lambda v: deq(v) if isinstance(jax.typeof(v), QArrayTy) else v,
+                      params)
 
 
 def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
@@ -199,13 +270,14 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   positions = start + jnp.arange(t, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
-  x = take_rows(params["embed"], ids)
+  x = _embed(params["embed"], ids)
   zero = jnp.zeros((), jnp.int32)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
-    q = rope(proj(h, p["q"], "q").reshape(t, cfg.heads, hd), positions, cfg.rope_base)
-    k = rope(proj(h, p["k"], "k").reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
-    v = proj(h, p["v"], "v").reshape(t, cfg.kv_heads, hd)
+    q, k, v = _projs(h, p, "qkv", (cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd), proj)
+    q = rope(q.reshape(t, cfg.heads, hd), positions, cfg.rope_base)
+    k = rope(k.reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
+    v = v.reshape(t, cfg.kv_heads, hd)
     at = (jnp.int32(i), start, zero, zero)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
     v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
@@ -215,8 +287,8 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
     a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
     x = x + proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
-    x = x + proj(jax.nn.silu(proj(h, p["gate"], "gate")) * proj(h, p["up"], "up"),
-                 p["down"], "down")
+    gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)
+    x = x + proj(jax.nn.silu(gate) * up, p["down"], "down")
   x = rms_norm(x, params["norm"], cfg.rms_eps)
   return proj(x, params.get("output", params["embed"]), "output"), k_cache, v_cache
 
@@ -256,9 +328,12 @@ class Llama:
       logits = {"in_shardings": (shardings, rep, rep, None, None), "out_shardings": rep}
       step = {"in_shardings": (shardings, rep, rep, cache, cache),
               "out_shardings": (rep, cache, cache)}
-    self._logits = jax.jit(counted("logits", 0), **logits)
-    self._prefill = jax.jit(counted("prefill"), donate_argnums=(3, 4), **step)
-    self._step = jax.jit(counted("step"), donate_argnums=(3, 4), **step)
+    # one device: hx.jit (the weights cross the call as their arrays, JAX's C++ dispatch);
+    # a mesh: jax.jit, whose shardings hx.jit does not take
+    jit = jax.jit if mesh is not None else hx_jit
+    self._logits = jit(counted("logits", 0), **logits)
+    self._prefill = jit(counted("prefill"), donate_argnums=(3, 4), **step)
+    self._step = jit(counted("step"), donate_argnums=(3, 4), **step)
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",

@@ -67,8 +67,9 @@ from hxmlir import formats
 from hxmlir.einsum import einsum
 from hxmlir.qarray import QArray, QArrayTy, make_qarray, qarray_parts
 
-COLUMN_PARALLEL = ("q", "k", "v", "gate", "up")
-"""Per-layer weights split along ``out`` (their first axis)."""
+COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "qkv", "gate_up")
+"""Per-layer weights split along ``out`` (their first axis); ``qkv`` and ``gate_up`` are
+:func:`hxmlir.models.llama.params_of`'s fused ones."""
 
 ROW_PARALLEL = ("o", "down")
 """Per-layer weights split along ``in`` (their last axis, the contraction) where the
@@ -202,7 +203,8 @@ def projection(params: dict[str, Any], mesh: Mesh) -> Callable:
   mesh = auto_mesh(mesh)
   axis, ways = mesh.axis_names[0], mesh.devices.size
   layer = params["layers"][0]
-  specs = {k: weight_spec(k, layer[k], ways, axis) for k in (*COLUMN_PARALLEL, *ROW_PARALLEL)}
+  specs = {k: weight_spec(k, w, ways, axis) for k, w in layer.items()
+           if k in COLUMN_PARALLEL or k in ROW_PARALLEL}
   specs["output"] = weight_spec("output", params.get("output", params["embed"]), ways, axis)
   return lambda x, w, name: tp_einsum(x, w, specs[name], mesh)
 

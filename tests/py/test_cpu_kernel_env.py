@@ -92,3 +92,70 @@ def test_accepted_values_do_not_warn(env):
     assert info == "native CPU kernel hx_matmul_q_cpu_v1 (generic; forced by $HXMLIR_CPU_ISA)"
   elif any(i in ext.supported_isas() for i in native.DEFAULT_ISAS):
     assert info.startswith("native CPU kernel hx_matmul_q_cpu_v1 ("), info
+
+
+# --- the kernel's choices against the machine (issue 28: kernels that hold on any x86-64) ---
+
+# The CPU features each native build needs, as csrc/matmul_q_ffi.cc asks
+# __builtin_cpu_supports for them; spelled as Linux's /proc/cpuinfo "flags" line spells them.
+_ISA_FLAGS = {"avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"},
+              "avx2": {"avx2", "fma"}, "generic": set()}
+
+
+def _cpuinfo_flags() -> set[str] | None:
+  """The CPU feature flags of /proc/cpuinfo (the kernel clears those the OS does not
+  enable, as __builtin_cpu_supports checks XCR0), or None off Linux."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return set(line.split(":", 1)[1].split())
+  except OSError:
+    return None
+  return None
+
+
+@pytest.mark.skipif(ext is None, reason="the native extension is not built")
+@pytest.mark.skipif(_cpuinfo_flags() is None, reason="no /proc/cpuinfo flags (not Linux)")
+def test_isa_matches_the_cpu_flags():
+  flags = _cpuinfo_flags()
+  built = tuple(ext.compiled_isas())
+  assert set(built) <= set(_ISA_FLAGS) and built[-1] == "generic", built
+  # every build this CPU has the features for, best first, and no other
+  want = tuple(i for i in built if _ISA_FLAGS[i] <= flags)
+  assert tuple(ext.supported_isas()) == want, (ext.supported_isas(), sorted(flags & set().union(
+      *_ISA_FLAGS.values())))
+  # without $HXMLIR_CPU_ISA the best of them (generic only when asked for)
+  info = native.cpu_kernel_info()
+  if os.environ.get(native.ISA_ENV) or os.environ.get(native.DISABLE_ENV):
+    pytest.skip("the environment forces the ISA or disables the kernel")
+  best = next((i for i in native.DEFAULT_ISAS if i in want), None)
+  assert info.isa == best and info.active == (best is not None), (info, flags)
+  assert info.supported_isas == want
+
+
+def _kernel_threads(env: dict) -> tuple[int, int]:
+  """``(hx.cpu_kernel_info().threads, cores this process may use)`` in a fresh Python."""
+  code = ("import os, hxmlir as hx\n"
+          "print(hx.cpu_kernel_info().threads, len(os.sched_getaffinity(0)))")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                     env={**os.environ, **env}, timeout=300)
+  assert r.returncode == 0, r.stderr
+  threads, cores = map(int, r.stdout.split())
+  return threads, cores
+
+
+@pytest.mark.skipif(ext is None, reason="the native extension is not built")
+@pytest.mark.skipif(not hasattr(native.CpuKernelInfo, "threads"),
+                    reason="the kernel does not report its thread count yet "
+                           "(CpuKernelInfo.threads, issue 28)")
+def test_thread_count_is_at_most_the_cores_whatever_the_host_device_count():
+  # XLA's intra-op pool has max(cores, devices) threads: with
+  # --xla_force_host_platform_device_count=8 on 2 cores, 8 (issue 28: the int8 demo model
+  # went from 0.6x to 1.2-1.7x f32 with that flag). The kernel must put no more busy
+  # threads on the cores than there are cores, whatever the number of host devices.
+  flags = os.environ.get("XLA_FLAGS", "")
+  one = _kernel_threads({})
+  eight = _kernel_threads({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=8"})
+  cores = one[1]
+  assert 1 <= one[0] <= cores and eight[0] == one[0], (one, eight)

@@ -131,7 +131,10 @@ def ref():
 def test_weights_stay_in_their_formats(model):
   p = model.params
   assert str(jax.typeof(p["embed"])) == "q8[49152,576:g32,f16]"
-  assert str(jax.typeof(p["layers"][0]["q"])) == "u4o[576,576:g32,f16]"
+  # Q/K/V and gate/up, all Q4_1, are held fused along out (one hx.matmul_q each per token)
+  assert sorted(p["layers"][0]) == ["attn_norm", "down", "ffn_norm", "gate_up", "o", "qkv"]
+  assert str(jax.typeof(p["layers"][0]["qkv"])) == "u4o[960,576:g32,f16]"
+  assert str(jax.typeof(p["layers"][0]["gate_up"])) == "u4o[3072,576:g32,f16]"
   assert "output" not in p  # tied head: the embedding table itself
   assert model.weight_bytes() == sum(hg.device_bytes(v) for v in jax.tree.leaves(p))
   # the jitted forward never dequantizes a weight: its only dequantize is the
@@ -144,7 +147,36 @@ def test_weights_stay_in_their_formats(model):
   names = [type(e.params["_prim"]).__name__ for e in hi]
   deq = [e for e, n in zip(hi, names) if n == "Dequantize"]
   assert len(deq) == 1 and deq[0].outvars[0].aval.shape == (8, 576), names
-  assert names.count("MatmulQ") == 30 * 7 + 1, names
+  assert names.count("MatmulQ") == 30 * 4 + 1, names
+
+
+@needs_model
+def test_fused_weights_are_the_parts_concatenated(model):
+  ck = hg.load(PATH)
+  unfused = llama.params_of(ck, model.config, fuse=False)["layers"][3]
+  fused = model.params["layers"][3]
+  for name, parts in llama.FUSED.items():
+    want = np.concatenate([np.asarray(hx.dequantize(unfused[k])) for k in parts], axis=0)
+    np.testing.assert_array_equal(np.asarray(hx.dequantize(fused[name])), want)
+    assert jax.typeof(fused[name]).fmt == jax.typeof(unfused[parts[0]]).fmt
+
+
+@needs_model
+@pytest.mark.parametrize("variant", ["unfused", "dense"])
+def test_unfused_and_dense_params_run_the_same_forward(model, ref, variant):
+  # params_of(fuse=False): one hx.matmul_q per projection; dequantized(): the JAX f32
+  # decoder (jnp.einsum / jnp.take) that benchmarks/generate_cpu.py compares against
+  params = llama.params_of(hg.load(PATH), model.config, fuse=False)
+  if variant == "dense":
+    params = llama.dequantized(params)
+    assert all(not isinstance(jax.typeof(v), hx.QArrayTy) for v in jax.tree.leaves(params))
+    assert str(jax.typeof(params["layers"][0]["q"])) == "float32[576,576]"
+  m = llama.Llama(model.config, params, max_context=32)  # logits() sizes its own cache
+  ids = _text_ids(16)
+  got = m.logits(ids).astype(np.float64)
+  want = ref.forward(ids, [])
+  assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.99
+  assert np.abs(got - want).max() / np.abs(want).max() <= 1e-3
 
 
 @needs_model

