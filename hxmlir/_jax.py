@@ -255,7 +255,7 @@ def sdy_sharding_attr(module_ctx, aval):
       module_ctx.sharding_attr_cache)
 
 
-# --- passes: the MLIR context JAX lowers into (passes/, hxmlir/opt.py) ---------
+# --- passes: the MLIR context JAX lowers into (passes/, hxmlir/tools/opt.py) ---------
 make_ir_context = _mlir.make_ir_context
 """A fresh ``ir.Context`` with every dialect JAX emits (stablehlo, chlo, mhlo, sdy, func)."""
 
@@ -1115,7 +1115,7 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   every branch of a ``cond``/``switch`` returns unchanged (forwarded around ``cond_p``,
   then ``lax.asarray``'d) passes ``lax.asarray`` as it is; and
   ``lax.stop_gradient`` takes hi values (componentwise). A hi output of ``vmap`` itself
-  still needs its spec in ``out_axes`` (``0`` is refused, naming the spec). hxmlir.control_flow passes
+  still needs its spec in ``out_axes`` (``0`` is refused, naming the spec). hxmlir.types.control_flow passes
   its hi primitives for the three callables.
   """
   _replace(_batching, "batch_jaxpr_axes", _wrap_batch_jaxpr_axes)

@@ -317,7 +317,7 @@ def split_problem(fmt: Format, n: int, group: int | None, ways: int,
   """Why a quantized axis of ``n`` dense elements of format ``fmt`` (``group``: ``None``
   per row) cannot be sharded ``ways`` ways, else ``None``: a shard would split a group, or
   a stored element (``stored_name``: its dtype as the caller prints it). The one rule of
-  the types' check (``hxmlir.qarray``) and ``hx-verify``'s."""
+  the types' check (``hxmlir.types.qarray``) and ``hx-verify``'s."""
   if group is not None and (n // group) % ways:
     return (f"{n // group} groups of {group} cannot be split {ways} ways (a shard would "
             f"split a group); shard another axis, or use a group size that divides "

@@ -78,11 +78,12 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import dotdims, formats
-from hxmlir.install_state import is_installed
+from hxmlir import formats
+from hxmlir.integration.install_state import is_installed
 from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
+from hxmlir.types import dotdims
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
 # block of dequantized values takes about K_BLOCK_BYTES (K-streaming: 256 rows

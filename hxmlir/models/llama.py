@@ -16,7 +16,7 @@ to a dense f32 weight.
 Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``rotate_half`` pairs ``(i, i + d/2)``) so that on the rows as stored the rotation pairs
 *consecutive* elements ``(2i, 2i + 1)`` with angle ``pos * base^(-2i/d)`` (llama.cpp's
-``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/test_llama.py checks it
+``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/models/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
 KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``,
@@ -46,8 +46,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hxmlir.einsum import einsum
-from hxmlir.gather import take_rows
+from hxmlir.types.einsum import einsum
+from hxmlir.types.gather import take_rows
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
