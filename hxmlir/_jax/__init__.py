@@ -34,14 +34,14 @@ JAX state changed                                         by                    
 ``to_lojax`` and ``abstract_eval``
 Mosaic TPU ``lowering_rules``, Triton                     :func:`activate_pallas_kernel_rules`  first hi type in ``pallas_call``
 ``triton_lowering_rules`` (hx primitives in kernels)
-``device_put_p`` (``is_high``, ``to_lojax``,               :func:`install_device_put_rules`  import (hiprim.py)
+``device_put_p`` (``is_high``, ``to_lojax``,               :func:`install_device_put_rules`  import (types/jax_apis.py)
 ``abstract_eval``), ``dispatch._batched_device_put_impl``,
 ``api._infer_src_sharding``, ``api._check_sharding``,
 ``pjit.pjit_check_aval_sharding``
-``sharding_constraint_p`` (``is_high``, ``to_lojax``,      :func:`install_sharding_constraint_rules`  import (hiprim.py)
+``sharding_constraint_p`` (``is_high``, ``to_lojax``,      :func:`install_sharding_constraint_rules`  import (types/jax_apis.py)
 ``abstract_eval``, its ``fancy_primitive_batchers`` entry)
-``pjit._lojax_expand_params``, ``jit_p.to_lojax``          :func:`install_jit_sharding_rules`  import (hiprim.py)
-``debug_callback_p``/``debug_print_p`` (``is_high``,       :func:`install_debug_rules`   import (hiprim.py)
+``pjit._lojax_expand_params``, ``jit_p.to_lojax``          :func:`install_jit_sharding_rules`  import (types/jax_apis.py)
+``debug_callback_p``/``debug_print_p`` (``is_high``,       :func:`install_debug_rules`   import (types/jax_apis.py)
 ``to_lojax``, their ``fancy_primitive_batchers`` entries)
 ``batching.batch_jaxpr_axes``/``from_elt``/``moveaxis``/   :func:`install_vmap_control_flow`  import (control_flow.py)
 ``broadcast``; ``fancy_primitive_batchers`` of ``scan_p``,
@@ -49,7 +49,7 @@ Mosaic TPU ``lowering_rules``, Triton                     :func:`activate_pallas
 ``_bcast_select_n``; ``jax.lax.asarray`` (seen by every
 caller: hi values pass through, arrays reach JAX's);
 ``stop_gradient_p`` (``is_high``, ``to_lojax``)
-``jax._src.numpy.array_constructors.array``,              :func:`install_jnp_array_check`  import (hiprim.py)
+``jax._src.numpy.array_constructors.array``,              :func:`install_jnp_array_check`  import (types/jax_apis.py)
 ``jax.numpy.array``
 ========================================================  ============================  ===========
 
@@ -71,6 +71,7 @@ from hxmlir._jax.batching import install_vmap_control_flow as install_vmap_contr
 from hxmlir._jax.batching import internal_batch_dst as internal_batch_dst
 from hxmlir._jax.batching import jax_matchaxis as jax_matchaxis
 from hxmlir._jax.batching import patch_matchaxis as patch_matchaxis
+from hxmlir._jax.batching import stop_gradient_p as stop_gradient_p
 from hxmlir._jax.batching import unpatch_matchaxis as unpatch_matchaxis
 from hxmlir._jax.batching import vmap_infer as vmap_infer
 from hxmlir._jax.batching import vmap_sum_axis as vmap_sum_axis
@@ -84,7 +85,8 @@ from hxmlir._jax.export import out_named_shardings as out_named_shardings
 from hxmlir._jax.export import scope_export_allow_list as scope_export_allow_list
 from hxmlir._jax.export import unscope_export_allow_list as unscope_export_allow_list
 from hxmlir._jax.jax_apis import array_api_names as array_api_names
-from hxmlir._jax.jax_apis import component_shardings as component_shardings
+from hxmlir._jax.jax_apis import debug_callback_p as debug_callback_p
+from hxmlir._jax.jax_apis import device_put_p as device_put_p
 from hxmlir._jax.jax_apis import install_debug_rules as install_debug_rules
 from hxmlir._jax.jax_apis import install_device_put_rules as install_device_put_rules
 from hxmlir._jax.jax_apis import install_jit_sharding_rules as install_jit_sharding_rules
@@ -92,6 +94,12 @@ from hxmlir._jax.jax_apis import install_jnp_array_check as install_jnp_array_ch
 from hxmlir._jax.jax_apis import (
     install_sharding_constraint_rules as install_sharding_constraint_rules,
 )
+from hxmlir._jax.jax_apis import moveaxis as moveaxis
+from hxmlir._jax.jax_apis import print_callback as print_callback
+from hxmlir._jax.jax_apis import sharding_constraint_aval as sharding_constraint_aval
+from hxmlir._jax.jax_apis import sharding_constraint_p as sharding_constraint_p
+from hxmlir._jax.jax_apis import unconstrained_dims as unconstrained_dims
+from hxmlir._jax.jax_apis import update_dp_aval as update_dp_aval
 from hxmlir._jax.lowering import ConfigState as ConfigState
 from hxmlir._jax.lowering import cached_lowering as cached_lowering
 from hxmlir._jax.lowering import current_lower_jaxpr_to_module as current_lower_jaxpr_to_module

@@ -189,12 +189,8 @@ def _wrap_lax_asarray(jax_asarray):
   return asarray
 
 
-def _stop_gradient_to_lojax(x):
-  ty = core.typeof(x)
-  return ty.raise_val(*(_ad_util.stop_gradient_p.bind(lo) for lo in ty.lower_val(x)))
-
-
-def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped) -> None:
+def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped,
+                              stop_gradient_to_lojax) -> None:
   """``vmap`` of ``lax.scan``/``while_loop``/``fori_loop``/``cond``/``switch`` where hi
   values are batched (operands, carries, ``xs``/``ys``, branch results).
 
@@ -206,7 +202,7 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   batched-predicate merge of ``cond`` is ``select_n(which, *cases)``; a hi operand that
   every branch of a ``cond``/``switch`` returns unchanged (forwarded around ``cond_p``,
   then ``lax.asarray``'d) passes ``lax.asarray`` as it is; and
-  ``lax.stop_gradient`` takes hi values (componentwise). A hi output of ``vmap`` itself
+  ``lax.stop_gradient`` takes hi values (``stop_gradient_to_lojax``). A hi output of ``vmap`` itself
   still needs its spec in ``out_axes`` (``0`` is refused, naming the spec). hxmlir.types.control_flow passes
   its hi primitives for the three callables.
   """
@@ -220,5 +216,7 @@ def install_vmap_control_flow(*, swap_leading_axes, select_n, broadcast_unmapped
   _replace(_conditionals, "_bcast_select", lambda f: _wrap_bcast_select(f, select_n))
   _replace(_conditionals, "_bcast_select_n", lambda f: _wrap_bcast_select_n(f, select_n))
   _replace(_conditionals.lax, "asarray", _wrap_lax_asarray)
-  _make_high(_ad_util.stop_gradient_p, _stop_gradient_to_lojax)
+  _make_high(stop_gradient_p, stop_gradient_to_lojax)
 
+
+stop_gradient_p = _ad_util.stop_gradient_p

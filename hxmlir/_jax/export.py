@@ -7,9 +7,9 @@ Part of the JAX seam (:mod:`hxmlir._jax`).
 from __future__ import annotations
 
 # --- export: portable artifacts and the custom-call allow-list (export/, installation.py)
-import copy as _copy  # noqa: E402
+import copy as _copy
 
-from jax._src.export import _export as _export_internal  # noqa: E402
+from jax._src.export import _export as _export_internal
 
 module_to_portable_bytecode = _export_internal._module_to_bytecode
 """Serializes an ``ir.Module`` as ``jax.export`` does (VHLO portable artifact, 4-week target)."""

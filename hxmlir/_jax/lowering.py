@@ -7,9 +7,9 @@ Part of the JAX seam (:mod:`hxmlir._jax`).
 from __future__ import annotations
 
 # --- install: the hook where a jaxpr becomes a StableHLO module (installation.py)
-from jax._src import config as _config  # noqa: E402
+from jax._src import config as _config
 from jax._src import sharding_impls as _sharding_impls
-from jax._src.interpreters import mlir as _mlir  # noqa: E402
+from jax._src.interpreters import mlir as _mlir
 
 ConfigState = _config.State
 """JAX's thread-local config state; with ``include_in_trace_context`` its value keys JAX's caches."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 import sys as _sys
 
 # --- Pallas: hi types as operands and results of pl.pallas_call (hxmlir/pallas.py)
-from jax import tree_util as _tree_util  # noqa: E402
+from jax import tree_util as _tree_util
 from jax._src import core
-from jax._src.state import indexing as _state_indexing  # noqa: E402
-from jax._src.state import primitives as _state_primitives  # noqa: E402
-from jax._src.state import types as _state_types  # noqa: E402
+from jax._src.state import indexing as _state_indexing
+from jax._src.state import primitives as _state_primitives
+from jax._src.state import types as _state_types
 
 from hxmlir._jax._wrap import (
   _replace,

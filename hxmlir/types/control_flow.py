@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental.hijax import HiType, Zero
 
 from hxmlir._jax import install_vmap_control_flow
+from hxmlir.types import jax_apis
 from hxmlir.types.hiprim import (
     HxPrimitive,
     accumulate,
@@ -194,4 +195,5 @@ def select_n(which, *cases):
 
 
 install_vmap_control_flow(swap_leading_axes=swap_leading_axes, select_n=select_n,
-                          broadcast_unmapped=broadcast_unmapped)
+                          broadcast_unmapped=broadcast_unmapped,
+                          stop_gradient_to_lojax=jax_apis.stop_gradient_to_lojax)

@@ -30,10 +30,6 @@ from hxmlir._jax import (
   GradAccum,
   MappingSpec,
   SpecMatchError,
-  install_debug_rules,
-  install_device_put_rules,
-  install_jit_sharding_rules,
-  install_sharding_constraint_rules,
   jax_matchaxis,
   plain_spec_origin,
   stage_value,
@@ -41,6 +37,7 @@ from hxmlir._jax import (
   vmap_sum_axis,
   zeros_like_aval,
 )
+from hxmlir.types import jax_apis
 from hxmlir.types import shardings as shd
 
 
@@ -491,8 +488,5 @@ def refuse_array_api(value_cls: type, type_cls: type, kind: str, uses: str) -> N
   type_cls.__jax_array__ = aval_method(jax_array)
 
 # --- JAX's placement, sharding and debugging APIs take hi values (issue 14) -------
-install_device_put_rules()
-install_sharding_constraint_rules()
-install_jit_sharding_rules()
-install_debug_rules()
+jax_apis.install()
 _jax.install_jnp_array_check()

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import dense64 as _dense64
 from numerics import assert_within, dot_bound
-from test_formats import _dense64
 from test_matmul_q_kernels import _custom_calls
 
 import hxmlir as hx

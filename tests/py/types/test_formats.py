@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hx_testing import dense64 as _dense64
 from jax.sharding import PartitionSpec as P
 from numerics import assert_within, dot_bound
 
@@ -29,22 +30,6 @@ def _w(shape, seed=0):
   rng = np.random.default_rng(seed)
   w = rng.standard_normal(shape) * rng.uniform(0.1, 3, (*shape[:-1], 1))
   return jnp.asarray(w, jnp.float32)
-
-
-def _dense64(q) -> np.ndarray:
-  """The dequantized value in float64, from the components (unpacking int4 by hand)."""
-  v, s = (np.asarray(c) for c in hx.qarray_parts(q))
-  if v.dtype == np.uint8:
-    lo = (v & 0xF).astype(np.int8)
-    hi = (v >> 4).astype(np.int8)
-    lo, hi = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
-    v = np.stack([lo, hi], -1).reshape(*v.shape[:-1], -1)
-  v = v.astype(np.float64)
-  s = np.asarray(s, np.float64)
-  if s.ndim == v.ndim:
-    g = v.shape[-1] // s.shape[-1]
-    return (v.reshape(*s.shape, g) * s[..., None]).reshape(v.shape)
-  return v * s[..., None]
 
 
 def _numpy_quantize(x, name, g):
