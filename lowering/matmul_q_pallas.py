@@ -34,7 +34,7 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
 
 The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.integration.install_state.is_installed`, part of JAX's cache keys),
+installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
 for every format; otherwise they emit the default composite with the reference
 decomposition.
 
@@ -99,7 +99,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from hxmlir import _jax, formats, targets
-from hxmlir.integration.install_state import is_installed
+from hxmlir.install_state import is_installed
 from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p

@@ -59,7 +59,7 @@ without changing its behaviour for anything else: ``jax.experimental.hijax.regis
 for hxmlir's own lo primitives (``lowering/``), ``jax.ffi.register_ffi_target`` for the
 native CPU kernel (``lowering/matmul_q_cpu.py``), ``jax.tree_util.register_dataclass``
 (``hx.jit``'s lo pytree), a JAX config state ``hxmlir_install``
-(:mod:`hxmlir.integration.install_state`, through :data:`ConfigState`), and
+(:mod:`hxmlir.install_state`, through :data:`ConfigState`), and
 ``jax.config.update("jax_num_cpu_devices", n)`` by ``hxmlir run --host-devices``.
 """
 

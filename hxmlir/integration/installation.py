@@ -65,10 +65,10 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, targets
-from hxmlir.integration.install_state import STATE as _state
-from hxmlir.integration.install_state import Setting as _Setting
-from hxmlir.integration.install_state import current_pipeline as current_pipeline
-from hxmlir.integration.install_state import is_installed as is_installed
+from hxmlir.install_state import STATE as _state
+from hxmlir.install_state import Setting as _Setting
+from hxmlir.install_state import current_pipeline as current_pipeline
+from hxmlir.install_state import is_installed as is_installed
 from hxmlir.passes import PassError, parse_pipeline
 from hxmlir.passes.ops import is_hx_composite
 
