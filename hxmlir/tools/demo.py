@@ -62,8 +62,8 @@ import numpy as np
 
 from hxmlir import export as hx_export
 from hxmlir import formats
-from hxmlir.integration import dispatch, installation
 from hxmlir.install_state import current_pipeline, is_installed
+from hxmlir.integration import dispatch, installation
 from hxmlir.models import _nn, minilm
 from hxmlir.models.registry import (
   BUILTIN_MAX_REL_ERR,
