@@ -79,7 +79,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import formats
-from hxmlir.install_state import is_installed
+from hxmlir.install_state import use_kernels
 from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
@@ -475,7 +475,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
   layout = _kernel_layout(x_aval, q_aval, dims)
   k, n = dense[-2] if layout else 0, dense[-1]
-  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
     native = matmul_q_cpu.matmul_q_native if per_row_int8 else matmul_q_cpu.matmul_q_native_v2
     native = native if layout == "batched" else _collapsed(native)
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)

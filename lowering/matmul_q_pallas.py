@@ -34,7 +34,7 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
 
 The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use the
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
+installed with its kernels (:func:`hxmlir.install_state.use_kernels`, part of JAX's cache keys),
 for every format; otherwise they emit the default composite with the reference
 decomposition.
 
@@ -99,7 +99,7 @@ from jax import lax
 from jax.interpreters import mlir
 
 from hxmlir import _jax, formats, targets
-from hxmlir.install_state import is_installed
+from hxmlir.install_state import use_kernels
 from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
@@ -420,7 +420,7 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_number
   attrs = rules.matmul_q_attributes(ctx, dims)
   backend = _PLATFORM_BACKEND[platform]
   ref = reference.matmul_q_for(dims)
-  if is_installed() and _kernel_fits(q_aval, s_aval, backend):
+  if use_kernels() and _kernel_fits(q_aval, s_aval, backend):
     kernel = None
     if xr == qr and dims == dotdims.v1_dims(xr):
       kernel = _pallas_reference(backend)

@@ -159,9 +159,9 @@ def _parsed(pipeline: str):
   return got
 
 
-def _make_setting(pipeline: str | None, verify: bool) -> _Setting:
+def _make_setting(pipeline: str | None, verify: bool, kernels: bool = True) -> _Setting:
   pipe = _effective(pipeline, verify)
-  setting = _Setting(pipe, _export_variant(pipe), CHECK_EXPORT_PASS)
+  setting = _Setting(pipe, _export_variant(pipe), CHECK_EXPORT_PASS, bool(kernels))
   for p in (setting.pipeline, setting.export_pipeline, setting.check_pipeline):
     if p:
       _parsed(p)
@@ -359,7 +359,7 @@ def _unwrap_if_idle_locked() -> None:
 
 # --- public API -------------------------------------------------------------------
 
-def install(pipeline: str | None = None, *, verify: bool = True) -> None:
+def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool = True) -> None:
   """Runs ``pipeline`` on every module JAX lowers from now on, in all threads.
 
   Args:
@@ -368,6 +368,12 @@ def install(pipeline: str | None = None, *, verify: bool = True) -> None:
       ``"hx-verify,hx-fold-scales"``.
     verify: if true, ``hx-verify`` runs first (added when the pipeline lacks
       it); if false, ``hx-verify`` is removed from the pipeline.
+    kernels: if true (the default), lowering rules emit hxmlir's kernels where they
+      apply (the native CPU kernel, the Pallas kernels on GPU/TPU); if false, the
+      reference decomposition everywhere, with the pipeline still run. "Installed"
+      thus means two things, named apart: the passes run
+      (:func:`hxmlir.install_state.is_installed`) and the kernels are used
+      (:func:`hxmlir.install_state.use_kernels`).
 
   Lowerings for ``jax.export`` additionally run ``hx-check-export`` last, and
   hxmlir's registered kernel targets become acceptable to ``jax.export``
@@ -381,7 +387,7 @@ def install(pipeline: str | None = None, *, verify: bool = True) -> None:
       nothing changes then.
     TypeError: ``pipeline`` is not a string.
   """
-  setting = _make_setting(pipeline, verify)
+  setting = _make_setting(pipeline, verify, kernels)
   with _lock:
     _wrap_locked()
     _state.set_global(setting)
@@ -410,8 +416,8 @@ class installed:  # noqa: N801  (a context manager, named like JAX's)
   hxmlir is installed, use :func:`is_installed`.
   """
 
-  def __init__(self, pipeline: str | None = None, *, verify: bool = True):
-    self._setting = _make_setting(pipeline, verify)
+  def __init__(self, pipeline: str | None = None, *, verify: bool = True, kernels: bool = True):
+    self._setting = _make_setting(pipeline, verify, kernels)
     self._prev = threading.local()  # per thread: a stack of the values entered over
 
   def __enter__(self) -> installed:
