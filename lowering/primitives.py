@@ -72,8 +72,7 @@ def _f32(shape, sharding, *operands) -> ShapedArray:
 
 def dense_shape(q) -> tuple[int, ...]:
   """The dense shape of stored values ``q`` (an aval or array) of any format."""
-  f = formats.of_storage(q.dtype)
-  return f.dense_shape(q.shape) if f is not None else tuple(q.shape)
+  return formats.dense_shape_of(q.dtype, q.shape)
 
 
 @hx_quantize_p.def_abstract_eval

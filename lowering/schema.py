@@ -229,8 +229,7 @@ def _fmt_attrs(a: dict) -> str:
 
 def dense_shape(q: TensorType) -> tuple[int, ...]:
   """The dense shape of stored values ``q`` (``ui8[..., m]`` int4 pairs: ``[..., 2m]``)."""
-  f = formats.of_storage(q.dtype)
-  return f.dense_shape(q.shape) if f is not None else q.shape
+  return formats.dense_shape_of(q.dtype, q.shape)
 
 
 def _grouped(q: TensorType, s: TensorType) -> bool:
