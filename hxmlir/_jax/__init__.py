@@ -20,38 +20,45 @@ Every change hxmlir makes to JAX's state, each by a named function here (each wr
 keeps JAX's original, falls through to it for arrays, and is installed once; "import":
 when ``import hxmlir`` runs, for the life of the process):
 
-========================================================  ============================  ===========
-JAX state changed                                         by                            when
-========================================================  ============================  ===========
-``batching.matchaxis`` (``vmap``'s output rule)           :func:`patch_matchaxis`       import
-``mlir.lower_jaxpr_to_module`` (pxla's jaxpr -> module)   :func:`wrap_lower_jaxpr_to_module`  ``hx.install()`` (undone by ``uninstall``)
-``export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE``         :func:`scope_export_allow_list`  ``hx.install()`` (per thread; undone)
-``ModuleContext.cached_primitive_lowerings`` entries      :func:`cached_lowering`       lowering (JAX's cache, used as JAX uses it)
-``source_info_util`` / ``traceback_util`` exclusions      :func:`exclude_from_tracebacks`  import (installation.py)
-``state.indexing.indexer_transform_type_registry``        :func:`register_indexer_transform_type`  import (pallas.py)
-``state.primitives.swap_p.abstract_eval``                 :func:`install_ref_write_check`  import (pallas.py)
-``pallas_call_p.to_lojax``; ``get_p``/``swap_p``'s        :func:`install_pallas_operand_forms`  import (pallas.py)
-``to_lojax`` and ``abstract_eval``
-Mosaic TPU ``lowering_rules``, Triton                     :func:`activate_pallas_kernel_rules`  first hi type in ``pallas_call``
-``triton_lowering_rules`` (hx primitives in kernels)
-``device_put_p`` (``is_high``, ``to_lojax``,               :func:`install_device_put_rules`  import (types/jax_apis.py)
-``abstract_eval``), ``dispatch._batched_device_put_impl``,
-``api._infer_src_sharding``, ``api._check_sharding``,
-``pjit.pjit_check_aval_sharding``
-``sharding_constraint_p`` (``is_high``, ``to_lojax``,      :func:`install_sharding_constraint_rules`  import (types/jax_apis.py)
-``abstract_eval``, its ``fancy_primitive_batchers`` entry)
-``pjit._lojax_expand_params``, ``jit_p.to_lojax``          :func:`install_jit_sharding_rules`  import (types/jax_apis.py)
-``debug_callback_p``/``debug_print_p`` (``is_high``,       :func:`install_debug_rules`   import (types/jax_apis.py)
-``to_lojax``, their ``fancy_primitive_batchers`` entries)
-``batching.batch_jaxpr_axes``/``from_elt``/``moveaxis``/   :func:`install_vmap_control_flow`  import (control_flow.py)
-``broadcast``; ``fancy_primitive_batchers`` of ``scan_p``,
-``while_p``, ``cond_p``; ``conditionals._bcast_select``/
-``_bcast_select_n``; ``jax.lax.asarray`` (seen by every
-caller: hi values pass through, arrays reach JAX's);
-``stop_gradient_p`` (``is_high``, ``to_lojax``)
-``jax._src.numpy.array_constructors.array``,              :func:`install_jnp_array_check`  import (types/jax_apis.py)
-``jax.numpy.array``
-========================================================  ============================  ===========
+- ``batching.matchaxis`` (``vmap``'s output rule): :func:`patch_matchaxis`, at import;
+- ``mlir.lower_jaxpr_to_module`` (what ``pxla`` calls to turn a jaxpr into a module):
+  :func:`wrap_lower_jaxpr_to_module`, by ``hx.install()`` / ``hx.installed()``, undone by
+  :func:`unwrap_lower_jaxpr_to_module` when nothing is installed in any thread;
+- ``export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE`` (``jax.export``'s allow-list): a
+  per-thread stand-in, :func:`scope_export_allow_list`, by ``hx.install()``; undone by
+  :func:`unscope_export_allow_list`;
+- entries of a ``ModuleContext``'s ``cached_primitive_lowerings``: :func:`cached_lowering`,
+  while lowering (JAX's cache of the module being lowered, used as JAX uses it);
+- ``source_info_util`` / ``traceback_util`` exclusions: :func:`exclude_from_tracebacks`,
+  at import (``installation.py``'s own file);
+- ``state.indexing.indexer_transform_type_registry``: :func:`register_indexer_transform_type`,
+  at import (``pallas.py``);
+- ``state.primitives.swap_p.abstract_eval``: :func:`install_ref_write_check`, at import
+  (``pallas.py``);
+- ``pallas_call_p.to_lojax``; ``get_p`` and ``swap_p``'s ``to_lojax`` and ``abstract_eval``:
+  :func:`install_pallas_operand_forms`, at import (``pallas.py``);
+- Pallas' Mosaic TPU ``lowering_rules`` and Triton ``triton_lowering_rules`` (rules for
+  hxmlir's primitives inside kernels): :func:`activate_pallas_kernel_rules`, when a hi type
+  first meets ``pallas_call``;
+- ``device_put_p`` (``is_high``, ``to_lojax``, ``abstract_eval``),
+  ``dispatch._batched_device_put_impl``, ``api._infer_src_sharding``,
+  ``api._check_sharding``, ``pjit.pjit_check_aval_sharding``:
+  :func:`install_device_put_rules`, at import (:mod:`hxmlir.types.jax_apis`);
+- ``sharding_constraint_p`` (``is_high``, ``to_lojax``, ``abstract_eval``) and its
+  ``batching.fancy_primitive_batchers`` entry: :func:`install_sharding_constraint_rules`,
+  at import (:mod:`hxmlir.types.jax_apis`);
+- ``pjit._lojax_expand_params``, ``jit_p.to_lojax``: :func:`install_jit_sharding_rules`,
+  at import (:mod:`hxmlir.types.jax_apis`);
+- ``debug_callback_p`` and ``debug_print_p`` (``is_high``, ``to_lojax``) and their
+  ``fancy_primitive_batchers`` entries: :func:`install_debug_rules`, at import
+  (:mod:`hxmlir.types.jax_apis`);
+- ``batching.batch_jaxpr_axes``, ``from_elt``, ``moveaxis``, ``broadcast``; the
+  ``fancy_primitive_batchers`` of ``scan_p``, ``while_p``, ``cond_p``;
+  ``conditionals._bcast_select`` and ``_bcast_select_n``; ``jax.lax.asarray`` (seen by every
+  caller: hi values pass through, arrays reach JAX's); ``stop_gradient_p`` (``is_high``,
+  ``to_lojax``): :func:`install_vmap_control_flow`, at import (:mod:`hxmlir.types.control_flow`);
+- ``jax._src.numpy.array_constructors.array`` and ``jax.numpy.array``:
+  :func:`install_jnp_array_check`, at import (:mod:`hxmlir.types.hiprim`).
 
 Registrations through JAX's public API, outside this package, add to JAX's tables
 without changing its behaviour for anything else: ``jax.experimental.hijax.register_hitype``
