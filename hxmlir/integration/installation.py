@@ -46,12 +46,12 @@ accepts hxmlir's registered targets only in a thread where hxmlir is installed
 thread runs ``hx-check-export``; a thread without hxmlir exports against JAX's
 own list, so no thread exports a kernel hxmlir never registered.
 
-What importing hxmlir changes in JAX, installed or not: ``vmap``'s
-``batching.matchaxis`` becomes hxmlir's wrapper (:func:`hxmlir._jax.patch_matchaxis`),
-which hands every call without a hi value or hi spec to JAX's own, unchanged
-(same results, same errors); it stays after :func:`uninstall` because hi types
-map under ``vmap`` without install too. Everything else that :func:`install` changes
-(the lowering hook, the allow-list) is put back when nothing is installed.
+What :func:`install` changes in JAX (the lowering hook, the allow-list) is put back
+when nothing is installed. What importing hxmlir changes, installed or not (``vmap``'s
+``batching.matchaxis``, the batching of control flow, the rules of ``device_put``,
+sharding constraints, ``jit``'s shardings, ``jax.debug``, Pallas refs, ``jnp.array``) stays
+for the life of the process, each wrapper handing every call without a hi value to JAX's
+own, unchanged: the complete list is the JAX seam's docstring (:mod:`hxmlir._jax`).
 """
 
 from __future__ import annotations
