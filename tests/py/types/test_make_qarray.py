@@ -188,7 +188,7 @@ def test_constructor_on_traced_arrays_says_use_make_qarray(transform):
     else:
       jax.lax.scan(lambda c, xs: (c + loss(*xs), None), 0., (qv[:2], s))
   # returned from traced code: JAX's own check of the results replaces the message
-  with pytest.raises(TypeError, match=r"returned a value of type <class 'hxmlir\.qarray\.QArray'>"):
+  with pytest.raises(TypeError, match=r"returned a value of type <class 'hxmlir\.types\.qarray\.QArray'>"):
     jax.jit(lambda qv, s: hx.QArray(qv, s))(qv[:2], s)
   # the same code with make_qarray
   assert jax.jit(lambda qv, s: jnp.sum(hx.dequantize(hx.make_qarray(qv, s))))(qv[:2], s) == \
