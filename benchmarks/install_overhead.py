@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
-from hxmlir.installation import DEFAULT_PIPELINE
+from hxmlir.integration.installation import DEFAULT_PIPELINE
 
 
 def make_models(layers: int, width: int):

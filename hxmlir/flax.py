@@ -66,11 +66,11 @@ except ImportError as e:  # one line with the way out, not a bare "No module nam
                     "pip install 'hxmlir[flax]'") from e
 
 from hxmlir import formats
-from hxmlir.einsum import einsum
-from hxmlir.gather import take_rows
 from hxmlir.models import _nn
-from hxmlir.qarray import QArray, QArraySpec, dequantize, make_qarray
-from hxmlir.qarray import quantize as hx_quantize
+from hxmlir.types.einsum import einsum
+from hxmlir.types.gather import take_rows
+from hxmlir.types.qarray import QArray, QArraySpec, dequantize, make_qarray
+from hxmlir.types.qarray import quantize as hx_quantize
 
 KEEP = "keep f32"
 """A rule's value that leaves the matching modules' weights in f32 (``None`` and ``"f32"``

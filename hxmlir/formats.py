@@ -260,6 +260,14 @@ def _np_dtype(dtype) -> np.dtype | None:
 _MLIR_FLOATS = {"f32": F32, "f16": F16}
 
 
+def dense_shape_of(storage_dtype, storage_shape: Sequence[int]) -> tuple[int, ...]:
+  """The dense shape of stored values of ``storage_dtype`` (numpy dtype or MLIR element type
+  name) and ``storage_shape``: the format's (:func:`of_storage`) unpacking, or the shape
+  itself for a dtype no format stores (a dense array, or an operand to be refused later)."""
+  f = of_storage(storage_dtype)
+  return f.dense_shape(storage_shape) if f is not None else tuple(storage_shape)
+
+
 def of_components(values_dtype, scale_dtype, offset: bool) -> Format | None:
   """The format whose components are values of ``values_dtype``, scales of ``scale_dtype``
   and, when ``offset``, offsets of the scale's dtype (numpy dtypes or MLIR element type
@@ -331,7 +339,7 @@ def split_problem(fmt: Format, n: int, group: int | None, ways: int,
   """Why a quantized axis of ``n`` dense elements of format ``fmt`` (``group``: ``None``
   per row) cannot be sharded ``ways`` ways, else ``None``: a shard would split a group, or
   a stored element (``stored_name``: its dtype as the caller prints it). The one rule of
-  the types' check (``hxmlir.qarray``) and ``hx-verify``'s."""
+  the types' check (``hxmlir.types.qarray``) and ``hx-verify``'s."""
   if group is not None and (n // group) % ways:
     return (f"{n // group} groups of {group} cannot be split {ways} ways (a shard would "
             f"split a group); shard another axis, or use a group size that divides "

@@ -198,7 +198,7 @@ def _place(jax, parts):
   """``parts`` (an array, or ``(values, scale[, offset])``) on the default device, once;
   a 64-bit array (I64, F64) stays a NumPy array unless ``jax_enable_x64`` is on (JAX
   would narrow it to 32 bits)."""
-  from hxmlir.qarray import QArray
+  from hxmlir.types.qarray import QArray
   if isinstance(parts, tuple):
     return QArray(*(jax.device_put(p) for p in parts))
   if parts.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
@@ -331,7 +331,7 @@ def _pairs(v: np.ndarray) -> np.ndarray:
 
 def device_bytes(value) -> int:
   """Bytes of ``value``'s device buffers (an array or a quantized value's components)."""
-  from hxmlir.qarray import QArray
+  from hxmlir.types.qarray import QArray
   comps = value.components if isinstance(value, QArray) else (value,)
   return int(sum(c.nbytes for c in comps))
 

@@ -2,7 +2,7 @@
 
 The setting lives here, below the lowering, because lowering rules ask whether
 hxmlir is installed (``lowering/matmul_q_pallas.py`` picks a kernel by it) and
-:mod:`hxmlir.installation`, which sets it, sits above the lowering. Like
+:mod:`hxmlir.integration.installation`, which sets it, sits above the lowering. Like
 ``jax_enable_x64``, it is part of JAX's trace context and jit cache key, so every
 JAX cache keys on it: a lowering rule may read it, and what it returned is
 cached under the setting it read.
@@ -23,11 +23,13 @@ class Setting:
   same for lowerings for ``jax.export`` (``pipeline`` plus ``hx-check-export``);
   ``check_pipeline``: what export lowerings of modules without ``hx.*`` ops run
   when they call a custom-call target that hxmlir added to ``jax.export``'s
-  allow-list (``"hx-check-export"``).
+  allow-list (``"hx-check-export"``); ``kernels``: whether lowering rules choose
+  hxmlir's native CPU and Pallas kernels (:func:`use_kernels`).
   """
   pipeline: str
   export_pipeline: str
   check_pipeline: str
+  kernels: bool = True
 
 
 STATE = _jax.ConfigState(
@@ -45,8 +47,17 @@ def current() -> Setting | None:
 
 
 def is_installed() -> bool:
-  """Whether a pipeline runs on modules lowered now, in this thread."""
+  """Whether a pipeline runs on modules lowered now, in this thread (the passes' meaning
+  of "installed"; the kernels' is :func:`use_kernels`)."""
   return STATE.value is not None
+
+
+def use_kernels() -> bool:
+  """Whether lowering rules lowered now, in this thread, emit hxmlir's kernels (the native
+  CPU kernel, the Pallas kernels) where they apply: hxmlir is installed with
+  ``kernels=True`` (the default). Otherwise they emit the reference decomposition."""
+  setting = STATE.value
+  return setting is not None and setting.kernels
 
 
 def current_pipeline(*, for_export: bool = False) -> str | None:

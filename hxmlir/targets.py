@@ -4,7 +4,7 @@
 stable targets; Pallas Triton kernels (``__gpu$xla.gpu.triton``) are refused
 because Triton IR has no compatibility guarantee. hxmlir earns stability for its
 own kernels instead (each has back-compat artifacts under
-``tests/py/backcompat``), and records them here. A kernel is identified in IR
+``tests/py/integration/backcompat``), and records them here. A kernel is identified in IR
 by its target *and* its kernel name, which carries the version::
 
   kernel name in IR = f"{name}_v{version}"   (pallas_call(..., name=k.ir_name))
@@ -15,7 +15,7 @@ the ``name`` entry of the ``mhlo.backend_config`` dictionary for Triton.
 
 This module only keeps the records. ``hx.install()`` makes plain
 ``jax.export.export`` accept the registered kernels' targets (:func:`registered_targets`)
-in the threads where hxmlir is installed (:mod:`hxmlir.installation`). JAX checks
+in the threads where hxmlir is installed (:mod:`hxmlir.integration.installation`). JAX checks
 targets only, so there the ``hx-check-export`` pass (run on every export lowering)
 refuses the custom calls of a shared target whose kernel name is not registered --
 for example a user's own Triton kernel. Users register their kernels with :func:`register_kernel`,

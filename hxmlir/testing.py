@@ -17,7 +17,7 @@ as JAX's own ``tests/filecheck`` helpers do: each module is preceded by a
 stable ``TEST: <name> <argument types>`` line to anchor ``CHECK-LABEL``.
 Arguments are values (arrays, ``QArray``, ...), types (``jax.ShapeDtypeStruct``,
 ``ShapedArray``, hi types such as ``hx.QArrayTy``), type strings
-(:mod:`hxmlir.typestr`: ``"f32[8@i,512]"``, ``"q8[512,256]"``,
+(:mod:`hxmlir.types.typestr`: ``"f32[8@i,512]"``, ``"q8[512,256]"``,
 ``"{w: q8[4,3], b: f32[3]}"``), or tuples, lists and dicts of them.
 
 ``hxmlir lower MODULE:FUNCTION --arg TYPE ...`` prints the same module
@@ -33,12 +33,12 @@ import jax
 from jax.experimental.hijax import HiType, ShapedArray
 from jax.sharding import AbstractMesh
 
-from hxmlir import typestr
 from hxmlir.targets import check_platforms
+from hxmlir.types import typestr
 
 
 def mesh(axes: str) -> jax.sharding.Mesh:
-  """The mesh ``axes`` (``"i=4,j=2"``, :func:`hxmlir.typestr.parse_mesh`; explicit axes by
+  """The mesh ``axes`` (``"i=4,j=2"``, :func:`hxmlir.types.typestr.parse_mesh`; explicit axes by
   default) over this process's devices, for ``jax.set_mesh`` around values.
 
   On CPU, run with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` (set
@@ -53,7 +53,7 @@ def mesh(axes: str) -> jax.sharding.Mesh:
 def abstract_args(args: Sequence, mesh: AbstractMesh | None = None) -> list:
   """``args`` with type strings parsed (on ``mesh``) and ``ShapedArray`` leaves made
   ``jax.ShapeDtypeStruct`` (what ``jax.jit(...).trace`` accepts); values and hi types
-  stay as they are. Raises :class:`hxmlir.typestr.TypeStrError` on bad type text."""
+  stay as they are. Raises :class:`hxmlir.types.typestr.TypeStrError` on bad type text."""
   def conv(x):
     if isinstance(x, ShapedArray) and not isinstance(x, HiType):
       s = x.sharding if x.sharding is not None and not x.sharding.mesh.empty else None
@@ -106,7 +106,7 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   pipeline (``"hx-verify,hx-fold-scales"``). ``platforms`` lowers for those
   platforms (``("cuda", "tpu")`` works on any machine; default: the default
   backend). ``mesh``: a device-free mesh (``"i=4,j=2"`` or
-  :func:`hxmlir.typestr.parse_mesh`'s result)
+  :func:`hxmlir.types.typestr.parse_mesh`'s result)
   current while tracing, for sharded arguments without devices; hi *types* on
   a mesh are lowered as :func:`hxmlir.export.export` lowers them (JAX would
   give each of their components the hi type's sharding), so the module's
@@ -114,12 +114,12 @@ def lowered_text(fn: Callable, *args, passes: bool | str = False,
   keyword arguments bound as Python values (``fn(*args, **static)``), not
   traced. ``debug_info`` keeps the locations (``loc(...)``).
 
-  Raises :class:`hxmlir.typestr.TypeStrError` on bad type text, ``ValueError`` on
+  Raises :class:`hxmlir.types.typestr.TypeStrError` on bad type text, ``ValueError`` on
   a platform outside ``hxmlir.targets.PLATFORMS``, and what
   tracing or the pipeline raises (``TypeError`` naming operand types,
   ``hx.VerificationError``, ``PipelineError``).
   """
-  from hxmlir.installation import installed
+  from hxmlir.integration.installation import installed
   if isinstance(mesh, str):
     mesh = typestr.parse_mesh(mesh)
   abstract = abstract_args(args, mesh)

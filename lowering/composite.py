@@ -29,7 +29,7 @@ lowers every function with a leading platform-index argument; JAX's own
 the composite has operands, which is invalid. Here the reference function is
 lowered in a module context that has no platform-index or dimension-variable
 arguments, for one of the lowering platforms: the reference functions are
-platform-neutral StableHLO, which ``tests/py/test_lowering.py`` checks by
+platform-neutral StableHLO, which ``tests/py/lowering/test_lowering.py`` checks by
 comparing the decomposition lowered for each platform. Lowering rules that use
 :func:`lower_composite` must stay cacheable (see ``lowering/rules.py``).
 """
@@ -389,7 +389,7 @@ def lower_composite(ctx: mlir.LoweringRuleContext, name: str, *operands: ir.Valu
   mctx = ctx.module_context
   in_types = [mlir.aval_to_ir_type(mctx, a) for a in ctx.avals_in]
   out_types = [mlir.aval_to_ir_type(mctx, a) for a in ctx.avals_out]
-  # Reference decompositions are platform-neutral (tests/py/test_lowering.py
+  # Reference decompositions are platform-neutral (tests/py/lowering/test_lowering.py
   # checks it), builders are plain MLIR: neither depends on the platform.
   key = ("hxmlir.composite", name, version, tuple(sorted((attributes or {}).items())),
          tuple(map(str, in_types)), tuple(map(str, out_types)),

@@ -34,8 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from hxmlir import dotdims, formats
+from hxmlir import formats
 from hxmlir.lowering import reference
+from hxmlir.types import dotdims
 
 BLOCK_BYTES = 2 * 1024 * 1024
 MAX_FRACTION = 16

@@ -78,11 +78,12 @@ from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import dotdims, formats
-from hxmlir.install_state import is_installed
+from hxmlir import formats
+from hxmlir.install_state import use_kernels
 from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
+from hxmlir.types import dotdims
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
 # block of dequantized values takes about K_BLOCK_BYTES (K-streaming: 256 rows
@@ -476,7 +477,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
   if _kernel_layout(x_aval, q_aval, dims) == "nk":
     n, k = fmt.dense_shape(q_aval.shape)
-    if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+    if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
                              reference=matmul_q_cpu.matmul_q_native_v3,
                              attributes=rules.matmul_q_attributes(ctx, dims))
@@ -489,7 +490,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
   layout = _kernel_layout(x_aval, q_aval, dims)
   k, n = dense[-2] if layout else 0, dense[-1]
-  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, is_installed()):
+  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
     native = matmul_q_cpu.matmul_q_native if per_row_int8 else matmul_q_cpu.matmul_q_native_v2
     native = native if layout == "batched" else _collapsed(native)
     return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)

@@ -40,8 +40,8 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
 
 The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use a
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
-installed (:func:`hxmlir.install_state.is_installed`, part of JAX's cache keys),
-for each layout a weight's format takes (``Format.pallas``, the layouts of
+installed with its kernels (:func:`hxmlir.install_state.use_kernels`, part of JAX's cache
+keys), for each layout a weight's format takes (``Format.pallas``, the layouts of
 :data:`hxmlir.formats.WEIGHT_LAYOUTS`); otherwise they emit the default composite with
 the reference decomposition.
 
@@ -105,11 +105,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import mlir
 
-from hxmlir import _jax, dotdims, formats, targets
-from hxmlir.install_state import is_installed
+from hxmlir import _jax, formats, targets
+from hxmlir.install_state import use_kernels
 from hxmlir.lowering import reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
+from hxmlir.types import dotdims
 
 KERNEL_NAME = "hx_matmul_q"
 KERNEL_VERSION = 2
@@ -659,7 +660,7 @@ def _pallas_kernel(ctx, dims, backend: str):
 def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_numbers=None):
   """``hx_matmul_q_p`` on ``cuda``/``rocm``/``tpu``: the Pallas kernels as decomposition.
 
-  While hxmlir is installed the ``hx.matmul_q`` composite's decomposition calls a
+  While hxmlir is installed with its kernels the ``hx.matmul_q`` composite's decomposition calls a
   registered kernel where the weight's format takes its layout (``Format.pallas``):
   :func:`matmul_q_pallas` for version 1's layout ``f32[*b, m, k] x Q[*b, k, n]`` and
   ``f32[..., k] x Q[k, n]`` (``x``'s leading dims collapsed into ``m``), every format
@@ -667,11 +668,12 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_number
   ``f32[..., k] x W[n, k]`` (``hx.einsum("...k,nk->...n")``, groups along the
   contraction) and ``f32[*b, m, k] x W[*b, n, k]``, every format (f16 scales, offsets).
   Other dimension numbers, formats and group sizes no tile fits (:func:`default_blocks`,
-  :func:`default_blocks_nk`), and every equation while hxmlir is not installed, keep the
+  :func:`default_blocks_nk`), and every equation while hxmlir's kernels are not installed
+  (:func:`hxmlir.install_state.use_kernels`), keep the
   reference decomposition (what the default rule emits).
   """
   dims = dimension_numbers or dotdims.v1_dims(ctx.avals_in[0].ndim)
-  kernel = _pallas_kernel(ctx, dims, _PLATFORM_BACKEND[platform]) if is_installed() else None
+  kernel = _pallas_kernel(ctx, dims, _PLATFORM_BACKEND[platform]) if use_kernels() else None
   if kernel is None:
     return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,

@@ -19,7 +19,7 @@ The table shows the ``int8`` per-row format; other formats have other value comp
 and group scales ``f32[*l, n // g]`` (:mod:`hxmlir.formats`). ``hx_quantize_p`` has parameters ``fmt`` (a format name), ``group_size`` (``None`` or
 ``g``) and ``method`` (``"absmax"``, ``"mse"``); the other primitives read the format off
 their operands' types. ``hx_matmul_q_p`` has one parameter, ``dimension_numbers`` (``lax.dot_general``'s;
-:mod:`hxmlir.dotdims` has its rules): ``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``
+:mod:`hxmlir.types.dotdims` has its rules): ``f32[*b, m, k] x i8[*b, k, n] -> f32[*b, m, n]``
 is ``dotdims.v1_dims(rank)``.
 """
 
@@ -32,9 +32,10 @@ from jax.experimental.hijax import ShapedArray
 from jax.extend.core import Primitive
 from jax.interpreters import batching
 
-from hxmlir import dotdims, formats
-from hxmlir import shardings as shd
+from hxmlir import formats
 from hxmlir._jax import apply_primitive
+from hxmlir.types import dotdims
+from hxmlir.types import shardings as shd
 
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
@@ -71,8 +72,7 @@ def _f32(shape, sharding, *operands) -> ShapedArray:
 
 def dense_shape(q) -> tuple[int, ...]:
   """The dense shape of stored values ``q`` (an aval or array) of any format."""
-  f = formats.of_storage(q.dtype)
-  return f.dense_shape(q.shape) if f is not None else tuple(q.shape)
+  return formats.dense_shape_of(q.dtype, q.shape)
 
 
 @hx_quantize_p.def_abstract_eval

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from hxmlir import dotdims, formats
+from hxmlir import formats
 from hxmlir.lowering.schema import QMAX
+from hxmlir.types import dotdims
 
 # The scale is amax times the f32 reciprocal of qmax, written as a multiply: XLA
 # rewrites a division by a constant into this multiply in some fusion contexts
@@ -223,7 +224,7 @@ def _matmul_symmetric(x, qf, s, dims):
 
   Per group, the weight's last axis is split into ``(n // g, g)`` (and ``x``'s axis
   paired with it likewise), which makes the group scales per-row scales of a weight of
-  one more axis (:func:`hxmlir.dotdims.split_groups`); where the groups run along the
+  one more axis (:func:`hxmlir.types.dotdims.split_groups`); where the groups run along the
   contraction and the scale also spans a free axis (``"...k,nk->...n"``), each group's
   partial sum is scaled, then the partial sums are added.
   """

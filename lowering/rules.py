@@ -31,7 +31,7 @@ from collections.abc import Callable
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from hxmlir import dotdims, formats
+from hxmlir import formats
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import (
@@ -41,6 +41,7 @@ from hxmlir.lowering.primitives import (
   hx_outer_p,
   hx_quantize_p,
 )
+from hxmlir.types import dotdims
 
 REFERENCES: dict[Primitive, Callable] = {
     hx_quantize_p: reference.quantize,

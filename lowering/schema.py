@@ -10,7 +10,7 @@ element type name as MLIR spells it: ``f32``, ``i8``) and shardings as
 
 Bump an op's ``version`` whenever its semantics or attributes change, keep the
 old version in ``accepted_versions`` while artifacts that use it may exist, and
-add a back-compat artifact for the new version (tests/py/backcompat).
+add a back-compat artifact for the new version (tests/py/integration/backcompat).
 
 Quantization formats (:mod:`hxmlir.formats`, issue 15): every op over quantized
 values says its format in ``composite_attributes`` (:data:`FORMAT_ATTRIBUTES`):
@@ -38,8 +38,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hxmlir import dotdims, formats
-from hxmlir.dotdims import DotDims
+from hxmlir import formats
+from hxmlir.types import dotdims
+from hxmlir.types.dotdims import DotDims
 
 PREFIX = "hx."
 
@@ -228,8 +229,7 @@ def _fmt_attrs(a: dict) -> str:
 
 def dense_shape(q: TensorType) -> tuple[int, ...]:
   """The dense shape of stored values ``q`` (``ui8[..., m]`` int4 pairs: ``[..., 2m]``)."""
-  f = formats.of_storage(q.dtype)
-  return f.dense_shape(q.shape) if f is not None else q.shape
+  return formats.dense_shape_of(q.dtype, q.shape)
 
 
 def _grouped(q: TensorType, s: TensorType) -> bool:
@@ -261,7 +261,7 @@ MATMUL_Q_ATTRIBUTES = ("lhs_batching_dimensions", "rhs_batching_dimensions",
                        "lhs_contracting_dimensions", "rhs_contracting_dimensions")
 """``hx.matmul_q`` v2's ``composite_attributes``: ``stablehlo.dot_general``'s names, each
 an ``array<i64: ...>``. The rules of the dimension numbers (result shape and
-sharding, where the scale goes) are :mod:`hxmlir.dotdims`'s."""
+sharding, where the scale goes) are :mod:`hxmlir.types.dotdims`'s."""
 
 
 def matmul_q_attributes(dims: DotDims, fmt_attrs: dict) -> dict[str, object]:
@@ -275,7 +275,7 @@ def matmul_q_attributes(dims: DotDims, fmt_attrs: dict) -> dict[str, object]:
 
 def matmul_q_dims(attrs, x_rank: int) -> DotDims:
   """The dimension numbers of an ``hx.matmul_q`` with decoded attributes ``attrs``
-  (``None`` or empty: version 1, :func:`hxmlir.dotdims.v1_dims` of ``x_rank``)."""
+  (``None`` or empty: version 1, :func:`hxmlir.types.dotdims.v1_dims` of ``x_rank``)."""
   if not attrs or "lhs_contracting_dimensions" not in attrs:
     return dotdims.v1_dims(x_rank)
   return ((tuple(attrs["lhs_contracting_dimensions"]), tuple(attrs["rhs_contracting_dimensions"])),
@@ -407,7 +407,7 @@ def _shard_matmul_q(ops, res, attrs=None):
   computes a partial sum and the partitioner adds them (an all-reduce). Auto mesh axes
   carry no type, so only the IR knows them sharded there (``jax.jit(...,
   in_shardings=...)`` of a row-parallel layer); on Explicit axes the typing rule refuses
-  a sharded contraction at trace time (:func:`hxmlir.qarray.matmul_q_result_type`), as
+  a sharded contraction at trace time (:func:`hxmlir.types.qarray.matmul_q_result_type`), as
   JAX's dot does.
   """
   (x, q, s, *o), (y,) = ops, res

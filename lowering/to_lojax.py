@@ -7,7 +7,7 @@ hi jaxpr; nor do the rules that only take a value apart or build it from its
 components (``make_qarray``, ``qarray_parts``, ``factors``, a ``vmap`` broadcast).
 
 This module is the home of every ``to_lojax`` rule of the types' primitives
-(``hxmlir.qarray``, ``hxmlir.rank1``, ``hxmlir.tuples``, ``hxmlir.hiprim``). The
+(``hxmlir.types.qarray``, ``hxmlir.types.rank1``, ``hxmlir.types.tuples``, ``hxmlir.types.hiprim``). The
 export package's primitives, which sit above the lowering, register theirs beside
 them (``hxmlir/export/``).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import jax
 
-from hxmlir.hiprim import BroadcastHi, register_to_lojax
 from hxmlir.lowering.primitives import (
   hx_dequantize_p,
   hx_matmul_q_p,
@@ -24,9 +23,10 @@ from hxmlir.lowering.primitives import (
   hx_outer_p,
   hx_quantize_p,
 )
-from hxmlir.qarray import F32, Dequantize, MakeQArray, MatmulQ, QArray, QArrayParts, Quantize
-from hxmlir.rank1 import Factors, MatmulR1, Outer, Rank1
-from hxmlir.tuples import GetTupElt, HiTup, MakeTup
+from hxmlir.types.hiprim import BroadcastHi, register_to_lojax
+from hxmlir.types.qarray import F32, Dequantize, MakeQArray, MatmulQ, QArray, QArrayParts, Quantize
+from hxmlir.types.rank1 import Factors, MatmulR1, Outer, Rank1
+from hxmlir.types.tuples import GetTupElt, HiTup, MakeTup
 
 
 @register_to_lojax(Quantize)
@@ -41,7 +41,7 @@ def _dequantize(prim, qx):
 
 @register_to_lojax(MatmulQ)
 def _matmul_q(prim, x, qw):
-  # a bf16/f16 x (hxmlir.qarray.DENSE_DTYPES) is converted to f32, exactly, before the
+  # a bf16/f16 x (hxmlir.types.qarray.DENSE_DTYPES) is converted to f32, exactly, before the
   # composite: hx.matmul_q's contract is f32 x, so every kernel takes it as it is
   x = jax.lax.convert_element_type(x, F32)
   return hx_matmul_q_p.bind(x, *qw.components, **prim.params)

@@ -127,7 +127,7 @@ class PassContext(Diagnostics):
 
   ``platforms``: the platforms the module is being lowered for (``("cpu",)``,
   ``("cuda", "tpu")``), when the pipeline runs inside a JAX lowering
-  (``hxmlir.installation`` gives JAX's lowering platforms); ``None`` when unknown
+  (``hxmlir.integration.installation`` gives JAX's lowering platforms); ``None`` when unknown
   (``hxmlir-opt``). Passes may specialise on it (``hx-fold-scales`` builds
   CPU-streaming decompositions for ``("cpu",)``). It is a :class:`Diagnostics`,
   so passes report to it directly.

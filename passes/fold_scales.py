@@ -95,10 +95,11 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import dotdims, formats
+from hxmlir import formats
 from hxmlir.lowering import composite, matmul_q_impl, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
+from hxmlir.types import dotdims
 
 _INT8_PER_ROW = schema.format_attributes("int8", None)
 
@@ -881,7 +882,7 @@ def _sum_axis(y: ir.Value, axis: int) -> ir.Value:
 def _reference_matmul_q(x: ir.Value, q: ir.Value, s: ir.Value, dims) -> ir.Value:
   """``hx.matmul_q``'s reference (:func:`hxmlir.lowering.reference.matmul_q`) for stored
   values ``q`` of any format and per-row or group scales ``s``: the weight's last axis
-  split into groups (:func:`hxmlir.dotdims.split_groups`), the scales folded into ``x``
+  split into groups (:func:`hxmlir.types.dotdims.split_groups`), the scales folded into ``x``
   or the result (or each group's partial sum), never into the weight."""
   qf = _values_f32(q)
   qs, xs = _shape_of(qf), _shape_of(x)

@@ -41,8 +41,9 @@ def _file_locs(loc: ir.Location) -> Iterator[ir.FileLineColLoc]:
 
 # Frames inside hxmlir itself (hi primitives, lowering rules) are skipped, the way
 # JAX drops its own frames from tracebacks: the user's line is the one that matters.
-_OWN_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
-                  for m in (_jax, _schema_module, sys.modules[__name__]))
+_OWN_DIRS = tuple(os.path.dirname(path) + os.sep for path in (
+    os.path.dirname(_jax.__file__),  # hxmlir/ (the seam is a package inside it)
+    _schema_module.__file__, sys.modules[__name__].__file__))
 
 
 def location_str(loc: ir.Location) -> str:

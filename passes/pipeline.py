@@ -246,7 +246,7 @@ class Pipeline:
     :class:`PassError` when a pass reports errors (all of them, at once), when
     MLIR's verifier fails after a pass (naming that pass), or when a native
     pass fails. ``platforms``: what the module is being lowered for, when known
-    (``hxmlir.installation`` passes JAX's lowering platforms); passes may specialise
+    (``hxmlir.integration.installation`` passes JAX's lowering platforms); passes may specialise
     on it (``hx-fold-scales`` builds CPU-streaming decompositions for ``("cpu",)``).
     """
     op = module.operation

@@ -30,10 +30,10 @@ from typing import ClassVar
 from jaxlib.mlir import ir
 
 from hxmlir import formats
-from hxmlir import shardings as type_shardings
 from hxmlir.lowering import composite, schema
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult
+from hxmlir.types import shardings as type_shardings
 
 # Ops a decomposition may hold besides StableHLO: calls, and the Shardy ops that keep
 # sharding (JAX emits sharding constraints; Shardy's propagation pipeline turns

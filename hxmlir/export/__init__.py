@@ -33,7 +33,7 @@ additions ride in two standard places that JAX carries through untouched:
 
 - attributes of the StableHLO module: ``hx.signature`` (JSON: artifact format,
   hxmlir version, function name, hi argument/result trees and type descriptors
-  from :mod:`hxmlir.typedesc`) and, with ``serialize(vjp_order=1)``, ``hx.vjp``
+  from :mod:`hxmlir.types.typedesc`) and, with ``serialize(vjp_order=1)``, ``hx.vjp``
   (the serialized VJP artifact, base64);
 - one entry of the artifact's ``disabled_safety_checks`` list,
   ``DisabledSafetyCheck.custom_call("hxmlir.bytes.sha256:<hex>")``: a SHA-256

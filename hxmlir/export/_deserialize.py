@@ -12,8 +12,7 @@ from jax import export as jax_export
 from jaxlib.mlir import ir
 
 from hxmlir import __version__ as HXMLIR_VERSION
-from hxmlir import _jax, typedesc
-from hxmlir import shardings as shd
+from hxmlir import _jax
 from hxmlir.export._artifact import (
   ARTIFACT_FORMAT,
   DIGEST_PREFIX,
@@ -32,8 +31,10 @@ from hxmlir.export._artifact import (
 )
 from hxmlir.export._exported import Exported
 from hxmlir.export._tree import count_leaves
-from hxmlir.hiprim import lo_types
 from hxmlir.lowering import matmul_q_cpu, schema
+from hxmlir.types import shardings as shd
+from hxmlir.types import typedesc
+from hxmlir.types.hiprim import lo_types
 
 
 def deserialize(blob: bytes | bytearray) -> Exported:

@@ -9,13 +9,13 @@ import jax
 from jax import export as jax_export
 
 from hxmlir import __version__ as HXMLIR_VERSION
-from hxmlir import shardings as shd
-from hxmlir import typedesc
 from hxmlir.export._exported import Exported
 from hxmlir.export._hilo import differentiable, lower_flat, raise_flat, typeof
 from hxmlir.export._tree import flatten, unflatten
-from hxmlir.hiprim import is_hi, lo_types
 from hxmlir.targets import check_platforms
+from hxmlir.types import shardings as shd
+from hxmlir.types import typedesc
+from hxmlir.types.hiprim import is_hi, lo_types
 
 
 def export(fn: Callable, platforms: Sequence[str] | None = None, *,

@@ -10,8 +10,6 @@ import jax
 import jax.numpy as jnp
 from jax import export as jax_export
 
-from hxmlir import shardings as shd
-from hxmlir import typedesc
 from hxmlir.export._artifact import (
   ARTIFACT_FORMAT,
   SIGNATURE_ATTR,
@@ -21,7 +19,9 @@ from hxmlir.export._artifact import (
 )
 from hxmlir.export._hilo import CallExported, match_key, typeof
 from hxmlir.export._tree import flatten, unflatten
-from hxmlir.hiprim import is_hi
+from hxmlir.types import shardings as shd
+from hxmlir.types import typedesc
+from hxmlir.types.hiprim import is_hi
 
 
 class Exported:

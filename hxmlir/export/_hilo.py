@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.hijax import HiType, ShapedArray, Zero
 
-from hxmlir import typedesc
-from hxmlir.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
+from hxmlir.types import typedesc
+from hxmlir.types.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
 
 
 def typeof(x):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hxmlir.qarray import QArray, QArrayTy, dequantize, matmul_q, quantize
+from hxmlir.types.qarray import QArray, QArrayTy, dequantize, matmul_q, quantize
 
 
 def is_quantized(w) -> bool:

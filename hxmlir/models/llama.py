@@ -19,7 +19,7 @@ gives the dense f32 params that the same :func:`forward` also runs (the baseline
 Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``rotate_half`` pairs ``(i, i + d/2)``) so that on the rows as stored the rotation pairs
 *consecutive* elements ``(2i, 2i + 1)`` with angle ``pos * base^(-2i/d)`` (llama.cpp's
-``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/test_llama.py checks it
+``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/models/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
 KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``,
@@ -56,11 +56,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hxmlir.dispatch import jit as hx_jit
-from hxmlir.einsum import einsum
-from hxmlir.gather import take_rows
+from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.models import llama_sharding
-from hxmlir.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
+from hxmlir.types.einsum import einsum
+from hxmlir.types.gather import take_rows
+from hxmlir.types.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
@@ -224,7 +224,7 @@ def rope(x, positions, base: float):
 
 def _proj(x, w, name=None):
   """``x @ w.T`` for a weight ``w[out, in]`` (``name``: the weight's key, read by a
-  mesh's projection, :func:`hxmlir.models.llama_sharding.projection`): :func:`hxmlir.einsum` (one ``hx.matmul_q``)
+  mesh's projection, :func:`hxmlir.models.llama_sharding.projection`): :func:`hxmlir.types.einsum` (one ``hx.matmul_q``)
   on a quantized ``w``, ``jnp.einsum`` on a dense one (:func:`dequantized` params)."""
   if isinstance(jax.typeof(w), QArrayTy):
     return einsum("...k,nk->...n", x, w)

@@ -64,8 +64,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hxmlir import formats
-from hxmlir.einsum import einsum
-from hxmlir.qarray import QArray, QArrayTy, make_qarray, qarray_parts
+from hxmlir.types.einsum import einsum
+from hxmlir.types.qarray import QArray, QArrayTy, make_qarray, qarray_parts
 
 COLUMN_PARALLEL = ("q", "k", "v", "gate", "up", "qkv", "gate_up")
 """Per-layer weights split along ``out`` (their first axis); ``qkv`` and ``gate_up`` are
@@ -175,7 +175,7 @@ def tp_einsum(x, w, spec: PartitionSpec, mesh: Mesh) -> jax.Array:
   ``k`` and ``psum``'s the partial products, replicated; ``P()`` is the plain product on
   every device. A ``shard_map`` over the weight's components, since a quantized value
   crosses ``shard_map`` partitioned along its leading axes only; the components' specs
-  are the type's (:meth:`hxmlir.qarray.QArrayTy.hx_lo_specs`: group scales split with
+  are the type's (:meth:`hxmlir.types.qarray.QArrayTy.hx_lo_specs`: group scales split with
   the groups). Call it under ``jit``."""
   if spec == PartitionSpec():
     return einsum("...k,nk->...n", x, w)

@@ -15,6 +15,8 @@ import numpy as np
 from jaxlib import xla_client
 from numerics import assert_within, elementwise_bound
 
+import hxmlir as hx
+
 
 def compile_and_run(text: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
   """Compiles StableHLO ``text`` (a module with a public ``@main``) for one CPU device
@@ -50,3 +52,19 @@ def assert_same_q(a, b, scale_roundings: int = 0) -> None:
   np.testing.assert_array_equal(np.asarray(a.qvalue), np.asarray(b.qvalue))
   assert_within(a.scale, b.scale, elementwise_bound(np.asarray(b.scale), scale_roundings),
                 "scale: ")
+
+
+def dense64(q) -> np.ndarray:
+  """The dequantized value in float64, from the components (unpacking int4 by hand)."""
+  v, s = (np.asarray(c) for c in hx.qarray_parts(q))
+  if v.dtype == np.uint8:
+    lo = (v & 0xF).astype(np.int8)
+    hi = (v >> 4).astype(np.int8)
+    lo, hi = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
+    v = np.stack([lo, hi], -1).reshape(*v.shape[:-1], -1)
+  v = v.astype(np.float64)
+  s = np.asarray(s, np.float64)
+  if s.ndim == v.ndim:
+    g = v.shape[-1] // s.shape[-1]
+    return (v.reshape(*s.shape, g) * s[..., None]).reshape(v.shape)
+  return v * s[..., None]

