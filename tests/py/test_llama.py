@@ -417,3 +417,32 @@ def test_int8_cache_greedy_and_compiles_once(model_int8, ref):
   steps = model_int8.traces["step"]
   assert len(list(model_int8.generate(_cases()[0]["ids"], 4))) == 4
   assert model_int8.traces["step"] == steps
+
+
+def test_cli_kv_cache_choices_are_the_models():
+  from hxmlir import generate_cli
+  assert generate_cli.KV_CACHES == llama.KV_CACHES
+
+
+@needs_model
+def test_cli_generate_json_int8_cache(model_int8, capsys):
+  from hxmlir import cli
+  prompt = "The capital of France is"
+  want = list(model_int8.generate(prompt, 4))
+  assert cli.main(["generate", "--model", "smollm2", "--prompt", prompt, "--max-tokens", "4",
+                   "--max-context", "64", "--kv-cache", "int8", "--json"]) == 0
+  out, err = capsys.readouterr()
+  assert err == ""
+  r = json.loads(out)  # one object, nothing streamed before it
+  assert r["ids"] == want and r["text"] == model_int8.tokenizer.decode(want)
+  assert r["prompt"] == prompt and r["prompt_ids"] == model_int8.tokenizer.encode(prompt)
+  assert r["finish_reason"] == "max_tokens" and r["model"] == PATH
+  assert r["sampling"] == {"temperature": 0.0, "top_k": None, "top_p": None, "seed": 0}
+  s = r["stats"]
+  assert {k: s[k] for k in ("prompt_tokens", "generated_tokens", "weight_bytes", "kv_cache",
+                            "kv_cache_bytes", "kv_cache_bytes_per_token", "max_context")} == {
+      "prompt_tokens": 5, "generated_tokens": 4, "weight_bytes": 96_576_768,
+      "kv_cache": "int8", "kv_cache_bytes": 64 * 12240, "kv_cache_bytes_per_token": 12240,
+      "max_context": 64}
+  assert s["prefill_tokens_per_second"] > 0 and s["decode_tokens_per_second"] > 0
+  assert s["prefill_seconds"] > 0 and s["decode_seconds"] > 0
