@@ -55,7 +55,7 @@ import numpy as np
 
 from hxmlir.einsum import einsum
 from hxmlir.gather import take_rows
-from hxmlir.qarray import QArrayTy, make_qarray, qarray_parts, quantize
+from hxmlir.qarray import QArrayTy, dequantize, make_qarray, qarray_parts, quantize
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
@@ -184,7 +184,25 @@ def rope(x, positions, base: float):
 
 
 def _proj(x, w):
-  return einsum("...k,nk->...n", x, w)
+  """``x @ w.T`` for a weight ``[out, in]``: ``hx.einsum`` on a quantized one (the model),
+  ``jnp.einsum`` on a dense one (:func:`dequantized`, the f32 baseline)."""
+  dot = einsum if isinstance(jax.typeof(w), QArrayTy) else jnp.einsum
+  return dot("...k,nk->...n", x, w)
+
+
+def _embed(table, ids):
+  """Rows ``ids`` of the token embedding, quantized (:func:`hxmlir.take_rows`) or dense."""
+  if isinstance(jax.typeof(table), QArrayTy):
+    return take_rows(table, ids)
+  return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def dequantized(params):
+  """``params`` with every quantized weight dequantized to ``f32`` (the same tree): the
+  weights of a plain JAX f32 decoder of the same numbers, for :func:`forward` to run as a
+  baseline (``hxmlir demo --model smollm2`` compares and times the two)."""
+  return jax.tree.map(lambda w: dequantize(w) if isinstance(jax.typeof(w), QArrayTy) else w,
+                      params)
 
 
 def _cache_write(cache, i: int, start, x):
@@ -222,7 +240,9 @@ def attention(q, k, v, mask, *, scale: float):
 
 def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
-  cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``, the caches
+  cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``. ``params``:
+  :func:`params_of`'s tree (weights quantized as stored; each may also be a dense f32
+  array, as :func:`dequantized` gives, run with ``jnp.einsum``). The caches
   ``f32[layers, C, kv_heads, head_dim]`` or ``q8[layers, C, kv_heads, head_dim]``
   (:data:`KV_CACHES`) with rows ``start + [0, T)`` written.
   ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
@@ -235,7 +255,7 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config):
   quantized = isinstance(jax.typeof(k_cache), QArrayTy)
   if quantized:  # carried as components through the layers, one q8 again at the end
     k_cache, v_cache = qarray_parts(k_cache), qarray_parts(v_cache)
-  x = take_rows(params["embed"], ids)
+  x = _embed(params["embed"], ids)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
     q = rope(_proj(h, p["q"]).reshape(t, cfg.heads, hd), positions, cfg.rope_base)

@@ -446,3 +446,56 @@ def test_cli_generate_json_int8_cache(model_int8, capsys):
       "max_context": 64}
   assert s["prefill_tokens_per_second"] > 0 and s["decode_tokens_per_second"] > 0
   assert s["prefill_seconds"] > 0 and s["decode_seconds"] > 0
+
+
+# --- export of the decode step ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def exported_step(model):
+  """The int8-cache decode step of a 64-position model, exported once, with its arguments
+  (a prompt prefilled) and the in-process jitted step's logits for them."""
+  m = llama.Llama(model.config, model.params, max_context=64, kv_cache="int8",
+                  metadata=model.metadata, path=model.path)
+  exp = m.export_step()
+  ids = _cases()[1]["ids"]
+  k, v = m.new_cache()
+  _, k, v = m._prefill(m.params, jnp.asarray(ids, jnp.int32), jnp.int32(0), k, v)
+  args = [m.params, jnp.asarray([ids[-1]], jnp.int32), jnp.int32(len(ids)), k, v]
+  want = jax.jit(lambda *a: llama.forward(*a, cfg=m.config))(*args)
+  return m, exp, args, (np.asarray(want[0]), *want[1:])
+
+
+@needs_model
+def test_exported_decode_step_has_the_hi_signature(exported_step):
+  m, exp, args, want = exported_step
+  tys = [str(t) for t in exp.in_types]
+  assert tys[-4:] == ["int32[1]", "int32[]", "q8[30,64,3,64]", "q8[30,64,3,64]"], tys[-4:]
+  assert "u4o[576,576:g32,f16]" in tys and "q8[49152,576:g32,f16]" in tys
+  assert [str(t) for t in exp.out_types] == ["float32[1,49152]", "q8[30,64,3,64]",
+                                             "q8[30,64,3,64]"]
+  got = exp.call(*args)
+  np.testing.assert_array_equal(np.asarray(got[0]), want[0])  # bit for bit
+  for g, w in zip(hx.qarray_parts(got[1]), hx.qarray_parts(want[1])):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@needs_model
+def test_exported_decode_step_runs_in_a_fresh_process(exported_step, tmp_path):
+  import subprocess
+  import sys
+
+  from hxmlir.npzio import arguments_to_arrays
+  m, exp, args, want = exported_step
+  (tmp_path / "step.hxa").write_bytes(exp.serialize())
+  np.savez(tmp_path / "in.npz", **arguments_to_arrays(exp, args))
+  with np.load(tmp_path / "in.npz") as z:  # the keys hxmlir run reads
+    assert {"a0['layers'][0]['q'].offset", "a3.qvalue", "a3.scale", "a1", "a2"} <= set(z.files)
+  p = subprocess.run([sys.executable, "-m", "hxmlir.cli", "run", str(tmp_path / "step.hxa"),
+                      "--inputs", str(tmp_path / "in.npz"), "--output",
+                      str(tmp_path / "out.npz")], capture_output=True, text=True,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
+  assert p.returncode == 0, p.stderr
+  with np.load(tmp_path / "out.npz") as z:
+    np.testing.assert_array_equal(z["a0"], want[0])  # the logits, bit for bit
+    assert z["a1.qvalue"].shape == (30, 64, 3, 64) and z["a1.scale"].shape == (30, 64, 3)
+    np.testing.assert_array_equal(z["a1.qvalue"], np.asarray(hx.qarray_parts(want[1])[0]))
