@@ -96,10 +96,10 @@ _ATTR_RE = re.compile(r'(\w+) = ("[^"]*"|[^,]+)')
 
 
 def count_composites_by_format(ir_text: str) -> dict[str, int]:
-  """``{"hx.matmul_q uint4 g32 offset f16-scales": 210, "hx.matmul_q int8 g32 f16-scales":
-  1, ...}``: the ``hx.*`` composites of a module's text by name and by the quantized
-  format in their attributes (``dtype``, ``group_size``, ``offset``, ``scale_dtype``;
-  only the name for a composite without them)."""
+  """``{"hx.matmul_q uint4_f16 g32 offset": 210, "hx.matmul_q int8_f16 g32": 1, ...}``:
+  the ``hx.*`` composites of a module's text by name and by the quantized format in their
+  attributes (``dtype``, the format's name, ``group_size`` and ``offset``; only the name
+  for a composite without them)."""
   counts: Counter = Counter()
   for name, attrs in _COMPOSITE_ATTRS_RE.findall(ir_text):
     a = {k: v.strip().strip('"') for k, v in _ATTR_RE.findall(attrs)}
@@ -108,8 +108,6 @@ def count_composites_by_format(ir_text: str) -> dict[str, int]:
       parts.append(f"g{a['group_size'].split(':')[0].strip()}")
     if a.get("offset") == "true":
       parts.append("offset")
-    if a.get("scale_dtype", "f32") != "f32":
-      parts.append(f"{a['scale_dtype']}-scales")
     counts[" ".join([name, *parts])] += 1
   # composites without attributes (none of the regex above): by name only
   for name, n in Counter(_COMPOSITE_RE.findall(ir_text)).items():

@@ -499,3 +499,25 @@ def test_exported_decode_step_runs_in_a_fresh_process(exported_step, tmp_path):
     np.testing.assert_array_equal(z["a0"], want[0])  # the logits, bit for bit
     assert z["a1.qvalue"].shape == (30, 64, 3, 64) and z["a1.scale"].shape == (30, 64, 3)
     np.testing.assert_array_equal(z["a1.qvalue"], np.asarray(hx.qarray_parts(want[1])[0]))
+
+
+@needs_model
+def test_demo_smollm2_runs_every_step():
+  from hxmlir import cli
+  from hxmlir.demo import run_demo
+  assert cli.make_parser().parse_args(["demo", "--model", "smollm2"]).model == "smollm2"
+  r = run_demo("smollm2", repeats=1, platforms=("cpu",))
+  steps = {s.name: s for s in r.steps}
+  assert list(steps) == ["load", "install", "jit", "ir", "accuracy", "kernel", "timing",
+                         "weights", "export"]
+  assert r.ok, [s.text() for s in r.steps]
+  # the decode step's IR: 7 u4o projections per layer, the tied q8 head, the embedding
+  # rows dequantized alone (no other composite: no dequantized weight)
+  assert steps["ir"].data["composites_by_format"] == {
+      "hx.dequantize int8_f16 g32": 1, "hx.matmul_q int8_f16 g32": 1,
+      "hx.matmul_q uint4_f16 g32 offset": 210}
+  acc = steps["accuracy"].data
+  assert acc["top1_agreement"] >= 0.99 and acc["relative_error"] <= 1e-3
+  assert steps["weights"].data["bytes"] == 96_576_768
+  assert set(steps["timing"].data["tokens_per_second"]) == {"f32", "hx"}
+  assert steps["export"].data["identical"] is True
