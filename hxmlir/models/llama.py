@@ -39,6 +39,8 @@ Python API::
   m.logits(ids)                             # np.float32[T, vocab], teacher-forced
   for t in m.generate("The capital of France is", 16): ...
   m.tokenizer.decode(ids)
+  llama.Llama.smollm2(kv_cache="int8")     # K and V as q8 rows: 3.8x fewer bytes per token
+  m.export_step().serialize()               # the decode step, for hxmlir run
 """
 
 from __future__ import annotations
@@ -357,12 +359,6 @@ class Llama:
     i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     k, v = jax.eval_shape(self.new_cache)
     return jax.tree.map(jax.typeof, self.params), i32((1,)), i32(()), k, v
-
-  def decode_step(self, params, ids, start, k_cache, v_cache):
-    """One jitted call of :func:`forward` at this model's config, the caches donated:
-    the function :meth:`generate` calls per token (``ids: i32[1]``) and for the prompt.
-    Returns ``(f32[T, vocab], k_cache, v_cache)``."""
-    return self._step(params, ids, start, k_cache, v_cache)
 
   def export_step(self, platforms=None):
     """The decode step exported with :func:`hxmlir.export.export` for
