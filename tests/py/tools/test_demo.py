@@ -249,6 +249,19 @@ def test_count_composites_reads_names_from_text():
   assert demo.count_composites(text) == {"hx.matmul_q": 2, "hx.quantize": 1}
 
 
+def test_count_composites_by_format_reads_the_attributes():
+  from hxmlir.tools.report import count_composites_by_format
+  def line(i, attrs):
+    return (f'%{i} = stablehlo.composite "hx.matmul_q" %a, %b {{composite_attributes = '
+            f'{{{attrs}}}, decomposition = @hx.matmul_q.impl, version = 4 : i32}}\n')
+  u4o = ('dtype = "uint4", group_size = 32 : i64, layout = "uint4_pairs_v1", '
+         'lhs_batching_dimensions = array<i64>, offset = true, scale_dtype = "f32"')
+  text = (line(0, u4o) + line(1, u4o) + line(2, 'dtype = "int8", offset = false')
+          + '%3 = stablehlo.composite "hx.quantize" %b {version = 1 : i32}\n')
+  assert count_composites_by_format(text) == {
+      "hx.matmul_q int8": 1, "hx.matmul_q uint4 g32 offset": 2, "hx.quantize": 1}
+
+
 # --- the other subcommands -------------------------------------------------------------
 
 def test_lower_prints_ir_before_and_after_the_passes(tmp_path):
