@@ -11,11 +11,13 @@ from collections.abc import Sequence
 
 import jax
 import jax.extend.backend
+import jax.numpy as jnp
 import numpy as np
 from jaxlib import xla_client
 from numerics import assert_within, elementwise_bound
 
 import hxmlir as hx
+from hxmlir import formats
 
 
 def compile_and_run(text: str, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -68,3 +70,43 @@ def dense64(q) -> np.ndarray:
     g = v.shape[-1] // s.shape[-1]
     return (v.reshape(*s.shape, g) * s[..., None]).reshape(v.shape)
   return v * s[..., None]
+
+
+def nibbles(p: np.ndarray, signed: bool) -> np.ndarray:
+  """``ui8[..., m]`` -> the ``2m`` values: element ``2j`` the low nibble of byte ``j``."""
+  p = np.asarray(p, np.uint8)
+  lo, hi = (p & 0xF).astype(np.int64), (p >> 4).astype(np.int64)
+  if signed:
+    lo, hi = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
+  return np.stack([lo, hi], -1).reshape(*p.shape[:-1], 2 * p.shape[-1])
+
+
+def any_format(rng, shape, name, group):
+  """A QArray of format ``name`` from normal data (f16 formats: the f32 format's
+  components with f16 scales and offsets), its components, its dense value
+  ``values * scale + offset`` in numpy float64 and the bound of an f32 evaluation's
+  error (a rounding of the product and one of the sum, or one fused: ``eps`` each
+  relative to the value rounded), and the f32 data."""
+  f = formats.FORMATS[name]
+  base = formats.FORMATS[name.removesuffix("_f16")]
+  x = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+  method = "minmax" if f.offset else "absmax"
+  n_scales = (*shape[:-1], shape[-1] // group) if group else shape[:-1]
+  if formats.check_method(base, method) is None:
+    parts = hx.qarray_parts(hx.quantize(x, base.name, group_size=group, method=method))
+  else:  # q8o holds checkpoints' 5-bit values (hx.quantize does not make it)
+    parts = (jnp.asarray(rng.integers(0, 32, shape).astype(np.int8)),
+             jnp.asarray(rng.uniform(0.01, 0.1, n_scales).astype(np.float32)),
+             jnp.asarray(rng.standard_normal(n_scales).astype(np.float32)))
+  parts = [parts[0]] + [p.astype(f.scale_dtype) for p in parts[1:]]
+  w = hx.make_qarray(*parts)
+  v = np.asarray(formats.values_f32(parts[0], f), np.float64)
+  g = group or shape[-1]
+
+  def per_element(c):
+    return np.repeat(np.asarray(c, np.float64).reshape(*shape[:-1], -1), g, axis=-1)
+
+  product = v * per_element(parts[1])
+  dense = product + (per_element(parts[2]) if f.offset else 0.0)
+  bound = np.finfo(np.float32).eps * (np.abs(product) + np.abs(dense))
+  return w, parts, dense, bound, x

@@ -16,6 +16,7 @@ lowered and exported for ``cuda`` and ``tpu`` on CPU, never run.
 
 from __future__ import annotations
 
+import hx_testing
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,8 +26,6 @@ from jax.sharding import PartitionSpec as P
 from numerics import assert_within, dot_bound
 from test_matmul_q_kernels import _custom_calls
 from test_matmul_q_pallas import _check_export_errors
-from test_offset_formats import _nibbles
-from test_pallas_hi import _any_format
 
 import hxmlir as hx
 from hxmlir import export as hxe
@@ -50,7 +49,7 @@ def _terms64(w) -> tuple[np.ndarray, np.ndarray]:
   decoded by hand; int8 and fp8 values are exact in float64; ``o`` 0 without offsets)."""
   parts = [np.asarray(c) for c in hx.qarray_parts(w)]
   f = jax.typeof(w).format
-  vals = _nibbles(parts[0], f.signed) if f.pack == 2 else parts[0].astype(np.float64)
+  vals = hx_testing.nibbles(parts[0], f.signed) if f.pack == 2 else parts[0].astype(np.float64)
   s, *o = (p.astype(np.float64) if p.ndim == vals.ndim else p.astype(np.float64)[..., None]
            for p in parts[1:])
   g = vals.shape[-1] // s.shape[-1]
@@ -73,7 +72,7 @@ def _mags64(w) -> np.ndarray:
 def _weight(name, g, b, n, k, seed):
   """A weight ``W[*b, n, k]`` of format ``name`` (groups of ``g`` along ``k``), ``x``-free."""
   rng = np.random.default_rng(seed)
-  w, *_ = _any_format(rng, (*b, n, k), name, g)
+  w, *_ = hx_testing.any_format(rng, (*b, n, k), name, g)
   return w
 
 

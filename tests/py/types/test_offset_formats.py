@@ -8,6 +8,7 @@ computation (tests/py/numerics.py).
 
 import re
 
+import hx_testing
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,21 +23,12 @@ from hxmlir.passes import parse_pipeline
 RS = np.random.RandomState(26)
 
 
-def _nibbles(p: np.ndarray, signed: bool) -> np.ndarray:
-  """``ui8[..., m]`` -> the ``2m`` values: element ``2j`` the low nibble of byte ``j``."""
-  p = np.asarray(p, np.uint8)
-  lo, hi = (p & 0xF).astype(np.int64), (p >> 4).astype(np.int64)
-  if signed:
-    lo, hi = np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)
-  return np.stack([lo, hi], -1).reshape(*p.shape[:-1], 2 * p.shape[-1])
-
-
 def _dense64(q) -> np.ndarray:
   """The float64 value of ``q`` from its components (per group of g, or per row)."""
   parts = [np.asarray(c) for c in hx.qarray_parts(q)]
   v, s = parts[0], parts[1].astype(np.float64)
   f = jax.typeof(q).format
-  vals = _nibbles(v, f.signed) if f.pack == 2 else v.astype(np.int64)
+  vals = hx_testing.nibbles(v, f.signed) if f.pack == 2 else v.astype(np.int64)
   s = s if s.ndim == vals.ndim else s[..., None]
   g = vals.shape[-1] // s.shape[-1]
   rep = lambda a: np.repeat(a, g, axis=-1)  # noqa: E731
@@ -51,7 +43,7 @@ def _mags64(q) -> np.ndarray:
   """``|q·s| + |o|`` elementwise: what each product term of a matmul can carry."""
   parts = [np.asarray(c) for c in hx.qarray_parts(q)]
   f = jax.typeof(q).format
-  vals = _nibbles(parts[0], f.signed) if f.pack == 2 else parts[0].astype(np.int64)
+  vals = hx_testing.nibbles(parts[0], f.signed) if f.pack == 2 else parts[0].astype(np.int64)
   s, *o = (p.astype(np.float64) if p.ndim == vals.ndim else p[..., None].astype(np.float64)
             for p in parts[1:])
   g = vals.shape[-1] // s.shape[-1]
@@ -114,7 +106,7 @@ def test_minmax_quantize_is_min_and_range_over_15(group):
   s, o = s.reshape(lo.shape), o.reshape(lo.shape)
   np.testing.assert_array_equal(o, lo)  # the offset is the group's minimum, exactly
   np.testing.assert_array_equal(s, (hi - lo) * np.float32(1 / 15))  # one f32 product
-  vals = _nibbles(v, signed=False)
+  vals = hx_testing.nibbles(v, signed=False)
   assert vals.min() >= 0 and vals.max() <= 15
   assert (vals.reshape(wg.shape).max(-1) == 15).all()  # the maximum takes the top level
   # round to nearest: every element within half a step (+ the f32 roundings of x - o,
@@ -262,7 +254,7 @@ def test_grad_and_vmap():
   gs, go = jax.grad(lambda s, o: hx.dequantize(hx.make_qarray(v, s, o)).sum(), (0, 1))(s, o)
   np.testing.assert_array_equal(np.asarray(go), np.full(o.shape, 32.0))
   np.testing.assert_array_equal(np.asarray(gs),
-                                _nibbles(np.asarray(v), False).reshape(24, 2, 32).sum(-1))
+                                hx_testing.nibbles(np.asarray(v), False).reshape(24, 2, 32).sum(-1))
 
 
 # --- errors -------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 
+import hx_testing
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -717,43 +718,11 @@ ALL_FORMATS = [(name, g) for name in __import__("hxmlir.formats").formats.FORMAT
 ALL_FORMAT_IDS = [f"{n}-g{g}" for n, g in ALL_FORMATS]
 
 
-def _any_format(rng, shape, name, group):
-  """A QArray of format ``name`` from normal data (f16 formats: the f32 format's
-  components with f16 scales and offsets), its components, its dense value
-  ``values * scale + offset`` in numpy float64 and the bound of an f32 evaluation's
-  error (a rounding of the product and one of the sum, or one fused: ``eps`` each
-  relative to the value rounded), and the f32 data."""
-  from hxmlir import formats
-  f = formats.FORMATS[name]
-  base = formats.FORMATS[name.removesuffix("_f16")]
-  x = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
-  method = "minmax" if f.offset else "absmax"
-  n_scales = (*shape[:-1], shape[-1] // group) if group else shape[:-1]
-  if formats.check_method(base, method) is None:
-    parts = hx.qarray_parts(hx.quantize(x, base.name, group_size=group, method=method))
-  else:  # q8o holds checkpoints' 5-bit values (hx.quantize does not make it)
-    parts = (jnp.asarray(rng.integers(0, 32, shape).astype(np.int8)),
-             jnp.asarray(rng.uniform(0.01, 0.1, n_scales).astype(np.float32)),
-             jnp.asarray(rng.standard_normal(n_scales).astype(np.float32)))
-  parts = [parts[0]] + [p.astype(f.scale_dtype) for p in parts[1:]]
-  w = hx.make_qarray(*parts)
-  v = np.asarray(formats.values_f32(parts[0], f), np.float64)
-  g = group or shape[-1]
-
-  def per_element(c):
-    return np.repeat(np.asarray(c, np.float64).reshape(*shape[:-1], -1), g, axis=-1)
-
-  product = v * per_element(parts[1])
-  dense = product + (per_element(parts[2]) if f.offset else 0.0)
-  bound = EPS * (np.abs(product) + np.abs(dense))
-  return w, parts, dense, bound, x
-
-
 @pytest.mark.parametrize("name, group", ALL_FORMATS, ids=ALL_FORMAT_IDS)
 def test_all_formats_dequantize_in_a_kernel_exactly(name, group):
   # the offset is blocked like the scale: a lost or misplaced offset is off by the offsets
   from numerics import assert_within
-  w, _, dense, bound, _ = _any_format(np.random.default_rng(90), (16, 256), name, group)
+  w, _, dense, bound, _ = hx_testing.any_format(np.random.default_rng(90), (16, 256), name, group)
 
   def kernel(q_ref, o_ref):
     o_ref[...] = hx.dequantize(q_ref[...])
@@ -767,7 +736,7 @@ def test_all_formats_dequantize_in_a_kernel_exactly(name, group):
 def test_all_formats_in_a_matmul_kernel(name, group):
   from numerics import assert_matmul_close
   rng = np.random.default_rng(91)
-  w, _, dense, _, _ = _any_format(rng, (64, 256), name, group)
+  w, _, dense, _, _ = hx_testing.any_format(rng, (64, 256), name, group)
   x = rng.standard_normal((16, 64)).astype(np.float32)
 
   out = _matmul_in_kernel(x, w)
@@ -783,7 +752,7 @@ def _bits(a):
 def test_all_formats_as_results_copied_and_quantized_in_the_kernel(name, group):
   from hxmlir import formats
   f = formats.FORMATS[name]
-  w, parts, _, _, x = _any_format(np.random.default_rng(92), (16, 256), name, group)
+  w, parts, _, _, x = hx_testing.any_format(np.random.default_rng(92), (16, 256), name, group)
   block = (8, 256) if group is None else (8, 128)
   spec = pl.BlockSpec(block, lambda i, j: (i, j))
 
