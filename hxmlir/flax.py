@@ -80,7 +80,8 @@ LAYOUTS = ("out_in", "in_out")
 """Stored layouts of a dense kernel (see the module docstring)."""
 
 QUANTIZED_TYPES = (nnx.Linear, nnx.LinearGeneral, nnx.Einsum, nnx.Embed)
-"""The NNX module types whose weights :func:`quantize` turns into hx values."""
+"""The NNX module types whose weights :func:`quantize` turns into hx values (these classes
+exactly, not their subclasses)."""
 
 
 class QuantizedParam(nnx.Variable):
@@ -338,7 +339,9 @@ def quantize(model: nnx.Module, dtype=jnp.int8, group_size: int | None = None,
   """A copy of NNX ``model`` whose dense and embedding weights are hx quantized values.
 
   Every ``nnx.Linear``, ``nnx.LinearGeneral``, ``nnx.Einsum`` and ``nnx.Embed`` submodule
-  (``model`` itself included) becomes its quantized twin (:class:`QLinear`, ...), its
+  (``model`` itself included; these classes exactly: a subclass such as
+  ``nnx.LoRALinear`` has a call of its own, which a twin would drop, so it stays f32)
+  becomes its quantized twin (:class:`QLinear`, ...), its
   weight ``hx.quantize(w, dtype, group_size=group_size, method=method)`` in the stored
   layout of the module docstring (``layout="out_in"``: ``q8[out, in]``, one scale per
   output channel; ``"in_out"``: ``q8[in, out]``, the native CPU kernel's). Called like
@@ -368,7 +371,7 @@ def quantize(model: nnx.Module, dtype=jnp.int8, group_size: int | None = None,
   model = nnx.merge(graphdef, state)  # a new graph sharing the arrays
   todo = []
   for path, module in nnx.iter_modules(model):
-    if not isinstance(module, QUANTIZED_TYPES):
+    if type(module) not in QUANTIZED_TYPES:  # exactly these: a subclass has its own call
       continue
     name = module_path(path)
     spec = next((_spec(v, default) for r, v in rules_ if re.fullmatch(r, name)), default)

@@ -480,10 +480,15 @@ class Llama:
 
   def _ids(self, ids) -> jax.Array:
     a = np.asarray(ids)
-    if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer) or (
-        a.min() < 0 or a.max() >= self.config.vocab):
-      raise ValueError(f"expected a non-empty 1-D sequence of token ids in [0, "
-                       f"{self.config.vocab}), got {a.dtype}{list(a.shape)}")
+    if a.size == 0:
+      raise ValueError("the prompt is empty (no token ids)")
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"expected a 1-D sequence of token ids in [0, {self.config.vocab}), "
+                       f"got {a.dtype}{list(a.shape)}")
+    bad = a[(a < 0) | (a >= self.config.vocab)]
+    if bad.size:
+      raise ValueError(f"token id {int(bad[0])} is outside the vocabulary [0, "
+                       f"{self.config.vocab})")
     return np.asarray(a, np.int32)  # NumPy: a value every process of a mesh holds alike
 
   def logits(self, ids: Sequence[int]) -> np.ndarray:
@@ -508,17 +513,14 @@ class Llama:
     the ``top_k`` most likely tokens and then to the smallest set whose probability
     reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
     ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
-    bad sampling parameters."""
+    bad sampling parameters (:func:`check_sampling`)."""
     ids = self.tokenizer.encode(prompt_or_ids) if isinstance(prompt_or_ids, str) \
         else prompt_or_ids
     ids = self._ids(ids)
     if ids.shape[0] >= self.max_context:
       raise ValueError(f"the prompt has {ids.shape[0]} tokens; max_context is "
                        f"{self.max_context}")
-    if temperature < 0 or (top_k is not None and top_k < 1) or (
-        top_p is not None and not 0 < top_p <= 1):
-      raise ValueError(f"temperature={temperature} must be >= 0, top_k={top_k} >= 1, "
-                       f"top_p={top_p} in (0, 1]")
+    check_sampling(max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     return self._generate(ids, max_tokens, temperature, top_k, top_p, seed)
 
   def _generate(self, ids, max_tokens, temperature, top_k, top_p, seed):
@@ -538,13 +540,41 @@ class Llama:
       pos += 1
 
 
+def check_sampling(max_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
+                   top_p: float | None = None, seed: int = 0) -> None:
+  """Checks :meth:`Llama.generate`'s arguments: ``max_tokens`` an integer >= 0,
+  ``temperature`` a finite number >= 0, ``top_k`` ``None`` or an integer >= 1, ``top_p``
+  ``None`` or a number in (0, 1], ``seed`` an integer >= 0. Raises ``ValueError`` naming
+  each argument that is not (and only those)."""
+  def integer(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+  def number(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) \
+        and np.isfinite(v)
+  bad = []
+  if not (integer(max_tokens) and max_tokens >= 0):
+    bad.append(f"max_tokens={max_tokens!r} must be an integer >= 0")
+  if not (number(temperature) and temperature >= 0):
+    bad.append(f"temperature={temperature!r} must be a finite number >= 0")
+  if top_k is not None and not (integer(top_k) and top_k >= 1):
+    bad.append(f"top_k={top_k!r} must be an integer >= 1")
+  if top_p is not None and not (number(top_p) and 0 < top_p <= 1):
+    bad.append(f"top_p={top_p!r} must be in (0, 1]")
+  if not (integer(seed) and seed >= 0):
+    bad.append(f"seed={seed!r} must be an integer >= 0")
+  if bad:
+    raise ValueError("; ".join(bad))
+
+
 def sample(logits: np.ndarray, temperature: float, top_k: int | None,
            top_p: float | None, rng: np.random.Generator) -> int:
   """One token id from ``logits: f32[vocab]``: the argmax for ``temperature == 0``, else
   a draw from the tempered softmax over the ``top_k`` / ``top_p`` candidates."""
   if temperature == 0:
     return int(np.argmax(logits))
-  z = logits.astype(np.float64) / temperature
+  z = logits.astype(np.float64)
+  with np.errstate(over="ignore"):  # <= 0: a tiny temperature gives -inf (probability 0)
+    z = (z - z.max()) / temperature
   order = np.argsort(-z, kind="stable")[:top_k]
   p = np.exp(z[order] - z[order[0]])
   p /= p.sum()
@@ -591,12 +621,25 @@ class Tokenizer:
     self.bos = meta.get("tokenizer.ggml.bos_token_id")
 
   def encode(self, text: str) -> list[int]:
-    """Token ids of ``text`` (no BOS added), llama.cpp's for the same text."""
+    """Token ids of ``text`` (no BOS added), llama.cpp's for the same text. Raises
+    ``ValueError`` when ``text`` is not valid Unicode (a lone surrogate, or bytes that
+    were not UTF-8 decoded with ``surrogateescape``, as a command line may give)."""
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise ValueError(f"the text is not valid UTF-8: {text[e.start:e.end]!r} at character "
+                       f"{e.start}") from None
     return self._tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Sequence[int]) -> str:
-    """The text of token ids ``ids`` (special tokens written out)."""
-    return self._tok.decode(list(map(int, ids)), skip_special_tokens=False)
+    """The text of token ids ``ids`` (special tokens written out). Raises ``ValueError``
+    for an id outside the vocabulary."""
+    ids = list(map(int, ids))
+    size = self._tok.get_vocab_size(with_added_tokens=True)
+    bad = [i for i in ids if not 0 <= i < size]
+    if bad:
+      raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {size})")
+    return self._tok.decode(ids, skip_special_tokens=False)
 
 
 PRE_TOKENIZERS = ("smollm",)

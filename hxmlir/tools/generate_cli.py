@@ -83,6 +83,8 @@ def run(args, out=None, err=None) -> int:
   from hxmlir.models import llama
   out, err = out or sys.stdout, err or sys.stderr
   as_json = getattr(args, "json", False)
+  llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, seed=args.seed)  # before the model loads
   path = llama.smollm2_path() if args.model else args.gguf
   m = llama.Llama.from_gguf(path, max_context=args.max_context,
                             kv_cache=getattr(args, "kv_cache", "f32"))

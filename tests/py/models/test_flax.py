@@ -432,3 +432,27 @@ def test_shared_modules_lists_and_ellipsis():
   w = _deq(qm.e.kernel.get_value()).T  # stored [h, d]: its contracted axis d moved last
   exact, bound = _linear_ref(x.reshape(4, 8), w, qm.e.bias.get_value())
   assert_within(y.reshape(4, 6), exact, bound)
+
+
+def test_subclasses_keep_their_own_call():
+  # nnx.LoRALinear (and a user's subclass of nnx.Linear) computes more than its kernel: a
+  # QLinear twin would silently drop the LoRA term or the override; they stay f32, as is
+  lora = nnx.LoRALinear(64, 32, lora_rank=4, rngs=nnx.Rngs(0))
+  lora.lora.lora_b[...] = jax.random.normal(jax.random.key(3), lora.lora.lora_b[...].shape)
+
+  class Scaled(nnx.Linear):
+    def __call__(self, x):
+      return 10.0 * super().__call__(x)
+
+  x = jax.random.normal(jax.random.key(1), (2, 64))
+  for m in (lora, Scaled(64, 32, rngs=nnx.Rngs(0))):
+    q = hxf.quantize(m)
+    assert type(q) is type(m)
+    np.testing.assert_array_equal(np.asarray(q(x)), np.asarray(m(x)))
+  # a plain nnx.Linear inside a model with a subclass beside it is still quantized
+  class Two(nnx.Module):
+    def __init__(self):
+      self.plain = nnx.Linear(64, 32, rngs=nnx.Rngs(1))
+      self.lora = nnx.LoRALinear(64, 32, lora_rank=4, rngs=nnx.Rngs(2))
+  two = hxf.quantize(Two())
+  assert type(two.plain) is hxf.QLinear and type(two.lora) is nnx.LoRALinear

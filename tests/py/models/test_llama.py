@@ -554,3 +554,44 @@ def test_demo_smollm2_runs_every_step():
   assert steps["weights"].data["bytes"] == 96_576_768
   assert set(steps["timing"].data["tokens_per_second"]) == {"f32", "hx"}
   assert steps["export"].data["identical"] is True
+
+
+@pytest.mark.parametrize("kw, names", [
+    (dict(max_tokens=-1), ["max_tokens=-1"]),
+    (dict(temperature=float("nan")), ["temperature=nan"]),
+    (dict(temperature=-0.5, top_p=0.0), ["temperature=-0.5", "top_p=0.0"]),
+    (dict(top_k=1.5), ["top_k=1.5"]),
+    (dict(top_k=0), ["top_k=0"]),
+    (dict(top_p=1.5), ["top_p=1.5"]),
+    (dict(seed=-1), ["seed=-1"]),
+])
+def test_check_sampling_names_each_bad_argument_and_only_those(kw, names):
+  args = dict(max_tokens=4, temperature=1.0, top_k=None, top_p=None, seed=0) | kw
+  max_tokens = args.pop("max_tokens")
+  with pytest.raises(ValueError) as e:
+    llama.check_sampling(max_tokens, **args)
+  msg = str(e.value)
+  assert all(n in msg for n in names), msg
+  assert msg.count("must") == len(names), msg
+  llama.check_sampling(0, temperature=0.0, top_k=1, top_p=1.0, seed=0)  # the edges pass
+
+
+def test_sample_at_a_tiny_temperature_is_the_argmax():
+  # logits / 1e-310 overflowed to inf and inf - inf gave NaN probabilities
+  logits = np.array([1.0, 3.0, 2.0, 3.0 - 1e-6], np.float32)
+  rng = np.random.default_rng(0)
+  assert {llama.sample(logits, 1e-310, None, None, rng) for _ in range(20)} == {1}
+  assert {llama.sample(logits, 1e-310, 2, 0.5, rng) for _ in range(20)} == {1}
+
+
+def test_tokenizer_and_prompt_errors(model):
+  with pytest.raises(ValueError, match=r"token id 1000000000 is outside the vocabulary"):
+    model.tokenizer.decode([1, 10**9])
+  with pytest.raises(ValueError, match=r"token id -1 is outside the vocabulary"):
+    model.tokenizer.decode([-1])
+  with pytest.raises(ValueError, match=r"not valid UTF-8: '\\udce9' at character 3"):
+    model.tokenizer.encode("caf\udce9")
+  with pytest.raises(ValueError, match=r"the prompt is empty"):
+    list(model.generate([], 1))
+  with pytest.raises(ValueError, match=r"token id 49152 is outside the vocabulary \[0, 49152\)"):
+    list(model.generate([1, 49152], 1))
