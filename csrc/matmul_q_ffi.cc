@@ -202,6 +202,10 @@ PyObject* PySelectedIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(k->isa);
 }
 
+PyObject* PyMaxThreads(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(static_cast<long long>(hxmlir::UsableCores()));
+}
+
 PyMethodDef kMethods[] = {
     {"handler", PyHandler, METH_NOARGS,
      "PyCapsule of the XLA FFI handler (for jax.ffi.register_ffi_target, api_version=1)."},
@@ -216,6 +220,8 @@ PyMethodDef kMethods[] = {
     {"select_isa", PySelectIsa, METH_O,
      "Use the named kernel set from now on; ValueError if absent or unsupported."},
     {"selected_isa", PySelectedIsa, METH_NOARGS, "The kernel set in use (None: none chosen)."},
+    {"max_threads", PyMaxThreads, METH_NOARGS,
+     "The most threads one call runs on: the cores this process may use (read once)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",

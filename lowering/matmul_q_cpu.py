@@ -97,13 +97,17 @@ class CpuKernelInfo:
   ``"generic"``) or ``None``; ``target``: the FFI custom-call target of int8 per-row
   weights (every format's, ``hx_matmul_q_cpu_v2``, is registered with it);
   ``reason``: why this path (always set); ``supported_isas``: the kernel
-  builds this CPU can run, best first (empty without the extension).
+  builds this CPU can run, best first (empty without the extension); ``threads``: the
+  most threads one kernel call runs on (the calling thread and XLA's intra-op pool's),
+  the cores this process may use (its affinity mask), whatever the pool's size (which
+  is max(cores, host devices)); 0 when inactive.
   """
   active: bool
   isa: str | None
   target: str
   reason: str
   supported_isas: tuple[str, ...] = ()
+  threads: int = 0
 
   def __str__(self) -> str:
     return self.describe()
@@ -167,7 +171,7 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V2, ext.handler_v2(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
-  return CpuKernelInfo(True, isa, TARGET, why, supported)
+  return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
 
 _INFO = _load()

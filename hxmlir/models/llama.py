@@ -65,7 +65,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hxmlir.install_state import is_installed, use_kernels
 from hxmlir.integration.dispatch import jit as hx_jit
+from hxmlir.integration.installation import installed
 from hxmlir.models import llama_sharding
 from hxmlir.types.einsum import einsum
 from hxmlir.types.gather import take_rows
@@ -340,16 +342,44 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   return proj(x, params.get("output", params["embed"]), "output"), k_cache, v_cache
 
 
+def _installed_for(kernels: bool | None, fn):
+  """``fn`` (a jitted function) called, and lowered by its ``lower``, with hxmlir installed
+  as ``kernels`` asks (:class:`Llama`): JAX's caches key on the setting, so it must hold
+  at every call, not only when the function is made. ``None``: ``fn`` itself."""
+  if kernels is None:
+    return fn
+  block = installed(kernels=kernels)
+
+  def under(method):
+    def call(*args):
+      if is_installed() and use_kernels() == kernels:
+        return method(*args)  # the caller's own pipeline, with the kernels asked for
+      with block:
+        return method(*args)
+    return call
+
+  call = under(fn)
+  call.lower = under(fn.lower)
+  return call
+
+
 class Llama:
   """A LLaMA decoder ready to run: ``config``, ``params`` (the weights pytree on the
   device, in the file's formats), ``tokenizer`` (``None`` until built), ``max_context``.
 
   Build with :meth:`from_gguf` or :meth:`smollm2`. ``mesh``: ``None`` (one device) or
-  the one-axis mesh ``params`` are placed on (:mod:`hxmlir.models.llama_sharding`)."""
+  the one-axis mesh ``params`` are placed on (:mod:`hxmlir.models.llama_sharding`).
+  ``kernels``: ``True`` (default): the model's functions are compiled and called with
+  hxmlir installed (:func:`hxmlir.installed`; the caller's own installed pipeline is
+  kept when it already uses the kernels), so its projections run hxmlir's kernels (on
+  CPU the native ``hx_matmul_q_cpu_v3``); ``False``: installed with ``kernels=False``
+  (the reference decompositions, e.g. to compare with); ``None``: as the caller's
+  setting is at each call."""
 
   def __init__(self, config: Config, params: dict[str, Any], *, max_context: int,
                kv_cache: str = "f32", metadata: dict[str, Any] | None = None,
-               path: str = "<gguf>", mesh: jax.sharding.Mesh | None = None):
+               path: str = "<gguf>", mesh: jax.sharding.Mesh | None = None,
+               kernels: bool | None = True):
     shardings = None
     if mesh is not None:
       mesh = llama_sharding.auto_mesh(mesh)
@@ -378,18 +408,21 @@ class Llama:
     # one device: hx.jit (the weights cross the call as their arrays, JAX's C++ dispatch);
     # a mesh: jax.jit, whose shardings hx.jit does not take
     jit = jax.jit if mesh is not None else hx_jit
-    self._logits = jit(counted("logits", 0), **logits)
-    self._prefill = jit(counted("prefill"), donate_argnums=(3, 4), **step)
-    self._step = jit(counted("step"), donate_argnums=(3, 4), **step)
+    self.kernels = kernels
+    self._logits = _installed_for(kernels, jit(counted("logits", 0), **logits))
+    self._prefill = _installed_for(kernels, jit(counted("prefill"), donate_argnums=(3, 4), **step))
+    self._step = _installed_for(kernels, jit(counted("step"), donate_argnums=(3, 4), **step))
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
-                max_context: int = 2048, mesh: jax.sharding.Mesh | None = None) -> Llama:
+                max_context: int = 2048, mesh: jax.sharding.Mesh | None = None,
+                kernels: bool | None = True) -> Llama:
     """Load the GGUF file ``path`` (:func:`hxmlir.gguf.load`: every tensor in its stored
     format). ``max_context``: the KV cache's positions (at most the file's
     ``context_length``). ``mesh``: a ``jax.sharding.Mesh`` of one axis to run
     tensor-parallel on (:mod:`hxmlir.models.llama_sharding`; on several processes, every
-    process loads the file and calls this alike), or ``None``. Raises
+    process loads the file and calls this alike), or ``None``. ``kernels``: as for
+    :class:`Llama`. Raises
     :class:`UnsupportedModelError` for another architecture (naming it) or a missing
     tensor, ``ValueError`` for a ``kv_cache`` other than :data:`KV_CACHES` or a
     ``max_context`` outside ``[1, context_length]``, :func:`llama_sharding.auto_mesh
@@ -407,7 +440,7 @@ class Llama:
     if mesh is not None:
       llama_sharding.auto_mesh(mesh)  # before loading: a wrong mesh fails fast
     m = cls(cfg, params_of(gguf.load(path), cfg), max_context=max_context,
-            kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh)
+            kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh, kernels=kernels)
     m.tokenizer = tokenizer_from_metadata(meta)
     return m
 

@@ -38,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
   g.add_argument("--seed", type=int, default=0, metavar="S")
   g.add_argument("--max-context", type=int, default=2048, metavar="C",
                  help="KV cache positions (default 2048)")
+  g.add_argument("--no-kernels", action="store_true",
+                 help="run hx.matmul_q's reference decompositions instead of hxmlir's "
+                      "kernels (the native CPU kernel by default)")
   g.add_argument("--kv-cache", choices=KV_CACHES, default="f32",
                  help="K and V as f32 (default) or int8 (q8 rows over head_dim, one f32 "
                  "scale per position and head: 3.8x smaller)")
@@ -87,7 +90,8 @@ def run(args, out=None, err=None) -> int:
                        top_p=args.top_p, seed=args.seed)  # before the model loads
   path = llama.smollm2_path() if args.model else args.gguf
   m = llama.Llama.from_gguf(path, max_context=args.max_context,
-                            kv_cache=getattr(args, "kv_cache", "f32"))
+                            kv_cache=getattr(args, "kv_cache", "f32"),
+                            kernels=not getattr(args, "no_kernels", False))
   text = chat_prompt(m.metadata, args.prompt) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
   t0 = time.perf_counter()

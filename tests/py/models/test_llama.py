@@ -226,6 +226,49 @@ def test_greedy_matches_reference_and_compiles_once(model, ref):
   assert model.traces["step"] == steps == 1  # the same step for another prompt
 
 
+@pytest.fixture(scope="session")
+def model_reference(model):
+  """The same weights (not loaded again) with ``kernels=False``: every projection as
+  hx.matmul_q's reference decomposition."""
+  return llama.Llama(model.config, model.params, max_context=model.max_context,
+                     metadata=model.metadata, path=model.path, kernels=False)
+
+
+def _custom_calls(text: str, target: str) -> int:
+  return len(re.findall(rf'custom_call_target="{target}"', text))
+
+
+@needs_model
+@pytest.mark.skipif(not hx.cpu_kernel_info().active or jax.default_backend() != "cpu",
+                    reason="the native CPU kernel is not active here")
+@pytest.mark.parametrize("t", [1, 16], ids=["step", "prefill"])
+def test_decoder_runs_the_native_kernel_with_the_references_numbers(
+    model, model_reference, ref, t):
+  # Llama(kernels=True), the default, compiles under hx.installed() whatever the caller
+  # has installed: every projection (4 per layer and the tied head) is one call of
+  # hx_matmul_q_cpu_v3 in the compiled program; kernels=False: none
+  k, v = model.new_cache()
+  ids, start = np.asarray(_text_ids(t), np.int32), np.int32(3)
+  fn = model._step if t == 1 else model._prefill
+  hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
+  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 30 * 4 + 1
+  fn = model_reference._step if t == 1 else model_reference._prefill
+  hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
+  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 0
+  # the numbers: both within the float64 reference's bound, the kernel's error of the same
+  # size as the reference decomposition's (f32 sums in another order), the same tokens
+  text = _text_ids(32)
+  want = ref.forward(text, [])
+  scale = np.abs(want).max()
+  err_kernel = np.abs(model.logits(text).astype(np.float64) - want).max() / scale
+  err_ref = np.abs(model_reference.logits(text).astype(np.float64) - want).max() / scale
+  assert err_kernel <= 1e-3 and err_ref <= 1e-3, (err_kernel, err_ref)
+  assert err_kernel <= 4 * err_ref + 64 * EPS, (err_kernel, err_ref)
+  prompt = _cases()[1]["ids"]
+  assert list(model.generate(prompt, 8)) == list(model_reference.generate(prompt, 8)) \
+      == ref.greedy(prompt, 8)
+
+
 @needs_model
 def test_sampling_is_seeded_and_bounded(model):
   prompt = _cases()[0]["ids"]
