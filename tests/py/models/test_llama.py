@@ -565,7 +565,7 @@ def test_exported_decode_step_runs_in_a_fresh_process(exported_step, tmp_path):
   (tmp_path / "step.hxa").write_bytes(exp.serialize())
   np.savez(tmp_path / "in.npz", **arguments_to_arrays(exp, args))
   with np.load(tmp_path / "in.npz") as z:  # the keys hxmlir run reads
-    assert {"a0['layers'][0]['q'].offset", "a3.qvalue", "a3.scale", "a1", "a2"} <= set(z.files)
+    assert {"a0['layers'][0]['qkv'].offset", "a3.qvalue", "a3.scale", "a1", "a2"} <= set(z.files)
   p = subprocess.run([sys.executable, "-m", "hxmlir.tools.cli", "run", str(tmp_path / "step.hxa"),
                       "--inputs", str(tmp_path / "in.npz"), "--output",
                       str(tmp_path / "out.npz")], capture_output=True, text=True,
@@ -587,11 +587,12 @@ def test_demo_smollm2_runs_every_step():
   assert list(steps) == ["load", "install", "jit", "ir", "accuracy", "kernel", "timing",
                          "weights", "export"]
   assert r.ok, [s.text() for s in r.steps]
-  # the decode step's IR: 7 u4o projections per layer, the tied q8 head, the embedding
-  # rows dequantized alone (no other composite: no dequantized weight)
+  # the decode step's IR: 4 u4o projections per layer (qkv and gate_up fused, o, down),
+  # the tied q8 head, the embedding rows dequantized alone (no other composite: no
+  # dequantized weight)
   assert steps["ir"].data["composites_by_format"] == {
       "hx.dequantize int8_f16 g32": 1, "hx.matmul_q int8_f16 g32": 1,
-      "hx.matmul_q uint4_f16 g32 offset": 210}
+      "hx.matmul_q uint4_f16 g32 offset": 120}
   acc = steps["accuracy"].data
   assert acc["top1_agreement"] >= 0.99 and acc["relative_error"] <= 1e-3
   assert steps["weights"].data["bytes"] == 96_576_768
