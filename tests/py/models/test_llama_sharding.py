@@ -86,8 +86,7 @@ def test_mesh_gives_one_devices_greedy_tokens(one, want, on_mesh, n):
   m = on_mesh(n)
   layer = m.params["layers"][0]
   assert {k: _spec(v) for k, v in layer.items()} == {
-      "q": P("i"), "k": P("i"), "v": P("i"), "gate": P("i"),
-      "up": P("i"), "down": P(None, "i"),
+      "qkv": P("i"), "gate_up": P("i"), "down": P(None, "i"),  # fused along out (params_of)
       # in = 576: 18 groups of 32 split 2 ways, not 4
       "o": P(None, "i") if n == 2 else P(), "attn_norm": P(), "ffn_norm": P()}
   assert _spec(m.params["embed"]) == P("i") and _spec(m.params["norm"]) == P()
@@ -108,17 +107,18 @@ def test_decode_step_runs_each_composite_on_its_shard(on_mesh):
   # the arguments carry the placement: the Q8_0 table along the vocabulary
   assert re.search(r'%arg0: tensor<49152x576xi8> \{sdy\.sharding = #sdy\.sharding<@mesh, '
                    r'\[\{"i"\}, \{\}\]>\}', text)
-  # every hx.matmul_q runs inside a manual computation on its shard: 7 per block, the head
+  # every hx.matmul_q runs inside a manual computation on its shard: 4 per block (qkv and
+  # gate_up fused, o, down), the head
   comps = re.findall(r'sdy\.manual_computation\((.*)\n\s*%\S+ = stablehlo\.composite '
                      r'"hx\.matmul_q"', text)
-  assert len(comps) == text.count('stablehlo.composite "hx.matmul_q"') == 7 * LAYERS + 1
+  assert len(comps) == text.count('stablehlo.composite "hx.matmul_q"') == 4 * LAYERS + 1
   col = (r'in_shardings=\[<@mesh, \[\{\}, \{\}\]>(, <@mesh, \[\{"i"\}, \{\}\]>){2,3}\] '
          r'out_shardings=\[<@mesh, \[\{\}, \{"i"\}\]>\] manual_axes=\{"i"\} ')
   row = (r'in_shardings=\[(<@mesh, \[\{\}, \{"i"\}\]>(, )?){4}\] '
          r'out_shardings=\[<@mesh, \[\{\}, \{\}\]>\] manual_axes=\{"i"\} ')
-  # q (u4o[576,576]: 288 rows of 288 packed bytes per device), o (576 rows of 144)
+  # qkv (u4o[960,576]: 480 rows of 288 packed bytes per device), o (576 rows of 144)
   local = r'.*: tensor<{}>, %\S+: tensor<{}>'
-  assert any(re.search(col + local.format("288x288xui8", "288x18xf16"), c) for c in comps)
+  assert any(re.search(col + local.format("480x288xui8", "480x18xf16"), c) for c in comps)
   assert any(re.search(row + local.format("576x144xui8", "576x9xf16"), c) for c in comps)
   assert any(re.search(col + local.format("24576x576xi8", "24576x18xf16"), c)
              for c in comps)  # the tied head: half the vocabulary per device
@@ -141,7 +141,7 @@ def test_placement_on_8_devices_and_other_head_counts(one):
   layer = {k: v.spec for k, v in s["layers"][0].items()}
   assert layer["o"] == P()  # 18 groups of 32 do not split 8 ways: replicated
   assert layer["down"] == P(None, "i")  # 48 groups: 6 per device
-  assert layer["q"] == layer["k"] == P("i", None) and s["embed"].spec == P("i", None)
+  assert layer["qkv"] == layer["gate_up"] == P("i", None) and s["embed"].spec == P("i", None)
   assert ls.cache_spec(3, 32, mesh8) == P(None, "i", None, None)
   assert ls.cache_spec(3, 30, mesh8) == P()  # neither heads nor positions split 8 ways
   assert ls.cache_spec(3, 32, _mesh(3)) == P(None, None, "i", None)  # one KV head each
