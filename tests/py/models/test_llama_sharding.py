@@ -124,7 +124,7 @@ def test_decode_step_runs_each_composite_on_its_shard(on_mesh):
              for c in comps)  # the tied head: half the vocabulary per device
   assert sum(bool(re.search(row, c)) for c in comps) == 2 * LAYERS  # o and down
   # compiled, the step moves activations only: every collective's result is at most a row
-  # of logits (49152); the smallest weight, k, has 192 x 576 elements. The partitioner
+  # of logits (49152); the smallest weight, o, has 576 x 576 elements. The partitioner
   # left alone with the composites' blocked loops all-gathers every weight instead.
   hlo = m._step.lower(m.params, np.asarray([1], np.int32), np.int32(3), k, v).compile(
       ).as_text()
