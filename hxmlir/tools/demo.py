@@ -420,21 +420,19 @@ class _Demo:
         tmp.cleanup()
     return got
 
+  STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+      ("load", ()), ("quantize", ("load",)), ("install", ()), ("jit", ("quantize", "install")),
+      ("ir", ("jit",)), ("accuracy", ("jit",)), ("kernel", ()), ("timing", ("jit",)),
+      ("weights", ("quantize",)), ("export", ("quantize", "install")))
+  """The steps in order, each the method of its name, with the steps it needs."""
+
   def run(self) -> Report:
     if self.out is not None:
       self.out.mkdir(parents=True, exist_ok=True)
     installed_before = is_installed()
     try:
-      self.step("load", self.load)
-      self.step("quantize", self.quantize, needs=["load"])
-      self.step("install", self.install)
-      self.step("jit", self.jit, needs=["quantize", "install"])
-      self.step("ir", self.ir, needs=["jit"])
-      self.step("accuracy", self.accuracy, needs=["jit"])
-      self.step("kernel", self.kernel)
-      self.step("timing", self.timing, needs=["jit"])
-      self.step("weights", self.weights, needs=["quantize"])
-      self.step("export", self.export, needs=["quantize", "install"])
+      for name, needs in self.STEPS:
+        self.step(name, getattr(self, name), needs=needs)
     finally:
       if not installed_before and is_installed():
         installation.uninstall()
@@ -450,6 +448,10 @@ class _DecoderDemo(_Demo):
   :func:`~hxmlir.models.llama.dequantized` weights, ``jnp.einsum`` projections); the
   unit of work is one decode step (one token, the KV cache of ``max_context``
   positions)."""
+
+  STEPS = (("load", ()), ("install", ()), ("jit", ("load", "install")), ("ir", ("jit",)),
+           ("accuracy", ("jit",)), ("kernel", ()), ("timing", ("jit",)), ("weights", ("load",)),
+           ("export", ("load", "install")))
 
   MAX_CONTEXT = 128
 
@@ -581,27 +583,6 @@ class _DecoderDemo(_Demo):
     return ("ok" if same else "failed"), line, {
         "platforms": list(self.platforms), "artifact_bytes": len(blob),
         "identical": bool(same), "composites": composites}
-
-  def run(self) -> Report:
-    if self.out is not None:
-      self.out.mkdir(parents=True, exist_ok=True)
-    installed_before = is_installed()
-    try:
-      self.step("load", self.load)
-      self.step("install", self.install)
-      self.step("jit", self.jit, needs=["load", "install"])
-      self.step("ir", self.ir, needs=["jit"])
-      self.step("accuracy", self.accuracy, needs=["jit"])
-      self.step("kernel", self.kernel)
-      self.step("timing", self.timing, needs=["jit"])
-      self.step("weights", self.weights, needs=["load"])
-      self.step("export", self.export, needs=["load", "install"])
-    finally:
-      if not installed_before and is_installed():
-        installation.uninstall()
-    if self.out is not None:
-      self._write("report.json", json.dumps(self.report.to_json(), indent=1) + "\n")
-    return self.report
 
 
 def _stats_delta(before: dict, after: dict) -> dict:
