@@ -112,14 +112,23 @@ class CpuKernelInfo:
   def __str__(self) -> str:
     return self.describe()
 
-  def describe(self, dtype: str = "int8", group_size: int | None = None) -> str:
+  def describe(self, dtype: str = "int8", group_size: int | None = None,
+               layout: str = "kn") -> str:
     """This as a line for weights of format ``dtype`` (``"int8"``, ``"int4"``,
-    ``"float8_e4m3fn"``) with ``group_size`` (``None``: per row), in the ``f32[..., k] @
-    Q[k, n]`` layout: the target that format's calls name (``hx_matmul_q_cpu_v1`` for
-    int8 per row, ``hx_matmul_q_cpu_v2`` otherwise), or the StableHLO lowering."""
+    ``"float8_e4m3fn"``, ...) with ``group_size`` (``None``: per row) in the weight layout
+    ``layout`` (:data:`hxmlir.formats.WEIGHT_LAYOUTS`): the target that format's calls name
+    (``"kn"``, ``f32[..., k] @ Q[k, n]``: ``hx_matmul_q_cpu_v1`` for int8 per row,
+    ``hx_matmul_q_cpu_v2`` otherwise; ``"nk"``, ``W[n, k]``: ``hx_matmul_q_cpu_v3``), or
+    the StableHLO lowering where the kernel is off or does not take the format there."""
     if not self.active:
       return f"StableHLO lowering ({self.reason})"
-    target = self.target if dtype == "int8" and group_size is None else TARGET_V2
+    if layout not in formats.FORMATS[dtype].native_cpu:
+      return f"StableHLO lowering (the native kernel takes {dtype} in layouts " \
+             f"{', '.join(formats.FORMATS[dtype].native_cpu)} only)"
+    if layout == "nk":
+      target = TARGET_V3
+    else:
+      target = self.target if dtype == "int8" and group_size is None else TARGET_V2
     return f"native CPU kernel {target} ({self.isa}; {self.reason})"
 
 

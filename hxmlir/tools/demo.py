@@ -87,6 +87,7 @@ from hxmlir.tools.report import (
   fmt_counts,
   verify_text,
 )
+from hxmlir.types.qarray import QArrayTy
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
 DECODER_MODELS = ("smollm2",)
@@ -502,8 +503,9 @@ class _DecoderDemo(_Demo):
     self._write("decode_step_after_passes.mlir", text)
     by_fmt = count_composites_by_format(text)
     ok, problems = verify_text(text)
-    n = len(self.llm.params["layers"])
-    want = n * 7 + 1  # 7 projections per layer and the tied head
+    # one per quantized weight of the layers (fused ones count once) and the tied head
+    want = sum(isinstance(jax.typeof(w), QArrayTy)
+               for p in self.llm.params["layers"] for w in p.values()) + 1
     got = count_composites(text).get("hx.matmul_q", 0)
     line = f"decode step: {fmt_counts(by_fmt)}; hx-verify " + (
         "passed" if ok else f"FAILED ({len(problems)} problems)")
@@ -550,7 +552,7 @@ class _DecoderDemo(_Demo):
   def kernel(self):
     from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info
     info, backend = cpu_kernel_info(), jax.default_backend()
-    line = (f"hx.matmul_q on CPU (u4o g32 weights, [out, in]): {info.describe('uint4', 32)}"
+    line = (f"hx.matmul_q on CPU (u4o g32 weights, [out, in]): {info.describe('uint4_f16', 32, layout='nk')}"
             if backend == "cpu" else f"hx.matmul_q on {backend}: its Pallas kernel")
     return "info", line, {"backend": backend, "cpu_kernel_active": info.active,
                           "cpu_kernel_isa": info.isa, "cpu_kernel_reason": info.reason}
