@@ -279,7 +279,7 @@ def test_sampling_is_seeded_and_bounded(model):
   assert one == list(model.generate(prompt, 3))  # top_k=1 is greedy
   with pytest.raises(ValueError, match="temperature=-1"):
     model.generate(prompt, 3, temperature=-1)
-  with pytest.raises(ValueError, match=r"token ids in \[0, 49152\)"):
+  with pytest.raises(ValueError, match=r"token id 49152 is outside the vocabulary \[0, 49152\)"):
     model.logits([49152])
 
 
