@@ -160,6 +160,13 @@ def _load() -> CpuKernelInfo:
   except ImportError as e:
     return off(f"the extension hxmlir._matmul_q_cpu is not built ({e}); reinstall hxmlir "
                "with g++ or clang++ available")
+  stale = [f for f in EXTENSION_API if not hasattr(ext, f)]
+  if stale:  # an extension built from older sources (an editable install not rebuilt)
+    warn(f"the extension hxmlir._matmul_q_cpu ({ext.__file__}) is older than this hxmlir "
+         f"(it lacks {', '.join(stale)}); hx.matmul_q uses the StableHLO lowering on CPU "
+         "until it is rebuilt: pip install -e . (or reinstall hxmlir)")
+    return off(f"the extension hxmlir._matmul_q_cpu is older than this hxmlir (lacks "
+               f"{', '.join(stale)}); rebuild it: pip install -e . (or reinstall hxmlir)")
   supported = tuple(ext.supported_isas())
   if want:
     if unknown or want.strip().lower() not in supported:
@@ -182,6 +189,12 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
+
+EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
+                 "max_threads")
+"""What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
+sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
+an import error."""
 
 _INFO = _load()
 

@@ -31,6 +31,8 @@ import sys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+  """The command line of one process (``--help`` lists it); ``argv``: ``sys.argv[1:]``
+  by default."""
   p = argparse.ArgumentParser(prog="python -m hxmlir.models.llama_dist",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--coordinator", required=True, metavar="HOST:PORT",
@@ -56,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+  """One process of a ``jax.distributed`` run of the decoder: joins the coordinator
+  (127.0.0.1 in the tests), builds the model on the mesh of every process's devices,
+  generates and prints its tokens as one JSON line. Returns the exit status."""
   args = parse_args(argv)
   import jax
   jax.config.update("jax_platforms", "cpu")

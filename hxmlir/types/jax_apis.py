@@ -82,6 +82,11 @@ def placed_type(ty, d):
 
 
 def device_put_to_lojax(*xs, devices, srcs, copy_semantics):
+  """``jax.device_put``'s ``to_lojax`` rule for hi values: each hi operand becomes its
+  components, each placed by the component's share of the destination (a
+  ``NamedSharding`` of the dense shape, a ``Device``); dense operands pass as they are.
+  Raises ``TypeError`` naming the type for a destination it cannot take (a ``Tup``'s
+  ``NamedSharding``, a layout)."""
   flat, dsts, srcs_lo, copies, raise_as = [], [], [], [], []
   for x, d, s, c in zip(xs, devices, srcs, copy_semantics):
     ty = jax.typeof(x)
@@ -105,6 +110,9 @@ def device_put_to_lojax(*xs, devices, srcs, copy_semantics):
 
 
 def constrained_type(ty, sharding):
+  """The hi type ``ty`` with the ``NamedSharding`` ``sharding`` of its dense shape in it
+  (``with_sharding_constraint``'s typing rule). Raises ``TypeError`` naming ``ty`` for a
+  sharding that is not a ``NamedSharding`` or splits a quantization group."""
   if not isinstance(sharding, NamedSharding):
     raise TypeError(f"with_sharding_constraint of {_short(ty)} takes a NamedSharding (or a "
                     f"PartitionSpec under jax.set_mesh) of its dense shape, got {sharding}")
@@ -112,6 +120,9 @@ def constrained_type(ty, sharding):
 
 
 def sharding_constraint_to_lojax(x, *, sharding, layout, context_mesh, unconstrained_dims):
+  """``with_sharding_constraint``'s ``to_lojax`` rule for a hi value ``x``: one constraint
+  per component, each with its share of ``sharding``. Raises ``TypeError`` naming the type
+  for a layout."""
   ty = jax.typeof(x)
   if layout is not None:
     raise TypeError(f"with_sharding_constraint of {_short(ty)} with a layout: constrain its "
@@ -125,6 +136,9 @@ def sharding_constraint_to_lojax(x, *, sharding, layout, context_mesh, unconstra
 
 
 def expand_shardings(lol, hi_avals, shardings) -> tuple:
+  """``jax.jit``'s ``in_shardings``/``out_shardings`` of hi arguments expanded to their lo
+  components: ``lol`` the lo avals, ``hi_avals`` the hi ones, ``shardings`` one per hi
+  aval (a dense-shape ``NamedSharding`` becomes each component's share)."""
   # JAX prepends lo arguments for closed-over mutables (none of hxmlir's): align at the end
   skip = len(lol) - len(hi_avals)
   out = []
@@ -153,6 +167,8 @@ def _lower_args(args):
 
 
 def debug_callback_to_lojax(*args, callback, effect, partitioned):
+  """``jax.debug.callback``'s ``to_lojax`` rule: the callback receives hi values rebuilt
+  from the components it is bound with."""
   los, raise_args = _lower_args(args)
   return _jax.debug_callback_p.bind(
       *los, callback=lambda *xs: callback(*raise_args(*xs)), effect=effect,
@@ -161,6 +177,8 @@ def debug_callback_to_lojax(*args, callback, effect, partitioned):
 
 def debug_print_to_lojax(*args, fmt, ordered, partitioned, in_tree, static_args,
                           np_printoptions, has_placeholders, logging_record):
+  """``jax.debug.print``'s ``to_lojax`` rule: hi values print as hi values (their type
+  and components), rebuilt on the host from the components."""
   callback, effect = _jax.print_callback(fmt, ordered, in_tree, static_args, np_printoptions,
                                      has_placeholders, logging_record)
   return debug_callback_to_lojax(*args, callback=callback, effect=effect,
@@ -177,6 +195,9 @@ def _example(batched_ty, ty, x, i):
 
 
 def debug_callback_batched(axis_data, args, dims, *, callback, effect, partitioned):
+  """``jax.debug.callback`` under ``vmap`` with hi operands: one callback that loops over
+  the batch on the host, in JAX's order (JAX's own rule slices with ``index_in_dim``,
+  which hi values do not take)."""
   # JAX unrolls the batch with lax.index_in_dim, which hi values do not take: one
   # callback instead, looping over the batch on the host in the same order
   size = axis_data.size
@@ -195,6 +216,8 @@ def debug_callback_batched(axis_data, args, dims, *, callback, effect, partition
 
 def debug_print_batched(axis_data, args, dims, *, fmt, ordered, partitioned, in_tree,
                          static_args, np_printoptions, has_placeholders, logging_record):
+  """``jax.debug.print`` under ``vmap`` with hi operands: one print per batch element, in
+  order, as :func:`debug_callback_batched`."""
   callback, effect = _jax.print_callback(fmt, ordered, in_tree, static_args, np_printoptions,
                                      has_placeholders, logging_record)
   return debug_callback_batched(axis_data, args, dims, callback=callback, effect=effect,

@@ -26,6 +26,8 @@ _PORTABLE_ONLY_CPU = """
     import sys, types
     ext = types.ModuleType("hxmlir._matmul_q_cpu")
     ext.supported_isas = lambda: ("generic",)
+    for name in ("select_isa", "handler", "handler_v2", "handler_v3", "max_threads"):
+      setattr(ext, name, lambda *args: None)  # the whole API: not an older build
     sys.modules["hxmlir._matmul_q_cpu"] = ext
 """
 
@@ -159,3 +161,22 @@ def test_thread_count_is_at_most_the_cores_whatever_the_host_device_count():
   eight = _kernel_threads({"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=8"})
   cores = one[1]
   assert 1 <= one[0] <= cores and eight[0] == one[0], (one, eight)
+
+
+def test_an_extension_older_than_the_package_turns_the_kernel_off(monkeypatch):
+  # an editable install whose C++ was not rebuilt lacks the newer entry points: the kernel
+  # is off with the rebuild command, never an AttributeError at `import hxmlir`
+  import types
+
+  import hxmlir
+  from hxmlir.lowering import matmul_q_cpu
+  real = hxmlir._matmul_q_cpu
+  old = types.SimpleNamespace(**{f: getattr(real, f) for f in matmul_q_cpu.EXTENSION_API
+                                 if f not in ("handler_v3", "max_threads")},
+                              __file__="old.so")
+  monkeypatch.setattr(hxmlir, "_matmul_q_cpu", old)
+  monkeypatch.delenv("HXMLIR_DISABLE_NATIVE", raising=False)
+  with pytest.warns(UserWarning, match=r"older than this hxmlir \(it lacks handler_v3, "
+                                       r"max_threads\).*pip install -e \."):
+    info = matmul_q_cpu._load()
+  assert not info.active and "lacks handler_v3, max_threads" in info.reason
