@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from numerics import TINY, assert_within, gamma
+from test_matmul_q_formats_native import _with_isa
 
 import hxmlir as hx
 from hxmlir import formats
@@ -66,15 +67,6 @@ def _check(y, x, vs, o, what=""):
   want = x64 @ (vs + o).T
   bound = gamma(k + LANES + 2) * (np.abs(x64) @ (np.abs(vs) + np.abs(o)).T) + k * TINY
   assert_within(np.asarray(y), want, bound, what)
-
-
-def _with_isa(isa, f, *args):
-  from hxmlir import _matmul_q_cpu as ext
-  ext.select_isa(isa)
-  try:
-    return np.asarray(f(*args))
-  finally:
-    ext.select_isa(INFO.isa)
 
 
 # (x's leading shape, n, k): m in {1, 3, 4, 5, 17, 64} and a rank-3 x; n odd (not a
