@@ -100,15 +100,41 @@ class Checkpoint:
     return self.tensors[name]
 
 
-def _reader(path):
-  """``(gguf, GGUFReader)`` for ``path``; :class:`GGUFError` naming the file for a file
-  without the GGUF magic, a truncated or malformed header, and a data section shorter
-  than a tensor needs (naming the tensor, the bytes it needs and those available)."""
+@dataclass(frozen=True)
+class Header:
+  """A GGUF file's header, read once (:func:`read_header`): ``path``, ``reader`` (the
+  ``gguf`` package's ``GGUFReader``, memory-mapping the file: its tensors are not read
+  until :func:`load` places them) and ``metadata`` (:func:`metadata`: key -> Python
+  value). :func:`load` takes one instead of a path, so a caller that needs the metadata
+  first (:meth:`hxmlir.models.llama.Llama.from_gguf`) reads the header once."""
+  path: str
+  reader: Any
+  metadata: dict[str, Any]
+
+
+def read_header(path: str | os.PathLike) -> Header:
+  """The :class:`Header` of the GGUF file ``path``: its header and metadata, read once; no
+  tensor is placed. Raises :class:`GGUFError` naming the file for a file without the GGUF
+  magic, a truncated or malformed header, and a data section shorter than a tensor needs
+  (naming the tensor, the bytes it needs and those available); ``ImportError`` with the
+  install command when the ``gguf`` package is missing."""
+  reader = _reader(path)
+  return Header(os.fspath(path), reader, metadata(reader))
+
+
+def _gguf():
+  """The ``gguf`` package; ``ImportError`` with the install command when it is missing."""
   try:
     import gguf
   except ImportError:
     raise ImportError("hxmlir.gguf needs the gguf package: pip install 'hxmlir[gguf]' "
                       "(or pip install gguf)") from None
+  return gguf
+
+
+def _reader(path):
+  """The ``GGUFReader`` of ``path`` (:func:`read_header`'s errors)."""
+  gguf = _gguf()
   p = os.fspath(path)
   try:
     with open(p, "rb") as f:
@@ -135,7 +161,7 @@ def _reader(path):
       super()._build_tensors(start_offs, fields)
 
   try:
-    return gguf, Reader(p, "r")
+    return Reader(p, "r")
   except GGUFError:
     raise
   except (ValueError, OSError, IndexError, KeyError) as e:  # in the header
@@ -152,12 +178,13 @@ def metadata(reader) -> dict[str, Any]:
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
   """The key/value metadata of the GGUF file ``path`` (:func:`metadata`), reading its header
   only (no tensor is placed). Raises :func:`load`'s errors for a file that is not GGUF."""
-  return metadata(_reader(path)[1])
+  return read_header(path).metadata
 
 
-def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
+def load(path: str | os.PathLike | Header, *, dequantize_unsupported: bool = False,
          names: Collection[str] | None = None) -> Checkpoint:
-  """Load the GGUF file ``path`` (module docstring: the types and how each is held).
+  """Load the GGUF file ``path`` (module docstring: the types and how each is held), or the
+  file of a :class:`Header` already read (:func:`read_header`: its header is not read again).
 
   ``names``: only these tensors (any container of names; default all).
   ``dequantize_unsupported=True``: tensors of a type outside :data:`SUPPORTED` load as
@@ -167,9 +194,9 @@ def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
   ``ImportError`` with the install command when the ``gguf`` package is missing.
   """
   import jax
-  gguf, reader = _reader(path)
-  out = Checkpoint(os.fspath(path), metadata(reader), {})
-  for t in reader.tensors:
+  header = path if isinstance(path, Header) else read_header(path)
+  out = Checkpoint(header.path, header.metadata, {})
+  for t in header.reader.tensors:
     if names is not None and t.name not in names:
       continue
     kind = t.tensor_type.name
@@ -180,7 +207,7 @@ def load(path: str | os.PathLike, *, dequantize_unsupported: bool = False,
       parts = tensor_parts(t.data, kind, shape, where=f"{out.path}: tensor {t.name!r}")
     elif dequantize_unsupported:
       try:
-        parts = np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+        parts = np.asarray(_gguf().quants.dequantize(np.asarray(t.data), t.tensor_type),
                            np.float32).reshape(shape)
       except Exception as e:  # gguf.quants: NotImplementedError for types it cannot read
         raise GGUFError(f"{out.path}: tensor {t.name!r} has GGUF type {kind}, which hxmlir "
@@ -372,16 +399,16 @@ def inspect(path: str | os.PathLike) -> dict:
   "gguf_type", "shape", "hx_type", "file_bytes", "hx_bytes"}], "file_bytes", "hx_bytes"}``
   (``hx_bytes`` totals the supported tensors; unsupported ones say ``"unsupported"``).
   Raises :class:`GGUFError` for a file that is not GGUF."""
-  _, reader = _reader(path)
+  header = read_header(path)
   tensors = []
-  for t in reader.tensors:
+  for t in header.reader.tensors:
     kind = t.tensor_type.name
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     tensors.append({"name": t.name, "gguf_type": kind, "shape": list(shape),
                     "hx_type": hx_type_name(kind, shape), "file_bytes": int(t.n_bytes),
                     "hx_bytes": hx_bytes(kind, shape)})
   meta = {k: (v if not isinstance(v, list) or len(v) <= 8 else [*v[:8], f"... ({len(v)})"])
-          for k, v in metadata(reader).items()}
+          for k, v in header.metadata.items()}
   return {"path": os.fspath(path), "metadata": meta, "tensors": tensors,
           "file_bytes": sum(t["file_bytes"] for t in tensors),
           "hx_bytes": sum(t["hx_bytes"] or 0 for t in tensors)}

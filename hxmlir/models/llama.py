@@ -432,14 +432,15 @@ class Llama:
       raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
                        f"{', '.join(map(repr, KV_CACHES))})")
     path = os.fspath(path)
-    meta = gguf.read_metadata(path)
+    header = gguf.read_header(path)  # once: load() takes it (the token lists take seconds)
+    meta = header.metadata
     cfg = Config.from_metadata(meta, path)  # before loading: another architecture fails fast
     if not isinstance(max_context, int) or not 1 <= max_context <= cfg.context_length:
       raise ValueError(f"max_context={max_context!r} must be an int in [1, "
                        f"{cfg.context_length}] (the file's context_length)")
     if mesh is not None:
       llama_sharding.auto_mesh(mesh)  # before loading: a wrong mesh fails fast
-    m = cls(cfg, params_of(gguf.load(path), cfg), max_context=max_context,
+    m = cls(cfg, params_of(gguf.load(header), cfg), max_context=max_context,
             kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh, kernels=kernels)
     m.tokenizer = tokenizer_from_metadata(meta)
     return m

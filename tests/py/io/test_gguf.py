@@ -125,6 +125,21 @@ def test_device_bytes_are_the_file_bytes(tmp_path):
   assert hg.device_bytes(ck["Q5_0"]) <= 1.7 * ck.file_bytes["Q5_0"]
 
 
+def test_load_takes_a_header_read_once(tmp_path):
+  path = _write(tmp_path / "h.gguf", ["Q4_1", "F32"])
+  reads = []
+  real = hg._reader
+  with mock.patch.object(hg, "_reader", lambda p: reads.append(p) or real(p)):
+    header = hg.read_header(path)
+    ck = hg.load(header, names={"Q4_1"})
+  assert len(reads) == 1
+  assert ck.path == os.fspath(path) and ck.metadata is header.metadata
+  assert header.metadata["general.name"] == "synthetic"
+  assert header.metadata["tokenizer.ggml.tokens"] == ["a", "b"]
+  assert list(ck.tensors) == ["Q4_1"]
+  np.testing.assert_array_equal(_dense(ck["Q4_1"]), _dense(hg.load(path)["Q4_1"]))
+
+
 def test_nibble_repacking_against_known_blocks():
   # one Q4_1 block: byte j holds element j (low) and element j + 16 (high)
   d, m = np.float16(0.5), np.float16(-1.0)

@@ -308,6 +308,25 @@ def test_other_architecture_is_a_clear_error(tmp_path):
     llama.Llama.from_gguf(path)
 
 
+def test_from_gguf_reads_the_header_once(tmp_path, monkeypatch):
+  w = gguf.GGUFWriter(os.fspath(tmp_path / "l.gguf"), "llama")
+  for key, v in [("block_count", 1), ("embedding_length", 32), ("attention.head_count", 4),
+                 ("feed_forward_length", 64), ("context_length", 16)]:
+    w.add_uint32(f"llama.{key}", v)
+  w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+  w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  reads, real = [], hg._reader
+  monkeypatch.setattr(hg, "_reader", lambda p: reads.append(p) or real(p))
+  with pytest.raises(llama.UnsupportedModelError,
+                     match=r"l\.gguf: tensor 'blk\.0\.attn_norm\.weight' is missing"):
+    llama.Llama.from_gguf(tmp_path / "l.gguf", max_context=16)  # past the load
+  assert reads == [os.fspath(tmp_path / "l.gguf")]
+
+
 def test_unknown_kv_cache_is_an_error(tmp_path):
   with pytest.raises(ValueError, match=r"kv_cache='bf16' is not supported \(supported: "
                                        r"'f32', 'int8'\)"):
