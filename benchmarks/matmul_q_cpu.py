@@ -6,11 +6,11 @@ f32 scale per row), times per call, side by side in one run:
 - ``naive``: ``x @ (q.astype(f32) * s[:, None])``, what a user writes without
   hxmlir (XLA materialises the whole dequantized weight);
 - ``hlo``: ``jax.jit(hx.matmul_q)`` without ``hx.install()``: the portable
-  StableHLO lowering that streams the weight (``lowering/matmul_q_impl.py``),
+  StableHLO lowering that streams the weight (``lowering/matmul_q/streaming.py``),
   what exported artifacts run;
 - ``native``: ``jax.jit(hx.matmul_q)`` compiled while ``hx.install()`` is
   active: the native CPU kernel ``hx_matmul_q_cpu_v1`` (``csrc/``,
-  ``lowering/matmul_q_cpu.py``), or the StableHLO again where it is inactive
+  ``lowering/matmul_q/cpu.py``), or the StableHLO again where it is inactive
   (the first line printed says which, and why);
 - ``f32``: ``x @ w`` on the dequantized weight held as an f32 array (the
   dense model the quantized one replaces; 4x the weight bytes).

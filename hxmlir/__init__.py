@@ -82,9 +82,9 @@ from hxmlir.types.tuples import (
 # (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
 # per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
 from hxmlir import lowering as lowering  # noqa: E402
-from hxmlir.lowering.matmul_q_cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
-from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
-from hxmlir.lowering.matmul_q_cpu import (  # noqa: E402
+from hxmlir.lowering.matmul_q.cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
+from hxmlir.lowering.matmul_q.cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
+from hxmlir.lowering.matmul_q.cpu import (  # noqa: E402
     keep_native_cpu_calls as keep_native_cpu_calls,
 )
 from hxmlir.types import control_flow as _control_flow  # noqa: E402,F401  (vmap of lax control flow)

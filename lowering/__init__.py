@@ -3,9 +3,9 @@
 Importing this package registers every rule; ``import hxmlir`` does it.
 """
 
-from hxmlir.lowering import matmul_q_cpu as matmul_q_cpu  # the native CPU kernel
-from hxmlir.lowering import matmul_q_impl as matmul_q_impl  # CPU rule of hx_matmul_q_p
-from hxmlir.lowering import matmul_q_pallas as matmul_q_pallas  # cuda/rocm/tpu rules
+from hxmlir.lowering import (
+    matmul_q as matmul_q,  # hx_matmul_q_p: typing, batching, every platform's rule
+)
 from hxmlir.lowering import rules as rules
 from hxmlir.lowering import to_lojax as to_lojax
 from hxmlir.lowering.primitives import (

@@ -3,7 +3,8 @@
 Each hi primitive's ``to_lojax`` rule binds these. Each has an abstract eval
 that propagates shardings (explicit mode), a batching rule, eager dispatch
 through its own lowering, and an ``mlir.register_lowering`` rule (see
-``hxmlir.lowering.rules``). Operands are the hi types' lo components:
+``hxmlir.lowering.rules``); ``hx_matmul_q_p``'s abstract eval, batching and lowering
+rules are in :mod:`hxmlir.lowering.matmul_q`. Operands are the hi types' lo components:
 
 =====================  ================================================  ===========================
 primitive              operands                                          results
@@ -34,7 +35,6 @@ from jax.interpreters import batching
 
 from hxmlir import formats
 from hxmlir._jax import apply_primitive
-from hxmlir.types import dotdims
 from hxmlir.types import shardings as shd
 
 F32 = jnp.dtype("float32")
@@ -65,7 +65,7 @@ def _arr(shape, dtype, base, parts, *operands) -> ShapedArray:
                      manual_axis_type=shd.join_mat(*operands))
 
 
-def _f32(shape, sharding, *operands) -> ShapedArray:
+def f32_result(shape, sharding, *operands) -> ShapedArray:
   """An f32 result typed ``sharding``, varying over its operands' manual axes."""
   return ShapedArray(tuple(shape), F32, sharding=sharding, manual_axis_type=shd.join_mat(*operands))
 
@@ -90,15 +90,6 @@ def _dequantize_abstract_eval(q, s, *o):
   return _arr(dense_shape(q), F32, q.sharding, _parts(q), q, s, *o)
 
 
-@hx_matmul_q_p.def_abstract_eval
-def _matmul_q_abstract_eval(x, q, s, *o, dimension_numbers=None):
-  dims = dimension_numbers or dotdims.v1_dims(x.ndim)
-  return _f32(dotdims.result_shape(x.shape, dense_shape(q), dims),
-              shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
-                                  dotdims.result_parts(_parts(x), _parts(q), dims)),
-              x, q, s)
-
-
 @hx_outer_p.def_abstract_eval
 def _outer_abstract_eval(col, row):
   return [col, row]
@@ -107,9 +98,10 @@ def _outer_abstract_eval(col, row):
 @hx_matmul_r1_p.def_abstract_eval
 def _matmul_r1_abstract_eval(x, col, row):
   xp, rp = _parts(x), _parts(row)
-  return _f32((*x.shape[:-1], row.shape[-1]),
-              shd.product_sharding(x.sharding, xp[:-2], xp[-2], row.sharding, rp[:-1], rp[-1]),
-              x, col, row)
+  return f32_result((*x.shape[:-1], row.shape[-1]),
+                    shd.product_sharding(x.sharding, xp[:-2], xp[-2], row.sharding, rp[:-1],
+                                         rp[-1]),
+                    x, col, row)
 
 
 # --- batching: every lo primitive takes leading batch dims natively ----------
@@ -125,31 +117,3 @@ def _batch_leading(prim, args, dims, **params):
 
 for _p in (hx_quantize_p, hx_dequantize_p, hx_outer_p, hx_matmul_r1_p):
   batching.primitive_batchers[_p] = partial(_batch_leading, _p)
-
-
-def _batch_matmul_q(args, dims, *, dimension_numbers=None):
-  # a format with an offset has a fourth operand, mapped with the scales
-  x, q, s, *o = args
-  dx, dq, ds, *do = dims
-  dimension_numbers = dimension_numbers or dotdims.v1_dims(x.ndim - (dx is not batching.not_mapped))
-  nm = batching.not_mapped
-  size = next(a.shape[d] for a, d in zip(args, dims) if d is not nm)
-  def lead(a, d):
-    return jnp.broadcast_to(a, (size, *a.shape)) if d is nm else jnp.moveaxis(a, d, 0)
-  q_mapped = dq is not nm or ds is not nm or any(d is not nm for d in do)
-  if q_mapped:
-    q, s = lead(q, dq), lead(s, ds)
-    o = [lead(a, d) for a, d in zip(o, do)]
-  batched = dotdims.batched(dimension_numbers, x.ndim, q.ndim - q_mapped,
-                                dx is not nm, q_mapped)
-  if batched is None:  # only q mapped, the scales need x mapped too
-    dx = 0
-    x = lead(x, nm)
-    batched = dotdims.batched(dimension_numbers, x.ndim - 1, q.ndim - 1, True, True)
-  elif dx is not nm:
-    x = jnp.moveaxis(x, dx, 0)
-  new, out = batched
-  return hx_matmul_q_p.bind(x, q, s, *o, dimension_numbers=new), out
-
-
-batching.primitive_batchers[hx_matmul_q_p] = _batch_matmul_q

@@ -16,7 +16,9 @@ uncacheable primitive with platform-specific rules fails
 platforms. Identical decompositions are shared within a module by
 ``lower_composite``.
 
-A platform-specific implementation replaces a rule for one platform only::
+``hx_matmul_q_p``'s rules (the default and the platforms', side by side) are in
+:mod:`hxmlir.lowering.matmul_q`. A platform-specific implementation replaces a rule for one
+platform only::
 
   mlir.register_lowering(hx_matmul_q_p, my_cpu_rule, platform="cpu")
 
@@ -26,12 +28,14 @@ where ``my_cpu_rule(ctx, x, q, s)`` returns
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from hxmlir import formats
+from hxmlir import _jax, formats
 from hxmlir.lowering import reference, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import (
@@ -41,7 +45,6 @@ from hxmlir.lowering.primitives import (
   hx_outer_p,
   hx_quantize_p,
 )
-from hxmlir.types import dotdims
 
 REFERENCES: dict[Primitive, Callable] = {
     hx_quantize_p: reference.quantize,
@@ -62,41 +65,11 @@ def composite_rule(name: str, ref: Callable, attributes: dict) -> Callable:
   return rule
 
 
-def matmul_q_dims(x_aval, dimension_numbers) -> dotdims.DotDims:
-  """An ``hx_matmul_q`` equation's dims: its ``dimension_numbers`` parameter, or version 1's
-  for an equation bound without it (``f32[*b, m, k] x i8[*b, k, n]``)."""
-  return dimension_numbers or dotdims.v1_dims(x_aval.ndim)
-
-
 def format_attributes(q_aval, s_aval, o_aval=None) -> dict:
   """The format ``composite_attributes`` of stored values ``q_aval`` with scales ``s_aval``
   and offsets ``o_aval`` (``None``: a format without; :func:`schema.format_attributes_of`)."""
   return schema.format_attributes_of(*(schema.TensorType.of(a) for a in (q_aval, s_aval, o_aval)
                                        if a is not None))
-
-
-def matmul_q_attributes(ctx: mlir.LoweringRuleContext, dims) -> dict:
-  """``hx.matmul_q``'s ``composite_attributes`` for a rule's operands and ``dims`` (v3's
-  keys, v4's for a format with f16 scales or an offset)."""
-  return schema.matmul_q_attributes(dims, format_attributes(*ctx.avals_in[1:]))
-
-
-def weight_format(ctx: mlir.LoweringRuleContext) -> formats.Format:
-  """The format of an ``hx_matmul_q`` rule's weight (operands ``x, q, s[, o]``)."""
-  q, s, *o = ctx.avals_in[1:]
-  return formats.of_components(q.dtype, s.dtype, bool(o))
-
-
-def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *o, dimension_numbers=None):
-  """``hx_matmul_q_p`` -> ``hx.matmul_q`` version 3 (version 4 for a format with f16
-  scales or offsets ``o``), its dims in ``composite_attributes`` (``stablehlo.dot_general``'s
-  names) with the weight's format, decomposition :func:`reference.matmul_q` (or
-  :func:`reference.matmul_q_offset`). The platforms' rules use it for the formats
-  their kernels do not take (:attr:`hxmlir.formats.Format.native_cpu`)."""
-  dims = matmul_q_dims(ctx.avals_in[0], dimension_numbers)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                         reference=reference.matmul_q_for(dims, bool(o)),
-                         attributes=matmul_q_attributes(ctx, dims))
 
 
 def lower_quantize(ctx: mlir.LoweringRuleContext, x, *, fmt="int8", group_size=None,
@@ -120,8 +93,53 @@ def lower_dequantize(ctx: mlir.LoweringRuleContext, q, s, *o):
 
 for _prim, _ref in REFERENCES.items():
   _op = schema.for_primitive(_prim.name)
-  if _prim not in (hx_matmul_q_p, hx_quantize_p, hx_dequantize_p):
+  if _prim not in (hx_matmul_q_p, hx_quantize_p, hx_dequantize_p):  # (hx_matmul_q_p: matmul_q/)
     mlir.register_lowering(_prim, composite_rule(_op.name, _ref, _op.attribute_values))
-mlir.register_lowering(hx_matmul_q_p, lower_matmul_q)
 mlir.register_lowering(hx_quantize_p, lower_quantize)
 mlir.register_lowering(hx_dequantize_p, lower_dequantize)
+
+
+# --- hxmlir's lo primitives inside Pallas kernels ------------------------------
+# A kernel over hi refs (hxmlir.pallas) calls hx.dequantize, hx.matmul_q, ...:
+# inside a Mosaic or Triton kernel each lo primitive lowers as its reference
+# semantics, the composite's decomposition, written inline (Pallas has no
+# composites). Registered with Pallas when a hi type first meets pallas_call.
+
+def quantize_in_kernel(x, fmt="int8", group_size=None, method="absmax",
+                       round_half_even=jnp.round):
+  """``reference.quantize`` in a kernel: no generic reduce there, and Triton's max drops NaN.
+
+  ``amax`` is a max reduction of the (never empty) block, made NaN for rows (or groups)
+  holding a NaN or an infinity (counted with a sum), which the reference turns into a
+  NaN scale and zero values just as for its own ``amax``.
+  """
+  f = formats.lookup(fmt)
+  xg = formats.split_groups(x, group_size)
+  bad = jnp.sum(jnp.where(jnp.isfinite(xg), 0.0, 1.0), axis=-1) > 0
+  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(xg), axis=-1))
+  if method == "mse":
+    amax = reference.mse_amax(xg, amax, f, round_half_even)
+  q, s = reference.quantize_with_amax(xg, amax, round_half_even, f)
+  return formats.store(q.reshape(x.shape), f), s
+
+
+def round_half_even_by_floor(v):
+  """``round_half_even(v)`` for finite f32 ``|v| < 2**23`` with ``floor`` (Triton kernels have no ``round``).
+
+  ``v - floor(v)`` is exact there; a fraction above 1/2 rounds up, exactly 1/2
+  rounds to the even neighbour.
+  """
+  f = jnp.floor(v)
+  frac = v - f
+  odd = (f - 2 * jnp.floor(f * 0.5)) == 1
+  return f + jnp.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0).astype(v.dtype)
+
+
+for _prim, _ref in REFERENCES.items():
+  if _prim is hx_quantize_p:
+    _jax.add_pallas_kernel_rule(
+        _prim, quantize_in_kernel,
+        triton_fn=functools.partial(quantize_in_kernel,
+                                    round_half_even=round_half_even_by_floor))
+  else:
+    _jax.add_pallas_kernel_rule(_prim, _ref)

@@ -96,7 +96,8 @@ from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import formats
-from hxmlir.lowering import composite, matmul_q_impl, schema
+from hxmlir.lowering import composite, schema
+from hxmlir.lowering.matmul_q import streaming
 from hxmlir.passes import ops, shardings, symbols
 from hxmlir.passes.base import HxPass, PassContext, PassResult, PipelineError
 from hxmlir.types import dotdims
@@ -364,7 +365,7 @@ class FoldScalesPass(HxPass):
       the decomposition of each ``hx.matmul_q`` formed. ``reference`` is the
       reference semantics (convert the weight, one dot); ``streaming`` is the
       CPU implementation hxmlir's CPU lowering rule attaches
-      (``lowering/matmul_q_impl.py``: int8 blocks converted one at a time, never
+      (``lowering/matmul_q/streaming.py``: int8 blocks converted one at a time, never
       the whole dequantized weight); ``auto`` picks ``streaming`` when the
       pipeline runs in a lowering for CPU alone, else ``reference``. Weights of
       other formats than int8 per row always get the reference.
@@ -641,7 +642,7 @@ def _emit_matmul_q(module, dot, m: _Dequant, shardings: tuple, attrs: dict,
 def _reference_body(args):
   """``hx.matmul_q``'s reference decomposition: convert the weight, one dot."""
   x, q, s = args
-  return [matmul_q_impl.build_matmul_q_streaming(x, q, s, scheme="whole")]
+  return [streaming.build_matmul_q_streaming(x, q, s, scheme="whole")]
 
 
 def _rank(v: ir.Value) -> int:
@@ -650,15 +651,15 @@ def _rank(v: ir.Value) -> int:
 
 def _collapsed_reference_body(args):
   """The reference for ``f32[..., k] x i8[k, n]``: leading dims collapsed, one dot."""
-  return matmul_q_impl.collapsed_streaming_decomposition(args, scheme="whole")
+  return streaming.collapsed_streaming_decomposition(args, scheme="whole")
 
 
 def _matmul_q_body(impl: str, collapsed: bool):
   """The decomposition builder of an ``hx.matmul_q`` formed by the pass."""
   if collapsed:
-    return (matmul_q_impl.collapsed_streaming_decomposition if impl == "streaming"
+    return (streaming.collapsed_streaming_decomposition if impl == "streaming"
             else _collapsed_reference_body)
-  return matmul_q_impl.streaming_decomposition if impl == "streaming" else _reference_body
+  return streaming.streaming_decomposition if impl == "streaming" else _reference_body
 
 
 def _matmul_q_layout(dd, x_rank: int, q_rank: int):

@@ -64,7 +64,7 @@ Registrations through JAX's public API, outside this package, add to JAX's table
 without changing its behaviour for anything else: ``jax.experimental.hijax.register_hitype``
 (``QArray``, ``Rank1``, ``HiTup``, Pallas' kernel-form values), ``mlir.register_lowering``
 for hxmlir's own lo primitives (``lowering/``), ``jax.ffi.register_ffi_target`` for the
-native CPU kernel (``lowering/matmul_q_cpu.py``), ``jax.tree_util.register_dataclass``
+native CPU kernel (``lowering/matmul_q/cpu.py``), ``jax.tree_util.register_dataclass``
 (``hx.jit``'s lo pytree), a JAX config state ``hxmlir_install``
 (:mod:`hxmlir.install_state`, through :data:`ConfigState`), and
 ``jax.config.update("jax_num_cpu_devices", n)`` by ``hxmlir run --host-devices``.

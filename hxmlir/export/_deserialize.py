@@ -31,7 +31,8 @@ from hxmlir.export._artifact import (
 )
 from hxmlir.export._exported import Exported
 from hxmlir.export._tree import count_leaves
-from hxmlir.lowering import matmul_q_cpu, schema
+from hxmlir.lowering import schema
+from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
 from hxmlir.types import shardings as shd
 from hxmlir.types import typedesc
 from hxmlir.types.hiprim import lo_types

@@ -339,7 +339,7 @@ class _Demo:
                                                         for k, (_, lo, hi) in ratio.items()}}
 
   def kernel(self):
-    from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info
+    from hxmlir.lowering.matmul_q.cpu import cpu_kernel_info
     info = cpu_kernel_info()
     backend = jax.default_backend()
     fmt = self.fmt
@@ -550,7 +550,7 @@ class _DecoderDemo(_Demo):
                           "relative_to_f32_quartiles": [round(lo, 4), round(hi, 4)]}
 
   def kernel(self):
-    from hxmlir.lowering.matmul_q_cpu import cpu_kernel_info
+    from hxmlir.lowering.matmul_q.cpu import cpu_kernel_info
     info, backend = cpu_kernel_info(), jax.default_backend()
     line = (f"hx.matmul_q on CPU (u4o g32 weights, [out, in]): {info.describe('uint4_f16', 32, layout='nk')}"
             if backend == "cpu" else f"hx.matmul_q on {backend}: its Pallas kernel")

@@ -1,15 +1,15 @@
 # RUN: %python %s | filecheck %s
 # hx.matmul_q on CPU: the composite is unchanged, its decomposition streams the
-# int8 weight through a stablehlo.while (lowering/matmul_q_impl.py).
+# int8 weight through a stablehlo.while (lowering/matmul_q/streaming.py).
 import numpy as np
 
 import hxmlir as hx
-from hxmlir.lowering import matmul_q_impl
+from hxmlir.lowering.matmul_q import streaming
 from hxmlir.testing import print_ir
 
 # Small shapes keep this file readable: N-block weights above 64K elements
 # (by default weights of up to 1M elements are converted whole when m > 32).
-matmul_q_impl.N_BLOCKING_MIN_WEIGHT = 64 * 1024
+streaming.N_BLOCKING_MIN_WEIGHT = 64 * 1024
 
 # m = 1 with a batch dim: rank-1 updates of the accumulator, four rows of q per
 # step (k = 601: 150 steps, then the one row left with static slices), each

@@ -1,6 +1,6 @@
 # RUN: env HXMLIR_CPU_ISA=generic %python %s | filecheck %s
 # hx.matmul_q on CPU while installed: the composite is unchanged, its
-# decomposition calls the native kernel's FFI target (lowering/matmul_q_cpu.py).
+# decomposition calls the native kernel's FFI target (lowering/matmul_q/cpu.py).
 # HXMLIR_CPU_ISA=generic: the portable build runs on every CPU, so this test
 # needs only the extension (CI builds it), not AVX2.
 import numpy as np

@@ -1,6 +1,6 @@
 # RUN: env HXMLIR_CPU_ISA=generic %python %s | filecheck %s
 # hx.matmul_q on CPU while installed, for the formats other than int8 per row: the
-# decomposition calls hx_matmul_q_cpu_v2 (lowering/matmul_q_cpu.py), whose dtype,
+# decomposition calls hx_matmul_q_cpu_v2 (lowering/matmul_q/cpu.py), whose dtype,
 # layout and group_size attributes name the format (csrc/matmul_q_formats.h).
 import jax.numpy as jnp
 import numpy as np

@@ -1,6 +1,6 @@
 # RUN: env HXMLIR_CPU_ISA=generic %python %s | filecheck %s
 # The checkpoint layout [out, in] on CPU while installed: hx.einsum("...k,nk->...n", x, w)
-# with W[n, k] quantized along k calls hx_matmul_q_cpu_v3 (lowering/matmul_q_cpu.py) for
+# with W[n, k] quantized along k calls hx_matmul_q_cpu_v3 (lowering/matmul_q/cpu.py) for
 # every format, its dtype (the values'), layout, group_size, scale_dtype and offset
 # attributes naming the format (csrc/matmul_q_nk.h); x's leading dims go to the kernel
 # as they are.

@@ -468,7 +468,7 @@ def test_folded_matmul_q_streams_on_cpu_like_the_lowering():
   without it a streaming decomposition; neither holds the dequantized weight
   (temp memory far below the f32 weight's bytes)."""
   rng = np.random.default_rng(3)
-  k, n = 1024, 512  # above matmul_q_impl.SMALL_WEIGHT: the CPU rule streams (m = 2)
+  k, n = 1024, 512  # above matmul_q.streaming.SMALL_WEIGHT: the CPU rule streams (m = 2)
   x = jnp.asarray(rng.standard_normal((2, k)), jnp.float32)
   qw = hx.quantize(jnp.asarray(rng.standard_normal((k, n)), jnp.float32))
   with hx.installed():

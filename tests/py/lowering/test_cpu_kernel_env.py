@@ -1,6 +1,6 @@
 """``$HXMLIR_CPU_ISA`` and ``$HXMLIR_DISABLE_NATIVE``: values hxmlir cannot honour warn.
 
-The native CPU kernel is chosen once, at import (``lowering/matmul_q_cpu.py:_load``), so
+The native CPU kernel is chosen once, at import (``lowering/matmul_q/cpu.py:_load``), so
 each case runs in a fresh Python. A typo, an ISA this CPU lacks, or a
 ``HXMLIR_DISABLE_NATIVE`` that is not a truth value issues a ``UserWarning`` naming the
 value, the valid ones and what is used instead (the StableHLO lowering).
@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from hxmlir.lowering import matmul_q_cpu as native
+from hxmlir.lowering.matmul_q import cpu as native
 
 try:
   from hxmlir import _matmul_q_cpu as ext
@@ -169,7 +169,7 @@ def test_an_extension_older_than_the_package_turns_the_kernel_off(monkeypatch):
   import types
 
   import hxmlir
-  from hxmlir.lowering import matmul_q_cpu
+  from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
   real = hxmlir._matmul_q_cpu
   old = types.SimpleNamespace(**{f: getattr(real, f) for f in matmul_q_cpu.EXTENSION_API
                                  if f not in ("handler_v3", "max_threads")},

@@ -1,4 +1,4 @@
-"""The native CPU kernel of ``hx.matmul_q`` (``csrc/``, ``lowering/matmul_q_cpu.py``).
+"""The native CPU kernel of ``hx.matmul_q`` (``csrc/``, ``lowering/matmul_q/cpu.py``).
 
 Numbers: the kernel sums ``k`` f32 products ``fl(x s) * q`` in f32, in an order
 of its own (chunks of ``k`` added at the end for small ``m``); against the exact
@@ -24,7 +24,7 @@ import pytest
 
 import hxmlir as hx
 import hxmlir.export as hxe
-from hxmlir.lowering import matmul_q_cpu as native
+from hxmlir.lowering.matmul_q import cpu as native
 
 EPS = np.finfo(np.float32).eps
 INFO = hx.cpu_kernel_info()

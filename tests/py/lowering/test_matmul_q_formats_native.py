@@ -29,7 +29,7 @@ from numerics import assert_matmul_close
 import hxmlir as hx
 import hxmlir.export as hxe
 from hxmlir import formats
-from hxmlir.lowering import matmul_q_cpu as native
+from hxmlir.lowering.matmul_q import cpu as native
 
 INFO = hx.cpu_kernel_info()
 needs_native = pytest.mark.skipif(not INFO.active, reason=f"native kernel inactive: {INFO}")

@@ -25,9 +25,9 @@ from numerics import assert_within, dot_bound, sum_bound
 
 import hxmlir as hx
 from hxmlir import targets
-from hxmlir.lowering import matmul_q_impl as impl
-from hxmlir.lowering import matmul_q_pallas as mqp
 from hxmlir.lowering import reference
+from hxmlir.lowering.matmul_q import pallas as mqp
+from hxmlir.lowering.matmul_q import streaming
 from hxmlir.lowering.primitives import hx_matmul_q_p
 
 
@@ -37,7 +37,7 @@ def _stream_small_weights(monkeypatch):
   size under which the CPU rule converts the weight whole for m > 32 (1M
   elements by default) to 64K elements, the threshold for small m. JAX's caches are cleared so no lowering made under
   another threshold is reused."""
-  monkeypatch.setattr(impl, "N_BLOCKING_MIN_WEIGHT", 64 * 1024)
+  monkeypatch.setattr(streaming, "N_BLOCKING_MIN_WEIGHT", 64 * 1024)
   jax.clear_caches()
   yield
   jax.clear_caches()
@@ -48,7 +48,7 @@ _stream_p = Primitive("test_matmul_q_streaming")
 _stream_p.def_abstract_eval(
     lambda x, q, s, **_: jax.core.ShapedArray((*x.shape[:-1], q.shape[-1]), jnp.float32))
 mlir.register_lowering(
-    _stream_p, lambda ctx, x, q, s, **kw: [impl.build_matmul_q_streaming(x, q, s, **kw)])
+    _stream_p, lambda ctx, x, q, s, **kw: [streaming.build_matmul_q_streaming(x, q, s, **kw)])
 
 
 def _streaming(x, q, s, **params):
@@ -142,26 +142,26 @@ def test_default_choice_matches_reference_over_random_shapes():
 
 def test_choose_blocking():
   # K-streaming, blocks of K_BLOCK_BYTES or 1/MAX_FRACTION of the weight
-  assert impl.choose_blocking(5, 4096, 4096) == ("k", impl.K_BLOCK_BYTES // (4 * 4096))
-  assert impl.choose_blocking(impl.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
-  assert impl.choose_blocking(5, 2048, 2048) == ("k", 2048 // impl.MAX_FRACTION)
-  assert impl.choose_blocking(5, 1000, 4096) == ("k", 1000 // impl.MAX_FRACTION // 8 * 8)
-  assert impl.choose_blocking(5, 300, 4096) == ("k", impl.MIN_BLOCK)
+  assert streaming.choose_blocking(5, 4096, 4096) == ("k", streaming.K_BLOCK_BYTES // (4 * 4096))
+  assert streaming.choose_blocking(streaming.K_STREAMING_MAX_M, 4096, 4096)[0] == "k"
+  assert streaming.choose_blocking(5, 2048, 2048) == ("k", 2048 // streaming.MAX_FRACTION)
+  assert streaming.choose_blocking(5, 1000, 4096) == ("k", 1000 // streaming.MAX_FRACTION // 8 * 8)
+  assert streaming.choose_blocking(5, 300, 4096) == ("k", streaming.MIN_BLOCK)
   # few rows of x: rank-1 updates, ROWS_PER_STEP rows of q per step, whatever the shape
-  rows = ("rows", impl.ROWS_PER_STEP)
-  assert impl.choose_blocking(1, 4096, 4096) == rows
-  assert impl.choose_blocking(impl.ROWS_MAX_M, 2048, 8192) == rows
-  assert impl.choose_blocking(1, 30, 4096) == rows
-  assert impl.choose_blocking(impl.ROWS_MAX_M + 1, 4096, 4096)[0] == "k"
+  rows = ("rows", streaming.ROWS_PER_STEP)
+  assert streaming.choose_blocking(1, 4096, 4096) == rows
+  assert streaming.choose_blocking(streaming.ROWS_MAX_M, 2048, 8192) == rows
+  assert streaming.choose_blocking(1, 30, 4096) == rows
+  assert streaming.choose_blocking(streaming.ROWS_MAX_M + 1, 4096, 4096)[0] == "k"
   # N-blocking
-  assert impl.choose_blocking(impl.K_STREAMING_MAX_M + 1, 4096, 4096) == (
-      "n", impl.N_BLOCK_BYTES // (4 * 4096))
-  assert impl.choose_blocking(impl.LARGE_M + 1, 4096, 4096) == (
-      "n", impl.N_BLOCK_BYTES_LARGE_M // (4 * 4096))
+  assert streaming.choose_blocking(streaming.K_STREAMING_MAX_M + 1, 4096, 4096) == (
+      "n", streaming.N_BLOCK_BYTES // (4 * 4096))
+  assert streaming.choose_blocking(streaming.LARGE_M + 1, 4096, 4096) == (
+      "n", streaming.N_BLOCK_BYTES_LARGE_M // (4 * 4096))
   # no loop
-  assert impl.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
-  assert impl.choose_blocking(1, 256, 256) == ("whole", 0)  # small weight, m = 1
-  assert impl.choose_blocking(5, 30, 4096) == ("whole", 0)  # a single block
+  assert streaming.choose_blocking(256, 64, 64) == ("whole", 0)  # small weight
+  assert streaming.choose_blocking(1, 256, 256) == ("whole", 0)  # small weight, m = 1
+  assert streaming.choose_blocking(5, 30, 4096) == ("whole", 0)  # a single block
 
 
 # --- the CPU lowering rule ----------------------------------------------------
@@ -370,7 +370,7 @@ def test_builder_works_on_plain_mlir_without_jax_tracing():
     with ir.InsertionPoint(ret):
       (y,) = composite.build_composite("hx.matmul_q", list(fn.arguments),
                                        [ir.RankedTensorType.get([2, 300], ir.F32Type.get())],
-                                       impl.streaming_decomposition,
+                                       streaming.streaming_decomposition,
                                        attributes=schema.matmul_q_attributes(
                                            v1_dims(2), schema.format_attributes("int8", None)))
     ret.operands[0] = y

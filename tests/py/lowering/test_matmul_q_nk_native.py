@@ -29,7 +29,7 @@ from test_matmul_q_formats_native import _with_isa
 
 import hxmlir as hx
 from hxmlir import formats
-from hxmlir.lowering import matmul_q_cpu as native
+from hxmlir.lowering.matmul_q import cpu as native
 
 INFO = hx.cpu_kernel_info()
 needs_native = pytest.mark.skipif(not INFO.active, reason=f"native kernel inactive: {INFO}")

@@ -1,6 +1,6 @@
 """The Pallas ``hx.matmul_q`` kernel on every quantization format (issue 15).
 
-``lowering/matmul_q_pallas.py`` in Pallas interpret mode (both flavours: Triton's
+``lowering/matmul_q/pallas.py`` in Pallas interpret mode (both flavours: Triton's
 masked loads, Mosaic's unmasked edge blocks, which interpret mode fills with NaN
 for floats, so a stale fp8 value or group scale that reached the sum would show),
 against the float64 product of ``x`` and the dequantized weight (``_dense64``: int4
@@ -23,7 +23,7 @@ from test_matmul_q_kernels import _custom_calls
 import hxmlir as hx
 from hxmlir import export as hxe
 from hxmlir import formats, targets
-from hxmlir.lowering import matmul_q_pallas as mqp
+from hxmlir.lowering.matmul_q import pallas as mqp
 
 FORMATS = [(jnp.int8, None), (jnp.int4, None), (jnp.float8_e4m3fn, None),
            (jnp.int8, 16), (jnp.int4, 32), (jnp.float8_e4m3fn, 64), (jnp.int4, 256)]

@@ -1,6 +1,6 @@
 """The Pallas kernel of the checkpoint layout ``W[out, in]`` (issue 26, item 3 on GPU/TPU).
 
-``matmul_q_nk_pallas`` (``lowering/matmul_q_pallas.py``, kernel ``hx_matmul_q_nk_v1``):
+``matmul_q_nk_pallas`` (``lowering/matmul_q/pallas.py``, kernel ``hx_matmul_q_nk_v1``):
 ``hx.einsum("...k,nk->...n", x, w)`` with groups along the contraction ``k``, every
 format of :data:`hxmlir.formats.FORMATS` (int8, int4 and uint4 pairs, fp8; f32 or f16
 scales; offsets). Numbers: Pallas interpret mode (both flavours: Triton's masked loads,
@@ -30,7 +30,7 @@ from test_matmul_q_pallas import _check_export_errors
 import hxmlir as hx
 from hxmlir import export as hxe
 from hxmlir import formats, targets
-from hxmlir.lowering import matmul_q_pallas as mqp
+from hxmlir.lowering.matmul_q import pallas as mqp
 
 NK = "hx_matmul_q_nk_v1"
 FORMATS = [(name, g) for name in formats.FORMATS for g in (None, 32)]

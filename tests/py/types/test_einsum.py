@@ -25,7 +25,7 @@ from numerics import assert_within, dot_bound
 
 import hxmlir as hx
 from hxmlir import export as hxe
-from hxmlir.lowering import matmul_q_blocked
+from hxmlir.lowering.matmul_q import blocked
 
 EPS = np.finfo(np.float32).eps
 
@@ -297,8 +297,8 @@ def test_temporary_memory_is_at_most_a_quarter_of_the_f32_weight(name, big_weigh
 
 def test_blocked_layouts_match_the_reference_decomposition(monkeypatch):
   # the CPU rule's blocked decomposition against the plain reference, several blocks
-  monkeypatch.setattr(matmul_q_blocked, "SMALL_WEIGHT", 0)
-  monkeypatch.setattr(matmul_q_blocked, "BLOCK_BYTES", 4 * 64 * 7)  # 7 rows: a remainder
+  monkeypatch.setattr(blocked, "SMALL_WEIGHT", 0)
+  monkeypatch.setattr(blocked, "BLOCK_BYTES", 4 * 64 * 7)  # 7 rows: a remainder
   jax.clear_caches()
   try:
     for sub, xshape, qshape in [("mk,nk->mn", (5, 64), (32, 64)),

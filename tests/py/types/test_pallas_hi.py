@@ -463,27 +463,26 @@ def test_dense_kernel_with_hx_ops_lowers_after_use_in_kernels(platform):
 
 def test_triton_rounding_is_round_half_even():
   # Triton kernels have no round: hx.quantize's rule there rounds with floor
-  from hxmlir.lowering import matmul_q_pallas as mqp
+  from hxmlir.lowering import rules
   v = np.concatenate([np.arange(-130, 130.25, 0.25, dtype=np.float32),
                       np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(0)),
                       np.nextafter(np.arange(-128.5, 129, 1, dtype=np.float32), np.float32(200))])
-  got = jax.jit(mqp._round_half_even_by_floor)(jnp.asarray(v))
+  got = jax.jit(rules.round_half_even_by_floor)(jnp.asarray(v))
   np.testing.assert_array_equal(np.asarray(got), np.round(v))
 
 
 @pytest.mark.parametrize("flavour", ["mosaic", "triton"])
 def test_kernel_rule_of_quantize_equals_the_reference(flavour):
   # what hx.quantize computes inside Mosaic / Triton kernels, run here as plain JAX
-  from hxmlir.lowering import matmul_q_pallas as mqp
-  from hxmlir.lowering import reference
+  from hxmlir.lowering import reference, rules
   rng = np.random.default_rng(50)
   x = rng.standard_normal((8, 256)).astype(np.float32) * 10
   x[1] = 0
   x[2, 7] = np.nan
   x[3, 9] = np.inf
   x[4, :] = np.round(x[4, :]) + 0.5        # ties after scaling are rare; exact halves here
-  round_ = jnp.round if flavour == "mosaic" else mqp._round_half_even_by_floor
-  q, s = jax.jit(functools.partial(mqp._quantize_in_kernel, round_half_even=round_))(x)
+  round_ = jnp.round if flavour == "mosaic" else rules.round_half_even_by_floor
+  q, s = jax.jit(functools.partial(rules.quantize_in_kernel, round_half_even=round_))(x)
   q_ref, s_ref = jax.jit(reference.quantize)(x)
   np.testing.assert_array_equal(np.asarray(q), np.asarray(q_ref))
   np.testing.assert_array_equal(np.asarray(s), np.asarray(s_ref))

@@ -143,7 +143,7 @@ CASES: dict[str, Case] = {
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
                          (("hx.outer", 1), ("hx.matmul_r1", 1))),
-    # hxmlir's registered kernels (lowering/matmul_q_pallas.py), one case per platform
+    # hxmlir's registered kernels (lowering/matmul_q/pallas.py), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
         (("hx.matmul_q", 1),), platforms=(p,),
@@ -172,8 +172,8 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 3), ("hx.matmul_q", 4)), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_nk_v1"),))
       for p in ("cuda", "rocm", "tpu")},
-    # the native CPU kernel (lowering/matmul_q_cpu.py), kept by hx.keep_native_cpu_calls();
-    # a weight above matmul_q_impl.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
+    # the native CPU kernel (lowering/matmul_q/cpu.py), kept by hx.keep_native_cpu_calls();
+    # a weight above matmul_q.streaming.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
     "hx_matmul_q_cpu_v1_cpu": Case(
         lambda x1, x2, qw: (hx.matmul_q(x1, qw), hx.matmul_q(x2, qw)),
         lambda: (_x((3, 300), 12), _x((70, 300), 13), hx.quantize(_x((300, 260), 14))),

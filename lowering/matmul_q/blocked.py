@@ -3,7 +3,7 @@
 The reference (:func:`hxmlir.lowering.reference.matmul_q`) converts the whole
 weight ``q: i8[...]`` to f32 before its ``dot_general``; XLA keeps that copy in
 temporary memory (four times the int8 bytes). The streaming builders of
-``lowering/matmul_q_impl.py`` avoid it for the layouts they know
+``lowering/matmul_q/streaming.py`` avoid it for the layouts they know
 (``f32[*b, m, k] x i8[*b, k, n]``, and ``f32[..., k] x i8[k, n]`` collapsed to
 it). For every other layout -- the ``[out, in]`` checkpoint layout ``"mk,nk->mn"``
 (scale on the result), a stack of weights ``"...ij,hjk->...ik"`` -- this module

@@ -43,9 +43,9 @@ Algorithms*, 2nd ed., section 3.1) for any order of the sum, which is what the
 tests check.
 
 The composite's default decomposition (every other platform) is the
-reference; the CPU lowering rule (:func:`lower_matmul_q_cpu`, registered for
-``platform="cpu"``) attaches this equivalent one instead, or, while hxmlir is
-installed, a call of the native CPU kernel (:mod:`hxmlir.lowering.matmul_q_cpu`;
+reference; the CPU lowering rule (:func:`hxmlir.lowering.matmul_q.cpu.lower_matmul_q_cpu`,
+registered for ``platform="cpu"``) attaches this equivalent one instead, or, while hxmlir is
+installed, a call of the native CPU kernel (:mod:`hxmlir.lowering.matmul_q.cpu`;
 the streaming schemes stay what exported artifacts and the fallback run). Each
 scheme has its own builder (``_build_rows``, ``_build_k_streaming``,
 ``_build_n_blocking``); :func:`build_matmul_q_streaming` checks, scales ``x``
@@ -74,16 +74,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from jax.interpreters import mlir
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
-from hxmlir import formats
-from hxmlir.install_state import use_kernels
-from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
-from hxmlir.lowering.composite import lower_composite
-from hxmlir.lowering.primitives import hx_matmul_q_p
-from hxmlir.types import dotdims
+from hxmlir.lowering import schema
 
 # Block sizes (see the module docstring and benchmarks/matmul_q_cpu.py): a
 # block of dequantized values takes about K_BLOCK_BYTES (K-streaming: 256 rows
@@ -393,7 +387,7 @@ def _build_n_blocking(xs: ir.Value, q: ir.Value, nb: int, block_n: int) -> ir.Va
   return out
 
 
-# --- the CPU lowering rule ----------------------------------------------------
+# --- decomposition builders (the CPU rule, hx-fold-scales) --------------------
 
 def streaming_decomposition(args: Sequence[ir.Value]) -> list[ir.Value]:
   """``hx.matmul_q`` decomposition builder (``lowering.composite.DecompositionBuilder``).
@@ -418,116 +412,3 @@ def collapsed_streaming_decomposition(args: Sequence[ir.Value], *,
   x2 = hlo.ReshapeOp(_tensor((int(np.prod(xs[:-1], dtype=np.int64)), xs[-1]), f32), x).result
   y = build_matmul_q_streaming(x2, q, s, scheme=scheme)
   return [hlo.ReshapeOp(_tensor((*xs[:-1], n), f32), y).result]
-
-
-def _collapsed(native):
-  """``native`` (a kernel call on ``f32[m, k] x Q[k, n]``) on ``f32[..., k] x Q[k, n]``:
-  ``x``'s leading dims collapsed into ``m`` (free: row-major) and restored on the result."""
-  def call(x, q, s):
-    y = native(x.reshape(-1, x.shape[-1]), q, s)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
-  return call
-
-
-def _kernel_layout(x_aval, q_aval, dims) -> str | None:
-  """``"batched"`` (version 1's dims: ``f32[*b, m, k] x Q[*b, k, n]``), ``"collapsed"``
-  (``f32[..., k] x Q[k, n]``), ``"nk"`` (the checkpoint layout ``f32[..., k] x W[n, k]``,
-  ``"...k,nk->...n"``: ``hx_matmul_q_cpu_v3``), or ``None``: the layouts the native kernels
-  and the int8 streaming builders know."""
-  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
-    return "batched"
-  if q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
-    return "collapsed"
-  if q_aval.ndim == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (1,)), ((), ())):
-    return "nk"
-  return None
-
-
-def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
-                       dimension_numbers=None) -> list[ir.Value]:
-  """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
-
-  The composite (name, version, attributes, shardings) is exactly the one the
-  default rule emits; only its decomposition differs:
-
-  - native kernel: for weights of more than ``SMALL_WEIGHT`` elements (per batch
-    element, dense), while hxmlir is installed and the native kernel is active
-    (:func:`hxmlir.lowering.matmul_q_cpu.use_native`: not for ``jax.export`` unless
-    ``hx.keep_native_cpu_calls()``, one device only), in the layouts
-    ``f32[*b, m, k] x Q[*b, k, n]`` (version 1's dims) and ``f32[..., k] x Q[k, n]``
-    (leading dims collapsed into ``m``): a call of ``hx_matmul_q_cpu_v1`` for int8
-    with one scale per row, of ``hx_matmul_q_cpu_v2`` for every other format
-    (:mod:`hxmlir.formats`);
-  - otherwise, int8 per row: :func:`build_matmul_q_streaming` in those two layouts
-    (:func:`collapsed_streaming_decomposition` for the second), the reference itself
-    when :func:`choose_blocking` picks ``"whole"`` (small weights);
-  - every other layout, and other formats than int8 per row outside the native
-    kernel: one free axis of the dense weight walked in blocks of whole groups and
-    packed bytes (``lowering/matmul_q_blocked.py``), or the reference when small;
-  - formats the native kernel does not take in these layouts (``"kn"`` not in
-    ``Format.native_cpu``: f16 scales,
-    offsets ``o``): the blocked path (or the reference when small) in every layout
-    but the next;
-  - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
-    ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
-    under the same policy and size bound, else the blocked path.
-  """
-  x_aval, q_aval, s_aval, *_ = ctx.avals_in
-  fmt = rules.weight_format(ctx)
-  dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
-  if _kernel_layout(x_aval, q_aval, dims) == "nk":
-    n, k = fmt.dense_shape(q_aval.shape)
-    if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
-      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                             reference=matmul_q_cpu.matmul_q_native_v3,
-                             attributes=rules.matmul_q_attributes(ctx, dims))
-    return _lower_blocked(ctx, (x, q, s, *o), dims)
-  if "kn" not in fmt.native_cpu:
-    return _lower_blocked(ctx, (x, q, s, *o), dimension_numbers or dotdims.v1_dims(x_aval.ndim))
-  attrs = rules.matmul_q_attributes(ctx, dims)
-  ref = reference.matmul_q_for(dims)
-  dense = fmt.dense_shape(q_aval.shape)
-  per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
-  layout = _kernel_layout(x_aval, q_aval, dims)
-  k, n = dense[-2] if layout else 0, dense[-1]
-  if layout and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
-    native = matmul_q_cpu.matmul_q_native if per_row_int8 else matmul_q_cpu.matmul_q_native_v2
-    native = native if layout == "batched" else _collapsed(native)
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)
-  if not per_row_int8 or layout is None:
-    # one free axis of the dense weight walked in aligned blocks (matmul_q_blocked.py)
-    axis = matmul_q_blocked.block_axis(dense, dims)
-    if axis is not None:
-      group = formats.group_of_scale(dense, s_aval)
-      align = matmul_q_blocked.alignment(dense, axis, fmt, group)
-      ref = matmul_q_blocked.blocked_for(dims, axis,
-                                         matmul_q_blocked.block_size(dense, axis, align))
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
-  if layout == "batched":
-    m, builder = x_aval.shape[-2], streaming_decomposition
-  else:
-    m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
-    builder = collapsed_streaming_decomposition
-  if choose_blocking(m, k, n)[0] == "whole":
-    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
-  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)
-
-
-def _lower_blocked(ctx, operands, dims) -> list[ir.Value]:
-  """``hx.matmul_q`` whose decomposition walks a free axis of the dense weight in blocks of
-  whole groups and packed bytes (``lowering/matmul_q_blocked.py``), or the reference
-  when the weight is small: the CPU rule for the formats without a native kernel."""
-  _, q_aval, s_aval, *o_aval = ctx.avals_in
-  fmt = rules.weight_format(ctx)
-  dense = fmt.dense_shape(q_aval.shape)
-  ref = reference.matmul_q_for(dims, bool(o_aval))
-  axis = matmul_q_blocked.block_axis(dense, dims)
-  if axis is not None:
-    align = matmul_q_blocked.alignment(dense, axis, fmt, formats.group_of_scale(dense, s_aval))
-    ref = matmul_q_blocked.blocked_for(dims, axis,
-                                       matmul_q_blocked.block_size(dense, axis, align))
-  return lower_composite(ctx, "hx.matmul_q", *operands, reference=ref,
-                         attributes=rules.matmul_q_attributes(ctx, dims))
-
-
-mlir.register_lowering(hx_matmul_q_p, lower_matmul_q_cpu, platform="cpu")

@@ -103,13 +103,12 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.interpreters import mlir
 
 from hxmlir import _jax, formats, targets
 from hxmlir.install_state import use_kernels
-from hxmlir.lowering import reference, rules, schema
+from hxmlir.lowering import schema
 from hxmlir.lowering.composite import lower_composite
-from hxmlir.lowering.primitives import hx_matmul_q_p, hx_quantize_p
+from hxmlir.lowering.matmul_q import default
 from hxmlir.types import dotdims
 
 KERNEL_NAME = "hx_matmul_q"
@@ -649,7 +648,7 @@ def _pallas_kernel(ctx, dims, backend: str):
     layout, kernel = "nk", _PALLAS_NK[(backend, qr == 2)]
   else:
     return None
-  if layout not in rules.weight_format(ctx).pallas or \
+  if layout not in default.weight_format(ctx).pallas or \
      not _kernel_fits(q_aval, s_aval, backend, layout):
     return None
   if _jax.kernel_is_partitioned(ctx.module_context):
@@ -675,9 +674,9 @@ def lower_matmul_q_accelerator(ctx, x, q, s, *o, platform: str, dimension_number
   dims = dimension_numbers or dotdims.v1_dims(ctx.avals_in[0].ndim)
   kernel = _pallas_kernel(ctx, dims, _PLATFORM_BACKEND[platform]) if use_kernels() else None
   if kernel is None:
-    return rules.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
+    return default.lower_matmul_q(ctx, x, q, s, *o, dimension_numbers=dimension_numbers)
   return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,
-                         attributes=rules.matmul_q_attributes(ctx, dims))
+                         attributes=default.matmul_q_attributes(ctx, dims))
 
 
 def _explicit_specs(*avals) -> tuple | None:
@@ -766,54 +765,3 @@ _PALLAS_NK = {**{(b, True): functools.partial(_nk_collapsed, backend=b) for b in
               **{(b, False): functools.partial(matmul_q_nk_pallas, backend=b) for b in BACKENDS}}
 """The ``[out, in]`` kernel per ``(backend, weight of rank 2)``, one object each (shared
 decompositions)."""
-
-
-for _platform in ("cuda", "rocm", "tpu"):
-  mlir.register_lowering(hx_matmul_q_p,
-                         functools.partial(lower_matmul_q_accelerator, platform=_platform),
-                         platform=_platform)
-
-
-# --- hxmlir's lo primitives inside Pallas kernels ------------------------------
-# A kernel over hi refs (hxmlir.pallas) calls hx.dequantize, hx.matmul_q, ...:
-# inside a Mosaic or Triton kernel each lo primitive lowers as its reference
-# semantics, the composite's decomposition, written inline (Pallas has no
-# composites). Registered with Pallas when a hi type first meets pallas_call.
-def _quantize_in_kernel(x, fmt="int8", group_size=None, method="absmax",
-                        round_half_even=jnp.round):
-  """``reference.quantize`` in a kernel: no generic reduce there, and Triton's max drops NaN.
-
-  ``amax`` is a max reduction of the (never empty) block, made NaN for rows (or groups)
-  holding a NaN or an infinity (counted with a sum), which the reference turns into a
-  NaN scale and zero values just as for its own ``amax``.
-  """
-  f = formats.lookup(fmt)
-  xg = formats.split_groups(x, group_size)
-  bad = jnp.sum(jnp.where(jnp.isfinite(xg), 0.0, 1.0), axis=-1) > 0
-  amax = jnp.where(bad, jnp.nan, jnp.max(jnp.abs(xg), axis=-1))
-  if method == "mse":
-    amax = reference.mse_amax(xg, amax, f, round_half_even)
-  q, s = reference.quantize_with_amax(xg, amax, round_half_even, f)
-  return formats.store(q.reshape(x.shape), f), s
-
-
-def _round_half_even_by_floor(v):
-  """``round_half_even(v)`` for finite f32 ``|v| < 2**23`` with ``floor`` (Triton kernels have no ``round``).
-
-  ``v - floor(v)`` is exact there; a fraction above 1/2 rounds up, exactly 1/2
-  rounds to the even neighbour.
-  """
-  f = jnp.floor(v)
-  frac = v - f
-  odd = (f - 2 * jnp.floor(f * 0.5)) == 1
-  return f + jnp.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0).astype(v.dtype)
-
-
-for _prim, _ref in rules.REFERENCES.items():
-  if _prim is hx_quantize_p:
-    _jax.add_pallas_kernel_rule(
-        _prim, _quantize_in_kernel,
-        triton_fn=functools.partial(_quantize_in_kernel,
-                                    round_half_even=_round_half_even_by_floor))
-  else:
-    _jax.add_pallas_kernel_rule(_prim, _ref)

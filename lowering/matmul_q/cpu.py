@@ -1,4 +1,5 @@
-"""``hx.matmul_q``'s native CPU kernels: loading, ISA dispatch, FFI registration, policy.
+"""``hx.matmul_q`` on CPU: the native kernels (loading, ISA dispatch, FFI registration,
+policy) and the CPU lowering rule of ``hx_matmul_q_p`` (:func:`lower_matmul_q_cpu`).
 
 The kernels (``csrc/``, built by ``pip install`` into the extension module
 ``hxmlir._matmul_q_cpu``) are registered with XLA's FFI as two custom-call
@@ -36,7 +37,7 @@ StableHLO lowering, so it is used only when asked for). :func:`cpu_kernel_info`
 says which path ``hx.matmul_q`` takes on CPU and why.
 
 Policy (:func:`use_native`), applied by the CPU lowering rule of
-``hx_matmul_q_p`` (``lowering/matmul_q_impl.py``): the ``hx.matmul_q``
+``hx_matmul_q_p`` (:func:`lower_matmul_q_cpu`, below): the ``hx.matmul_q``
 composite's decomposition calls the kernel only while hxmlir is installed,
 the kernel is active, the module is for one device, and either the lowering is
 not for ``jax.export`` or the export opted in with :func:`keep_native_cpu_calls`.
@@ -54,8 +55,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxlib.mlir import ir
 
 from hxmlir import _jax, formats, targets
+from hxmlir.install_state import use_kernels
+from hxmlir.lowering import reference
+from hxmlir.lowering.composite import lower_composite
+from hxmlir.lowering.matmul_q import blocked, default, streaming
+from hxmlir.types import dotdims
 
 KERNEL_NAME = "hx_matmul_q_cpu"
 KERNEL_VERSION = 1
@@ -336,3 +343,109 @@ def native_call_problem(call_targets: Iterable[str]) -> str | None:
             f"{_INFO.reason}; re-export without hx.keep_native_cpu_calls() for a portable "
             "artifact")
   return None
+
+
+# --- the CPU lowering rule of hx_matmul_q_p -----------------------------------
+
+def _collapsed(native):
+  """``native`` (a kernel call on ``f32[m, k] x Q[k, n]``) on ``f32[..., k] x Q[k, n]``:
+  ``x``'s leading dims collapsed into ``m`` (free: row-major) and restored on the result."""
+  def call(x, q, s):
+    y = native(x.reshape(-1, x.shape[-1]), q, s)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+  return call
+
+
+def _kernel_layout(x_aval, q_aval, dims) -> str | None:
+  """``"batched"`` (version 1's dims: ``f32[*b, m, k] x Q[*b, k, n]``), ``"collapsed"``
+  (``f32[..., k] x Q[k, n]``), ``"nk"`` (the checkpoint layout ``f32[..., k] x W[n, k]``,
+  ``"...k,nk->...n"``: ``hx_matmul_q_cpu_v3``), or ``None``: the layouts the native kernels
+  and the int8 streaming builders know."""
+  if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
+    return "batched"
+  if q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
+    return "collapsed"
+  if q_aval.ndim == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (1,)), ((), ())):
+    return "nk"
+  return None
+
+
+def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
+                       dimension_numbers=None) -> list[ir.Value]:
+  """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
+
+  The composite (name, version, attributes, shardings) is exactly the one the
+  default rule emits; only its decomposition differs:
+
+  - native kernel: for weights of more than ``streaming.SMALL_WEIGHT`` elements (per batch
+    element, dense), while hxmlir is installed and the native kernel is active
+    (:func:`use_native`: not for ``jax.export`` unless
+    ``hx.keep_native_cpu_calls()``, one device only), in the layouts
+    ``f32[*b, m, k] x Q[*b, k, n]`` (version 1's dims) and ``f32[..., k] x Q[k, n]``
+    (leading dims collapsed into ``m``): a call of ``hx_matmul_q_cpu_v1`` for int8
+    with one scale per row, of ``hx_matmul_q_cpu_v2`` for every other format
+    (:mod:`hxmlir.formats`);
+  - otherwise, int8 per row: :func:`~hxmlir.lowering.matmul_q.streaming.build_matmul_q_streaming`
+    in those two layouts (:func:`~hxmlir.lowering.matmul_q.streaming.collapsed_streaming_decomposition`
+    for the second), the reference itself when
+    :func:`~hxmlir.lowering.matmul_q.streaming.choose_blocking` picks ``"whole"`` (small weights);
+  - every other layout, and other formats than int8 per row outside the native
+    kernel: one free axis of the dense weight walked in blocks of whole groups and
+    packed bytes (``lowering/matmul_q/blocked.py``), or the reference when small;
+  - formats the native kernel does not take in these layouts (``"kn"`` not in
+    ``Format.native_cpu``: f16 scales,
+    offsets ``o``): the blocked path (or the reference when small) in every layout
+    but the next;
+  - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
+    ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
+    under the same policy and size bound, else the blocked path.
+  """
+  x_aval, q_aval, s_aval, *_ = ctx.avals_in
+  fmt = default.weight_format(ctx)
+  dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
+  if _kernel_layout(x_aval, q_aval, dims) == "nk":
+    n, k = fmt.dense_shape(q_aval.shape)
+    if "nk" in fmt.native_cpu and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
+      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
+                             reference=matmul_q_native_v3,
+                             attributes=default.matmul_q_attributes(ctx, dims))
+    return _lower_blocked(ctx, (x, q, s, *o), dims)
+  if "kn" not in fmt.native_cpu:
+    return _lower_blocked(ctx, (x, q, s, *o), dims)
+  attrs = default.matmul_q_attributes(ctx, dims)
+  ref = reference.matmul_q_for(dims)
+  dense = fmt.dense_shape(q_aval.shape)
+  per_row_int8 = fmt is formats.INT8 and s_aval.ndim == q_aval.ndim - 1
+  layout = _kernel_layout(x_aval, q_aval, dims)
+  k, n = dense[-2] if layout else 0, dense[-1]
+  if layout and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
+    native = matmul_q_native if per_row_int8 else matmul_q_native_v2
+    native = native if layout == "batched" else _collapsed(native)
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=native, attributes=attrs)
+  if not per_row_int8 or layout is None:
+    return _lower_blocked(ctx, (x, q, s, *o), dims)
+  if layout == "batched":
+    m, builder = x_aval.shape[-2], streaming.streaming_decomposition
+  else:
+    m = int(np.prod(x_aval.shape[:-1], dtype=np.int64))
+    builder = streaming.collapsed_streaming_decomposition
+  if streaming.choose_blocking(m, k, n)[0] == "whole":
+    return lower_composite(ctx, "hx.matmul_q", x, q, s, reference=ref, attributes=attrs)
+  return lower_composite(ctx, "hx.matmul_q", x, q, s, builder=builder, attributes=attrs)
+
+
+def _lower_blocked(ctx, operands, dims) -> list[ir.Value]:
+  """``hx.matmul_q`` whose decomposition walks a free axis of the dense weight in blocks of
+  whole groups and packed bytes (``lowering/matmul_q/blocked.py``), or the reference
+  when the weight is small: the CPU rule for the formats without a native kernel."""
+  _, q_aval, s_aval, *o_aval = ctx.avals_in
+  fmt = default.weight_format(ctx)
+  dense = fmt.dense_shape(q_aval.shape)
+  ref = reference.matmul_q_for(dims, bool(o_aval))
+  axis = blocked.block_axis(dense, dims)
+  if axis is not None:
+    align = blocked.alignment(dense, axis, fmt, formats.group_of_scale(dense, s_aval))
+    ref = blocked.blocked_for(dims, axis, blocked.block_size(dense, axis, align))
+  return lower_composite(ctx, "hx.matmul_q", *operands, reference=ref,
+                         attributes=default.matmul_q_attributes(ctx, dims))
+
