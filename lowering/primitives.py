@@ -65,7 +65,7 @@ def _arr(shape, dtype, base, parts, *operands) -> ShapedArray:
                      manual_axis_type=shd.join_mat(*operands))
 
 
-def f32_result(shape, sharding, *operands) -> ShapedArray:
+def _f32(shape, sharding, *operands) -> ShapedArray:
   """An f32 result typed ``sharding``, varying over its operands' manual axes."""
   return ShapedArray(tuple(shape), F32, sharding=sharding, manual_axis_type=shd.join_mat(*operands))
 
@@ -98,10 +98,9 @@ def _outer_abstract_eval(col, row):
 @hx_matmul_r1_p.def_abstract_eval
 def _matmul_r1_abstract_eval(x, col, row):
   xp, rp = _parts(x), _parts(row)
-  return f32_result((*x.shape[:-1], row.shape[-1]),
-                    shd.product_sharding(x.sharding, xp[:-2], xp[-2], row.sharding, rp[:-1],
-                                         rp[-1]),
-                    x, col, row)
+  return _f32((*x.shape[:-1], row.shape[-1]),
+              shd.product_sharding(x.sharding, xp[:-2], xp[-2], row.sharding, rp[:-1], rp[-1]),
+              x, col, row)
 
 
 # --- batching: every lo primitive takes leading batch dims natively ----------

@@ -38,8 +38,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import ml_dtypes  # noqa: F401  (bfloat16, float8_e4m3fn: numpy dtypes by name)
+import numpy as np
+
 from hxmlir import formats
-from hxmlir.types import dotdims
+from hxmlir.types import dotdims, matmul_q_typing
 from hxmlir.types.dotdims import DotDims
 
 PREFIX = "hx."
@@ -64,6 +67,16 @@ class TensorType:
 _DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8",
                 "float8_e4m3fn": "f8E4M3FN", "float16": "f16",
                 "bfloat16": "bf16"}  # numpy -> MLIR spelling
+_NUMPY_NAMES = {v: k for k, v in _DTYPE_NAMES.items()}
+
+
+def _numpy_dtype(name: str) -> np.dtype | None:
+  """The numpy dtype of a :class:`TensorType`'s ``dtype`` (``"f32"`` -> ``float32``), or
+  ``None`` for a type numpy has no dtype for."""
+  try:
+    return np.dtype(_NUMPY_NAMES.get(name, name))
+  except TypeError:
+    return None
 
 
 # Sharding of one value: for each dimension, the tuple of mesh axis names it is
@@ -282,28 +295,42 @@ def matmul_q_dims(attrs, x_rank: int) -> DotDims:
           (tuple(attrs["lhs_batching_dimensions"]), tuple(attrs["rhs_batching_dimensions"])))
 
 
-def _matmul_q_operands(ops, attrs=None) -> list[str]:
+def _matmul_q_type(ops, attrs=None) -> tuple[list[str], TensorType | None]:
+  """``hx.matmul_q``'s typing rule (:func:`hxmlir.types.matmul_q_typing.result_type`, ``x``
+  f32) on the composite's operand types: ``(problems, result type)``, the type ``None``
+  where there are problems. The weight's format is checked first (its components and the
+  format attributes), and ``x``'s dtype with it."""
   x, q, s, *o = ops
   errs = _quantized_pair(q, s, "weight", attrs, *o)
-  if x.dtype != "f32":
-    errs.append(f"expects a dense f32 operand, got {_fmt(ops)}")
+  try:
+    matmul_q_typing.check_dense_dtype(_numpy_dtype(x.dtype), _fmt(ops),
+                                      matmul_q_typing.LO_DENSE_DTYPES)
+  except matmul_q_typing.MatmulQTypeError as e:
+    errs.append(str(e))
   if errs:
-    return errs
+    return errs, None
   if not attrs and (len(x.shape) < 2 or len(x.shape) != len(q.shape)):
-    return [f"version 1 expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, got {_fmt(ops)}"]
-  return [f"{p}: {_fmt(ops)}" for p in
-          dotdims.problems(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)),
-                           _grouped(q, s))]
+    return [f"version 1 expects f32[*b, m, k] x i8[*b, k, n] of equal rank >= 2, "
+            f"got {_fmt(ops)}"], None
+  try:
+    _, shape, dtype = matmul_q_typing.result_type(
+        x.shape, _numpy_dtype(x.dtype), dense_shape(q), _grouped(q, s),
+        matmul_q_dims(attrs, len(x.shape)), operands=_fmt(ops),
+        dtypes=matmul_q_typing.LO_DENSE_DTYPES)
+  except matmul_q_typing.MatmulQTypeError as e:
+    return [str(e)], None
+  return [], TensorType(tuple(shape), _DTYPE_NAMES.get(dtype.name, dtype.name))
+
+
+def _matmul_q_operands(ops, attrs=None) -> list[str]:
+  return _matmul_q_type(ops, attrs)[0]
 
 
 def _check_matmul_q(ops, res, attrs=None):
-  (x, q, *_), (y,) = ops, res
-  errs = _matmul_q_operands(ops, attrs)
-  if errs:
-    return errs
-  want = dotdims.result_shape(x.shape, dense_shape(q), matmul_q_dims(attrs, len(x.shape)))
-  if y.dtype != "f32" or y.shape != want:
-    errs.append(f"result must be f32[{','.join(map(str, want))}], got {y}")
+  (y,) = res
+  errs, want = _matmul_q_type(ops, attrs)
+  if not errs and y != want:
+    errs.append(f"result must be {want}, got {y}")
   return errs
 
 

@@ -41,8 +41,9 @@ def _dequantize(prim, qx):
 
 @register_to_lojax(MatmulQ)
 def _matmul_q(prim, x, qw):
-  # a bf16/f16 x (hxmlir.types.qarray.DENSE_DTYPES) is converted to f32, exactly, before the
-  # composite: hx.matmul_q's contract is f32 x, so every kernel takes it as it is
+  # a bf16/f16 x (hxmlir.types.matmul_q_typing.DENSE_DTYPES) is converted to f32, exactly,
+  # before the composite: hx.matmul_q's contract is f32 x (LO_DENSE_DTYPES), so every kernel
+  # takes it as it is
   x = jax.lax.convert_element_type(x, F32)
   return hx_matmul_q_p.bind(x, *qw.components, **prim.params)
 

@@ -45,7 +45,7 @@ from hxmlir.lowering import schema
 from hxmlir.lowering.primitives import hx_dequantize_p, hx_matmul_q_p
 from hxmlir.types import dotdims
 from hxmlir.types import shardings as shd
-from hxmlir.types.qarray import dense_dtype
+from hxmlir.types.matmul_q_typing import dense_dtype
 
 _F32 = np.dtype("float32")
 
@@ -98,7 +98,7 @@ def _fold(jaxpr: core.Jaxpr, memo: dict) -> tuple[core.Jaxpr, int]:
 
 def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> list[core.JaxprEqn] | None:
   """``hx_matmul_q(x, q, s)`` in place of ``dot`` (after a ``convert_element_type`` of a
-  bf16/f16 ``x`` to f32, as ``hx.matmul_q`` does: :data:`hxmlir.types.qarray.DENSE_DTYPES`), or
+  bf16/f16 ``x`` to f32, as ``hx.matmul_q`` does: :data:`hxmlir.types.matmul_q_typing.DENSE_DTYPES`), or
   ``None`` if it is not that contract."""
   params = dot.params
   if params.get("precision") is not None or params.get("out_sharding") is not None:

@@ -21,7 +21,8 @@ from opt_einsum.parser import parse_einsum_input
 
 from hxmlir import formats
 from hxmlir.types import shardings as shd
-from hxmlir.types.qarray import F32, MatmulQ, QArrayTy, dense_dtype
+from hxmlir.types.matmul_q_typing import dense_dtype
+from hxmlir.types.qarray import F32, MatmulQ, QArrayTy
 
 
 def einsum(subscripts: str, x, q) -> jax.Array:

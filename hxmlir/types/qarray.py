@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from hxmlir import _jax, formats
 from hxmlir import pallas as hx_pallas
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_tracer
-from hxmlir.types import dotdims
+from hxmlir.types import dotdims, matmul_q_typing
 from hxmlir.types import shardings as shd
 from hxmlir.types.hiprim import (
   DenseValuedType,
@@ -54,41 +54,10 @@ from hxmlir.types.hiprim import (
   value_refusals,
   zeros,
 )
+from hxmlir.types.matmul_q_typing import dense_dtype_hint
 
 F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
-
-DENSE_DTYPES = (F32, jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-"""The dtypes of the dense operand ``x`` that :func:`matmul_q` and :func:`hxmlir.types.einsum`
-accept: f32, and bf16/f16 activations, which the op converts to f32 (exactly) before its
-``hx.matmul_q`` composite, whose contract is f32 (``lowering/schema.py``); f32
-accumulation, result dtype :func:`matmul_q_dtype`. The one place that says it: the typing
-rule (:func:`matmul_q_result_type`), :func:`hxmlir.types.einsum` and the jaxpr stage of
-``hx-fold-scales`` ask :func:`dense_dtype`; the hi-to-lo rule converts what it let through."""
-
-
-def dense_dtype(aval) -> jnp.dtype | None:
-  """``aval``'s dtype when it is a dense operand :func:`matmul_q` accepts
-  (:data:`DENSE_DTYPES`), else ``None``."""
-  dtype = getattr(aval, "dtype", None) if isinstance(aval, ShapedArray) else None
-  return dtype if dtype in DENSE_DTYPES else None
-
-
-def matmul_q_dtype(x_dtype) -> jnp.dtype:
-  """The result dtype of a product of a dense ``x_dtype`` operand and a quantized one:
-  JAX's dot of ``x`` with the dequantized f32 weight (``jnp.result_type``): ``float32``."""
-  return jnp.result_type(x_dtype, F32)
-
-
-def dense_dtype_hint(aval) -> str:
-  """What an error about a refused dense operand ``aval`` suggests: for a floating array
-  of another dtype (``f64``), the conversion to f32 that makes it acceptable."""
-  dtype = getattr(aval, "dtype", None)
-  if (isinstance(aval, ShapedArray) and jnp.issubdtype(dtype, jnp.floating)
-      and dtype not in DENSE_DTYPES):
-    return "; convert it with .astype(jnp.float32)"
-  return ""
-
 
 @dataclass(frozen=True)
 class QArray:
@@ -531,6 +500,9 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
                          sig: str | None = None) -> ShapedArray:
   """Typing rule of ``matmul_q``: ``lax.dot_general(x, dequantize(q), dimension_numbers)``.
 
+  The shapes and dtypes are :func:`hxmlir.types.matmul_q_typing.result_type`'s (the rule the
+  lo primitive and the composite schema ask too); the shardings are checked here.
+
   ``dimension_numbers`` default (:func:`hxmlir.types.dotdims.matmul_dims`):
   ``f32[..., k] @ q8[k, n] -> f32[..., n]`` (any number of leading dims) and
   ``f32[*b, m, k] @ q8[*b, k, n] -> f32[*b, m, n]`` (equal ranks). The result has
@@ -545,24 +517,13 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
   sig = sig or f"{shd.short(x_aval)} @ {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy):
     raise TypeError(f"{who} expects a quantized right operand q8[k, n]: {sig}")
-  if dense_dtype(x_aval) is None:
-    raise TypeError(f"{who} expects a dense f32, bf16 or f16 operand: {sig}"
-                    f"{dense_dtype_hint(x_aval)}")
-  dims = dimension_numbers
-  if dims is None:
-    dims = dotdims.matmul_dims(x_aval.ndim, q_aval.ndim)
-    if dims is None:
-      raise TypeError(f"{who} expects f32[..., k] @ q8[k, n] or f32[*b, m, k] @ q8[*b, k, n] "
-                      f"of equal rank >= 2: {sig} (hx.einsum takes other layouts)")
-    (lc, rc), (lb, rb) = dims
-    if [x_aval.shape[d] for d in lb] != [q_aval.shape[d] for d in rb]:
-      raise TypeError(f"{who} batch dimensions differ: {sig}")
-    if x_aval.shape[lc[0]] != q_aval.shape[rc[0]]:
-      raise TypeError(f"{who} contracting dimensions differ "
-                      f"({x_aval.shape[lc[0]]} vs {q_aval.shape[rc[0]]}): {sig}")
-  problems = dotdims.problems(x_aval.shape, q_aval.shape, dims, q_aval.group is not None)
-  if problems:
-    raise TypeError(f"{who}: {sig}: {problems[0]}")
+  try:  # the rule of the types (:mod:`hxmlir.types.matmul_q_typing`), then the shardings
+    dims, shape, dtype = matmul_q_typing.result_type(
+        getattr(x_aval, "shape", ()), matmul_q_typing.dense_dtype(x_aval), q_aval.shape,
+        q_aval.group is not None, dimension_numbers, operands=sig,
+        dtype_hint=dense_dtype_hint(x_aval))
+  except matmul_q_typing.MatmulQTypeError as e:
+    raise TypeError(e.for_caller(who)) from None
   xp = shd.partitions(x_aval.sharding, x_aval.ndim)
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   if dotdims.sharded_contraction(xp, qp, dims):
@@ -579,8 +540,7 @@ def matmul_q_result_type(x_aval, q_aval, dimension_numbers=None, *, who: str | N
                     "(jax.sharding.reshard)")
   out_sharding = shd.with_partitions(shd.pick_mesh_sharding(x_aval.sharding, q_aval.sharding),
                                      parts)
-  return ShapedArray(dotdims.result_shape(x_aval.shape, q_aval.shape, dims),
-                     matmul_q_dtype(x_aval.dtype), sharding=out_sharding,
+  return ShapedArray(shape, dtype, sharding=out_sharding,
                      manual_axis_type=shd.join_mat(x_aval, q_aval))
 
 
@@ -940,9 +900,11 @@ def matmul_q(x, qw) -> jax.Array:
   leading dims: ``f32[b, s, d] @ q8[d, f]``), or ``f32[*b, m, k] @ q8[*b, k, n] ->
   f32[*b, m, n]`` with batched weights of equal rank.
 
-  ``x`` may be ``bf16`` or ``f16`` (activations, :data:`DENSE_DTYPES`): it is converted to
+  ``x`` may be ``bf16`` or ``f16`` (activations,
+  :data:`~hxmlir.types.matmul_q_typing.DENSE_DTYPES`): it is converted to
   f32 (exactly) inside the op, which accumulates in f32 and returns what JAX's dot of
-  ``x`` with the dequantized f32 weight returns (:func:`matmul_q_dtype`: ``f32``); its
+  ``x`` with the dequantized f32 weight returns
+  (:func:`~hxmlir.types.matmul_q_typing.matmul_q_dtype`: ``f32``); its
   cotangent has ``x``'s dtype.
 
   Equals ``x @ dequantize(qw)``, computed with the per-row scales folded into

@@ -1,9 +1,10 @@
 """``hx_matmul_q_p``'s abstract eval and batching rule.
 
-The abstract eval types the result ``dot_general(x, dequantize(q, s[, o]), dims)``:
-``f32`` of :func:`hxmlir.types.dotdims.result_shape` of ``x``'s shape and the weight's
-dense shape, sharded rows like ``x`` and columns like the weight
-(:func:`hxmlir.types.dotdims.result_parts`). The batching rule moves a mapped axis to
+The abstract eval types the result ``dot_general(x, dequantize(q, s[, o]), dims)`` with
+``hx.matmul_q``'s typing rule (:func:`hxmlir.types.matmul_q_typing.result_type`, on ``x``
+and the weight's dense shape, ``x`` f32: :data:`~hxmlir.types.matmul_q_typing.LO_DENSE_DTYPES`;
+a ``TypeError`` naming the operand types otherwise), sharded rows like ``x`` and columns
+like the weight (:func:`hxmlir.types.dotdims.result_parts`). The batching rule moves a mapped axis to
 the front of each operand and folds it into the equation's ``dimension_numbers``
 (:func:`hxmlir.types.dotdims.batched`): under ``vmap`` the op stays one op.
 """
@@ -11,22 +12,30 @@ the front of each operand and folds it into the equation's ``dimension_numbers``
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax.experimental.hijax import ShapedArray
 from jax.interpreters import batching
 
-from hxmlir.lowering.primitives import dense_shape, f32_result, hx_matmul_q_p
-from hxmlir.types import dotdims
+from hxmlir.lowering.primitives import dense_shape, hx_matmul_q_p
+from hxmlir.types import dotdims, matmul_q_typing
 from hxmlir.types import shardings as shd
 
 
 @hx_matmul_q_p.def_abstract_eval
 def _matmul_q_abstract_eval(x, q, s, *o, dimension_numbers=None):
-  dims = dimension_numbers or dotdims.v1_dims(x.ndim)
-  return f32_result(dotdims.result_shape(x.shape, dense_shape(q), dims),
-                    shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
-                                        dotdims.result_parts(shd.partitions(x.sharding, x.ndim),
-                                                             shd.partitions(q.sharding, q.ndim),
-                                                             dims)),
-                    x, q, s)
+  # o: the offsets of a format with one; the scales are per group when as deep as q
+  try:
+    dims, shape, dtype = matmul_q_typing.result_type(
+        x.shape, x.dtype, dense_shape(q), s.ndim == q.ndim,
+        dimension_numbers or dotdims.v1_dims(x.ndim), dtypes=matmul_q_typing.LO_DENSE_DTYPES,
+        operands=lambda: ", ".join(shd.short(a) for a in (x, q, s, *o)))
+  except matmul_q_typing.MatmulQTypeError as e:
+    raise TypeError(e.for_caller(hx_matmul_q_p.name)) from None
+  parts = dotdims.result_parts(shd.partitions(x.sharding, x.ndim),
+                               shd.partitions(q.sharding, q.ndim), dims)
+  return ShapedArray(shape, dtype,
+                     sharding=shd.with_partitions(shd.pick_mesh_sharding(x.sharding, q.sharding),
+                                                  parts),
+                     manual_axis_type=shd.join_mat(x, q, s))
 
 
 def _batch_matmul_q(args, dims, *, dimension_numbers=None):

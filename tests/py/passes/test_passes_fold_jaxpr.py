@@ -146,7 +146,7 @@ def test_dots_breaking_the_contract_on_dtype_are_left_alone(dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_half_precision_x_folds_with_a_convert(dtype):
   # the dot promotes a bf16/f16 x against the f32 weight; the stage writes the convert
-  # hx.matmul_q itself makes (hxmlir.types.qarray.DENSE_DTYPES), then the op
+  # hx.matmul_q itself makes (hxmlir.types.matmul_q_typing.DENSE_DTYPES), then the op
   x, qw = _data()
   xh = x.astype(dtype)
   new, n = fold_closed_jaxpr(_lo_jaxpr(dequant_dot, xh, qw))
