@@ -21,7 +21,7 @@ from opt_einsum.parser import parse_einsum_input
 
 from hxmlir import formats
 from hxmlir.types import shardings as shd
-from hxmlir.types.matmul_q_typing import dense_dtype
+from hxmlir.types.matmul_q_typing import dense_dtype, dtype_names
 from hxmlir.types.qarray import F32, MatmulQ, QArrayTy
 
 
@@ -57,7 +57,7 @@ def einsum(subscripts: str, x, q) -> jax.Array:
     x, q, x_aval, q_aval = q, x, q_aval, x_aval
   sig = f"hx.einsum({subscripts!r}): {shd.short(x_aval)}, {shd.short(q_aval)}"
   if not isinstance(q_aval, QArrayTy) or isinstance(x_aval, QArrayTy):
-    raise TypeError(f"{sig}: expects one dense (f32, bf16 or f16) operand and one quantized "
+    raise TypeError(f"{sig}: expects one dense ({dtype_names()}) operand and one quantized "
                     f"operand ({formats.prefixes()})")
   if dense_dtype(x_aval) not in (None, F32):
     # bf16/f16 activations: in f32 from here on (exact), as jnp.einsum promotes them

@@ -93,7 +93,8 @@ class MatmulQTypeError(TypeError):
     return f"{who} {self.problem}: {self.operands}{self.hint}"
 
 
-def _dtype_names(dtypes: Sequence) -> str:
+def dtype_names(dtypes: Sequence = DENSE_DTYPES) -> str:
+  """``dtypes`` as messages name them: ``"f32, bf16 or f16"``."""
   names = [jnp.dtype(d).name.replace("float", "f") for d in dtypes]  # f32, bf16, f16
   return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
@@ -103,7 +104,7 @@ def check_dense_dtype(x_dtype, operands: str | Callable[[], str], dtypes: Sequen
   """Raises :class:`MatmulQTypeError` (kind ``"dtype"``) unless ``x_dtype`` (a dtype, or
   ``None`` for one that is no array dtype) is one of ``dtypes``."""
   if x_dtype is None or x_dtype not in dtypes:
-    raise MatmulQTypeError(f"expects a dense {_dtype_names(dtypes)} operand", operands,
+    raise MatmulQTypeError(f"expects a dense {dtype_names(dtypes)} operand", operands,
                            "dtype", hint)
 
 
