@@ -79,8 +79,8 @@ from hxmlir.types.tuples import (
 
 # isort: split
 # The lo primitives and every rule that lowers the types above: to_lojax rules
-# (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py and the
-# per-platform kernels). Imported here so ``import hxmlir`` is all a user needs.
+# (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py; hx.matmul_q's,
+# every platform's, in lowering/matmul_q/). Imported here so ``import hxmlir`` is all a user needs.
 from hxmlir import lowering as lowering  # noqa: E402
 from hxmlir.lowering.matmul_q.cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
 from hxmlir.lowering.matmul_q.cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
