@@ -392,7 +392,7 @@ class Llama:
     self.mesh = mesh
     self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
     self.tokenizer = None
-    self.traces = {"logits": 0, "prefill": 0, "step": 0}
+    self.traces = {"logits": 0, "prefill": 0, "step": 0, "greedy_step": 0}
     """How many times each jitted function has been traced (= compiled)."""
     proj = _proj if mesh is None else llama_sharding.projection(params, mesh)
     def counted(name, outs=slice(None)):
@@ -400,6 +400,10 @@ class Llama:
         self.traces[name] += 1
         return forward(*args, cfg=config, proj=proj)[outs]
       return fwd
+    def greedy(*args):  # the decode step and the argmax in one executable
+      self.traces["greedy_step"] += 1
+      logits, k, v = forward(*args, cfg=config, proj=proj)
+      return jnp.argmax(logits[-1:], axis=-1).astype(jnp.int32), k, v
     # on a mesh: the placement declared (lowered and exported alike), ids and logits
     # replicated (every process holds them), the caches kept where they are
     logits, step = {}, {}
@@ -414,6 +418,7 @@ class Llama:
     self._logits = _installed_for(kernels, jit(counted("logits", 0), **logits))
     self._prefill = _installed_for(kernels, jit(counted("prefill"), donate_argnums=(3, 4), **step))
     self._step = _installed_for(kernels, jit(counted("step"), donate_argnums=(3, 4), **step))
+    self._greedy_step = _installed_for(kernels, jit(greedy, donate_argnums=(3, 4), **step))
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
@@ -552,7 +557,8 @@ class Llama:
 
     The prompt is prefilled in one call; each further token is one call of the same
     compiled decode step (``T = 1``, the caches donated). ``temperature=0``: greedy
-    (argmax); otherwise sampling from ``softmax(logits / temperature)`` restricted to
+    (argmax, computed inside the step: only the token id comes back to the host);
+    otherwise sampling from ``softmax(logits / temperature)`` restricted to
     the ``top_k`` most likely tokens and then to the smallest set whose probability
     reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
     ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
@@ -571,15 +577,21 @@ class Llama:
     k, v = self.new_cache()
     logits, k, v = self._prefill(self.params, ids, np.int32(0), k, v)
     pos = ids.shape[0]
+    tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
     for n in range(max_tokens):
-      tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
       if tok == self.config.eos:
         return
       yield tok
       if n + 1 == max_tokens or pos >= self.max_context:
         return
-      logits, k, v = self._step(self.params, np.asarray([tok], np.int32),
-                                np.int32(pos), k, v)
+      if temperature == 0:  # the argmax on the device: only the id comes back
+        ids, k, v = self._greedy_step(self.params, np.asarray([tok], np.int32),
+                                      np.int32(pos), k, v)
+        tok = int(np.asarray(ids)[0])
+      else:
+        logits, k, v = self._step(self.params, np.asarray([tok], np.int32),
+                                  np.int32(pos), k, v)
+        tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
       pos += 1
 
 

@@ -99,7 +99,7 @@ def test_mesh_gives_one_devices_greedy_tokens(one, want, on_mesh, n):
   # 3 KV heads: split along positions (keys [kv, C, d], f32 values [kv, d, C])
   assert {a.sharding.spec for a in k} == {P(None, "i", None)}
   assert {a.sharding.spec for a in v} == {P(None, None, "i")}
-  assert m.traces["step"] == m.traces["prefill"] == 1
+  assert m.traces["greedy_step"] == m.traces["prefill"] == 1
 
 
 def test_decode_step_runs_each_composite_on_its_shard(on_mesh):
