@@ -111,8 +111,9 @@ def prompt_ids(m: llama.Llama, n: int) -> list[int]:
 
 class JaxEngine:
   """A :class:`hxmlir.models.llama.Llama` (quantized or dense params) driven token by token
-  through its own jitted prefill and decode step (``Llama._prefill``/``Llama._step``: the
-  functions :meth:`~hxmlir.models.llama.Llama.generate` calls), greedy, EOS ignored."""
+  through its own jitted prefill and greedy decode step (``Llama._prefill``/
+  ``Llama._greedy_step``: the functions :meth:`~hxmlir.models.llama.Llama.generate` calls
+  for ``temperature=0``), EOS ignored."""
 
   def __init__(self, m: llama.Llama, installed: bool):
     self.m, self.installed = m, installed
@@ -136,10 +137,10 @@ class JaxEngine:
     k, v = state
     out, tok = [], first
     with self._ctx():
-      for i in range(n):
-        logits, k, v = self.m._step(self.m.params, jnp.asarray([tok], jnp.int32),
-                                    jnp.int32(pos + i), k, v)
-        tok = int(np.argmax(np.asarray(logits)[-1]))
+      for i in range(n):  # Llama.generate's greedy step: the argmax inside, the id back
+        ids, k, v = self.m._greedy_step(self.m.params, jnp.asarray([tok], jnp.int32),
+                                        jnp.int32(pos + i), k, v)
+        tok = int(np.asarray(ids)[0])
         out.append(tok)
     return out
 

@@ -22,8 +22,8 @@ Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/models/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
-KV cache. ``k`` and ``v`` are ``f32[layers, max_context, kv_heads, head_dim]``
-(``kv_cache="f32"``) or ``q8[layers, max_context, kv_heads, head_dim]`` (``"int8"``: one
+KV cache. ``k`` and ``v`` are ``f32[layers, kv_heads, max_context, head_dim]``
+(``kv_cache="f32"``) or ``q8[layers, kv_heads, max_context, head_dim]`` (``"int8"``: one
 int8 row and one f32 absmax scale per (layer, position, head), quantized with
 :func:`hxmlir.quantize` as the row is written), allocated once per
 :meth:`Llama.generate`, written in place with ``lax.dynamic_update_slice`` (on each
@@ -243,37 +243,43 @@ def _proj(x, w, name=None):
   return jnp.einsum("...k,nk->...n", x, w)
 
 
-def _cache_write(cache, i: int, start, x):
-  """``cache`` (an f32 array, or a ``q8`` cache's components) with ``x: f32[T, kv, d]``
-  written at layer ``i``, positions ``start + [0, T)``; a ``q8`` cache gets ``x``
-  quantized per (position, head) row."""
+def _cache_write(cache, start, x, *, keys: bool):
+  """One layer's ``cache`` with ``x: f32[T, kv, d]`` written at positions ``start + [0,
+  T)``: keys ``f32[kv, C, d]``, values ``f32[kv, d, C]`` (:func:`attention` says why), or
+  either as ``q8[kv, C, d]`` with ``x`` quantized per (head, position) row."""
   zero = jnp.zeros((), jnp.int32)
-  if isinstance(cache, tuple):
-    return tuple(jax.lax.dynamic_update_slice(c, p[None], (jnp.int32(i), start,
-                                                           *[zero] * (p.ndim - 1)))
-                 for c, p in zip(cache, qarray_parts(quantize(x))))
-  return jax.lax.dynamic_update_slice(cache, x[None], (jnp.int32(i), start, zero, zero))
-
-
-def _cache_layer(cache, i: int):
-  """Layer ``i`` of a cache: ``f32[C, kv, d]`` or ``q8[C, kv, d]``."""
-  return make_qarray(*(c[i] for c in cache)) if isinstance(cache, tuple) else cache[i]
+  x = jnp.swapaxes(x, 0, 1)  # [kv, T, d]: T rows per head, a few KiB
+  if isinstance(jax.typeof(cache), QArrayTy):
+    return make_qarray(*(jax.lax.dynamic_update_slice(c, p, (zero, start, zero)[:p.ndim])
+                         for c, p in zip(qarray_parts(cache), qarray_parts(quantize(x)))))
+  if keys:
+    return jax.lax.dynamic_update_slice(cache, x, (zero, start, zero))
+  return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(x, 1, 2), (zero, zero, start))
 
 
 def attention(q, k, v, mask, *, scale: float):
-  """Grouped-query attention of ``q: f32[T, kv, g, d]`` over one layer's cache
-  ``k, v: f32[C, kv, d]`` or ``q8[C, kv, d]`` (rows quantized along ``d``) with
-  ``mask: bool[T, 1, 1, C]`` -> ``f32[T, kv, g, d]``.
+  """Grouped-query attention of ``q: f32[T, kv, g, d]`` over one layer's cache -- keys
+  ``k: f32[kv, C, d]`` and values ``v: f32[kv, d, C]``, or both ``q8[kv, C, d]`` (rows
+  quantized along ``d``) -- with ``mask: bool[T, 1, 1, C]`` -> ``f32[T, kv, g, d]``.
+
+  The f32 cache is laid out so that both products contract each operand's last axis with
+  the head as the leading batch dimension: XLA's CPU dot then reads K and V as they are
+  stored (keys position-major ``[C, kv, d]`` made it transpose every layer's K and V for
+  each token, 22% of SmolLM2's decode step; values ``[kv, C, d]`` make ``P . V`` 4.5x
+  slower than ``[kv, d, C]``; issue 28).
 
   On ``q8`` rows both products are :func:`hxmlir.types.einsum` on the int8 values: the scores
-  ``"tkgd,ckd->tkgc"`` contract the quantized axis, so each key row's scale multiplies
-  the result; ``"tkgc,ckd->tkgd"`` contracts positions, so each value row's scale
+  ``"tkgd,kcd->tkgc"`` contract the quantized axis, so each key row's scale multiplies
+  the result; ``"tkgc,kcd->tkgd"`` contracts positions, so each value row's scale
   multiplies the probabilities first. Both equal the products with the dequantized
   rows, up to f32 rounding."""
-  dot = einsum if isinstance(jax.typeof(k), QArrayTy) else jnp.einsum
-  s = dot("tkgd,ckd->tkgc", q, k) * scale
+  if isinstance(jax.typeof(k), QArrayTy):
+    s = einsum("tkgd,kcd->tkgc", q, k) * scale
+    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+    return einsum("tkgc,kcd->tkgd", jax.nn.softmax(s, axis=-1), v)
+  s = jnp.einsum("tkgd,kcd->tkgc", q, k) * scale
   s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-  return dot("tkgc,ckd->tkgd", jax.nn.softmax(s, axis=-1), v)
+  return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
 
 
 def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=_proj) -> list:
@@ -306,40 +312,37 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
   cache and to each other causally -> ``(f32[T, vocab], k_cache, v_cache)``. ``params``:
   :func:`params_of`'s tree (weights quantized as stored; each may also be a dense f32
-  array, as :func:`dequantized` gives, run with ``jnp.einsum``). The caches
-  ``f32[layers, C, kv_heads, head_dim]`` or ``q8[layers, C, kv_heads, head_dim]``
-  (:data:`KV_CACHES`) with rows ``start + [0, T)`` written.
+  array, as :func:`dequantized` gives, run with ``jnp.einsum``). The caches: a tuple of
+  one array per layer each, ``k_cache`` of ``f32[kv_heads, C, head_dim]`` and ``v_cache``
+  of ``f32[kv_heads, head_dim, C]``, or both of ``q8[kv_heads, C, head_dim]``
+  (:data:`KV_CACHES`; :meth:`Llama.new_cache`), returned with positions ``start + [0,
+  T)`` written.
   ``start`` is an i32 scalar (traced: one compilation per ``T`` and ``C``); the caller
   keeps ``start + T <= C``. ``proj(x, w, name)``: ``x @ w.T`` for the weight of key
   ``name`` (``"q"`` ... ``"down"``, ``"output"``); on a mesh,
   :func:`hxmlir.models.llama_sharding.projection`."""
-  t, c = ids.shape[0], k_cache.shape[1]
+  t, c = ids.shape[0], k_cache[0].shape[1]
   hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
   positions = start + jnp.arange(t, dtype=jnp.int32)
   mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
-  quantized = isinstance(jax.typeof(k_cache), QArrayTy)
-  if quantized:  # carried as components through the layers, one q8 again at the end
-    k_cache, v_cache = qarray_parts(k_cache), qarray_parts(v_cache)
+  k_out, v_out = [], []
   x = _embed(params["embed"], ids)
   for i, p in enumerate(params["layers"]):
     h = rms_norm(x, p["attn_norm"], cfg.rms_eps)
     q, k, v = _projs(h, p, "qkv", (cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd), proj)
     q = rope(q.reshape(t, cfg.heads, hd), positions, cfg.rope_base)
     k = rope(k.reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
-    v = v.reshape(t, cfg.kv_heads, hd)
-    k_cache = _cache_write(k_cache, i, start, k)
-    v_cache = _cache_write(v_cache, i, start, v)
-    a = attention(q.reshape(t, cfg.kv_heads, g, hd), _cache_layer(k_cache, i),
-                  _cache_layer(v_cache, i), mask, scale=scale)
+    k_out.append(_cache_write(k_cache[i], start, k, keys=True))
+    v_out.append(_cache_write(v_cache[i], start, v.reshape(t, cfg.kv_heads, hd), keys=False))
+    a = attention(q.reshape(t, cfg.kv_heads, g, hd), k_out[i], v_out[i], mask, scale=scale)
     x = x + proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
     gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)
     x = x + proj(jax.nn.silu(gate) * up, p["down"], "down")
   x = rms_norm(x, params["norm"], cfg.rms_eps)
-  if quantized:
-    k_cache, v_cache = make_qarray(*k_cache), make_qarray(*v_cache)
-  return proj(x, params.get("output", params["embed"]), "output"), k_cache, v_cache
+  logits = proj(x, params.get("output", params["embed"]), "output")
+  return logits, tuple(k_out), tuple(v_out)
 
 
 def _installed_for(kernels: bool | None, fn):
@@ -389,7 +392,7 @@ class Llama:
     self.mesh = mesh
     self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
     self.tokenizer = None
-    self.traces = {"logits": 0, "prefill": 0, "step": 0}
+    self.traces = {"logits": 0, "prefill": 0, "step": 0, "greedy_step": 0}
     """How many times each jitted function has been traced (= compiled)."""
     proj = _proj if mesh is None else llama_sharding.projection(params, mesh)
     def counted(name, outs=slice(None)):
@@ -397,14 +400,17 @@ class Llama:
         self.traces[name] += 1
         return forward(*args, cfg=config, proj=proj)[outs]
       return fwd
+    def greedy(*args):  # the decode step and the argmax in one executable
+      self.traces["greedy_step"] += 1
+      logits, k, v = forward(*args, cfg=config, proj=proj)
+      return jnp.argmax(logits[-1:], axis=-1).astype(jnp.int32), k, v
     # on a mesh: the placement declared (lowered and exported alike), ids and logits
     # replicated (every process holds them), the caches kept where they are
     logits, step = {}, {}
     if mesh is not None:
-      rep, cache = llama_sharding.replicated(mesh), self._cache_sharding(max_context)
+      rep, (ks, vs) = llama_sharding.replicated(mesh), self._cache_sharding(max_context)
       logits = {"in_shardings": (shardings, rep, rep, None, None), "out_shardings": rep}
-      step = {"in_shardings": (shardings, rep, rep, cache, cache),
-              "out_shardings": (rep, cache, cache)}
+      step = {"in_shardings": (shardings, rep, rep, ks, vs), "out_shardings": (rep, ks, vs)}
     # one device: hx.jit (the weights cross the call as their arrays, JAX's C++ dispatch);
     # a mesh: jax.jit, whose shardings hx.jit does not take
     jit = jax.jit if mesh is not None else hx_jit
@@ -412,6 +418,7 @@ class Llama:
     self._logits = _installed_for(kernels, jit(counted("logits", 0), **logits))
     self._prefill = _installed_for(kernels, jit(counted("prefill"), donate_argnums=(3, 4), **step))
     self._step = _installed_for(kernels, jit(counted("step"), donate_argnums=(3, 4), **step))
+    self._greedy_step = _installed_for(kernels, jit(greedy, donate_argnums=(3, 4), **step))
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
@@ -451,27 +458,35 @@ class Llama:
     return cls.from_gguf(smollm2_path(), **kw)
 
   def new_cache(self, positions: int | None = None):
-    """Zeroed ``(k, v)`` of ``positions`` (default :attr:`max_context`) positions:
-    ``f32[layers, positions, kv_heads, head_dim]`` each, or for ``kv_cache="int8"``
-    ``q8[layers, positions, kv_heads, head_dim]`` (zero values, zero scales); on a mesh
-    placed by :func:`~hxmlir.models.llama_sharding.cache_spec`."""
+    """Zeroed ``(k, v)`` of ``positions`` (default :attr:`max_context`) positions, each a
+    tuple of one array per layer: ``k`` of ``f32[kv_heads, positions, head_dim]`` and
+    ``v`` of ``f32[kv_heads, head_dim, positions]`` (:func:`attention` says why), or for
+    ``kv_cache="int8"`` both of ``q8[kv_heads, positions, head_dim]`` (zero values, zero
+    scales); on a mesh placed by :func:`~hxmlir.models.llama_sharding.cache_spec`."""
     c = self.config
     positions = self.max_context if positions is None else positions
-    shape = (c.layers, positions, c.kv_heads, c.head_dim)
-    s = self._cache_sharding(positions)
+    ks, vs = self._cache_sharding(positions)
     if self.kv_cache == "int8":
-      def new():
+      shape = (c.kv_heads, positions, c.head_dim)
+      def new(s):
         q = make_qarray(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
         return q if s is None else jax.device_put(q, s)
-    else:
-      new = lambda: jnp.zeros(shape, jnp.float32, device=s)
-    return new(), new()
+      return tuple(new(s) for s in ks), tuple(new(s) for s in vs)
+    k_shape = (c.kv_heads, positions, c.head_dim)
+    v_shape = (c.kv_heads, c.head_dim, positions)
+    return (tuple(jnp.zeros(k_shape, jnp.float32, device=s) for s in ks),
+            tuple(jnp.zeros(v_shape, jnp.float32, device=s) for s in vs))
 
-  def _cache_sharding(self, positions: int):
+  def _cache_sharding(self, positions: int) -> tuple[tuple, tuple]:
+    """The shardings of :meth:`new_cache`'s ``k`` and ``v`` layers (``None`` each off a
+    mesh)."""
+    layers = self.config.layers
     if self.mesh is None:
-      return None
-    return jax.sharding.NamedSharding(self.mesh, llama_sharding.cache_spec(
-        self.config.kv_heads, positions, self.mesh))
+      return (None,) * layers, (None,) * layers
+    def of(layout):
+      spec = llama_sharding.cache_spec(self.config.kv_heads, positions, self.mesh, layout)
+      return (jax.sharding.NamedSharding(self.mesh, spec),) * layers
+    return of("kcd"), of("kcd" if self.kv_cache == "int8" else "kdc")
 
   def cache_bytes_per_token(self) -> int:
     """Device bytes of K and V for one position, all layers: ``2 * layers * kv_heads *
@@ -543,7 +558,8 @@ class Llama:
 
     The prompt is prefilled in one call; each further token is one call of the same
     compiled decode step (``T = 1``, the caches donated). ``temperature=0``: greedy
-    (argmax); otherwise sampling from ``softmax(logits / temperature)`` restricted to
+    (argmax, computed inside the step: only the token id comes back to the host);
+    otherwise sampling from ``softmax(logits / temperature)`` restricted to
     the ``top_k`` most likely tokens and then to the smallest set whose probability
     reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
     ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
@@ -562,15 +578,21 @@ class Llama:
     k, v = self.new_cache()
     logits, k, v = self._prefill(self.params, ids, np.int32(0), k, v)
     pos = ids.shape[0]
+    tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
     for n in range(max_tokens):
-      tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
       if tok == self.config.eos:
         return
       yield tok
       if n + 1 == max_tokens or pos >= self.max_context:
         return
-      logits, k, v = self._step(self.params, np.asarray([tok], np.int32),
-                                np.int32(pos), k, v)
+      if temperature == 0:  # the argmax on the device: only the id comes back
+        ids, k, v = self._greedy_step(self.params, np.asarray([tok], np.int32),
+                                      np.int32(pos), k, v)
+        tok = int(np.asarray(ids)[0])
+      else:
+        logits, k, v = self._step(self.params, np.asarray([tok], np.int32),
+                                  np.int32(pos), k, v)
+        tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
       pos += 1
 
 

@@ -27,7 +27,7 @@ groups, over 4 or 8 it would cut a group (18 groups of 32 do not split 4 ways): 
 weight is replicated here, and placing it so by hand stays the type's ``TypeError``
 (:func:`hxmlir.formats.split_problem`, the one rule of the types and ``hx-verify``).
 
-KV cache (:func:`cache_spec`, ``f32[layers, C, kv_heads, head_dim]``): split along its
+KV cache (:func:`cache_spec`; per layer, keys ``f32[kv_heads, C, head_dim]``): split along its
 heads when ``n`` divides ``kv_heads`` (then attention is local to each device); else along
 its positions ``C`` when ``n`` divides ``C``; else replicated. SmolLM2 has 3 KV heads, which
 2, 4 or 8 devices do not divide, so there the cache splits along positions: each device
@@ -209,17 +209,21 @@ def projection(params: dict[str, Any], mesh: Mesh) -> Callable:
   return lambda x, w, name: tp_einsum(x, w, specs[name], mesh)
 
 
-def cache_spec(kv_heads: int, max_context: int, mesh: Mesh) -> PartitionSpec:
-  """The partition spec of a KV cache ``f32[layers, max_context, kv_heads, head_dim]`` on
-  ``mesh``: along heads when the mesh's ``n`` devices divide ``kv_heads``, else along
-  positions when they divide ``max_context``, else replicated (why: the module's
-  docstring)."""
+def cache_spec(kv_heads: int, max_context: int, mesh: Mesh,
+               layout: str = "kcd") -> PartitionSpec:
+  """The partition spec of one layer of a KV cache on ``mesh``: ``layout`` ``"kcd"`` for
+  ``f32[kv_heads, max_context, head_dim]`` (keys, and ``q8`` values), ``"kdc"`` for
+  ``f32[kv_heads, head_dim, max_context]`` (f32 values). Along heads when the mesh's
+  ``n`` devices divide ``kv_heads``, else along positions when they divide
+  ``max_context``, else replicated (why: the module's docstring). Raises
+  ``ValueError`` for another ``layout``."""
+  if layout not in ("kcd", "kdc"):
+    raise ValueError(f"layout={layout!r}: expected 'kcd' or 'kdc'")
   axis, ways = mesh.axis_names[0], mesh.devices.size
-  if kv_heads % ways == 0:
-    return PartitionSpec(None, None, axis, None)
-  if max_context % ways == 0:
-    return PartitionSpec(None, axis, None, None)
-  return PartitionSpec()
+  split = "k" if kv_heads % ways == 0 else "c" if max_context % ways == 0 else None
+  if split is None:
+    return PartitionSpec()
+  return PartitionSpec(*(axis if a == split else None for a in layout))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -95,9 +95,11 @@ def test_mesh_gives_one_devices_greedy_tokens(one, want, on_mesh, n):
   assert layer["down"].scale.addressable_shards[0].data.shape == (576, 48 // n)
   got = list(m.generate(one[1], TOKENS))
   assert got == want
-  k, _ = m.new_cache()
-  assert k.sharding.spec == P(None, "i", None, None)  # 3 KV heads: split along positions
-  assert m.traces["step"] == m.traces["prefill"] == 1
+  k, v = m.new_cache()
+  # 3 KV heads: split along positions (keys [kv, C, d], f32 values [kv, d, C])
+  assert {a.sharding.spec for a in k} == {P(None, "i", None)}
+  assert {a.sharding.spec for a in v} == {P(None, None, "i")}
+  assert m.traces["greedy_step"] == m.traces["prefill"] == 1
 
 
 def test_decode_step_runs_each_composite_on_its_shard(on_mesh):
@@ -142,9 +144,13 @@ def test_placement_on_8_devices_and_other_head_counts(one):
   assert layer["o"] == P()  # 18 groups of 32 do not split 8 ways: replicated
   assert layer["down"] == P(None, "i")  # 48 groups: 6 per device
   assert layer["qkv"] == layer["gate_up"] == P("i", None) and s["embed"].spec == P("i", None)
-  assert ls.cache_spec(3, 32, mesh8) == P(None, "i", None, None)
+  assert ls.cache_spec(3, 32, mesh8) == P(None, "i", None)
+  assert ls.cache_spec(3, 32, mesh8, "kdc") == P(None, None, "i")
   assert ls.cache_spec(3, 30, mesh8) == P()  # neither heads nor positions split 8 ways
-  assert ls.cache_spec(3, 32, _mesh(3)) == P(None, None, "i", None)  # one KV head each
+  assert ls.cache_spec(3, 32, _mesh(3)) == P("i", None, None)  # one KV head each
+  assert ls.cache_spec(3, 32, _mesh(3), "kdc") == P("i", None, None)
+  with pytest.raises(ValueError, match="layout='ckd': expected 'kcd' or 'kdc'"):
+    ls.cache_spec(3, 32, _mesh(3), "ckd")
 
 
 def test_placing_a_weight_by_hand_across_a_group_is_a_type_error(one):
