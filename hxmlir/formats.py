@@ -188,6 +188,27 @@ def prefixes() -> str:
   return ", ".join(names[:-1]) + " or " + names[-1]
 
 
+def components_text(lead: str = "*l", dtype_name=None) -> str:
+  """The formats' components for messages, from :data:`FORMATS`: each printed name with its
+  stored values and its scales' dtypes, then the scales' shapes (``"q8: i8[*l, n] values,
+  f32 or f16 scales; q4: ui8[*l, n/2] int4 pairs, f32 or f16 scales; ...; u4o: ui8[*l, n/2]
+  uint4 pairs, f32 or f16 scales and offsets; ...; scales [*l] per row or [*l, n/g] per
+  group of g"``). ``lead`` spells the leading dims; ``dtype_name`` spells a numpy dtype
+  (default: as MLIR does, ``ui8``; the types' messages pass JAX's short names)."""
+  kinds: dict = {}
+  for f in FORMATS.values():
+    kinds.setdefault((f.prefix, f.storage_dtype, f.offset), []).append(f)
+  out = []
+  for (prefix, _, offset), fs in kinds.items():
+    f = fs[0]
+    values = (f"{dtype_name(f.storage_dtype) if dtype_name else f.mlir}[{lead}, "
+              + ("n] values" if f.pack == 1 else f"n/{f.pack}] {f.value_dtype.name} pairs"))
+    scales = " or ".join(dict.fromkeys(dtype_name(g.scale_dtype) if dtype_name else g.scale_mlir
+                                       for g in fs))
+    out.append(f"{prefix}: {values}, {scales} scales{' and offsets' if offset else ''}")
+  return "; ".join(out) + f"; scales [{lead}] per row or [{lead}, n/g] per group of g"
+
+
 METHODS = ("absmax", "mse", "minmax")
 """``hx.quantize``'s scale methods (see :func:`hxmlir.lowering.reference.quantize`):
 ``"minmax"`` for formats with an offset, the others for the symmetric ones."""
@@ -303,6 +324,19 @@ def scale_shape(shape: Sequence[int], group: int | None) -> tuple[int, ...]:
   """The scale's shape for dense ``shape``: ``shape[:-1]`` per row, ``(*shape[:-1], n // g)``
   per group of ``g``."""
   return tuple(shape[:-1]) if group is None else (*shape[:-1], shape[-1] // group)
+
+
+def group_size(n: int, group: int | None) -> int:
+  """The elements per scale along a quantized axis of ``n``: ``group``, or ``n`` per row (a
+  per-row scale is one group of ``n``)."""
+  return n if group is None else group
+
+
+def scale_parts(parts: Sequence, group: int | None) -> tuple:
+  """The scale's per-axis entries (partition entries, shardings, axes) from the dense
+  value's ``parts``: all but the last per row, all of them per group (the group axis takes
+  the last axis's entry: groups are sharded like the elements they scale, never split)."""
+  return tuple(parts) if group is not None else tuple(parts)[:-1]
 
 
 def group_of(shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
