@@ -339,6 +339,12 @@ def scale_parts(parts: Sequence, group: int | None) -> tuple:
   return tuple(parts) if group is not None else tuple(parts)[:-1]
 
 
+def group_attribute(group: int | None) -> int:
+  """The ``group_size`` attribute of the composites and of the native kernels' calls that says
+  ``group``: ``g``, or ``0`` per row."""
+  return group or 0
+
+
 def group_of(shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
   """The group size that a scale of ``s_shape`` means for dense ``shape``: ``None`` (per
   row: ``s_shape == shape[:-1]``), ``g`` (``s_shape == (*shape[:-1], n // g)``), or a
@@ -466,6 +472,19 @@ def split_groups(x, group_size: int | None):
   if group_size is None:
     return x
   return x.reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
+
+
+def merge_groups(x, group_size: int | None):
+  """:func:`split_groups`' inverse: ``x: [*lead, n // g, g]`` as ``[*lead, n]`` (unchanged
+  for ``group_size=None``)."""
+  return x if group_size is None else x.reshape(*x.shape[:-2], -1)
+
+
+def as_groups(s, dense_shape: Sequence[int]):
+  """Scales (or offsets) ``s`` of values of ``dense_shape`` viewed per group:
+  ``[*lead, n // g]`` as they are, a per-row ``[*lead]`` as ``[*lead, 1]`` (one group of
+  ``n``, :func:`group_size`)."""
+  return s[..., None] if group_of_scale(dense_shape, s) is None else s
 
 
 def group_of_scale(dense_shape: Sequence[int], s) -> int | None:

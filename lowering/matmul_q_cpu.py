@@ -281,7 +281,7 @@ def matmul_q_native_v2(x, q, s):
                     + ("" if fmt is None else f": {group}"))
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[-1]), jnp.float32)
   return jax.ffi.ffi_call(TARGET_V2, out)(x, q, s, dtype=fmt.name, layout=fmt.layout,
-                                          group_size=np.int64(group or 0))
+                                          group_size=np.int64(formats.group_attribute(group)))
 
 
 def matmul_q_native_v3(x, q, s, o=None):
@@ -310,8 +310,9 @@ def matmul_q_native_v3(x, q, s, o=None):
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[0]), jnp.float32)
   operands = (x, q, s) if o is None else (x, q, s, o)
   return jax.ffi.ffi_call(TARGET_V3, out)(
-      *operands, dtype=fmt.value_dtype.name, layout=fmt.layout, group_size=np.int64(group or 0),
-      scale_dtype=fmt.scale_mlir, offset=bool(fmt.offset))
+      *operands, dtype=fmt.value_dtype.name, layout=fmt.layout,
+      group_size=np.int64(formats.group_attribute(group)), scale_dtype=fmt.scale_mlir,
+      offset=bool(fmt.offset))
 
 
 def native_call_problem(call_targets: Iterable[str]) -> str | None:

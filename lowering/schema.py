@@ -188,7 +188,7 @@ def format_attributes(fmt, group: int | None) -> dict[str, object]:
   or its name) with ``group`` (``None``: per row, written ``0``); for a format with f16
   scales or an offset, also ``scale_dtype`` and ``offset`` (:data:`OFFSET_FORMAT_ATTRIBUTES`)."""
   f = formats.lookup(fmt)
-  out = {"dtype": f.name, "group_size": group or 0, "layout": f.layout}
+  out = {"dtype": f.name, "group_size": formats.group_attribute(group), "layout": f.layout}
   if not f.legacy:
     out.update(scale_dtype=f.scale_mlir, offset=f.offset)
   return out

@@ -352,13 +352,12 @@ class QArrayTy(DenseValuedType, HiType):
     # them, one entry per group; the offset (u4o, q8o) as the scale; a BlockSpec has the
     # array's rank (a block type lacks its squeezed axes)
     r = len(self.shape) if rank is None else rank
-    grouped = self.group is not None
-    scale_axes = tuple(range(r if grouped else r - 1))
+    scale_axes = formats.scale_parts(range(r), self.group)
     # a format with an offset (u4o, q8o): the offsets are blocked exactly like the scale
     extra = 1 if self.format.offset else 0
     return dict(components=(tuple(range(r)),) + (scale_axes,) * (1 + extra),
                 divisors=(self.format.pack,) + (self.group or 1,) * (1 + extra),
-                structural=() if grouped else (r - 1,), group=self.group,
+                structural=tuple(a for a in range(r) if a not in scale_axes), group=self.group,
                 pack=self.format.pack)
 
   def _pallas_block_ty(self, shape) -> QArrayTy:
@@ -382,8 +381,7 @@ class QArrayTy(DenseValuedType, HiType):
     # the one rule: the values take the dense spec, the scales drop its last entry
     # (per row) or shard their group axis like the last axis (per group)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
-    return shd.spec_like(spec, parts), shd.spec_like(
-        spec, parts if self.group is not None else parts[:-1])
+    return shd.spec_like(spec, parts), shd.spec_like(spec, formats.scale_parts(parts, self.group))
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
@@ -829,7 +827,7 @@ def scale_tangent_weights(qvalue, group: int | None = None, fmt=None) -> jax.Arr
   at_top = (a == top) & (top > 0)
   count = jnp.sum(at_top, axis=-1, keepdims=True).astype(F32)
   w = jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
-  return w.reshape(*w.shape[:-2], -1) if group is not None else w
+  return formats.merge_groups(w, group)
 
 
 class QArrayParts(HxPrimitive):
