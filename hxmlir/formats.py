@@ -181,32 +181,42 @@ FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
 
+def prefix_names(where=None) -> list[str]:
+  """The formats' printed names, each once (f16 scales are an option of the same name), of
+  the formats ``where`` keeps (a predicate on :class:`Format`; default all), in
+  :data:`FORMATS`' order: ``["q8", "q4", "f8", "u4o", "q8o"]``."""
+  return list(dict.fromkeys(f.prefix for f in FORMATS.values() if where is None or where(f)))
+
+
 def prefixes() -> str:
   """The formats' printed names for messages, from :data:`FORMATS`: ``"q8, q4, f8, u4o
-  or q8o"`` (each once; f16 scales are an option of the same name)."""
-  names = list(dict.fromkeys(f.prefix for f in FORMATS.values()))
+  or q8o"`` (:func:`prefix_names`)."""
+  names = prefix_names()
   return ", ".join(names[:-1]) + " or " + names[-1]
 
 
-def components_text(lead: str = "*l", dtype_name=None) -> str:
+def components_text(lead: str = "*l", dtype_name=None, where=None, axis: str = "n") -> str:
   """The formats' components for messages, from :data:`FORMATS`: each printed name with its
   stored values and its scales' dtypes, then the scales' shapes (``"q8: i8[*l, n] values,
   f32 or f16 scales; q4: ui8[*l, n/2] int4 pairs, f32 or f16 scales; ...; u4o: ui8[*l, n/2]
   uint4 pairs, f32 or f16 scales and offsets; ...; scales [*l] per row or [*l, n/g] per
-  group of g"``). ``lead`` spells the leading dims; ``dtype_name`` spells a numpy dtype
-  (default: as MLIR does, ``ui8``; the types' messages pass JAX's short names)."""
+  group of g"``). ``lead`` spells the leading dims and ``axis`` the quantized one;
+  ``dtype_name`` spells a numpy dtype (default: as MLIR does, ``ui8``; the types' messages
+  pass JAX's short names); ``where`` (a predicate on :class:`Format`) keeps the formats a
+  kernel takes."""
   kinds: dict = {}
   for f in FORMATS.values():
-    kinds.setdefault((f.prefix, f.storage_dtype, f.offset), []).append(f)
+    if where is None or where(f):
+      kinds.setdefault((f.prefix, f.storage_dtype, f.offset), []).append(f)
   out = []
   for (prefix, _, offset), fs in kinds.items():
     f = fs[0]
-    values = (f"{dtype_name(f.storage_dtype) if dtype_name else f.mlir}[{lead}, "
-              + ("n] values" if f.pack == 1 else f"n/{f.pack}] {f.value_dtype.name} pairs"))
+    values = (f"{dtype_name(f.storage_dtype) if dtype_name else f.mlir}[{lead}, {axis}"
+              + ("] values" if f.pack == 1 else f"/{f.pack}] {f.value_dtype.name} pairs"))
     scales = " or ".join(dict.fromkeys(dtype_name(g.scale_dtype) if dtype_name else g.scale_mlir
                                        for g in fs))
     out.append(f"{prefix}: {values}, {scales} scales{' and offsets' if offset else ''}")
-  return "; ".join(out) + f"; scales [{lead}] per row or [{lead}, n/g] per group of g"
+  return "; ".join(out) + (f"; scales [{lead}] per row or [{lead}, {axis}/g] per group of g")
 
 
 METHODS = ("absmax", "mse", "minmax")

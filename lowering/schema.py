@@ -156,8 +156,8 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   wrong."""
   f = formats.of_storage(q.dtype)
   if f is None or not _rank_at_least(q, 1):
-    return (f"quantized values must be i8[..., n], got {q} (or ui8[..., n/2] int4 pairs, "
-            "f8E4M3FN[..., n])")
+    return (f"quantized values must be i8[..., n], got {q} (formats: "
+            f"{formats.components_text('...')})")
   dense = f.dense_shape(q.shape)
   group = formats.group_of(dense, s.shape)
   if isinstance(group, str):
@@ -167,8 +167,7 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   if full is None or (o is not None and (o.shape, o.dtype) != (s.shape, s.dtype)):
     offsets = "" if o is None else f", offsets {o}"
     return (f"values {q}, scale {s}{offsets}: no quantization format has these components "
-            "(f32 scales, or f16 for int8_f16, int4_f16, uint4_f16; uint4 values need "
-            "offsets of the scales' type)")
+            f"(formats: {formats.components_text('...')}; offsets of the scales' type)")
   problem = formats.check(full, dense, group)
   if problem:
     return f"values {q}, scale {s}: {problem}"

@@ -149,7 +149,8 @@ class QArray:
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
       "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
       "for the stored values and scales, and the offsets of a format with an offset "
-      "(u4o, q8o): (np.asarray(q.qvalue), np.asarray(q.scale)[, np.asarray(q.offset)])")
+      f"({', '.join(formats.prefix_names(lambda f: f.offset))}): (np.asarray(q.qvalue), "
+      "np.asarray(q.scale)[, np.asarray(q.offset)])")
 
 
 @dataclass(frozen=True)
@@ -429,7 +430,7 @@ register_hitype(QArray, _typeof_qarray)
 refuse_array_api(QArray, QArrayTy, "quantized array",
                  "call hx.matmul_q(x, q) or hx.einsum(spec, x, q) for a product, hx.dequantize(q) "
                  "for the dense f32 array, hx.qarray_parts(q) for its values and scales (and offsets: "
-                 "u4o, q8o)")
+                 f"{', '.join(formats.prefix_names(lambda f: f.offset))})")
 hx_pallas.register_type(QArrayTy)
 
 
