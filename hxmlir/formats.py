@@ -212,7 +212,8 @@ def components_text(lead: str = "*l", dtype_name=None, where=None, axis: str = "
   for (prefix, _, offset), fs in kinds.items():
     f = fs[0]
     values = (f"{dtype_name(f.storage_dtype) if dtype_name else f.mlir}[{lead}, {axis}"
-              + ("] values" if f.pack == 1 else f"/{f.pack}] {f.value_dtype.name} pairs"))
+              + ("] values" if f.pack == 1 else f"/{f.pack}] {f.value_dtype.name} "
+                 + ("pairs" if f.pack == 2 else f"values, {f.pack} per byte")))
     scales = " or ".join(dict.fromkeys(dtype_name(g.scale_dtype) if dtype_name else g.scale_mlir
                                        for g in fs))
     out.append(f"{prefix}: {values}, {scales} scales{' and offsets' if offset else ''}")
@@ -319,14 +320,17 @@ def check_method(fmt: Format, method: str) -> str | None:
     base = fmt.name.removesuffix("_f16")
     return (f"{fmt.name} has f16 scales, which come from checkpoints (hxmlir.gguf, "
             f"hx.make_qarray); quantize to {base!r} (f32 scales)")
+  # the formats hx.quantize makes with an offset: unsigned values, f32 scales (uint4)
+  minmax = [f.name for f in FORMATS.values() if f.offset and not f.signed and f.scale_dtype == F32]
   if fmt.offset and fmt.signed:
     return (f"{fmt.name} holds checkpoints' 5-bit values with an offset (GGUF's Q5_1, "
-            "Q5_K); quantize with an offset to 'uint4' (method='minmax')")
+            f"Q5_K); quantize with an offset to {' or '.join(map(repr, minmax))} "
+            "(method='minmax')")
   if fmt.offset != (method == "minmax"):
     if fmt.offset:
       return f"{fmt.name} has an offset: quantize it with method='minmax', got {method!r}"
     return (f"method='minmax' is asymmetric and needs a format with an offset "
-            f"(uint4), got dtype {fmt.name}")
+            f"({', '.join(minmax)}), got dtype {fmt.name}")
   return None
 
 
