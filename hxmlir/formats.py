@@ -14,7 +14,14 @@ format (``dtype``)  prints  values          stored as (lo component)    bytes/va
 Scales are ``f32``: one per row (``group_size=None``; scale ``f32[*lead]``) or one
 per ``g`` consecutive elements of the last axis (``group_size=g``, ``n % g == 0``;
 scale ``f32[*lead, n // g]``, printed ``q4[64,128:g32]``). The value is
-``values * scale`` broadcast per row or per group.
+``values * scale`` broadcast per row or per group. A per-row scale is one group of ``n``
+for the helpers below, so callers need no branch on ``group_size=None``:
+:func:`group_size` (``n`` per row), :func:`scale_shape`, :func:`scale_parts` (the
+scale's per-axis entries: its sharding drops the last axis per row, shards the group axis
+like the last per group), :func:`split_groups`/:func:`merge_groups`, :func:`as_groups`
+(a per-row scale viewed ``[*lead, 1]``), :func:`apply_scale`, :func:`sum_per_scale`;
+:func:`group_attribute` is the composites' ``group_size`` (``0`` per row). The types and
+the IR keep the per-row scale ``f32[*lead]``.
 
 Ranges: int8 and int4 are symmetric (``-2**(b-1)`` is never produced, as in
 LLM.int8(), Dettmers et al. 2022, and GPTQ/AWQ's symmetric mode); float8 e4m3fn's
