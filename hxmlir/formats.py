@@ -14,7 +14,14 @@ format (``dtype``)  prints  values          stored as (lo component)    bytes/va
 Scales are ``f32``: one per row (``group_size=None``; scale ``f32[*lead]``) or one
 per ``g`` consecutive elements of the last axis (``group_size=g``, ``n % g == 0``;
 scale ``f32[*lead, n // g]``, printed ``q4[64,128:g32]``). The value is
-``values * scale`` broadcast per row or per group.
+``values * scale`` broadcast per row or per group. A per-row scale is one group of ``n``
+for the helpers below, so callers need no branch on ``group_size=None``:
+:func:`group_size` (``n`` per row), :func:`scale_shape`, :func:`scale_parts` (the
+scale's per-axis entries: its sharding drops the last axis per row, shards the group axis
+like the last per group), :func:`split_groups`/:func:`merge_groups`, :func:`as_groups`
+(a per-row scale viewed ``[*lead, 1]``), :func:`apply_scale`, :func:`sum_per_scale`;
+:func:`group_attribute` is the composites' ``group_size`` (``0`` per row). The types and
+the IR keep the per-row scale ``f32[*lead]``.
 
 Ranges: int8 and int4 are symmetric (``-2**(b-1)`` is never produced, as in
 LLM.int8(), Dettmers et al. 2022, and GPTQ/AWQ's symmetric mode); float8 e4m3fn's
@@ -181,11 +188,43 @@ FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
 
+def prefix_names(where=None) -> list[str]:
+  """The formats' printed names, each once (f16 scales are an option of the same name), of
+  the formats ``where`` keeps (a predicate on :class:`Format`; default all), in
+  :data:`FORMATS`' order: ``["q8", "q4", "f8", "u4o", "q8o"]``."""
+  return list(dict.fromkeys(f.prefix for f in FORMATS.values() if where is None or where(f)))
+
+
 def prefixes() -> str:
   """The formats' printed names for messages, from :data:`FORMATS`: ``"q8, q4, f8, u4o
-  or q8o"`` (each once; f16 scales are an option of the same name)."""
-  names = list(dict.fromkeys(f.prefix for f in FORMATS.values()))
+  or q8o"`` (:func:`prefix_names`)."""
+  names = prefix_names()
   return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def components_text(lead: str = "*l", dtype_name=None, where=None, axis: str = "n") -> str:
+  """The formats' components for messages, from :data:`FORMATS`: each printed name with its
+  stored values and its scales' dtypes, then the scales' shapes (``"q8: i8[*l, n] values,
+  f32 or f16 scales; q4: ui8[*l, n/2] int4 pairs, f32 or f16 scales; ...; u4o: ui8[*l, n/2]
+  uint4 pairs, f32 or f16 scales and offsets; ...; scales [*l] per row or [*l, n/g] per
+  group of g"``). ``lead`` spells the leading dims and ``axis`` the quantized one;
+  ``dtype_name`` spells a numpy dtype (default: as MLIR does, ``ui8``; the types' messages
+  pass JAX's short names); ``where`` (a predicate on :class:`Format`) keeps the formats a
+  kernel takes."""
+  kinds: dict = {}
+  for f in FORMATS.values():
+    if where is None or where(f):
+      kinds.setdefault((f.prefix, f.storage_dtype, f.offset), []).append(f)
+  out = []
+  for (prefix, _, offset), fs in kinds.items():
+    f = fs[0]
+    values = (f"{dtype_name(f.storage_dtype) if dtype_name else f.mlir}[{lead}, {axis}"
+              + ("] values" if f.pack == 1 else f"/{f.pack}] {f.value_dtype.name} "
+                 + ("pairs" if f.pack == 2 else f"values, {f.pack} per byte")))
+    scales = " or ".join(dict.fromkeys(dtype_name(g.scale_dtype) if dtype_name else g.scale_mlir
+                                       for g in fs))
+    out.append(f"{prefix}: {values}, {scales} scales{' and offsets' if offset else ''}")
+  return "; ".join(out) + (f"; scales [{lead}] per row or [{lead}, {axis}/g] per group of g")
 
 
 METHODS = ("absmax", "mse", "minmax")
@@ -288,14 +327,17 @@ def check_method(fmt: Format, method: str) -> str | None:
     base = fmt.name.removesuffix("_f16")
     return (f"{fmt.name} has f16 scales, which come from checkpoints (hxmlir.gguf, "
             f"hx.make_qarray); quantize to {base!r} (f32 scales)")
+  # the formats hx.quantize makes with an offset: unsigned values, f32 scales (uint4)
+  minmax = [f.name for f in FORMATS.values() if f.offset and not f.signed and f.scale_dtype == F32]
   if fmt.offset and fmt.signed:
     return (f"{fmt.name} holds checkpoints' 5-bit values with an offset (GGUF's Q5_1, "
-            "Q5_K); quantize with an offset to 'uint4' (method='minmax')")
+            f"Q5_K); quantize with an offset to {' or '.join(map(repr, minmax))} "
+            "(method='minmax')")
   if fmt.offset != (method == "minmax"):
     if fmt.offset:
       return f"{fmt.name} has an offset: quantize it with method='minmax', got {method!r}"
     return (f"method='minmax' is asymmetric and needs a format with an offset "
-            f"(uint4), got dtype {fmt.name}")
+            f"({', '.join(minmax)}), got dtype {fmt.name}")
   return None
 
 
@@ -303,6 +345,25 @@ def scale_shape(shape: Sequence[int], group: int | None) -> tuple[int, ...]:
   """The scale's shape for dense ``shape``: ``shape[:-1]`` per row, ``(*shape[:-1], n // g)``
   per group of ``g``."""
   return tuple(shape[:-1]) if group is None else (*shape[:-1], shape[-1] // group)
+
+
+def group_size(n: int, group: int | None) -> int:
+  """The elements per scale along a quantized axis of ``n``: ``group``, or ``n`` per row (a
+  per-row scale is one group of ``n``)."""
+  return n if group is None else group
+
+
+def scale_parts(parts: Sequence, group: int | None) -> tuple:
+  """The scale's per-axis entries (partition entries, shardings, axes) from the dense
+  value's ``parts``: all but the last per row, all of them per group (the group axis takes
+  the last axis's entry: groups are sharded like the elements they scale, never split)."""
+  return tuple(parts) if group is not None else tuple(parts)[:-1]
+
+
+def group_attribute(group: int | None) -> int:
+  """The ``group_size`` attribute of the composites and of the native kernels' calls that says
+  ``group``: ``g``, or ``0`` per row."""
+  return group or 0
 
 
 def group_of(shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
@@ -432,6 +493,19 @@ def split_groups(x, group_size: int | None):
   if group_size is None:
     return x
   return x.reshape(*x.shape[:-1], x.shape[-1] // group_size, group_size)
+
+
+def merge_groups(x, group_size: int | None):
+  """:func:`split_groups`' inverse: ``x: [*lead, n // g, g]`` as ``[*lead, n]`` (unchanged
+  for ``group_size=None``)."""
+  return x if group_size is None else x.reshape(*x.shape[:-2], -1)
+
+
+def as_groups(s, dense_shape: Sequence[int]):
+  """Scales (or offsets) ``s`` of values of ``dense_shape`` viewed per group:
+  ``[*lead, n // g]`` as they are, a per-row ``[*lead]`` as ``[*lead, 1]`` (one group of
+  ``n``, :func:`group_size`)."""
+  return s[..., None] if group_of_scale(dense_shape, s) is None else s
 
 
 def group_of_scale(dense_shape: Sequence[int], s) -> int | None:

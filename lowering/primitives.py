@@ -78,8 +78,8 @@ def dense_shape(q) -> tuple[int, ...]:
 @hx_quantize_p.def_abstract_eval
 def _quantize_abstract_eval(x, *, fmt="int8", group_size=None, method="absmax"):
   p, f = _parts(x), formats.lookup(fmt)
-  sp = p if group_size is not None else p[:-1]
-  scale = _arr(formats.scale_shape(x.shape, group_size), f.scale_dtype, x.sharding, sp, x)
+  scale = _arr(formats.scale_shape(x.shape, group_size), f.scale_dtype, x.sharding,
+               formats.scale_parts(p, group_size), x)
   return [_arr(f.storage_shape(x.shape), f.storage_dtype, x.sharding, p, x),
           scale] + ([scale] if f.offset else [])  # a format with an offset: (q, s, o)
 

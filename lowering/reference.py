@@ -202,10 +202,8 @@ def matmul_offset(x, dense_shape, o, dimension_numbers):
   dims = dimension_numbers
   (lc, rc), (lb, rb) = dims
   r = len(dense_shape) - 1
-  n = dense_shape[-1]
-  if o.ndim == r:  # per row: one group of n
-    o = o[..., None]
-  g = n // o.shape[-1]
+  g = formats.group_size(dense_shape[-1], formats.group_of_scale(dense_shape, o))
+  o = formats.as_groups(o, dense_shape)  # per row: one group of n
   if r in rc:
     xa = lc[rc.index(r)]
     xs = x.reshape(*x.shape[:xa], x.shape[xa] // g, g, *x.shape[xa + 1:]).sum(axis=xa + 1)

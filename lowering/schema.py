@@ -169,8 +169,8 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   wrong."""
   f = formats.of_storage(q.dtype)
   if f is None or not _rank_at_least(q, 1):
-    return (f"quantized values must be i8[..., n], got {q} (or ui8[..., n/2] int4 pairs, "
-            "f8E4M3FN[..., n])")
+    return (f"quantized values must be i8[..., n], got {q} (formats: "
+            f"{formats.components_text('...')})")
   dense = f.dense_shape(q.shape)
   group = formats.group_of(dense, s.shape)
   if isinstance(group, str):
@@ -180,8 +180,7 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   if full is None or (o is not None and (o.shape, o.dtype) != (s.shape, s.dtype)):
     offsets = "" if o is None else f", offsets {o}"
     return (f"values {q}, scale {s}{offsets}: no quantization format has these components "
-            "(f32 scales, or f16 for int8_f16, int4_f16, uint4_f16; uint4 values need "
-            "offsets of the scales' type)")
+            f"(formats: {formats.components_text('...')}; offsets of the scales' type)")
   problem = formats.check(full, dense, group)
   if problem:
     return f"values {q}, scale {s}: {problem}"
@@ -201,7 +200,7 @@ def format_attributes(fmt, group: int | None) -> dict[str, object]:
   or its name) with ``group`` (``None``: per row, written ``0``); for a format with f16
   scales or an offset, also ``scale_dtype`` and ``offset`` (:data:`OFFSET_FORMAT_ATTRIBUTES`)."""
   f = formats.lookup(fmt)
-  out = {"dtype": f.name, "group_size": group or 0, "layout": f.layout}
+  out = {"dtype": f.name, "group_size": formats.group_attribute(group), "layout": f.layout}
   if not f.legacy:
     out.update(scale_dtype=f.scale_mlir, offset=f.offset)
   return out

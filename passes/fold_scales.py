@@ -769,9 +769,9 @@ def _format_shardings(dot, m: _Dequant, x: ir.Value, perm: list[int], attrs: dic
     if shardings.dim_sharding(q_sh, qr) is None:
       return None
     ts = shardings.as_tensor_sharding(q_sh)
-    grouped = ir.RankedTensorType(m.s.type).rank == qr
+    # the values' entries the scale has (formats.scale_parts): all but the last per row
     s_sh = sdy.TensorShardingAttr.get(
-        ts.mesh_or_ref, list(ts.dimension_shardings)[:qr if grouped else qr - 1])
+        ts.mesh_or_ref, list(ts.dimension_shardings)[:ir.RankedTensorType(m.s.type).rank])
   dot_sh = _result_sharding(dot)
   y_sh = dot_sh
   if dot_sh is not None and perm != sorted(perm):

@@ -265,7 +265,9 @@ def _check_whole_groups(op: ir.Operation, spec: schema.OpSchema, attrs=None) -> 
   if isinstance(fmt, str):  # reported by the type check
     return []
   f, group, dense = fmt
-  carriers = [(iq, q_t)] + ([(i_s, s_t)] if group is not None else [])
+  # the components whose last axis is the quantized one: the values, and a group scale
+  # (formats.scale_parts: a row scale lacks that axis)
+  carriers = [(i, t) for i, t in ((iq, q_t), (i_s, s_t)) if len(t.shape) == len(q_t.shape)]
   seen = set()
   for i, t in carriers:
     attr = (shardings.result_sharding_attr(op, i) if what == "result"

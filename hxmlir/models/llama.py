@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hxmlir import formats
 from hxmlir.install_state import is_installed, use_kernels
 from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.integration.installation import installed
@@ -469,7 +470,8 @@ class Llama:
     if self.kv_cache == "int8":
       shape = (c.kv_heads, positions, c.head_dim)
       def new(s):
-        q = make_qarray(jnp.zeros(shape, jnp.int8), jnp.zeros(shape[:-1], jnp.float32))
+        q = make_qarray(jnp.zeros(shape, jnp.int8),
+                        jnp.zeros(formats.scale_shape(shape, None), jnp.float32))
         return q if s is None else jax.device_put(q, s)
       return tuple(new(s) for s in ks), tuple(new(s) for s in vs)
     k_shape = (c.kv_heads, positions, c.head_dim)

@@ -118,7 +118,8 @@ class QArray:
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
       "np.asarray(hx.dequantize(q)) for the dense f32 values, or hx.qarray_parts(q) "
       "for the stored values and scales, and the offsets of a format with an offset "
-      "(u4o, q8o): (np.asarray(q.qvalue), np.asarray(q.scale)[, np.asarray(q.offset)])")
+      f"({', '.join(formats.prefix_names(lambda f: f.offset))}): (np.asarray(q.qvalue), "
+      "np.asarray(q.scale)[, np.asarray(q.offset)])")
 
 
 @dataclass(frozen=True)
@@ -321,13 +322,12 @@ class QArrayTy(DenseValuedType, HiType):
     # them, one entry per group; the offset (u4o, q8o) as the scale; a BlockSpec has the
     # array's rank (a block type lacks its squeezed axes)
     r = len(self.shape) if rank is None else rank
-    grouped = self.group is not None
-    scale_axes = tuple(range(r if grouped else r - 1))
+    scale_axes = formats.scale_parts(range(r), self.group)
     # a format with an offset (u4o, q8o): the offsets are blocked exactly like the scale
     extra = 1 if self.format.offset else 0
     return dict(components=(tuple(range(r)),) + (scale_axes,) * (1 + extra),
                 divisors=(self.format.pack,) + (self.group or 1,) * (1 + extra),
-                structural=() if grouped else (r - 1,), group=self.group,
+                structural=tuple(a for a in range(r) if a not in scale_axes), group=self.group,
                 pack=self.format.pack)
 
   def _pallas_block_ty(self, shape) -> QArrayTy:
@@ -351,8 +351,7 @@ class QArrayTy(DenseValuedType, HiType):
     # the one rule: the values take the dense spec, the scales drop its last entry
     # (per row) or shard their group axis like the last axis (per group)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
-    return shd.spec_like(spec, parts), shd.spec_like(
-        spec, parts if self.group is not None else parts[:-1])
+    return shd.spec_like(spec, parts), shd.spec_like(spec, formats.scale_parts(parts, self.group))
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
@@ -367,7 +366,7 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
     if is_hi_level_tracer(q.offset) or any(is_hi_level_tracer(c) for c in q.components):
       raise TypeError("hx.QArray(qvalue, scale, offset) built from traced arrays inside "
                       "jit/grad/vmap/scan; use hx.make_qarray(qvalue, scale, offset) there")
-    return _concrete_qarray_type_offset(qty, sty, oty)
+    return _concrete_qarray_type(qty, sty, oty)
   if isinstance(qty, _jax.AbstractRef):  # the components of a q8 ref inside a Pallas kernel
     return QArrayTy(qty.shape, qty.inner_aval.sharding, qty.inner_aval.mat)  # (q8 only)
   if is_hi_level_tracer(q.qvalue) or is_hi_level_tracer(q.scale):
@@ -382,25 +381,17 @@ def _typeof_qarray(q: QArray) -> QArrayTy:
 
 
 @functools.lru_cache(maxsize=4096)
-def _concrete_qarray_type(qty, sty) -> QArrayTy:
+def _concrete_qarray_type(qty, sty, oty=None) -> QArrayTy:
   # JAX asks for the type of every QArray argument three times per call of a jitted
   # function (its Python dispatch path for hi values); a model's step takes dozens of
-  # them, so the type is computed once per pair of component types
-  fmt = formats.of_storage(qty.dtype)
-  if (fmt is None or formats.of_components(qty.dtype, sty.dtype, False) is None or qty.ndim < 1
-      or isinstance(formats.group_of(fmt.dense_shape(qty.shape), sty.shape), str)):
-    raise TypeError("hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got "
-                    f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)} (other formats: "
-                    "ui8[*lead, n/2] int4 pairs or f8E4M3FN[*lead, n] values, "
-                    "f32[*lead, n/g] group scales)")
+  # them, so the type is computed once per set of component types
+  if _format_of(qty, sty, oty) is None:
+    comps = f"qvalue: {shd.short(qty)}, scale: {shd.short(sty)}" + \
+        ("" if oty is None else f", offset: {shd.short(oty)}")
+    raise TypeError(f"hx.QArray needs qvalue: i8[*lead, n] and scale: f32[*lead], got {comps} "
+                    f"(formats: {formats.components_text('*lead', _dtype_name)})")
   # the scale's sharding and manual axes: make_qarray's rule, so the type agrees
   # with where the components live
-  return make_qarray_type(qty, sty, who="hx.QArray")
-
-
-@functools.lru_cache(maxsize=4096)
-def _concrete_qarray_type_offset(qty, sty, oty) -> QArrayTy:
-  # a format with an offset: make_qarray's rule, as for the pair
   return make_qarray_type(qty, sty, who="hx.QArray", o_aval=oty)
 
 
@@ -408,7 +399,7 @@ register_hitype(QArray, _typeof_qarray)
 refuse_array_api(QArray, QArrayTy, "quantized array",
                  "call hx.matmul_q(x, q) or hx.einsum(spec, x, q) for a product, hx.dequantize(q) "
                  "for the dense f32 array, hx.qarray_parts(q) for its values and scales (and offsets: "
-                 "u4o, q8o)")
+                 f"{', '.join(formats.prefix_names(lambda f: f.offset))})")
 hx_pallas.register_type(QArrayTy)
 
 
@@ -649,80 +640,85 @@ def _same_parts(a: tuple, b: tuple) -> bool:
   return tuple(map(norm, a)) == tuple(map(norm, b))
 
 
+def _format_of(q_aval, s_aval, o_aval=None) -> tuple[formats.Format, int | None] | None:
+  """``(format, group)`` of components ``qvalue``, ``scale`` and ``offset`` (``None``: a
+  format without), by :func:`hxmlir.formats.of_components` and
+  :func:`hxmlir.formats.group_of`, or ``None`` when no format has them (dtypes, ranks,
+  or a scale's shape that fits no group size)."""
+  comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
+  if not all(isinstance(c, ShapedArray) for c in comps) or q_aval.ndim < 1:
+    return None
+  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None)
+  if fmt is None:
+    return None
+  group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
+  return None if isinstance(group, str) else (fmt, group)
+
+
+def _dtype_name(dtype) -> str:
+  return shd.short(ShapedArray((), dtype))[:-2]  # i8[] -> i8: as the messages print types
+
+
 def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -> QArrayTy:
   """Typing rule of ``make_qarray``: ``i8[*l, n], f32[*l] -> q8[*l, n]``; every format's
-  components (:mod:`hxmlir.formats`): ``ui8[*l, n // 2]`` values -> ``q4``,
-  ``f8E4M3FN[*l, n]`` -> ``f8``, a scale ``f32[*l, n // g]`` -> groups of ``g``.
+  components (:mod:`hxmlir.formats`, read by :func:`hxmlir.formats.of_components`):
+  ``ui8[*l, n // 2]`` values -> ``q4``, ``f8E4M3FN[*l, n]`` -> ``f8``, a scale
+  ``f32[*l, n // g]`` -> groups of ``g``, f16 scales (``int8_f16``, ``int4_f16``:
+  ``q8[..:g32,f16]``), offsets ``o_aval`` of the scale's type and sharding (``u4o``: uint4
+  pairs ``ui8[*l, n // 2]``, ``q8o``).
 
-  The result is sharded like ``qvalue``; the scale must be sharded like
+  The result is sharded like ``qvalue``; the scale (and offset) must be sharded like
   ``qvalue``'s leading axes (``f32[8@i]`` for ``i8[8@i,3]``; per group, like all of
-  ``qvalue``'s axes). Inside
-  ``shard_map`` the result varies over the manual axes either component varies
-  over. Raises ``TypeError`` naming both operand types otherwise; ``who`` names
-  the caller in the message (``hx.QArray`` for the constructor's type).
-
-  Scales may be f16 (``int8_f16``, ``int4_f16``: ``q8[..:g32,f16]``); offsets ``o_aval``
-  (the scale's type and sharding) make a format with an offset (``u4o``: uint4 pairs
-  ``ui8[*l, n // 2]``), :func:`hxmlir.formats.of_components`.
+  ``qvalue``'s axes, :func:`hxmlir.formats.scale_parts`). Inside ``shard_map`` the result
+  varies over the manual axes any component varies over. Raises ``TypeError`` naming the
+  operand types otherwise, and the formats' components (:func:`hxmlir.formats.components_text`);
+  ``who`` names the caller in the message (``hx.QArray`` for the constructor's type).
   """
-  if o_aval is not None or (isinstance(s_aval, ShapedArray) and s_aval.dtype != F32
-                            and isinstance(q_aval, ShapedArray)
-                            and formats.of_components(q_aval.dtype, s_aval.dtype, False)):
-    return _make_qarray_type_issue26(q_aval, s_aval, who, o_aval)
-  got = f"{shd.short(q_aval)}, {shd.short(s_aval)}"
-  fmt = formats.of_storage(q_aval.dtype) if isinstance(q_aval, ShapedArray) else None
-  group = None
-  if fmt is not None and isinstance(s_aval, ShapedArray) and q_aval.ndim >= 1:
-    group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
-  if not (fmt is not None and isinstance(s_aval, ShapedArray) and s_aval.dtype == F32
-          and q_aval.ndim >= 1 and not isinstance(group, str)):
-    hint = ""
-    if (isinstance(q_aval, ShapedArray) and fmt is None
-        and jnp.issubdtype(q_aval.dtype, jnp.integer)):
-      hint = ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
-              "integers become int32/int64 arrays)")
-    elif (isinstance(s_aval, ShapedArray) and s_aval.dtype != F32
-          and jnp.issubdtype(s_aval.dtype, jnp.floating)):
-      hint = "; convert the scale with .astype(jnp.float32)"  # a bf16/f16/f64 scale
-    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}{hint} "
-                    "(other formats: ui8[*l, n/2] int4 pairs or f8E4M3FN[*l, n] values, "
-                    "and f32[*l, n/g] group scales)")
+  comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
+  got = ", ".join(shd.short(c) for c in comps)
+  found = _format_of(q_aval, s_aval, o_aval)
+  known = formats.components_text("*l", _dtype_name)
+  if o_aval is not None:
+    if found is None and (not all(isinstance(c, ShapedArray) for c in comps) or
+                          formats.of_components(q_aval.dtype, s_aval.dtype, True) is None):
+      raise TypeError(f"{who}: no quantization format has components {got}; formats: {known}")
+    if (o_aval.shape, o_aval.dtype) != (s_aval.shape, s_aval.dtype):
+      raise TypeError(f"{who} expects the offset of the scale's type ({shd.short(s_aval)}), "
+                      f"got {got}")
+    if not _same_parts(shd.partitions(o_aval.sharding, o_aval.ndim),
+                       shd.partitions(s_aval.sharding, s_aval.ndim)):
+      raise TypeError(f"{who} expects the offset sharded like the scale, got {got}")
+  if found is None:
+    raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}"
+                    f"{_components_hint(q_aval, s_aval)} (formats: {known})")
+  fmt, group = found
   qp = shd.partitions(q_aval.sharding, q_aval.ndim)
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
-  want_sp = qp if group is not None else qp[:-1]
+  want_sp = formats.scale_parts(qp, group)
   sharded = any(p is not None for p in want_sp)
   if not _same_parts(sp, want_sp) or (sharded and s_aval.sharding.mesh != q_aval.sharding.mesh):
-    want = ShapedArray(s_aval.shape, F32, sharding=shd.with_partitions(q_aval.sharding, want_sp))
+    want = ShapedArray(s_aval.shape, s_aval.dtype,
+                       sharding=shd.with_partitions(q_aval.sharding, want_sp))
     raise TypeError(f"{who} expects the scale sharded like qvalue's leading axes "
                     f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
                     "scale (jax.sharding.reshard) or the qvalue")
-  return QArrayTy(fmt.dense_shape(q_aval.shape), q_aval.sharding, shd.join_mat(q_aval, s_aval),
+  return QArrayTy(fmt.dense_shape(q_aval.shape), q_aval.sharding, shd.join_mat(*comps),
                   fmt.name, group)
 
 
-def _make_qarray_type_issue26(q_aval, s_aval, who: str, o_aval) -> QArrayTy:
-  """:func:`make_qarray_type` for f16 scales or an offset: the format by
-  :func:`hxmlir.formats.of_components`; the offset must be the scale's type."""
-  comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
-  got = ", ".join(shd.short(c) for c in comps)
-  arrays = all(isinstance(c, ShapedArray) for c in comps)
-  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None) if arrays else None
-  if fmt is None:
-    known = ", ".join(f"{f.name} ({f.storage_dtype.name} values, {f.scale_dtype.name} scales"
-                      f"{' and offsets' if f.offset else ''})" for f in formats.FORMATS.values()
-                      if not f.legacy)
-    raise TypeError(f"{who}: no quantization format has components {got}; formats with "
-                    f"f16 scales or offsets: {known}")
-  if o_aval is not None and (o_aval.shape, o_aval.dtype) != (s_aval.shape, s_aval.dtype):
-    raise TypeError(f"{who} expects the offset of the scale's type ({shd.short(s_aval)}), "
-                    f"got {got}")
-  if o_aval is not None and not _same_parts(shd.partitions(o_aval.sharding, o_aval.ndim),
-                                            shd.partitions(s_aval.sharding, s_aval.ndim)):
-    raise TypeError(f"{who} expects the offset sharded like the scale, got {got}")
-  # the rest is the pair's rule: an f32 scale of the same shape and sharding stands in
-  ty = make_qarray_type(q_aval, ShapedArray(s_aval.shape, F32, sharding=s_aval.sharding,
-                                            manual_axis_type=shd.join_mat(*comps[1:])), who)
-  return dataclasses.replace(ty, mat=shd.join_mat(*comps), fmt=fmt.name)
+def _components_hint(q_aval, s_aval) -> str:
+  """The conversion that makes refused components ``q_aval``, ``s_aval`` a format's: integer
+  values of another dtype (a Python list, NumPy integers) to int8, a floating scale no
+  format has with these values (bf16, f64) to f32."""
+  if not (isinstance(q_aval, ShapedArray) and isinstance(s_aval, ShapedArray)):
+    return ""
+  if formats.of_storage(q_aval.dtype) is None and jnp.issubdtype(q_aval.dtype, jnp.integer):
+    return ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
+            "integers become int32/int64 arrays)")
+  if (formats.of_components(q_aval.dtype, s_aval.dtype, False) is None
+      and s_aval.dtype != F32 and jnp.issubdtype(s_aval.dtype, jnp.floating)):
+    return "; convert the scale with .astype(jnp.float32)"  # a bf16/f64 scale
+  return ""
 
 
 class MakeQArray(HxPrimitive):
@@ -792,7 +788,7 @@ def scale_tangent_weights(qvalue, group: int | None = None, fmt=None) -> jax.Arr
   at_top = (a == top) & (top > 0)
   count = jnp.sum(at_top, axis=-1, keepdims=True).astype(F32)
   w = jnp.where(at_top, 1 / jnp.where(at_top, qf * count, 1), 0)
-  return w.reshape(*w.shape[:-2], -1) if group is not None else w
+  return formats.merge_groups(w, group)
 
 
 class QArrayParts(HxPrimitive):

@@ -40,6 +40,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
+from hxmlir import formats
 from hxmlir.types import typedesc
 
 
@@ -56,17 +57,13 @@ class HiArrayType:
 
 
 HI_TYPES: dict[str, HiArrayType] = {t.name: t for t in (
-    # quantized formats (hxmlir.formats): q8[64,128], q4[64,128:g32], f8[64,128:g64]
-    HiArrayType("q8", "q8", {"g": "group"}),   # int8 values
-    HiArrayType("q4", "q4", {"g": "group"}),   # int4 values, two per byte
-    HiArrayType("f8", "f8", {"g": "group"}),   # float8 e4m3fn values
-    # issue 26: offsets (u4o[576,1536:g32]) and f16 scales (q8[64,128:g32,f16])
-    HiArrayType("u4o", "u4o", {"g": "group"}),  # uint4 values with an offset
-    HiArrayType("q8o", "q8o", {"g": "group"}),  # int8 values with an offset
+    # the quantized formats' printed names (hxmlir.formats.FORMATS): q8[64,128],
+    # q4[64,128:g32], f8[64,128:g64], u4o[576,1536:g32] (offsets), q8[64,128:g32,f16]
+    *(HiArrayType(p, p, {"g": "group"}) for p in formats.prefix_names()),
     HiArrayType("r1", "r1"),   # rank-1 matrix, two f32 factors (hxmlir.types.rank1)
 )}
-"""Hi array types by printed name; a new quantized format is one entry here (and its
-descriptor in :mod:`hxmlir.types.typedesc`)."""
+"""Hi array types by printed name: the quantized formats' (from :data:`hxmlir.formats.FORMATS`,
+with their descriptors in :mod:`hxmlir.types.typedesc`) and ``r1``."""
 
 _AXIS_TYPES = {t.name.lower(): t for t in AxisType}
 

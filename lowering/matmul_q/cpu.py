@@ -285,10 +285,11 @@ def matmul_q_native_v2(x, q, s):
   if fmt is None or isinstance(group, str):
     raise TypeError(f"hx_matmul_q_cpu_v2: no quantization format for values {q.dtype}"
                     f"{list(q.shape)} with scales {s.dtype}{list(s.shape)}"
-                    + ("" if fmt is None else f": {group}"))
+                    + ("" if fmt is None else f": {group}") + "; it takes "
+                    + formats.components_text("*b, k", where=lambda f: "kn" in f.native_cpu))
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[-1]), jnp.float32)
   return jax.ffi.ffi_call(TARGET_V2, out)(x, q, s, dtype=fmt.name, layout=fmt.layout,
-                                          group_size=np.int64(group or 0))
+                                          group_size=np.int64(formats.group_attribute(group)))
 
 
 def matmul_q_native_v3(x, q, s, o=None):
@@ -313,12 +314,14 @@ def matmul_q_native_v3(x, q, s, o=None):
     offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
     raise TypeError(f"{TARGET_V3}: no quantization format of a weight [n, k] for values "
                     f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
-                    + ("" if not isinstance(group, str) else f": {group}"))
+                    + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
+                    + formats.components_text("n", where=lambda f: "nk" in f.native_cpu, axis="k"))
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[0]), jnp.float32)
   operands = (x, q, s) if o is None else (x, q, s, o)
   return jax.ffi.ffi_call(TARGET_V3, out)(
-      *operands, dtype=fmt.value_dtype.name, layout=fmt.layout, group_size=np.int64(group or 0),
-      scale_dtype=fmt.scale_mlir, offset=bool(fmt.offset))
+      *operands, dtype=fmt.value_dtype.name, layout=fmt.layout,
+      group_size=np.int64(formats.group_attribute(group)), scale_dtype=fmt.scale_mlir,
+      offset=bool(fmt.offset))
 
 
 def native_call_problem(call_targets: Iterable[str]) -> str | None:

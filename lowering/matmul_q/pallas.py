@@ -302,9 +302,9 @@ def _check_operands(x, q, s):
     errs = schema.SCHEMAS["hx.matmul_q"].check_operands(ops, attrs)
   if errs or not 2 <= len(ops[0].shape) == len(ops[1].shape):
     types = ", ".join(map(str, ops))
-    raise TypeError(f"matmul_q_pallas expects f32[*b, m, k], values of dense shape "
-                    f"[*b, k, n] (i8, ui8 int4 pairs or f8E4M3FN) and f32[*b, k] or "
-                    f"f32[*b, k, n/g] scales, got {types}")
+    takes = formats.components_text("*b, k", where=lambda f: "kn" in f.pallas)
+    raise TypeError(f"matmul_q_pallas expects f32[*b, m, k] and a weight of dense shape "
+                    f"[*b, k, n] ({takes}), got {types}")
   return got[0], got[1]
 
 

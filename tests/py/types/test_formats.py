@@ -408,3 +408,71 @@ def test_messages_name_the_format(fmt, g, prefix):
     hx.einsum("ij,jk->i", _w((3, 64)), q)
   with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4, f8, u4o or q8o\)"):
     hx.einsum("ij,jk->ik", _w((3, 64)), _w((64, 32)))
+
+
+# --- the table: a per-row scale is one group of n; messages list the table -------------
+
+@pytest.mark.parametrize("name", ["int8", "int4", "uint4_f16"])
+def test_a_per_row_scale_is_one_group_of_n(name):
+  # formats' helpers treat per-row scales f32[*lead] as groups of n: viewed [*lead, 1]
+  # (as_groups), the same dense numbers as a scale of one group of n, and the transpose
+  # (sum_per_scale) is that group's sum; the scale's per-axis entries drop the last one
+  from hxmlir import formats
+  f = formats.FORMATS[name]
+  rng = np.random.default_rng(3)
+  lead, n = (2, 3), 8
+  v = jnp.asarray(rng.integers(*f.value_range, (*lead, n), endpoint=True).astype(np.int8))
+  stored = formats.store(v, f)
+  s = jnp.asarray(rng.uniform(0.5, 2, lead).astype(f.scale_dtype))
+  o = s * -3 if f.offset else None
+  dense = formats.decode(stored, s, o)
+  one_group = formats.decode(stored, formats.as_groups(s, dense.shape),
+                             None if o is None else formats.as_groups(o, dense.shape))
+  want = np.asarray(v, np.float64) * np.asarray(s, np.float64)[..., None] + (
+      0 if o is None else np.asarray(o, np.float64)[..., None])
+  np.testing.assert_array_equal(np.asarray(dense), want.astype(np.float32))
+  np.testing.assert_array_equal(np.asarray(one_group), np.asarray(dense))
+  assert formats.as_groups(s, dense.shape).shape == (*lead, 1)
+  assert formats.group_size(n, None) == n and formats.group_size(n, 4) == 4
+  t = jnp.asarray(rng.standard_normal((*lead, n)).astype(np.float32))
+  np.testing.assert_array_equal(np.asarray(formats.sum_per_scale(t, None)),
+                                np.asarray(formats.sum_per_scale(t, n))[..., 0])
+  for g in (None, 4):
+    np.testing.assert_array_equal(
+        np.asarray(formats.merge_groups(formats.split_groups(t, g), g)), np.asarray(t))
+  assert formats.scale_parts(("i", None, "j"), None) == ("i", None)
+  assert formats.scale_parts(("i", None, "j"), 4) == ("i", None, "j")
+  assert formats.scale_shape((*lead, n), None) == lead
+  assert formats.scale_shape((*lead, n), 4) == (*lead, 2)
+  assert (formats.group_attribute(None), formats.group_attribute(4)) == (0, 4)
+
+
+def test_messages_list_the_formats_of_the_table(monkeypatch):
+  # the messages that list the formats read the table: a format added to it is listed
+  # with no other edit (hx.make_qarray's message, the schema's)
+  import dataclasses
+
+  from hxmlir import formats
+  from hxmlir.lowering import schema
+  text = formats.components_text("*l")
+  for f in formats.FORMATS.values():
+    assert f"{f.prefix}: {f.mlir}[*l, n" in text
+  assert "q8: i8[*l, n] values, f32 or f16 scales;" in text
+  assert "q4: ui8[*l, n/2] int4 pairs, f32 or f16 scales;" in text
+  assert "u4o: ui8[*l, n/2] uint4 pairs, f32 or f16 scales and offsets;" in text
+  assert text.endswith("; scales [*l] per row or [*l, n/g] per group of g")
+  assert formats.components_text("*b, k", where=lambda f: "kn" in f.pallas) == (
+      "q8: i8[*b, k, n] values, f32 scales; q4: ui8[*b, k, n/2] int4 pairs, f32 scales; "
+      "f8: f8E4M3FN[*b, k, n] values, f32 scales; scales [*b, k] per row or [*b, k, n/g] "
+      "per group of g")
+  assert formats.prefix_names(lambda f: f.offset) == ["u4o", "q8o"]
+  int2 = dataclasses.replace(formats.INT4, name="int2", prefix="q2", value_dtype=np.dtype(
+      ml_dtypes.int2), pack=4, qmax=1, layout="int2_quads_v1")
+  monkeypatch.setitem(formats.FORMATS, "int2", int2)
+  assert "q2: ui8[*l, n/4] int2 values, 4 per byte, f32 scales" in formats.components_text()
+  assert formats.prefixes() == "q8, q4, f8, u4o, q8o or q2"
+  with pytest.raises(TypeError, match=r"hx\.make_qarray expects .* got i32\[2,8\], f32\[2\]; "
+                     r"convert the values .* q2: u8\[\*l, n/4\] int2 values, 4 per byte"):
+    hx.make_qarray(np.zeros((2, 8), np.int32), np.ones(2, np.float32))
+  got = schema.quantized_format(schema.TensorType((2, 8), "i32"), schema.TensorType((2,), "f32"))
+  assert "q2: ui8[..., n/4] int2 values, 4 per byte" in got
