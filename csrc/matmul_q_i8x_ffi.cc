@@ -1,0 +1,116 @@
+// The XLA FFI handler of hx.matmul_q on CPU with integer activations, in the [out, in]
+// layout (custom call target "hx_matmul_q_cpu_i8x_v1"; semantics and numerics in
+// matmul_q_i8x.h): operands and attributes exactly as hx_matmul_q_cpu_v3's
+// (matmul_q_nk_ffi.cc), dtypes int8, int4 and uint4 (float8_e4m3fn is refused).
+//
+// x is quantized once per call on the calling thread (its buffers are read by every
+// thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
+// into a thread's scratch, rows x row_bytes fitting half the L2 cache), about
+// kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
+// is computed by one thread in an order fixed by the shapes alone.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "matmul_q_i8x.h"
+#include "matmul_q_nk_ffi.h"
+#include "matmul_q_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hxmlir {
+
+namespace {
+std::atomic<const I8xKernels*> g_i8x_kernels{nullptr};
+}  // namespace
+
+void SelectI8xKernels(const I8xKernels* k) { g_i8x_kernels.store(k, std::memory_order_release); }
+
+const I8xKernels* SelectedI8xKernels() {
+  const I8xKernels* k = g_i8x_kernels.load(std::memory_order_acquire);
+  return k == nullptr ? I8xKernelsGeneric() : k;
+}
+
+namespace {
+
+constexpr char kTarget[] = "hx_matmul_q_cpu_i8x_v1";
+
+struct I8xJob : BlockedJob {
+  I8xProblem p;
+  const I8xKernels* kern;
+  int64_t row_bytes = 0;
+
+  void Run(int64_t t) {
+    const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
+    float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
+    kern->blocks(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
+  }
+};
+
+ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                      ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                      std::string_view dtype, std::string_view layout, int64_t group_size,
+                      std::string_view scale_dtype, bool offset) {
+  NkProblem nk;
+  if (ffi::Error e = BindNk(kTarget, x, q, s, rest, &*y, dtype, layout, group_size, scale_dtype,
+                            offset, &nk);
+      e.failure())
+    return e;
+  if (nk.values == NkValues::kFp8E4M3Fn)
+    return ffi::Error::InvalidArgument(
+        std::string(kTarget) + ": dtype float8_e4m3fn has no integer-activation kernel "
+        "(int8, int4 and uint4 weights only; hx_matmul_q_cpu_v3 takes it)");
+  const int64_t b = I8xBlock(group_size);
+  if (b > kI8xMaxBlock)
+    return ffi::Error::InvalidArgument(
+        std::string(kTarget) + ": group_size " + std::to_string(group_size) + " is above " +
+        std::to_string(kI8xMaxBlock) + " (the int32 sums of a block could overflow)");
+  if (NothingToCompute(1, nk.m, nk.k, nk.n, nk.y)) return ffi::Error::Success();
+
+  const I8xKernels* kern = SelectedI8xKernels();
+  auto job = std::make_shared<I8xJob>();
+  job->kern = kern;
+  I8xProblem& p = job->p;
+  p.q = nk.q, p.s = nk.s, p.o = nk.o, p.f16 = nk.f16, p.values = nk.values, p.y = nk.y;
+  p.m = nk.m, p.k = nk.k, p.n = nk.n, p.g = nk.g, p.b = b;
+  p.nb = CeilDiv(p.k, b);
+  p.nsb = CeilDiv(p.nb, kI8xLanes);
+  p.steps = CeilDiv(b, 4);
+  const int64_t qbytes = p.m * p.nsb * p.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
+  float* side = ThreadBuffer(kPartial, 3 * lanes);
+  kern->quantize(p, nk.x, 0, p.m, qx, side, side + lanes, reinterpret_cast<int32_t*>(side + 2 * lanes));
+  p.qx = qx, p.sx = side, p.xsum = side + lanes;
+  p.qsum = reinterpret_cast<const int32_t*>(side + 2 * lanes);
+
+  job->row_bytes = kern->row_bytes(p);
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  const int64_t nr = kern->tile_nr;
+  Blocking blk = ColumnBlocks(p.n, 1, nr, threads);
+  const int64_t fit = std::max(nr, CpuL2Bytes() / 2 / job->row_bytes / nr * nr);
+  if (blk.len > fit) blk = {fit, CeilDiv(p.n, fit)};
+  job->Plan(1, blk);
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hxmlir
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV1, hxmlir::MatmulQI8x,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::AnyBuffer>()         // q (s8, u8)
+                                  .Arg<ffi::AnyBuffer>()         // s (f32, f16)
+                                  .RemainingArgs()               // o (offset formats)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
+                                  .Attr<std::string_view>("dtype")
+                                  .Attr<std::string_view>("layout")
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<std::string_view>("scale_dtype")
+                                  .Attr<bool>("offset"));
