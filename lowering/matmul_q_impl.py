@@ -79,7 +79,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo as hlo
 
 from hxmlir import formats
-from hxmlir.install_state import use_kernels
+from hxmlir.install_state import int8_activations, use_kernels
 from hxmlir.lowering import matmul_q_blocked, matmul_q_cpu, reference, rules, schema
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.primitives import hx_matmul_q_p
@@ -443,6 +443,16 @@ def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   return None
 
 
+def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval):
+  """The native call of the checkpoint layout for weights of ``fmt`` (dense ``[n, k]``,
+  scales ``s_aval``): ``hx_matmul_q_cpu_i8x_v1`` (integer activations) where the setting
+  opted in (``hx.install(activations="int8")``) and the kernel takes the format, else
+  ``hx_matmul_q_cpu_v3``."""
+  if int8_activations() and matmul_q_cpu.i8x_takes(fmt, formats.group_of_scale(dense, s_aval)):
+    return matmul_q_cpu.matmul_q_native_i8x
+  return matmul_q_cpu.matmul_q_native_v3
+
+
 def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
                        dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
@@ -470,7 +480,9 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     but the next;
   - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
     ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
-    under the same policy and size bound, else the blocked path.
+    under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
+    for int8/int4/uint4 values where ``hx.install(activations="int8")`` opted in), else the
+    blocked path.
   """
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   fmt = rules.weight_format(ctx)
@@ -479,7 +491,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     n, k = fmt.dense_shape(q_aval.shape)
     if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                             reference=matmul_q_cpu.matmul_q_native_v3,
+                             reference=_nk_kernel(fmt, (n, k), s_aval),
                              attributes=rules.matmul_q_attributes(ctx, dims))
     return _lower_blocked(ctx, (x, q, s, *o), dims)
   if "kn" not in fmt.native_cpu:
