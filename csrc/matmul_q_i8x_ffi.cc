@@ -78,9 +78,10 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   p.q = nk.q, p.s = nk.s, p.o = nk.o, p.f16 = nk.f16, p.values = nk.values, p.y = nk.y;
   p.m = nk.m, p.k = nk.k, p.n = nk.n, p.g = nk.g, p.b = b;
   p.nb = CeilDiv(p.k, b);
-  p.nsb = CeilDiv(p.nb, kI8xLanes);
   p.steps = CeilDiv(b, 4);
-  const int64_t qbytes = p.m * p.nsb * p.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  p.plan = I8xMakePlan(p.nb, p.steps);
+  p.nsb = p.plan.full + p.plan.tails;
+  const int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
   int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
   float* side = ThreadBuffer(kPartial, 3 * lanes);
   kern->quantize(p, nk.x, 0, p.m, qx, side, side + lanes, reinterpret_cast<int32_t*>(side + 2 * lanes));

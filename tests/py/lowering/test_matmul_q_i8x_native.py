@@ -11,11 +11,12 @@ Numbers, two ways:
 
 - against float64 ``(s_x qx) @ (v s + o).T``, the same integer-activation semantics with
   ``qx`` computed here in numpy with the same f32 operations (so exactly the kernel's):
-  each of the ``2 nb`` terms has at most 3 roundings before it is added (``fl(s_w s_x)``,
-  the product, or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product), the terms of a lane are
-  added in sequence over its ``nsb = ceil(nb / 16)`` super-blocks (2 adds each) and the 16
-  lanes as a tree (4), and ``D`` converts exactly to f32 below 2^24: the error is at most
-  ``gamma_{2 nsb + 7} * sum_b (|s_w s_x D| + |(o - c s_w) s_x Sq|)``;
+  a block's ``D`` is summed in parts (the lanes it is spread over), each converted
+  exactly to f32 (below 2^24); each term has at most 3 roundings before it is added
+  (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product), a
+  lane's terms are added in sequence over its ``nsb <= nb / 16 + 4`` super-blocks (2 adds
+  each), the 16 lanes as a tree (4): the error is at most
+  ``gamma_{2 nsb + 7} * sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``;
 - against f32 activations (``hx_matmul_q_cpu_v3``): ``|s_x qx - x| <= s_x / 2`` per element
   (round to nearest; ``|x / s_x| <= 127`` needs no clipping), so the two differ by at most
   ``sum_b s_x / 2 * sum_{kk in b} |v s + o|`` plus the two kernels' own rounding bounds.
@@ -96,24 +97,26 @@ def _expected(x, q, s, o, fmt, group):
   sw_b = blocks(s64)[:, :, 0] if b <= per else None  # one scale per block (B divides g)
   assert sw_b is not None
   ow_b = blocks(o64)[:, :, 0]
-  d = np.einsum("mbe,nbe->mnb", qb, blocks(v + c))  # D, exact (integers below 2^53)
+  # sum |u qx| per block: at least |D| of every part of a block the kernel sums apart
+  d = np.einsum("mbe,nbe->mnb", np.abs(qb), blocks(np.abs(v + c)))
   sq = qb.sum(-1)  # [m, nb]
   y = np.einsum("mb,mbe,nbe->mn", sx.astype(np.float64), qb, blocks(v * s64 + o64))
   terms = (np.abs(sw_b[None] * sx[:, None] * d)
            + np.abs((ow_b - c * sw_b)[None] * (sx * sq)[:, None]))
-  nsb = -(-nb // 16)
+  nsb = nb // 16 + 4  # super-blocks: whole ones of 16 blocks and at most 4 narrower
   bound = gamma(2 * nsb + 7) * terms.sum(-1) + 2 * nb * TINY
   dx = np.einsum("mb,nb->mn", sx.astype(np.float64) / 2, blocks(np.abs(v * s64 + o64)).sum(-1))
   shape = (*x.shape[:-1], n)
   return y.reshape(shape), bound.reshape(shape), dx.reshape(shape)
 
 
-# (x's leading shape, n, k): m in {1, 3, 17, 128} and a rank-3 x; n odd; k with 15, 18 and
-# 6 blocks of 32 (one and two super-blocks), k = 90 (groups of 2 or 3, a block of 26
-# left over per row), k = 333 (odd: int8 only).
+# (x's leading shape, n, k): m in {1, 3, 17, 128} and a rank-3 x; n odd; k with 15 (8 + 4
+# + 2 + 1: every narrow super-block), 18 (16 + 2), 16 (one whole super-block, the last row
+# read to its end) and 6 blocks of 32, k = 90 (groups of 2 or 3, a block of 26 left over
+# per row), k = 333 (odd: int8 only).
 SHAPES = [((1,), 67, 480), ((3,), 33, 96), ((17,), 41, 192), ((128,), 29, 576),
-          ((2, 3), 35, 96), ((6,), 13, 90), ((17,), 19, 333)]
-GROUPS = [None, 32, "small"]  # small: 3 (one value per byte) or 2 (pairs)
+          ((2, 3), 35, 96), ((6,), 13, 90), ((17,), 19, 333), ((5,), 7, 512)]
+GROUPS = [None, 32, 16, "small"]  # small: 3 (one value per byte) or 2 (pairs)
 
 
 def _group(fmt, group):
