@@ -327,12 +327,18 @@ I8X_DTYPES = ("int8", "int4", "uint4")
 """The weights' value dtypes :data:`TARGET_I8X` takes."""
 I8X_MAX_BLOCK = 65536
 """The largest block of ``x`` (the weight's group) :data:`TARGET_I8X` takes (int32 sums)."""
+I8X_MIN_ROWS = 16
+"""The fewest rows of ``x`` (its leading dims' product) a call of :data:`TARGET_I8X` is
+chosen for: below, the call is bound by the weight's bytes (decode, ``m = 1``), which the
+f32-activation kernel streams at memory speed, while the integer kernel decodes the
+weight into its own layout first; integer activations are the prefill's mode."""
 
 
-def i8x_takes(fmt: formats.Format, group: int | None) -> bool:
-  """Whether :data:`TARGET_I8X` takes weights of format ``fmt`` with groups of ``group``
-  along ``k`` (``None``: one scale per row)."""
-  return fmt.value_dtype.name in I8X_DTYPES and (group or 32) <= I8X_MAX_BLOCK
+def i8x_takes(fmt: formats.Format, group: int | None, rows: int = I8X_MIN_ROWS) -> bool:
+  """Whether :data:`TARGET_I8X` is chosen for weights of format ``fmt`` with groups of
+  ``group`` along ``k`` (``None``: one scale per row) and ``x`` of ``rows`` rows."""
+  return (fmt.value_dtype.name in I8X_DTYPES and (group or 32) <= I8X_MAX_BLOCK
+          and rows >= I8X_MIN_ROWS)
 
 
 def matmul_q_native_i8x(x, q, s, o=None):

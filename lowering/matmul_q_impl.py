@@ -443,12 +443,14 @@ def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   return None
 
 
-def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval):
+def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval, rows: int):
   """The native call of the checkpoint layout for weights of ``fmt`` (dense ``[n, k]``,
-  scales ``s_aval``): ``hx_matmul_q_cpu_i8x_v1`` (integer activations) where the setting
-  opted in (``hx.install(activations="int8")``) and the kernel takes the format, else
-  ``hx_matmul_q_cpu_v3``."""
-  if int8_activations() and matmul_q_cpu.i8x_takes(fmt, formats.group_of_scale(dense, s_aval)):
+  scales ``s_aval``) and ``x`` of ``rows`` rows: ``hx_matmul_q_cpu_i8x_v1`` (integer
+  activations) where the setting opted in (``hx.install(activations="int8")``) and
+  :func:`~hxmlir.lowering.matmul_q_cpu.i8x_takes` (the format, and ``rows`` at least
+  ``I8X_MIN_ROWS``: prefill), else ``hx_matmul_q_cpu_v3``."""
+  group = formats.group_of_scale(dense, s_aval)
+  if int8_activations() and matmul_q_cpu.i8x_takes(fmt, group, rows):
     return matmul_q_cpu.matmul_q_native_i8x
   return matmul_q_cpu.matmul_q_native_v3
 
@@ -481,8 +483,8 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
     ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
     under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
-    for int8/int4/uint4 values where ``hx.install(activations="int8")`` opted in), else the
-    blocked path.
+    for int8/int4/uint4 values and ``x`` of at least ``I8X_MIN_ROWS`` rows where
+    ``hx.install(activations="int8")`` opted in), else the blocked path.
   """
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   fmt = rules.weight_format(ctx)
@@ -491,7 +493,8 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     n, k = fmt.dense_shape(q_aval.shape)
     if "nk" in fmt.native_cpu and k * n > SMALL_WEIGHT and matmul_q_cpu.use_native(ctx, use_kernels()):
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                             reference=_nk_kernel(fmt, (n, k), s_aval),
+                             reference=_nk_kernel(fmt, (n, k), s_aval,
+                                                  int(np.prod(x_aval.shape[:-1]))),
                              attributes=rules.matmul_q_attributes(ctx, dims))
     return _lower_blocked(ctx, (x, q, s, *o), dims)
   if "kn" not in fmt.native_cpu:

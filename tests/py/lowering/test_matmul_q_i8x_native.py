@@ -203,12 +203,14 @@ def _calls(text):
 def test_only_the_opt_in_emits_the_i8x_target(name):
   """Installed by default (and with ``activations="f32"``), ``hx.einsum("bmk,nk->bmn")``
   calls hx_matmul_q_cpu_v3, never the integer-activation target; with
-  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 (fp8 keeps v3)."""
+  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of at
+  least ``I8X_MIN_ROWS`` rows (fp8, and a decode step's single row, keep v3)."""
   fmt = formats.FORMATS[name]
   rng = np.random.default_rng(5)
   q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)
   w = hx.make_qarray(q, s, o) if o is not None else hx.make_qarray(q, s)
-  x = rng.standard_normal((2, 3, 288)).astype(np.float32)
+  rows = native.I8X_MIN_ROWS
+  x = rng.standard_normal((2, rows // 2, 288)).astype(np.float32)
   f = jax.jit(lambda x, w: hx.einsum("bmk,nk->bmn", x, w))
   for kw in ({}, {"activations": "f32"}):
     with hx.installed(**kw):
@@ -216,11 +218,13 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
   with hx.installed(activations="int8"):
     text = f.lower(x, w).as_text()
     y = f(x, w)
+    for fewer in (x[:1, :1], np.concatenate([x[0], x[1, :-1]])[None]):  # 1, rows - 1 rows
+      assert _calls(f.lower(fewer, w).as_text()) == ["hx_matmul_q_cpu_v3"]
   takes = name in NAMES
   assert _calls(text) == ["hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
   if takes:  # the jitted call ran the opt-in kernel: its numbers
-    want, bound, _ = _expected(x.reshape(6, 288), q, s, o, fmt, 32)
-    assert_within(np.asarray(y).reshape(6, 260), want, bound)
+    want, bound, _ = _expected(x.reshape(rows, 288), q, s, o, fmt, 32)
+    assert_within(np.asarray(y).reshape(rows, 260), want, bound)
   with hx.installed(activations="int8", kernels=False):
     assert _calls(f.lower(x, w).as_text()) == []
 
