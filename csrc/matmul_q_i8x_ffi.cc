@@ -3,8 +3,8 @@
 // matmul_q_i8x.h): operands and attributes exactly as hx_matmul_q_cpu_v3's
 // (matmul_q_nk_ffi.cc), dtypes int8, int4 and uint4 (float8_e4m3fn is refused).
 //
-// x is quantized once per call on the calling thread (its buffers are read by every
-// thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
+// x is quantized once per call, in tasks of rows taken first by whichever threads are
+// there (its buffers are read by every thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
 // into a thread's scratch, rows x row_bytes fitting half the L2 cache), about
 // kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
 // is computed by one thread in an order fixed by the shapes alone.
@@ -39,17 +39,38 @@ namespace {
 
 constexpr char kTarget[] = "hx_matmul_q_cpu_i8x_v1";
 
+// Tasks [0, qtasks) quantize x, `qrows` rows each (on whichever threads take them first);
+// tasks [qtasks, total) are the blocks of rows of W, each waiting for every quantize task
+// (all begun by then: tasks are taken in order) before it reads x.
 struct I8xJob : BlockedJob {
   I8xProblem p;
   const I8xKernels* kern;
-  int64_t row_bytes = 0;
+  const float* x = nullptr;
+  int8_t* qx = nullptr;
+  float *sx = nullptr, *xsum = nullptr;
+  int32_t* qsum = nullptr;
+  int64_t row_bytes = 0, qtasks = 0, qrows = 0;
+  std::atomic<int64_t> quantized{0};
 
   void Run(int64_t t) {
-    const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
+    if (t < qtasks) {
+      kern->quantize(p, x, t * qrows, std::min(p.m, (t + 1) * qrows), qx, sx, xsum, qsum);
+      quantized.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    while (quantized.load(std::memory_order_acquire) < qtasks) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const int64_t j0 = (t - qtasks) * block_len, j1 = std::min(p.n, j0 + block_len);
     float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
     kern->blocks(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
   }
 };
+
+// Rows of x per quantize task: about 16 KiB of x each, at least 4 rows.
+constexpr int64_t kQuantizeFloats = int64_t{1} << 12;
 
 ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
                       ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
@@ -84,9 +105,9 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   const int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
   int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
   float* side = ThreadBuffer(kPartial, 3 * lanes);
-  kern->quantize(p, nk.x, 0, p.m, qx, side, side + lanes, reinterpret_cast<int32_t*>(side + 2 * lanes));
-  p.qx = qx, p.sx = side, p.xsum = side + lanes;
-  p.qsum = reinterpret_cast<const int32_t*>(side + 2 * lanes);
+  job->x = nk.x, job->qx = qx, job->sx = side, job->xsum = side + lanes;
+  job->qsum = reinterpret_cast<int32_t*>(side + 2 * lanes);
+  p.qx = qx, p.sx = side, p.xsum = side + lanes, p.qsum = job->qsum;
 
   job->row_bytes = kern->row_bytes(p);
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
@@ -95,6 +116,9 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   const int64_t fit = std::max(nr, CpuL2Bytes() / 2 / job->row_bytes / nr * nr);
   if (blk.len > fit) blk = {fit, CeilDiv(p.n, fit)};
   job->Plan(1, blk);
+  job->qrows = threads > 1 ? std::max<int64_t>(4, kQuantizeFloats / p.k) : p.m;
+  job->qtasks = CeilDiv(p.m, job->qrows);
+  job->total += job->qtasks;
   RunBlocks(pool, threads, job);
   return ffi::Error::Success();
 }
