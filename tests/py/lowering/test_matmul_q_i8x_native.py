@@ -34,6 +34,7 @@ from test_matmul_q_formats_native import _with_isa
 from test_matmul_q_nk_native import LANES, _components
 
 import hxmlir as hx
+import hxmlir.export as hxe
 from hxmlir import formats
 from hxmlir.lowering import matmul_q_cpu as native
 
@@ -227,6 +228,34 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
     assert_within(np.asarray(y).reshape(rows, 260), want, bound)
   with hx.installed(activations="int8", kernels=False):
     assert _calls(f.lower(x, w).as_text()) == []
+
+
+@needs_native
+def test_export_keeps_stablehlo_unless_asked():
+  """An export lowered with ``activations="int8"`` is portable StableHLO, as for the other
+  native kernels; with ``hx.keep_native_cpu_calls()`` it calls the versioned target,
+  which ``jax.export`` accepts (registered) and which runs after deserialization."""
+  fmt = formats.FORMATS["uint4_f16"]
+  rng = np.random.default_rng(11)
+  q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)  # above the kernels' size bound
+  x = rng.standard_normal((native.I8X_MIN_ROWS, 288)).astype(np.float32)
+  w = hx.make_qarray(q, s, o)
+  f = lambda x, w: hx.einsum("mk,nk->mn", x, w)
+  with hx.installed(activations="int8"):
+    portable = hxe.export(f)(x, w)
+    with hx.keep_native_cpu_calls():
+      kept = hxe.export(f)(x, w)
+  assert "custom_call" not in portable.mlir_module()
+  assert _calls(kept.mlir_module()) == ["hx_matmul_q_cpu_i8x_v1"]
+  want, bound, _ = _expected(x, q, s, o, fmt, 32)
+  assert_within(hxe.deserialize(kept.serialize()).call(x, w), want, bound)
+
+
+def test_native_call_problem_knows_the_target():
+  assert native.TARGET_I8X in native.TARGETS
+  msg = native.native_call_problem(["hx_matmul_q_cpu_i8x_v2"])
+  assert msg.startswith("it calls the native CPU kernel hx_matmul_q_cpu_i8x_v2, which this "
+                        "hxmlir does not have")
 
 
 def test_install_refuses_an_unknown_activation_dtype():
