@@ -14,6 +14,12 @@ Three engines run the same prompt token ids side by side in one process (issue 2
 - ``hxmlir-unfused`` (only when asked for with ``--engines``): hxmlir with one
   ``hx.matmul_q`` per projection, Q/K/V and gate/up not fused
   (:func:`hxmlir.models.llama.params_of` ``fuse=False``);
+- ``hxmlir-i8x`` (with ``--activations int8``, or asked for with ``--engines``): hxmlir
+  with the opt-in integer activations (``Llama(activations="int8")``,
+  ``hx.install(activations="int8")``: each projection's ``x`` quantized to int8 per block
+  of 32 at run time, ``hx_matmul_q_cpu_i8x_v1``); its logits are compared with hxmlir's
+  (f32 activations) too: max |diff|, max |diff| / max |logit| and top-1 agreement over the
+  prompt's positions;
 - ``llama.cpp``: ``llama_cpp.Llama`` (llama-cpp-python) on the same file, ``n_threads``
   threads for decode and prefill, ``logits_all=True``. Optional: without the package the
   row says so. Install it built from source for this CPU (AMX off: the VMs advertise
@@ -50,6 +56,7 @@ Usage::
   python benchmarks/generate_cpu.py                        # the table, 3 rounds
   python benchmarks/generate_cpu.py --rounds 5 --decode-tokens 64
   python benchmarks/generate_cpu.py --engines hxmlir jax-f32
+  python benchmarks/generate_cpu.py --activations int8     # + hxmlir-i8x
   python benchmarks/generate_cpu.py --profile
 """
 
@@ -75,7 +82,7 @@ import hxmlir as hx
 from hxmlir import gguf
 from hxmlir.models import llama
 
-ENGINES = ("hxmlir", "jax-f32", "llama.cpp", "hxmlir-unfused")
+ENGINES = ("hxmlir", "jax-f32", "llama.cpp", "hxmlir-unfused", "hxmlir-i8x")
 DEFAULT_ENGINES = ENGINES[:3]
 PROMPT = (
     "The history of computing is the story of machines that learned to count, then to "
@@ -115,14 +122,14 @@ class JaxEngine:
   ``Llama._greedy_step``: the functions :meth:`~hxmlir.models.llama.Llama.generate` calls
   for ``temperature=0``), EOS ignored."""
 
-  def __init__(self, m: llama.Llama, installed: bool):
-    self.m, self.installed = m, installed
+  def __init__(self, m: llama.Llama, installed: bool, activations: str = "f32"):
+    self.m, self.installed, self.activations = m, installed, activations
 
   def weight_bytes(self) -> int:
     return self.m.weight_bytes()
 
   def _ctx(self):
-    return hx.installed() if self.installed else _null()
+    return hx.installed(activations=self.activations) if self.installed else _null()
 
   def prefill(self, ids: list[int]):
     """Logits ``f32[T, vocab]`` of every prompt position (on the host) and the caches."""
@@ -216,6 +223,9 @@ def bench(args) -> None:
       params = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
       engines[name] = JaxEngine(llama.Llama(m.config, params, max_context=args.context),
                                 installed=True)
+    elif name == "hxmlir-i8x":
+      i8x = llama.Llama(m.config, m.params, max_context=args.context, activations="int8")
+      engines[name] = JaxEngine(i8x, installed=True, activations="int8")
     elif name == "jax-f32":
       plain = llama.params_of(gguf.load(args.gguf), m.config, fuse=False)
       dense = llama.Llama(m.config, llama.dequantized(plain), max_context=args.context)
@@ -272,6 +282,13 @@ def bench(args) -> None:
     a, b = results[name][0]["logits"], ref[0]["logits"]
     print(f"{name} prefill logits vs jax-f32: max |diff| / max |logit| = "
           f"{np.abs(a - b).max() / np.abs(b).max():.2e}, top-1 agreement "
+          f"{np.mean(a.argmax(-1) == b.argmax(-1)):.3f}")
+  if "hxmlir-i8x" in results and "hxmlir" in results:
+    a, b = results["hxmlir-i8x"][0]["logits"], results["hxmlir"][0]["logits"]
+    d = np.abs(a - b)
+    print(f"hxmlir-i8x prefill logits vs hxmlir (f32 activations), {len(b)} positions: max "
+          f"|diff| {d.max():.3g}, max |diff| / max |logit| {d.max() / np.abs(b).max():.2e}, "
+          f"median per-position max |diff| {np.median(d.max(-1)):.3g}, top-1 agreement "
           f"{np.mean(a.argmax(-1) == b.argmax(-1)):.3f}")
 
 
@@ -400,6 +417,8 @@ def main(argv=None) -> None:
   ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES),
                   help="hxmlir-unfused: hxmlir with one hx.matmul_q per projection (no "
                        "fused Q/K/V and gate/up weights; not run by default)")
+  ap.add_argument("--activations", choices=("f32", "int8"), default="f32",
+                  help="int8: add the engine hxmlir-i8x (the opt-in integer activations)")
   ap.add_argument("--prompt-tokens", type=int, default=128)
   ap.add_argument("--decode-tokens", type=int, default=128)
   ap.add_argument("--rounds", type=int, default=3)
@@ -414,6 +433,8 @@ def main(argv=None) -> None:
   args = ap.parse_args(argv)
   if args.gguf is None:
     args.gguf = llama.smollm2_path()
+  if args.activations == "int8" and "hxmlir-i8x" not in args.engines:
+    args.engines.append("hxmlir-i8x")
   if args.prompt_tokens + args.decode_tokens + 1 > args.context:
     ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
              f"{args.decode_tokens} tokens")

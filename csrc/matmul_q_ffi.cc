@@ -28,6 +28,7 @@
 
 #include "matmul_q_cpu.h"
 #include "matmul_q_formats.h"
+#include "matmul_q_i8x.h"
 #include "matmul_q_nk.h"
 #include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -123,26 +124,33 @@ struct Isa {
   const hxmlir::Kernels* (*kernels)();
   const hxmlir::FormatKernels* (*format_kernels)();  // hx_matmul_q_cpu_v2's
   const hxmlir::NkKernels* (*nk_kernels)();          // hx_matmul_q_cpu_v3's
+  const hxmlir::I8xKernels* (*i8x_kernels)();        // hx_matmul_q_cpu_i8x_v1's
   bool (*supported)();
 };
 
 const Isa kIsas[] = {
 #if defined(HXMLIR_HAVE_X86_ISAS)
     {"avx512", &hxmlir::KernelsAvx512, &hxmlir::FormatKernelsAvx512, &hxmlir::NkKernelsAvx512,
+     [] {  // VNNI where the CPU has it, else the AVX2 copy (AVX-512 without VNNI: Skylake-X)
+       __builtin_cpu_init();
+       return __builtin_cpu_supports("avx512vnni") ? hxmlir::I8xKernelsAvx512Vnni()
+                                                   : hxmlir::I8xKernelsAvx2();
+     },
      [] {
        __builtin_cpu_init();
        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
      }},
-    {"avx2", &hxmlir::KernelsAvx2, &hxmlir::FormatKernelsAvx2, &hxmlir::NkKernelsAvx2,
+    {"avx2", &hxmlir::KernelsAvx2, &hxmlir::FormatKernelsAvx2, &hxmlir::NkKernelsAvx2, &hxmlir::I8xKernelsAvx2,
      [] {
        __builtin_cpu_init();
        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
               __builtin_cpu_supports("f16c");
      }},
 #endif
-    {"generic", &hxmlir::KernelsGeneric, &hxmlir::FormatKernelsGeneric, &hxmlir::NkKernelsGeneric, [] { return true; }},
+    {"generic", &hxmlir::KernelsGeneric, &hxmlir::FormatKernelsGeneric, &hxmlir::NkKernelsGeneric,
+     &hxmlir::I8xKernelsGeneric, [] { return true; }},
 };
 
 PyObject* PyHandler(PyObject*, PyObject*) {
@@ -155,6 +163,14 @@ PyObject* PyHandlerV2(PyObject*, PyObject*) {
 
 PyObject* PyHandlerV3(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuV3), nullptr, nullptr);
+}
+
+PyObject* PyHandlerI8xV1(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV1), nullptr, nullptr);
+}
+
+PyObject* PyI8xIsa(PyObject*, PyObject*) {
+  return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
 
 PyObject* PyCompiledIsas(PyObject*, PyObject*) {
@@ -190,6 +206,7 @@ PyObject* PySelectIsa(PyObject*, PyObject* arg) {
     hxmlir::g_kernels.store(isa.kernels(), std::memory_order_release);
     hxmlir::SelectFormatKernels(isa.format_kernels());
     hxmlir::SelectNkKernels(isa.nk_kernels());
+    hxmlir::SelectI8xKernels(isa.i8x_kernels());
     Py_RETURN_NONE;
   }
   PyErr_Format(PyExc_ValueError, "no %s kernels were compiled into hxmlir._matmul_q_cpu", want);
@@ -213,6 +230,11 @@ PyMethodDef kMethods[] = {
      "PyCapsule of hx_matmul_q_cpu_v2's XLA FFI handler (every format; api_version=1)."},
     {"handler_v3", PyHandlerV3, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_v3's XLA FFI handler (the [out, in] layout; api_version=1)."},
+    {"handler_i8x_v1", PyHandlerI8xV1, METH_NOARGS,
+     "PyCapsule of hx_matmul_q_cpu_i8x_v1's XLA FFI handler (integer activations; "
+     "api_version=1)."},
+    {"i8x_isa", PyI8xIsa, METH_NOARGS,
+     "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
     {"compiled_isas", PyCompiledIsas, METH_NOARGS,
      "Names of the kernel sets compiled in, best first."},
     {"supported_isas", PySupportedIsas, METH_NOARGS,
@@ -225,7 +247,7 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",
-                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3).",
+                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3, _i8x_v1).",
                        -1, kMethods};
 
 }  // namespace

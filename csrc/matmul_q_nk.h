@@ -34,6 +34,7 @@
 #define HXMLIR_CSRC_MATMUL_Q_NK_H_
 
 #include <cstdint>
+#include <cstring>
 
 namespace hxmlir {
 
@@ -74,6 +75,26 @@ struct NkKernels {
   // y[:, j0:j1]; scratch: at least (j1 - j0) * k floats (the decoded rows).
   void (*blocks)(const NkProblem& p, int64_t j0, int64_t j1, float* scratch);
 };
+
+// The exact f32 value of the f16 with bits h (every f16 is an f32; no step is subnormal
+// in f32, so XLA's flush-to-zero mode changes nothing).
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  uint32_t bits;
+  if (e == 0) {
+    const float f = static_cast<float>(mant) * 0x1p-24f;  // exact: mant < 2^10
+    std::memcpy(&bits, &f, sizeof bits);
+    bits |= sign;
+  } else if (e == 31) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else {
+    bits = sign | ((e + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // Dense elements per chunk decoded at once in "dot" for values of format v with W lanes.
 constexpr int64_t NkChunkWidth(NkValues v, int64_t w) { return w * NkPackOf(v); }

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "matmul_q_nk.h"
+#include "matmul_q_nk_ffi.h"
 #include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -97,10 +98,6 @@ std::string NkTypeName(ffi::DataType t) {
   return "dtype#" + std::to_string(static_cast<int>(t));
 }
 
-ffi::Error Invalid(std::string msg) {
-  return ffi::Error::InvalidArgument("hx_matmul_q_cpu_v3: " + msg);
-}
-
 // x in "dot"'s chunk order (matmul_q_nk.h): in each group, each whole chunk of cw dense
 // elements [e0, e1, ..., e_{cw-1}] as [e0, e2, ..., e1, e3, ...] (pack 2: the low
 // nibbles' lanes, then the high nibbles'); the group's elements past them unchanged.
@@ -121,10 +118,15 @@ void NkChunkOrder(const float* x, int64_t m, int64_t k, int64_t g, int64_t cw, f
   }
 }
 
-ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
-                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
-                     std::string_view dtype, std::string_view layout, int64_t group_size,
-                     std::string_view scale_dtype, bool offset) {
+}  // namespace
+
+ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                  ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::Buffer<ffi::F32>* y,
+                  std::string_view dtype, std::string_view layout, int64_t group_size,
+                  std::string_view scale_dtype, bool offset, NkProblem* out) {
+  auto Invalid = [&](std::string msg) {
+    return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
+  };
   const NkSpec* spec = nullptr;
   for (const NkSpec& c : kNkSpecs)
     if (c.dtype == dtype) spec = &c;
@@ -175,10 +177,7 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   if (ok && group_size > 0) ok = k % group_size == 0 && sd[1] == k / group_size;
   if (!ok) return Invalid(want + got);
 
-  const NkKernels* kern = g_nk_kernels.load(std::memory_order_acquire);
-  if (kern == nullptr) kern = NkKernelsGeneric();
-  auto job = std::make_shared<NkJob>();
-  NkProblem& p = job->p;
+  NkProblem& p = *out;
   p.x = x.typed_data();
   p.q = static_cast<const uint8_t*>(q.untyped_data());
   p.s = s.untyped_data();
@@ -192,6 +191,26 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   p.g = group_size == 0 ? std::max<int64_t>(k, 1) : group_size;
   p.ns = group_size == 0 ? 1 : k / group_size;
   p.values = spec->values;
+  return ffi::Error::Success();
+}
+
+int64_t CpuL2Bytes() { return L2Bytes(); }
+
+namespace {
+
+ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                     std::string_view dtype, std::string_view layout, int64_t group_size,
+                     std::string_view scale_dtype, bool offset) {
+  auto job = std::make_shared<NkJob>();
+  NkProblem& p = job->p;
+  if (ffi::Error e = BindNk("hx_matmul_q_cpu_v3", x, q, s, rest, &*y, dtype, layout, group_size,
+                            scale_dtype, offset, &p);
+      e.failure())
+    return e;
+  const int64_t pack = NkPackOf(p.values);
+  const NkKernels* kern = g_nk_kernels.load(std::memory_order_acquire);
+  if (kern == nullptr) kern = NkKernelsGeneric();
   if (NothingToCompute(1, p.m, p.k, p.n, p.y)) return ffi::Error::Success();
   job->kern = kern;
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);

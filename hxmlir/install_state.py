@@ -24,12 +24,22 @@ class Setting:
   ``check_pipeline``: what export lowerings of modules without ``hx.*`` ops run
   when they call a custom-call target that hxmlir added to ``jax.export``'s
   allow-list (``"hx-check-export"``); ``kernels``: whether lowering rules choose
-  hxmlir's native CPU and Pallas kernels (:func:`use_kernels`).
+  hxmlir's native CPU and Pallas kernels (:func:`use_kernels`); ``activations``: the
+  activations' dtype the kernels may compute with (:data:`ACTIVATIONS`; ``"int8"``: the
+  opt-in integer-activation CPU kernel, :func:`int8_activations`).
   """
   pipeline: str
   export_pipeline: str
   check_pipeline: str
   kernels: bool = True
+  activations: str = "f32"
+
+
+ACTIVATIONS = ("f32", "int8")
+"""The values of ``hx.install(activations=...)``: ``"f32"`` (the default: activations stay
+f32) or ``"int8"`` (opt-in: on CPU, ``hx.matmul_q`` in the ``[out, in]`` layout with int8,
+int4 or uint4 weights and ``x`` of at least 16 rows (prefill) quantizes ``x`` to int8
+per block at run time and calls ``hx_matmul_q_cpu_i8x_v1``; it changes the numerics)."""
 
 
 STATE = _jax.ConfigState(
@@ -58,6 +68,13 @@ def use_kernels() -> bool:
   ``kernels=True`` (the default). Otherwise they emit the reference decomposition."""
   setting = STATE.value
   return setting is not None and setting.kernels
+
+
+def int8_activations() -> bool:
+  """Whether lowering rules lowered now, in this thread, may quantize activations to int8
+  (:func:`use_kernels` and ``activations="int8"``)."""
+  setting = STATE.value
+  return setting is not None and setting.kernels and setting.activations == "int8"
 
 
 def current_pipeline(*, for_export: bool = False) -> str | None:

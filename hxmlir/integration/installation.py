@@ -65,6 +65,7 @@ from typing import Any
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, targets
+from hxmlir.install_state import ACTIVATIONS
 from hxmlir.install_state import STATE as _state
 from hxmlir.install_state import Setting as _Setting
 from hxmlir.install_state import current_pipeline as current_pipeline
@@ -159,9 +160,13 @@ def _parsed(pipeline: str):
   return got
 
 
-def _make_setting(pipeline: str | None, verify: bool, kernels: bool = True) -> _Setting:
+def _make_setting(pipeline: str | None, verify: bool, kernels: bool = True,
+                  activations: str = "f32") -> _Setting:
+  if activations not in ACTIVATIONS:
+    raise ValueError(f"activations={activations!r} is not one of "
+                     f"{', '.join(map(repr, ACTIVATIONS))}")
   pipe = _effective(pipeline, verify)
-  setting = _Setting(pipe, _export_variant(pipe), CHECK_EXPORT_PASS, bool(kernels))
+  setting = _Setting(pipe, _export_variant(pipe), CHECK_EXPORT_PASS, bool(kernels), activations)
   for p in (setting.pipeline, setting.export_pipeline, setting.check_pipeline):
     if p:
       _parsed(p)
@@ -359,7 +364,8 @@ def _unwrap_if_idle_locked() -> None:
 
 # --- public API -------------------------------------------------------------------
 
-def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool = True) -> None:
+def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool = True,
+            activations: str = "f32") -> None:
   """Runs ``pipeline`` on every module JAX lowers from now on, in all threads.
 
   Args:
@@ -374,6 +380,13 @@ def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool =
       thus means two things, named apart: the passes run
       (:func:`hxmlir.install_state.is_installed`) and the kernels are used
       (:func:`hxmlir.install_state.use_kernels`).
+    activations: ``"f32"`` (the default) or ``"int8"``, an opt-in that changes the
+      numerics: on CPU, ``hx.matmul_q`` in the checkpoint layout ``f32[..., k] x W[n, k]``
+      with int8, int4 or uint4 weights and ``x`` of at least 16 rows (prefill; a decode
+      step's single row stays f32, bound by the weight's bytes) then quantizes ``x`` to
+      int8 per block of 32 (or of the weight's group) at run time and runs integer dot
+      products (the custom call ``hx_matmul_q_cpu_i8x_v1``, ``csrc/matmul_q_i8x.h``); other
+      formats and layouts keep f32 activations. Part of the setting JAX's caches key on.
 
   Lowerings for ``jax.export`` additionally run ``hx-check-export`` last, and
   hxmlir's registered kernel targets become acceptable to ``jax.export``
@@ -386,8 +399,9 @@ def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool =
     ValueError: (the pass framework's ``PipelineError``) unknown pass or option;
       nothing changes then.
     TypeError: ``pipeline`` is not a string.
+    ValueError: ``activations`` is not one of ``"f32"``, ``"int8"``.
   """
-  setting = _make_setting(pipeline, verify, kernels)
+  setting = _make_setting(pipeline, verify, kernels, activations)
   with _lock:
     _wrap_locked()
     _state.set_global(setting)
@@ -416,8 +430,9 @@ class installed:  # noqa: N801  (a context manager, named like JAX's)
   hxmlir is installed, use :func:`is_installed`.
   """
 
-  def __init__(self, pipeline: str | None = None, *, verify: bool = True, kernels: bool = True):
-    self._setting = _make_setting(pipeline, verify, kernels)
+  def __init__(self, pipeline: str | None = None, *, verify: bool = True, kernels: bool = True,
+               activations: str = "f32"):
+    self._setting = _make_setting(pipeline, verify, kernels, activations)
     self._prev = threading.local()  # per thread: a stack of the values entered over
 
   def __enter__(self) -> installed:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hxmlir.types.einsum import einsum
 from hxmlir.types.qarray import QArray, QArrayTy, dequantize, matmul_q, quantize
 
 
@@ -23,20 +24,24 @@ def is_quantized(w) -> bool:
   return isinstance(jax.typeof(w), QArrayTy)
 
 
-def linear(x, w, b=None, *, naive: bool = False):
-  """``x: f32[*lead, k] @ w + b -> f32[*lead, n]`` for ``w: f32[k, n]`` or ``q8[k, n]``.
+def linear(x, w, b=None, *, naive: bool = False, out_in: bool = False):
+  """``x: f32[*lead, k] @ w + b -> f32[*lead, n]`` for ``w: f32[k, n]`` or ``q8[k, n]``,
+  or with ``out_in=True`` ``x @ w.T + b`` for ``w`` in the checkpoint layout ``[n, k]``.
 
   A quantized ``w`` goes through ``hx.matmul_q`` (the leading axes of ``x`` are
-  flattened into its rows: one 2-D product per layer), or,
-  with ``naive=True``, through ``x @ hx.dequantize(w)``: the dequantize-then-dot
-  baseline that materialises the f32 weight. ``b: f32[n]`` is optional.
+  flattened into its rows: one 2-D product per layer; ``hx.einsum("mk,nk->mn")`` for
+  ``out_in``), or, with ``naive=True``, through ``x @ hx.dequantize(w)``: the
+  dequantize-then-dot baseline that materialises the f32 weight. ``b: f32[n]`` is
+  optional.
   """
   lead, k = x.shape[:-1], x.shape[-1]
   x2 = x.reshape(-1, k)
   if not is_quantized(w):
-    y = x2 @ w
+    y = x2 @ (w.T if out_in else w)
   elif naive:
-    y = x2 @ dequantize(w)
+    y = x2 @ (dequantize(w).T if out_in else dequantize(w))
+  elif out_in:
+    y = einsum("mk,nk->mn", x2, w)
   else:
     y = matmul_q(x2, w)
   y = y.reshape(*lead, y.shape[-1])

@@ -66,7 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hxmlir import formats
-from hxmlir.install_state import is_installed, use_kernels
+from hxmlir.install_state import ACTIVATIONS, current, is_installed, use_kernels
 from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.integration.installation import installed
 from hxmlir.models import llama_sharding
@@ -346,17 +346,18 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   return logits, tuple(k_out), tuple(v_out)
 
 
-def _installed_for(kernels: bool | None, fn):
+def _installed_for(kernels: bool | None, fn, activations: str = "f32"):
   """``fn`` (a jitted function) called, and lowered by its ``lower``, with hxmlir installed
-  as ``kernels`` asks (:class:`Llama`): JAX's caches key on the setting, so it must hold
-  at every call, not only when the function is made. ``None``: ``fn`` itself."""
+  as ``kernels`` and ``activations`` ask (:class:`Llama`): JAX's caches key on the setting,
+  so it must hold at every call, not only when the function is made. ``kernels=None``:
+  ``fn`` itself."""
   if kernels is None:
     return fn
-  block = installed(kernels=kernels)
+  block = installed(kernels=kernels, activations=activations)
 
   def under(method):
     def call(*args):
-      if is_installed() and use_kernels() == kernels:
+      if is_installed() and use_kernels() == kernels and current().activations == activations:
         return method(*args)  # the caller's own pipeline, with the kernels asked for
       with block:
         return method(*args)
@@ -378,12 +379,18 @@ class Llama:
   kept when it already uses the kernels), so its projections run hxmlir's kernels (on
   CPU the native ``hx_matmul_q_cpu_v3``); ``False``: installed with ``kernels=False``
   (the reference decompositions, e.g. to compare with); ``None``: as the caller's
-  setting is at each call."""
+  setting is at each call. ``activations``: ``"f32"`` (default) or ``"int8"``, the opt-in
+  integer-activation kernel for the projections (``hx.install(activations="int8")``: x
+  quantized to int8 per block of 32 at run time; it changes the numerics), with
+  ``kernels=True``."""
 
   def __init__(self, config: Config, params: dict[str, Any], *, max_context: int,
                kv_cache: str = "f32", metadata: dict[str, Any] | None = None,
                path: str = "<gguf>", mesh: jax.sharding.Mesh | None = None,
-               kernels: bool | None = True):
+               kernels: bool | None = True, activations: str = "f32"):
+    if activations not in ACTIVATIONS:
+      raise ValueError(f"activations={activations!r} is not one of "
+                       f"{', '.join(map(repr, ACTIVATIONS))}")
     shardings = None
     if mesh is not None:
       mesh = llama_sharding.auto_mesh(mesh)
@@ -415,22 +422,25 @@ class Llama:
     # one device: hx.jit (the weights cross the call as their arrays, JAX's C++ dispatch);
     # a mesh: jax.jit, whose shardings hx.jit does not take
     jit = jax.jit if mesh is not None else hx_jit
-    self.kernels = kernels
-    self._logits = _installed_for(kernels, jit(counted("logits", 0), **logits))
-    self._prefill = _installed_for(kernels, jit(counted("prefill"), donate_argnums=(3, 4), **step))
-    self._step = _installed_for(kernels, jit(counted("step"), donate_argnums=(3, 4), **step))
-    self._greedy_step = _installed_for(kernels, jit(greedy, donate_argnums=(3, 4), **step))
+    self.kernels, self.activations = kernels, activations
+    self._logits = _installed_for(kernels, jit(counted("logits", 0), **logits), activations)
+    self._prefill = _installed_for(
+        kernels, jit(counted("prefill"), donate_argnums=(3, 4), **step), activations)
+    self._step = _installed_for(
+        kernels, jit(counted("step"), donate_argnums=(3, 4), **step), activations)
+    self._greedy_step = _installed_for(
+        kernels, jit(greedy, donate_argnums=(3, 4), **step), activations)
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
                 max_context: int = 2048, mesh: jax.sharding.Mesh | None = None,
-                kernels: bool | None = True) -> Llama:
+                kernels: bool | None = True, activations: str = "f32") -> Llama:
     """Load the GGUF file ``path`` (:func:`hxmlir.gguf.load`: every tensor in its stored
     format). ``max_context``: the KV cache's positions (at most the file's
     ``context_length``). ``mesh``: a ``jax.sharding.Mesh`` of one axis to run
     tensor-parallel on (:mod:`hxmlir.models.llama_sharding`; on several processes, every
-    process loads the file and calls this alike), or ``None``. ``kernels``: as for
-    :class:`Llama`. Raises
+    process loads the file and calls this alike), or ``None``. ``kernels``, ``activations``:
+    as for :class:`Llama`. Raises
     :class:`UnsupportedModelError` for another architecture (naming it) or a missing
     tensor, ``ValueError`` for a ``kv_cache`` other than :data:`KV_CACHES` or a
     ``max_context`` outside ``[1, context_length]``, :func:`llama_sharding.auto_mesh
@@ -449,7 +459,8 @@ class Llama:
     if mesh is not None:
       llama_sharding.auto_mesh(mesh)  # before loading: a wrong mesh fails fast
     m = cls(cfg, params_of(gguf.load(header), cfg), max_context=max_context,
-            kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh, kernels=kernels)
+            kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh, kernels=kernels,
+            activations=activations)
     m.tokenizer = tokenizer_from_metadata(meta)
     return m
 

@@ -138,14 +138,19 @@ def load_params(path: Path | None = None) -> tuple[Config, dict[str, Any]]:
 
 
 def quantize_params(params: dict[str, Any], dtype=jnp.int8, *, group_size: int | None = None,
-                    method: str = "absmax") -> dict[str, Any]:
+                    method: str = "absmax", out_in: bool = False) -> dict[str, Any]:
   """``params`` with every dense layer's ``w: f32[in, out]`` quantized to ``q8[in, out]``.
 
   ``dtype``, ``group_size`` and ``method`` pick another format (:func:`hxmlir.quantize`):
   scales run along the last axis, ``out``, so ``jnp.int4`` with ``group_size=32`` gives
   ``q4[in, out:g32]``, one scale per 32 consecutive outputs of each input row. Embedding
-  tables, biases and LayerNorm parameters stay f32.
+  tables, biases and LayerNorm parameters stay f32. ``out_in=True``: each ``w``
+  transposed first, to the checkpoint layout ``q8[out, in]`` quantized along ``in``
+  (the layout of the native ``[out, in]`` kernels; :func:`encode` with ``out_in=True``).
   """
+  if out_in:
+    params = _nn.map_weights(params, lambda w: np.ascontiguousarray(np.asarray(w).T),
+                             DENSE_WEIGHTS)
   return _nn.quantize_weights(params, DENSE_WEIGHTS, dtype, group_size=group_size,
                               method=method)
 
@@ -183,14 +188,16 @@ class Tokenizer:
     return ids, mask
 
 
-def encode(params: dict[str, Any], ids, mask, *, cfg: Config = Config(), naive: bool = False):
+def encode(params: dict[str, Any], ids, mask, *, cfg: Config = Config(), naive: bool = False,
+           out_in: bool = False):
   """Sentence embeddings: ``ids, mask: i32[b, s] -> f32[b, hidden]``, rows of unit L2 norm.
 
   BERT forward pass (token type 0 everywhere, as sentence-transformers uses for
   single sentences), then mean pooling over ``mask`` and L2 normalisation.
   ``params`` from :func:`load_params` (f32) or :func:`quantize_params` (q8
   dense weights through ``hx.matmul_q``; ``naive=True`` dequantizes each weight
-  and does an f32 dot instead). Padding positions (mask 0) do not change the
+  and does an f32 dot instead; ``out_in=True``: dense weights in the layout ``[out, in]``,
+  :func:`quantize_params`'s ``out_in``). Padding positions (mask 0) do not change the
   result.
   """
   e = params["embeddings"]
@@ -201,7 +208,7 @@ def encode(params: dict[str, Any], ids, mask, *, cfg: Config = Config(), naive: 
   maskf = mask.astype(jnp.float32)
   # additive key mask; HF BERT uses the dtype's lowest value
   bias = ((1.0 - maskf) * jnp.finfo(jnp.float32).min)[:, None, None, :]
-  lin = lambda h, d: _nn.linear(h, d["w"], d["b"], naive=naive)
+  lin = lambda h, d: _nn.linear(h, d["w"], d["b"], naive=naive, out_in=out_in)
   for layer in params["layers"]:
     a = _nn.attention(lin(x, layer["q"]), lin(x, layer["k"]), lin(x, layer["v"]),
                       cfg.heads, bias)

@@ -58,7 +58,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from hxmlir import _jax, formats, targets
-from hxmlir.install_state import use_kernels
+from hxmlir.install_state import int8_activations, use_kernels
 from hxmlir.lowering import reference
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.matmul_q import blocked, default, streaming
@@ -72,8 +72,12 @@ TARGET_V2 = f"{KERNEL_NAME}_v2"
 """The FFI custom-call target of every format (:mod:`hxmlir.formats`)."""
 TARGET_V3 = f"{KERNEL_NAME}_v3"
 """The FFI custom-call target of the ``[out, in]`` layout, every format."""
-TARGETS = (TARGET, TARGET_V2, TARGET_V3)
-"""Every version of the kernel this hxmlir has, oldest first."""
+TARGET_I8X = f"{KERNEL_NAME}_i8x_v1"
+"""The FFI custom-call target of the ``[out, in]`` layout with integer activations (opt-in:
+``hx.install(activations="int8")``; ``csrc/matmul_q_i8x.h``)."""
+TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_I8X)
+"""Every version of the kernel this hxmlir has, oldest first (the integer-activation
+variant last)."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
 """A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
 flags (``jax._src.config.bool_env``): :data:`TRUE_VALUES` / :data:`FALSE_VALUES`, any
@@ -92,7 +96,10 @@ CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu"
                                      owner="hxmlir")
 CPU_KERNEL_V2 = targets.register_kernel(TARGET_V2, KERNEL_NAME, 2, ("cpu",), owner="hxmlir")
 CPU_KERNEL_V3 = targets.register_kernel(TARGET_V3, KERNEL_NAME, 3, ("cpu",), owner="hxmlir")
-assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name) == TARGETS
+CPU_KERNEL_I8X = targets.register_kernel(TARGET_I8X, f"{KERNEL_NAME}_i8x", 1, ("cpu",),
+                                         owner="hxmlir")
+assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name,
+        CPU_KERNEL_I8X.ir_name) == TARGETS
 
 
 @dataclass(frozen=True)
@@ -194,11 +201,12 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V2, ext.handler_v2(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_I8X, ext.handler_i8x_v1(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
 
 EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
-                 "max_threads")
+                 "handler_i8x_v1", "i8x_isa", "max_threads")
 """What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
 sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
 an import error."""
@@ -292,7 +300,7 @@ def matmul_q_native_v2(x, q, s):
                                           group_size=np.int64(formats.group_attribute(group)))
 
 
-def matmul_q_native_v3(x, q, s, o=None):
+def matmul_q_native_v3(x, q, s, o=None, *, target: str = TARGET_V3):
   """``x @ dequantize(q, s, o).T`` through the custom call ``hx_matmul_q_cpu_v3``: the
   checkpoint layout ``[out, in]``, any format.
 
@@ -305,23 +313,54 @@ def matmul_q_native_v3(x, q, s, o=None):
   operands and passed as the call's ``dtype``/``layout``/``group_size``/``scale_dtype``/
   ``offset`` attributes. Raises ``TypeError`` naming the operand types when no format has
   these components or ``s``'s shape fits no group size; runs only where the target is
-  registered (:func:`cpu_kernel_info`).
+  registered (:func:`cpu_kernel_info`). ``target``: the custom call (:data:`TARGET_V3`, or
+  :data:`TARGET_I8X`: :func:`matmul_q_native_i8x`).
   """
   fmt = formats.of_components(q.dtype, s.dtype, o is not None)
   dense = None if fmt is None or q.ndim != 2 else fmt.dense_shape(q.shape)
   group = None if dense is None else formats.group_of(dense, s.shape)
   if dense is None or isinstance(group, str):
     offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
-    raise TypeError(f"{TARGET_V3}: no quantization format of a weight [n, k] for values "
+    raise TypeError(f"{target}: no quantization format of a weight [n, k] for values "
                     f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
                     + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
                     + formats.components_text("n", where=lambda f: "nk" in f.native_cpu, axis="k"))
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[0]), jnp.float32)
   operands = (x, q, s) if o is None else (x, q, s, o)
-  return jax.ffi.ffi_call(TARGET_V3, out)(
+  return jax.ffi.ffi_call(target, out)(
       *operands, dtype=fmt.value_dtype.name, layout=fmt.layout,
       group_size=np.int64(formats.group_attribute(group)), scale_dtype=fmt.scale_mlir,
       offset=bool(fmt.offset))
+
+
+I8X_DTYPES = ("int8", "int4", "uint4")
+"""The weights' value dtypes :data:`TARGET_I8X` takes."""
+I8X_MAX_BLOCK = 65536
+"""The largest block of ``x`` (the weight's group) :data:`TARGET_I8X` takes (int32 sums)."""
+I8X_MIN_ROWS = 16
+"""The fewest rows of ``x`` (its leading dims' product) a call of :data:`TARGET_I8X` is
+chosen for: below, the call is bound by the weight's bytes (decode, ``m = 1``), which the
+f32-activation kernel streams at memory speed, while the integer kernel decodes the
+weight into its own layout first; integer activations are the prefill's mode."""
+
+
+def i8x_takes(fmt: formats.Format, group: int | None, rows: int = I8X_MIN_ROWS) -> bool:
+  """Whether :data:`TARGET_I8X` is chosen for weights of format ``fmt`` with groups of
+  ``group`` along ``k`` (``None``: one scale per row) and ``x`` of ``rows`` rows."""
+  return (fmt.value_dtype.name in I8X_DTYPES and (group or 32) <= I8X_MAX_BLOCK
+          and rows >= I8X_MIN_ROWS)
+
+
+def matmul_q_native_i8x(x, q, s, o=None):
+  """:func:`matmul_q_native_v3` with integer activations: the custom call
+  ``hx_matmul_q_cpu_i8x_v1`` (``csrc/matmul_q_i8x.h``). ``x: f32[*b, k]`` is quantized at
+  run time to int8 per block of ``B`` along ``k`` (``B = 32`` for weights with one scale
+  per row or groups of a multiple of 32, else the group size): ``s_x = amax / 127``,
+  ``qx = round(x / s_x)``; then ``y[..., j] = sum (s_x qx) (q s + o)`` with exact int32
+  dot products per block. Weights int8, int4, uint4 (:func:`i8x_takes`); operands and
+  errors as :func:`matmul_q_native_v3`'s.
+  """
+  return matmul_q_native_v3(x, q, s, o, target=TARGET_I8X)
 
 
 def native_call_problem(call_targets: Iterable[str]) -> str | None:
@@ -332,7 +371,8 @@ def native_call_problem(call_targets: Iterable[str]) -> str | None:
   inactive here (with :func:`cpu_kernel_info`'s reason). Used by
   ``hxmlir.export.deserialize``.
   """
-  needed = sorted({t for t in call_targets if t.startswith(f"{KERNEL_NAME}_v")})
+  needed = sorted({t for t in call_targets
+                   if t.startswith((f"{KERNEL_NAME}_v", f"{KERNEL_NAME}_i8x_v"))})
   if not needed:
     return None
   other = [t for t in needed if t not in TARGETS]
@@ -373,6 +413,18 @@ def _kernel_layout(x_aval, q_aval, dims) -> str | None:
   return None
 
 
+def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval, rows: int):
+  """The native call of the checkpoint layout for weights of ``fmt`` (dense ``[n, k]``,
+  scales ``s_aval``) and ``x`` of ``rows`` rows: ``hx_matmul_q_cpu_i8x_v1`` (integer
+  activations) where the setting opted in (``hx.install(activations="int8")``) and
+  :func:`i8x_takes` (the format, and ``rows`` at least ``I8X_MIN_ROWS``: prefill), else
+  ``hx_matmul_q_cpu_v3``."""
+  group = formats.group_of_scale(dense, s_aval)
+  if int8_activations() and i8x_takes(fmt, group, rows):
+    return matmul_q_native_i8x
+  return matmul_q_native_v3
+
+
 def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
                        dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
@@ -401,7 +453,9 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     but the next;
   - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
     ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
-    under the same policy and size bound, else the blocked path.
+    under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
+    for int8/int4/uint4 values and ``x`` of at least ``I8X_MIN_ROWS`` rows where
+    ``hx.install(activations="int8")`` opted in), else the blocked path.
   """
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   fmt = default.weight_format(ctx)
@@ -410,7 +464,8 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     n, k = fmt.dense_shape(q_aval.shape)
     if "nk" in fmt.native_cpu and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                             reference=matmul_q_native_v3,
+                             reference=_nk_kernel(fmt, (n, k), s_aval,
+                                                  int(np.prod(x_aval.shape[:-1]))),
                              attributes=default.matmul_q_attributes(ctx, dims))
     return _lower_blocked(ctx, (x, q, s, *o), dims)
   if "kn" not in fmt.native_cpu:

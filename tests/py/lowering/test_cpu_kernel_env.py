@@ -22,12 +22,12 @@ except ImportError:
 
 # A stand-in for the extension on a CPU that runs only the portable build: installed in
 # sys.modules before hxmlir is imported, so _load finds it instead of the real one.
-_PORTABLE_ONLY_CPU = """
+_PORTABLE_ONLY_CPU = f"""
     import sys, types
     ext = types.ModuleType("hxmlir._matmul_q_cpu")
-    ext.supported_isas = lambda: ("generic",)
-    for name in ("select_isa", "handler", "handler_v2", "handler_v3", "max_threads"):
+    for name in {native.EXTENSION_API!r}:
       setattr(ext, name, lambda *args: None)  # the whole API: not an older build
+    ext.supported_isas = lambda: ("generic",)
     sys.modules["hxmlir._matmul_q_cpu"] = ext
 """
 

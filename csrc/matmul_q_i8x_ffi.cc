@@ -1,0 +1,141 @@
+// The XLA FFI handler of hx.matmul_q on CPU with integer activations, in the [out, in]
+// layout (custom call target "hx_matmul_q_cpu_i8x_v1"; semantics and numerics in
+// matmul_q_i8x.h): operands and attributes exactly as hx_matmul_q_cpu_v3's
+// (matmul_q_nk_ffi.cc), dtypes int8, int4 and uint4 (float8_e4m3fn is refused).
+//
+// x is quantized once per call, in tasks of rows taken first by whichever threads are
+// there (its buffers are read by every thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
+// into a thread's scratch, rows x row_bytes fitting half the L2 cache), about
+// kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
+// is computed by one thread in an order fixed by the shapes alone.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "matmul_q_i8x.h"
+#include "matmul_q_nk_ffi.h"
+#include "matmul_q_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hxmlir {
+
+namespace {
+std::atomic<const I8xKernels*> g_i8x_kernels{nullptr};
+}  // namespace
+
+void SelectI8xKernels(const I8xKernels* k) { g_i8x_kernels.store(k, std::memory_order_release); }
+
+const I8xKernels* SelectedI8xKernels() {
+  const I8xKernels* k = g_i8x_kernels.load(std::memory_order_acquire);
+  return k == nullptr ? I8xKernelsGeneric() : k;
+}
+
+namespace {
+
+constexpr char kTarget[] = "hx_matmul_q_cpu_i8x_v1";
+
+// Tasks [0, qtasks) quantize x, `qrows` rows each (on whichever threads take them first);
+// tasks [qtasks, total) are the blocks of rows of W, each waiting for every quantize task
+// (all begun by then: tasks are taken in order) before it reads x.
+struct I8xJob : BlockedJob {
+  I8xProblem p;
+  const I8xKernels* kern;
+  const float* x = nullptr;
+  int8_t* qx = nullptr;
+  float *sx = nullptr, *xsum = nullptr;
+  int32_t* qsum = nullptr;
+  int64_t row_bytes = 0, qtasks = 0, qrows = 0;
+  std::atomic<int64_t> quantized{0};
+
+  void Run(int64_t t) {
+    if (t < qtasks) {
+      kern->quantize(p, x, t * qrows, std::min(p.m, (t + 1) * qrows), qx, sx, xsum, qsum);
+      quantized.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    while (quantized.load(std::memory_order_acquire) < qtasks) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const int64_t j0 = (t - qtasks) * block_len, j1 = std::min(p.n, j0 + block_len);
+    float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
+    kern->blocks(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
+  }
+};
+
+// Rows of x per quantize task: about 16 KiB of x each, at least 4 rows.
+constexpr int64_t kQuantizeFloats = int64_t{1} << 12;
+
+ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                      ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                      std::string_view dtype, std::string_view layout, int64_t group_size,
+                      std::string_view scale_dtype, bool offset) {
+  NkProblem nk;
+  if (ffi::Error e = BindNk(kTarget, x, q, s, rest, &*y, dtype, layout, group_size, scale_dtype,
+                            offset, &nk);
+      e.failure())
+    return e;
+  if (nk.values == NkValues::kFp8E4M3Fn)
+    return ffi::Error::InvalidArgument(
+        std::string(kTarget) + ": dtype float8_e4m3fn has no integer-activation kernel "
+        "(int8, int4 and uint4 weights only; hx_matmul_q_cpu_v3 takes it)");
+  const int64_t b = I8xBlock(group_size);
+  if (b > kI8xMaxBlock)
+    return ffi::Error::InvalidArgument(
+        std::string(kTarget) + ": group_size " + std::to_string(group_size) + " is above " +
+        std::to_string(kI8xMaxBlock) + " (the int32 sums of a block could overflow)");
+  if (NothingToCompute(1, nk.m, nk.k, nk.n, nk.y)) return ffi::Error::Success();
+
+  const I8xKernels* kern = SelectedI8xKernels();
+  auto job = std::make_shared<I8xJob>();
+  job->kern = kern;
+  I8xProblem& p = job->p;
+  p.q = nk.q, p.s = nk.s, p.o = nk.o, p.f16 = nk.f16, p.values = nk.values, p.y = nk.y;
+  p.m = nk.m, p.k = nk.k, p.n = nk.n, p.g = nk.g, p.b = b;
+  p.nb = CeilDiv(p.k, b);
+  p.steps = CeilDiv(b, 4);
+  p.plan = I8xMakePlan(p.nb, p.steps);
+  p.nsb = p.plan.full + p.plan.tails;
+  const int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
+  float* side = ThreadBuffer(kPartial, 3 * lanes);
+  job->x = nk.x, job->qx = qx, job->sx = side, job->xsum = side + lanes;
+  job->qsum = reinterpret_cast<int32_t*>(side + 2 * lanes);
+  p.qx = qx, p.sx = side, p.xsum = side + lanes, p.qsum = job->qsum;
+
+  job->row_bytes = kern->row_bytes(p);
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  const int64_t nr = kern->tile_nr;
+  Blocking blk = ColumnBlocks(p.n, 1, nr, threads);
+  const int64_t fit = std::max(nr, CpuL2Bytes() / 2 / job->row_bytes / nr * nr);
+  if (blk.len > fit) blk = {fit, CeilDiv(p.n, fit)};
+  job->Plan(1, blk);
+  job->qrows = threads > 1 ? std::max<int64_t>(4, kQuantizeFloats / p.k) : p.m;
+  job->qtasks = CeilDiv(p.m, job->qrows);
+  job->total += job->qtasks;
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hxmlir
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV1, hxmlir::MatmulQI8x,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::AnyBuffer>()         // q (s8, u8)
+                                  .Arg<ffi::AnyBuffer>()         // s (f32, f16)
+                                  .RemainingArgs()               // o (offset formats)
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
+                                  .Attr<std::string_view>("dtype")
+                                  .Attr<std::string_view>("layout")
+                                  .Attr<int64_t>("group_size")
+                                  .Attr<std::string_view>("scale_dtype")
+                                  .Attr<bool>("offset"));

@@ -1,0 +1,263 @@
+"""``hx_matmul_q_cpu_i8x_v1``: the integer-activation CPU kernel of the ``[out, in]`` layout.
+
+Opt-in only (``hx.install(activations="int8")``). ``x: f32[m, k]`` is quantized per block
+of ``B`` along ``k`` (``B = 32`` for weights with one scale per row or groups of a multiple
+of 32, else the group), ``s_x = fl(amax / 127)``, ``qx = rint(fl(x / s_x))``; the kernel
+computes, per block, ``fl(s_w s_x) * D + fl(o - c s_w) * fl(s_x Sq)`` with ``D = sum u qx``
+exact in int32 (``u = v + c``: ``c`` = 128 int8, 8 int4, 0 uint4), ``Sq = sum qx``
+(``csrc/matmul_q_i8x.h``).
+
+Numbers, two ways:
+
+- against float64 ``(s_x qx) @ (v s + o).T``, the same integer-activation semantics with
+  ``qx`` computed here in numpy with the same f32 operations (so exactly the kernel's):
+  a block's ``D`` is summed in parts (the lanes it is spread over), each converted
+  exactly to f32 (below 2^24); each term has at most 3 roundings before it is added
+  (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product), a
+  lane's terms are added in sequence over its ``nsb <= nb / 16 + 4`` super-blocks (2 adds
+  each), the 16 lanes as a tree (4): the error is at most
+  ``gamma_{2 nsb + 7} * sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``;
+- against f32 activations (``hx_matmul_q_cpu_v3``): ``|s_x qx - x| <= s_x / 2`` per element
+  (round to nearest; ``|x / s_x| <= 127`` needs no clipping), so the two differ by at most
+  ``sum_b s_x / 2 * sum_{kk in b} |v s + o|`` plus the two kernels' own rounding bounds.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+import pytest
+from numerics import TINY, assert_within, gamma
+from test_matmul_q_formats_native import _with_isa
+from test_matmul_q_nk_native import LANES, _components
+
+import hxmlir as hx
+import hxmlir.export as hxe
+from hxmlir import formats
+from hxmlir.lowering.matmul_q import cpu as native
+
+INFO = hx.cpu_kernel_info()
+needs_native = pytest.mark.skipif(not INFO.active, reason=f"native kernel inactive: {INFO}")
+I8X = jax.jit(native.matmul_q_native_i8x)
+V3 = jax.jit(native.matmul_q_native_v3)
+NAMES = [n for n, f in formats.FORMATS.items() if f.value_dtype.name in native.I8X_DTYPES]
+BIAS = {"int8": 128, "int4": 8, "uint4": 0}
+
+
+def _values(fmt: formats.Format, q) -> np.ndarray:
+  """The integer values of stored ``q`` (``[n, k / pack]``) as int64 ``[n, k]``."""
+  if fmt.pack == 1:
+    return np.asarray(q).astype(np.int64)
+  b = np.asarray(q).astype(np.int64)
+  u = np.stack([b & 15, b >> 4], axis=-1).reshape(b.shape[0], -1)
+  return np.where(u >= 8, u - 16, u) if fmt.value_dtype.name == "int4" else u
+
+
+def _block(group: int | None) -> int:
+  return 32 if group is None or group % 32 == 0 else group
+
+
+def _quantize(x: np.ndarray, b: int):
+  """``x: f32[m, k]`` -> (``qx: int64[m, nb * b]`` zero-padded, ``s_x: f32[m, nb]``), as the
+  kernel quantizes it (module docstring)."""
+  m, k = x.shape
+  nb = -(-k // b)
+  xb = np.zeros((m, nb * b), np.float32)
+  xb[:, :k] = x
+  xb = xb.reshape(m, nb, b)
+  sx = (np.max(np.abs(xb), axis=-1) / np.float32(127)).astype(np.float32)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    v = np.where(sx[..., None] > 0, xb / sx[..., None], np.float32(0)).astype(np.float32)
+  qx = np.rint(np.clip(v, -127, 127)).astype(np.int64)
+  return qx.reshape(m, nb * b), sx
+
+
+def _expected(x, q, s, o, fmt, group):
+  """(float64 ``y`` of the integer-activation semantics, its rounding bound, the f32
+  activations' difference bound ``sum_b s_x / 2 * sum |w|``)."""
+  n = q.shape[0]
+  k = x.shape[-1]
+  b = _block(group)
+  qx, sx = _quantize(x.reshape(-1, k), b)
+  nb = sx.shape[1]
+  per = k if group is None else group
+  s64 = np.repeat(np.asarray(s, np.float64).reshape(n, -1), per, axis=1)
+  o64 = (np.zeros_like(s64) if o is None
+         else np.repeat(np.asarray(o, np.float64).reshape(n, -1), per, axis=1))
+  v = _values(fmt, q).astype(np.float64)
+  c = BIAS[fmt.value_dtype.name]
+
+  def blocks(a):  # [rows, k] -> [rows, nb, b], zero-padded
+    out = np.zeros((a.shape[0], nb * b))
+    out[:, :k] = a
+    return out.reshape(a.shape[0], nb, b)
+
+  qb = qx.reshape(-1, nb, b).astype(np.float64)
+  sw_b = blocks(s64)[:, :, 0] if b <= per else None  # one scale per block (B divides g)
+  assert sw_b is not None
+  ow_b = blocks(o64)[:, :, 0]
+  # sum |u qx| per block: at least |D| of every part of a block the kernel sums apart
+  d = np.einsum("mbe,nbe->mnb", np.abs(qb), blocks(np.abs(v + c)))
+  sq = qb.sum(-1)  # [m, nb]
+  y = np.einsum("mb,mbe,nbe->mn", sx.astype(np.float64), qb, blocks(v * s64 + o64))
+  terms = (np.abs(sw_b[None] * sx[:, None] * d)
+           + np.abs((ow_b - c * sw_b)[None] * (sx * sq)[:, None]))
+  nsb = nb // 16 + 4  # super-blocks: whole ones of 16 blocks and at most 4 narrower
+  bound = gamma(2 * nsb + 7) * terms.sum(-1) + 2 * nb * TINY
+  dx = np.einsum("mb,nb->mn", sx.astype(np.float64) / 2, blocks(np.abs(v * s64 + o64)).sum(-1))
+  shape = (*x.shape[:-1], n)
+  return y.reshape(shape), bound.reshape(shape), dx.reshape(shape)
+
+
+# (x's leading shape, n, k): m in {1, 3, 17, 128} and a rank-3 x; n odd; k with 15 (8 + 4
+# + 2 + 1: every narrow super-block), 18 (16 + 2), 16 (one whole super-block, the last row
+# read to its end) and 6 blocks of 32, k = 90 (groups of 2 or 3, a block of 26 left over
+# per row), k = 333 (odd: int8 only).
+SHAPES = [((1,), 67, 480), ((3,), 33, 96), ((17,), 41, 192), ((128,), 29, 576),
+          ((2, 3), 35, 96), ((6,), 13, 90), ((17,), 19, 333), ((5,), 7, 512)]
+GROUPS = [None, 32, 16, "small"]  # small: 3 (one value per byte) or 2 (pairs)
+
+
+def _group(fmt, group):
+  return (2 if fmt.pack == 2 else 3) if group == "small" else group
+
+
+def _cases(name, group):
+  fmt = formats.FORMATS[name]
+  g = _group(fmt, group)
+  rng = np.random.default_rng(abs(hash((name, str(group), "i8x"))) % 2**32)
+  for lead, n, k in SHAPES:
+    if k % fmt.pack or (g is not None and k % g):
+      continue
+    q, s, o, vs, oo = _components(rng, fmt, n, k, g)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    yield fmt, g, x, (x, q, s) if o is None else (x, q, s, o), (vs, oo)
+
+
+@needs_native
+@pytest.mark.parametrize("group", GROUPS, ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_matches_float64_integer_activations_every_isa(name, group):
+  for fmt, g, x, args, (vs, oo) in _cases(name, group):
+    want, bound, dx = _expected(x, args[1], args[2], args[3] if len(args) > 3 else None, fmt, g)
+    y_f32 = V3(*args)
+    k = x.shape[-1]
+    x64 = np.asarray(x, np.float64)
+    f32_bound = gamma(k + LANES + 2) * (np.abs(x64) @ (np.abs(vs) + np.abs(oo)).T) + k * TINY
+    for isa in INFO.supported_isas:
+      y = _with_isa(isa, I8X, *args)
+      what = f"{name} g{g} {isa} x{list(x.shape)} W[{args[1].shape[0]},{k}]: "
+      assert y.shape == want.shape and y.dtype == np.float32
+      assert_within(y, want, bound, what)
+      assert_within(y, y_f32, dx + bound + f32_bound, what + "vs f32 activations: ")
+
+
+@needs_native
+def test_activations_are_really_quantized():
+  """The kernel's result is off the f32-activation value by more than its rounding bound
+  (x is quantized, not used as f32), and within the quantization bound."""
+  fmt = formats.FORMATS["uint4_f16"]
+  fmt_, g, x, args, _ = next(_cases("uint4_f16", 32))
+  want, bound, _ = _expected(x, args[1], args[2], args[3], fmt, g)
+  y = np.asarray(I8X(*args), np.float64)
+  y_f32 = np.asarray(V3(*args), np.float64)
+  assert np.max(np.abs(y - y_f32) - bound) > 0
+  assert_within(y, want, bound)
+
+
+@needs_native
+def test_nan_in_a_block_makes_its_row_nan_and_zeros_give_zeros():
+  fmt_, g, x, args, _ = next(_cases("int8_f16", 32))
+  x = np.tile(x, (4, 1))
+  x[1, 5] = np.nan
+  x[2, 40] = np.inf
+  x[3] = 0
+  y = np.asarray(I8X(x, *args[1:]))
+  assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+  assert np.isfinite(y[0]).all() and (y[3] == 0).all()
+
+
+@needs_native
+def test_kernel_refuses_fp8_and_bad_operands():
+  x = np.ones((3, 64), np.float32)
+  q = np.zeros((5, 64), np.uint8).view(np.dtype("float8_e4m3fn"))
+  out = jax.ShapeDtypeStruct((3, 5), np.float32)
+  attrs = dict(dtype="float8_e4m3fn", layout="plain", group_size=np.int64(32),
+               scale_dtype="f32", offset=False)
+  with pytest.raises(Exception, match="hx_matmul_q_cpu_i8x_v1: dtype float8_e4m3fn has no "
+                                      "integer-activation kernel"):
+    jax.ffi.ffi_call(native.TARGET_I8X, out)(x, q, np.ones((5, 2), np.float32), **attrs)
+  with pytest.raises(Exception, match=r"hx_matmul_q_cpu_i8x_v1: expects f32\[\*b, k\], s8\[n, k\]"):
+    jax.ffi.ffi_call(native.TARGET_I8X, out)(
+        x, np.zeros((5, 64), np.int8), np.ones((5, 3), np.float32), **(attrs | dict(
+            dtype="int8")))
+
+
+def _calls(text):
+  return re.findall(r"stablehlo\.custom_call @(\w+)\(", text)
+
+
+@needs_native
+@pytest.mark.parametrize("name", list(formats.FORMATS))
+def test_only_the_opt_in_emits_the_i8x_target(name):
+  """Installed by default (and with ``activations="f32"``), ``hx.einsum("bmk,nk->bmn")``
+  calls hx_matmul_q_cpu_v3, never the integer-activation target; with
+  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of at
+  least ``I8X_MIN_ROWS`` rows (fp8, and a decode step's single row, keep v3)."""
+  fmt = formats.FORMATS[name]
+  rng = np.random.default_rng(5)
+  q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)
+  w = hx.make_qarray(q, s, o) if o is not None else hx.make_qarray(q, s)
+  rows = native.I8X_MIN_ROWS
+  x = rng.standard_normal((2, rows // 2, 288)).astype(np.float32)
+  f = jax.jit(lambda x, w: hx.einsum("bmk,nk->bmn", x, w))
+  for kw in ({}, {"activations": "f32"}):
+    with hx.installed(**kw):
+      assert _calls(f.lower(x, w).as_text()) == ["hx_matmul_q_cpu_v3"]
+  with hx.installed(activations="int8"):
+    text = f.lower(x, w).as_text()
+    y = f(x, w)
+    for fewer in (x[:1, :1], np.concatenate([x[0], x[1, :-1]])[None]):  # 1, rows - 1 rows
+      assert _calls(f.lower(fewer, w).as_text()) == ["hx_matmul_q_cpu_v3"]
+  takes = name in NAMES
+  assert _calls(text) == ["hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
+  if takes:  # the jitted call ran the opt-in kernel: its numbers
+    want, bound, _ = _expected(x.reshape(rows, 288), q, s, o, fmt, 32)
+    assert_within(np.asarray(y).reshape(rows, 260), want, bound)
+  with hx.installed(activations="int8", kernels=False):
+    assert _calls(f.lower(x, w).as_text()) == []
+
+
+@needs_native
+def test_export_keeps_stablehlo_unless_asked():
+  """An export lowered with ``activations="int8"`` is portable StableHLO, as for the other
+  native kernels; with ``hx.keep_native_cpu_calls()`` it calls the versioned target,
+  which ``jax.export`` accepts (registered) and which runs after deserialization."""
+  fmt = formats.FORMATS["uint4_f16"]
+  rng = np.random.default_rng(11)
+  q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)  # above the kernels' size bound
+  x = rng.standard_normal((native.I8X_MIN_ROWS, 288)).astype(np.float32)
+  w = hx.make_qarray(q, s, o)
+  f = lambda x, w: hx.einsum("mk,nk->mn", x, w)
+  with hx.installed(activations="int8"):
+    portable = hxe.export(f)(x, w)
+    with hx.keep_native_cpu_calls():
+      kept = hxe.export(f)(x, w)
+  assert "custom_call" not in portable.mlir_module()
+  assert _calls(kept.mlir_module()) == ["hx_matmul_q_cpu_i8x_v1"]
+  want, bound, _ = _expected(x, q, s, o, fmt, 32)
+  assert_within(hxe.deserialize(kept.serialize()).call(x, w), want, bound)
+
+
+def test_native_call_problem_knows_the_target():
+  assert native.TARGET_I8X in native.TARGETS
+  msg = native.native_call_problem(["hx_matmul_q_cpu_i8x_v2"])
+  assert msg.startswith("it calls the native CPU kernel hx_matmul_q_cpu_i8x_v2, which this "
+                        "hxmlir does not have")
+
+
+def test_install_refuses_an_unknown_activation_dtype():
+  with pytest.raises(ValueError, match="activations='int4' is not one of 'f32', 'int8'"):
+    hx.installed(activations="int4")
