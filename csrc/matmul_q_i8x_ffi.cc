@@ -111,11 +111,7 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
 
   job->row_bytes = kern->row_bytes(p);
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
-  const int64_t nr = kern->tile_nr;
-  Blocking blk = ColumnBlocks(p.n, 1, nr, threads);
-  const int64_t fit = std::max(nr, CpuL2Bytes() / 2 / job->row_bytes / nr * nr);
-  if (blk.len > fit) blk = {fit, CeilDiv(p.n, fit)};
-  job->Plan(1, blk);
+  job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, job->row_bytes));
   job->qrows = threads > 1 ? std::max<int64_t>(4, kQuantizeFloats / p.k) : p.m;
   job->qtasks = CeilDiv(p.m, job->qrows);
   job->total += job->qtasks;
@@ -126,16 +122,4 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
 }  // namespace
 }  // namespace hxmlir
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV1, hxmlir::MatmulQI8x,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::AnyBuffer>()         // q (s8, u8)
-                                  .Arg<ffi::AnyBuffer>()         // s (f32, f16)
-                                  .RemainingArgs()               // o (offset formats)
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
-                                  .Attr<std::string_view>("dtype")
-                                  .Attr<std::string_view>("layout")
-                                  .Attr<int64_t>("group_size")
-                                  .Attr<std::string_view>("scale_dtype")
-                                  .Attr<bool>("offset"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV1, hxmlir::MatmulQI8x, HX_NK_FFI_BINDING());

@@ -194,7 +194,11 @@ ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   return ffi::Error::Success();
 }
 
-int64_t CpuL2Bytes() { return L2Bytes(); }
+Blocking NkRowBlocks(int64_t n, int64_t nr, int64_t threads, int64_t row_bytes) {
+  const Blocking b = ColumnBlocks(n, 1, nr, threads);
+  const int64_t fit = std::max(nr, L2Bytes() / 2 / row_bytes / nr * nr);
+  return b.len > fit ? Blocking{fit, CeilDiv(n, fit)} : b;
+}
 
 namespace {
 
@@ -219,13 +223,8 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
     // k in blocks whose tiles of x and of decoded W (tile_mr + tile_nr rows) fill half of L1
     const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
     p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
-    // rows of W per block: about kBlocksPerThread blocks per thread, whole tiles, and the
-    // decoded block (rows x k f32) in half the L2 cache
-    const int64_t nr = kern->tile_nr;
-    Blocking b = ColumnBlocks(p.n, 1, nr, threads);
-    const int64_t fit = std::max(nr, L2Bytes() / 2 / (4 * p.k) / nr * nr);
-    if (b.len > fit) b = {fit, CeilDiv(p.n, fit)};
-    job->Plan(1, b);
+    // rows of W per block, decoded to f32 (4 k bytes a row)
+    job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, 4 * p.k));
   } else {
     p.xd = p.x;
     if (pack > 1) {
@@ -253,16 +252,4 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
 }  // namespace
 }  // namespace hxmlir
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV3, hxmlir::MatmulQV3,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::AnyBuffer>()         // q (s8, u8, f8E4M3FN)
-                                  .Arg<ffi::AnyBuffer>()         // s (f32, f16)
-                                  .RemainingArgs()               // o (offset formats)
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
-                                  .Attr<std::string_view>("dtype")
-                                  .Attr<std::string_view>("layout")
-                                  .Attr<int64_t>("group_size")
-                                  .Attr<std::string_view>("scale_dtype")
-                                  .Attr<bool>("offset"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV3, hxmlir::MatmulQV3, HX_NK_FFI_BINDING());

@@ -1,6 +1,6 @@
 // What the FFI handlers of the [out, in] layout share (hx_matmul_q_cpu_v3,
 // hx_matmul_q_cpu_i8x_v1): the check of their operands and attributes, and the cache size
-// their blocks are planned by. Defined in matmul_q_nk_ffi.cc.
+// their blocks are planned by, and their FFI binding. Defined in matmul_q_nk_ffi.cc.
 #ifndef HXMLIR_CSRC_MATMUL_Q_NK_FFI_H_
 #define HXMLIR_CSRC_MATMUL_Q_NK_FFI_H_
 
@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "matmul_q_nk.h"
+#include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace hxmlir {
@@ -21,9 +22,26 @@ xla::ffi::Error BindNk(std::string_view target, xla::ffi::Buffer<xla::ffi::F32> 
                        std::string_view dtype, std::string_view layout, int64_t group_size,
                        std::string_view scale_dtype, bool offset, NkProblem* p);
 
-// The L2 cache's bytes as this CPU reports them (256 KiB when it does not say).
-int64_t CpuL2Bytes();
+// Blocks of rows of W: about kBlocksPerThread per thread, whole tiles of nr rows, and no
+// more rows than fill half the L2 cache this CPU reports (256 KiB when it does not say)
+// at row_bytes bytes each (the block's decoded rows, in a thread's scratch).
+Blocking NkRowBlocks(int64_t n, int64_t nr, int64_t threads, int64_t row_bytes);
 
 }  // namespace hxmlir
+
+// The operands and attributes both handlers bind (BindNk checks them).
+#define HX_NK_FFI_BINDING()                                                   \
+  ::xla::ffi::Ffi::Bind()                                                     \
+      .Ctx<::xla::ffi::ThreadPool>()                                          \
+      .Arg<::xla::ffi::Buffer<::xla::ffi::F32>>() /* x */                     \
+      .Arg<::xla::ffi::AnyBuffer>()               /* q */                     \
+      .Arg<::xla::ffi::AnyBuffer>()               /* s (f32, f16) */          \
+      .RemainingArgs()                            /* o (offset formats) */    \
+      .Ret<::xla::ffi::Buffer<::xla::ffi::F32>>() /* y */                     \
+      .Attr<std::string_view>("dtype")                                        \
+      .Attr<std::string_view>("layout")                                       \
+      .Attr<int64_t>("group_size")                                            \
+      .Attr<std::string_view>("scale_dtype")                                  \
+      .Attr<bool>("offset")
 
 #endif  // HXMLIR_CSRC_MATMUL_Q_NK_FFI_H_
