@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 import jax
+import numpy as np
 from jax.experimental.hijax import (
   HiType,
   ShapedArray,
@@ -359,6 +360,29 @@ def _value_type_name(v) -> str:
     return shd.short(jax.typeof(v))
   except Exception:  # a value of traced parts built by hand: its class is all we know
     return type(v).__name__
+
+
+class DenseValue:
+  """What a hi value class of an f32 dense array shares, from its ``shape`` (the dense
+  shape it represents): ``dtype`` (``float32``), ``ndim`` (the dense rank) and ``size``
+  (the dense element count, which ``jax.jacfwd`` builds its basis of dense tangents
+  from)."""
+  __slots__ = ()
+
+  @property
+  def dtype(self):
+    """The dtype of the dense array represented: ``float32``."""
+    return _F32
+
+  @property
+  def ndim(self) -> int:
+    """The dense rank."""
+    return len(self.shape)
+
+  @property
+  def size(self) -> int:
+    """The dense element count."""
+    return int(np.prod(self.shape, dtype=np.int64))
 
 
 def value_refusals(how: str):

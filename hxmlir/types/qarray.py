@@ -42,6 +42,7 @@ from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat, is_hi_level_trac
 from hxmlir.types import dotdims, matmul_q_typing
 from hxmlir.types import shardings as shd
 from hxmlir.types.hiprim import (
+  DenseValue,
   DenseValuedType,
   HxPrimitive,
   NeedsJitShardMap,
@@ -60,7 +61,7 @@ F32 = jnp.dtype("float32")
 I8 = jnp.dtype("int8")
 
 @dataclass(frozen=True)
-class QArray:
+class QArray(DenseValue):
   """A quantized array value: ``qvalue: i8[*lead, n]``, ``scale: f32[*lead]``.
 
   Represents ``qvalue.astype(f32) * scale[..., None]``. Construct it with
@@ -98,21 +99,6 @@ class QArray:
     """The dense shape ``(*lead, n)`` (twice the stored last axis for packed int4)."""
     f = formats.of_storage(self.qvalue.dtype)
     return f.dense_shape(self.qvalue.shape) if f is not None else tuple(self.qvalue.shape)
-
-  @property
-  def dtype(self):
-    """The dtype of the dense array represented: ``float32``."""
-    return F32
-
-  @property
-  def ndim(self) -> int:
-    """The dense rank."""
-    return len(self.shape)
-
-  @property
-  def size(self) -> int:
-    """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
-    return int(np.prod(self.shape, dtype=np.int64))
 
   # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(

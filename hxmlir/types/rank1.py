@@ -15,7 +15,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental.hijax import HiPspec, HiType, ShapedArray, Zero, register_hitype
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -24,6 +23,7 @@ from hxmlir import pallas as hx_pallas
 from hxmlir._jax import ManualAxisType, MappingSpec, empty_mat
 from hxmlir.types import shardings as shd
 from hxmlir.types.hiprim import (
+  DenseValue,
   DenseValuedType,
   HxPrimitive,
   NeedsJitShardMap,
@@ -39,7 +39,7 @@ F32 = jnp.dtype("float32")
 
 
 @dataclass(frozen=True)
-class Rank1:
+class Rank1(DenseValue):
   """A rank-1 matrix value: factors ``col: f32[*b, m]`` and ``row: f32[*b, n]``."""
   col: Any
   row: Any
@@ -48,21 +48,6 @@ class Rank1:
   def shape(self) -> tuple[int, ...]:
     """The dense shape ``(*b, m, n)``."""
     return (*self.col.shape, self.row.shape[-1])
-
-  @property
-  def dtype(self):
-    """The dtype of the dense matrix represented: ``float32``."""
-    return F32
-
-  @property
-  def ndim(self) -> int:
-    """The dense rank."""
-    return len(self.shape)
-
-  @property
-  def size(self) -> int:
-    """The dense element count (``jax.jacfwd`` builds its basis of dense tangents from it)."""
-    return int(np.prod(self.shape, dtype=np.int64))
 
   # not an array: np.asarray(r), r1 == r2, hash(r), bool(r) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
