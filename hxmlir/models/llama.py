@@ -22,9 +22,11 @@ Rotary embeddings. llama.cpp's converter permutes each head's Q and K rows (HF's
 ``LLAMA_ROPE_TYPE_NORM``); :func:`rope` does that. tests/py/models/test_llama.py checks it
 against a float64 reference that undoes the permutation and rotates HF's way.
 
-KV cache. ``k`` and ``v`` are ``f32[layers, kv_heads, max_context, head_dim]``
-(``kv_cache="f32"``) or ``q8[layers, kv_heads, max_context, head_dim]`` (``"int8"``: one
-int8 row and one f32 absmax scale per (layer, position, head), quantized with
+KV cache. ``k`` and ``v`` are tuples of one array per layer (:meth:`Llama.new_cache`):
+keys ``f32[kv_heads, max_context, head_dim]`` and values ``f32[kv_heads, head_dim,
+max_context]`` (``kv_cache="f32"``; laid out so that both attention products read them as
+stored, :func:`attention`), or both ``q8[kv_heads, max_context, head_dim]`` (``"int8"``:
+one int8 row and one f32 absmax scale per (layer, head, position), quantized with
 :func:`hxmlir.quantize` as the row is written), allocated once per
 :meth:`Llama.generate`, written in place with ``lax.dynamic_update_slice`` (on each
 component of a ``q8`` cache) by a jitted step that donates them; attention reads the
@@ -368,6 +370,20 @@ def _installed_for(kernels: bool | None, fn, activations: str = "f32"):
   return call
 
 
+def _check_cache(kv_cache: str, max_context: int | None = None,
+                 cfg: Config | None = None) -> None:
+  """Raises ``ValueError`` for a ``kv_cache`` other than :data:`KV_CACHES`, or a
+  ``max_context`` that is not an int in ``[1, cfg.context_length]``."""
+  if kv_cache not in KV_CACHES:
+    raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
+                     f"{', '.join(map(repr, KV_CACHES))})")
+  if cfg is not None and (not isinstance(max_context, (int, np.integer))
+                          or isinstance(max_context, bool)
+                          or not 1 <= max_context <= cfg.context_length):
+    raise ValueError(f"max_context={max_context!r} must be an int in [1, "
+                     f"{cfg.context_length}] (the file's context_length)")
+
+
 class Llama:
   """A LLaMA decoder ready to run: ``config``, ``params`` (the weights pytree on the
   device, in the file's formats), ``tokenizer`` (``None`` until built), ``max_context``.
@@ -382,7 +398,9 @@ class Llama:
   setting is at each call. ``activations``: ``"f32"`` (default) or ``"int8"``, the opt-in
   integer-activation kernel for the projections (``hx.install(activations="int8")``: x
   quantized to int8 per block of 32 at run time; it changes the numerics), with
-  ``kernels=True``."""
+  ``kernels=True``. Raises ``ValueError`` for a ``kv_cache`` other than
+  :data:`KV_CACHES`, a ``max_context`` outside ``[1, config.context_length]`` or other
+  ``activations``."""
 
   def __init__(self, config: Config, params: dict[str, Any], *, max_context: int,
                kv_cache: str = "f32", metadata: dict[str, Any] | None = None,
@@ -391,6 +409,7 @@ class Llama:
     if activations not in ACTIVATIONS:
       raise ValueError(f"activations={activations!r} is not one of "
                        f"{', '.join(map(repr, ACTIVATIONS))}")
+    _check_cache(kv_cache, max_context, config)
     shardings = None
     if mesh is not None:
       mesh = llama_sharding.auto_mesh(mesh)
@@ -446,16 +465,12 @@ class Llama:
     ``max_context`` outside ``[1, context_length]``, :func:`llama_sharding.auto_mesh
     <hxmlir.models.llama_sharding.auto_mesh>`'s errors for a mesh of several axes, and :func:`hxmlir.gguf.load`'s errors."""
     from hxmlir import gguf
-    if kv_cache not in KV_CACHES:
-      raise ValueError(f"kv_cache={kv_cache!r} is not supported (supported: "
-                       f"{', '.join(map(repr, KV_CACHES))})")
+    _check_cache(kv_cache)
     path = os.fspath(path)
     header = gguf.read_header(path)  # once: load() takes it (the token lists take seconds)
     meta = header.metadata
     cfg = Config.from_metadata(meta, path)  # before loading: another architecture fails fast
-    if not isinstance(max_context, int) or not 1 <= max_context <= cfg.context_length:
-      raise ValueError(f"max_context={max_context!r} must be an int in [1, "
-                       f"{cfg.context_length}] (the file's context_length)")
+    _check_cache(kv_cache, max_context, cfg)
     if mesh is not None:
       llama_sharding.auto_mesh(mesh)  # before loading: a wrong mesh fails fast
     m = cls(cfg, params_of(gguf.load(header), cfg), max_context=max_context,
@@ -528,7 +543,7 @@ class Llama:
     :func:`hxmlir.export.export` takes them (default: the default backend's). Returns
     the :class:`hxmlir.export.Exported`; ``.serialize()`` gives the artifact's bytes,
     which ``hxmlir run`` runs on an ``.npz`` of the arguments keyed as
-    :mod:`hxmlir.tools.npzio` says (``a0['layers'][0]['q'].qvalue``, ``a3.scale`` ...)."""
+    :mod:`hxmlir.tools.npzio` says (``a0['layers'][0]['qkv'].qvalue``, ``a3[0].scale`` for layer 0's keys ...)."""
     from hxmlir.export import export
     cfg = self.config
     def decode_step(params, ids, start, k_cache, v_cache):
@@ -577,6 +592,9 @@ class Llama:
     reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
     ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
     bad sampling parameters (:func:`check_sampling`)."""
+    if isinstance(prompt_or_ids, str) and self.tokenizer is None:
+      raise ValueError("this model has no tokenizer (its GGUF file has none, or it was built "
+                       "without one): pass token ids, or set .tokenizer")
     ids = self.tokenizer.encode(prompt_or_ids) if isinstance(prompt_or_ids, str) \
         else prompt_or_ids
     ids = self._ids(ids)

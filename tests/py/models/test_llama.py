@@ -357,6 +357,25 @@ def test_unknown_kv_cache_is_an_error(tmp_path):
     llama.Llama.from_gguf(tmp_path / "x.gguf", kv_cache="bf16")
 
 
+@needs_model
+def test_constructor_checks_what_from_gguf_checks(model):
+  # Llama(...) built directly refuses what from_gguf refuses (else new_cache made an f32
+  # cache while cache_bytes_per_token reported the int8 size), and a text prompt without a
+  # tokenizer is named
+  cfg, p = model.config, model.params
+  with pytest.raises(ValueError, match=r"kv_cache='int4' is not supported \(supported: "
+                                       r"'f32', 'int8'\)"):
+    llama.Llama(cfg, p, max_context=32, kv_cache="int4")
+  for bad in (0, cfg.context_length + 1, 2.5, True):
+    with pytest.raises(ValueError, match=rf"max_context={bad!r} must be an int in \[1, "
+                                         rf"{cfg.context_length}\]"):
+      llama.Llama(cfg, p, max_context=bad)
+  bare = llama.Llama(cfg, p, max_context=8)
+  assert bare.tokenizer is None
+  with pytest.raises(ValueError, match="this model has no tokenizer"):
+    bare.generate("hello", 1)
+
+
 def test_take_rows_gathers_quantized_rows():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((10, 64)).astype(np.float32)
