@@ -22,15 +22,24 @@ def typeof(x):
   ``Tup``) or ``ShapedArray`` is returned as is; a ``jax.ShapeDtypeStruct`` becomes a
   ``ShapedArray`` of its shape, dtype and weak type, keeping its sharding only when it
   is a ``NamedSharding``; anything else is ``jax.typeof(x)`` (which raises
-  ``TypeError`` for a non-JAX value)."""
-  if isinstance(x, (HiType, ShapedArray)):
+  ``TypeError`` for a non-JAX value). A dense type's dtype is the one JAX computes with
+  (``jax.dtypes.canonicalize_dtype``: ``f64`` is ``f32`` while x64 is off), as
+  ``jax.export`` records it, so the signature matches the module's arguments."""
+  if isinstance(x, HiType):
     return x
   if isinstance(x, jax.ShapeDtypeStruct):
     s = x.sharding if isinstance(x.sharding, jax.sharding.NamedSharding) else None
-    if s is None:
-      return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type)
-    return ShapedArray(x.shape, x.dtype, weak_type=x.weak_type, sharding=s)
-  return jax.typeof(x)
+  elif isinstance(x, ShapedArray):
+    s = getattr(x, "sharding", None)
+    s = s if isinstance(s, jax.sharding.NamedSharding) else None
+    if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype:
+      return x
+  else:
+    return jax.typeof(x)
+  dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+  if s is None:
+    return ShapedArray(x.shape, dtype, weak_type=x.weak_type)
+  return ShapedArray(x.shape, dtype, weak_type=x.weak_type, sharding=s)
 
 
 def match_key(ty):

@@ -559,3 +559,21 @@ def test_every_platform_list_is_checked_against_the_known_platforms(data, platfo
     targets.register_kernel(targets.TRITON, "hx_test_platforms", 1, platforms, owner="test")
   assert hxe.export(jax.jit(hx.matmul_q), platforms=("cpu", "tpu"))(x, qw).platforms == \
       ("cpu", "tpu")
+
+
+@pytest.mark.parametrize("arg", [jax.ShapeDtypeStruct((2, 128), np.float64),
+                                 jax.core.ShapedArray((2, 128), np.float64)],
+                         ids=["ShapeDtypeStruct", "ShapedArray"])
+def test_a_type_x64_would_need_is_recorded_as_jax_computes_it(arg):
+  # with x64 off an f64 argument type is f32 in the module: the hi signature records f32
+  # too (it recorded f64, and the artifact could not be loaded: "hi signature arguments
+  # (f64[2,128], ...) do not match the module's arguments")
+  assert not jax.config.jax_enable_x64
+  q = hx.quantize(jnp.asarray(np.linspace(-1, 1, 64 * 128, dtype=np.float32).reshape(64, 128)))
+  exp = hxe.export(jax.jit(lambda x, q: hx.einsum("...k,nk->...n", x, q)))(arg, q)
+  assert [str(t) for t in exp.in_types] == ["float32[2,128]", "q8[64,128]"]
+  back = hxe.deserialize(exp.serialize())
+  x = np.random.default_rng(0).standard_normal((2, 128)).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(back.call(x, q)), np.asarray(exp.call(x, q)))
+  dense = hxe.export(jax.jit(lambda x: x * 2))(arg)
+  assert [str(t) for t in hxe.deserialize(dense.serialize()).in_types] == ["float32[2,128]"]
