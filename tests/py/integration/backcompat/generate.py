@@ -59,13 +59,15 @@ class Case:
   ``kernels``; they are exported while hxmlir is installed (which is when the
   kernels are used and exportable) and native CPU calls are kept
   (``hx.keep_native_cpu_calls()``), for their own ``platforms``; outputs are
-  stored only when ``cpu`` is among them.
+  stored only when ``cpu`` is among them; ``activations``: the setting's
+  ``hx.install(activations=...)`` while they are exported.
   """
   fn: Callable
   make_args: Callable[[], tuple]
   covers: tuple[tuple[str, int], ...]
   platforms: tuple[str, ...] = PLATFORMS
   kernels: tuple[tuple[str, str], ...] = ()
+  activations: str = "f32"
 
 
 def _x(shape, seed):
@@ -204,6 +206,19 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
+    # the opt-in integer activations (issue 28): x of >= 16 rows quantized to int8 per block
+    # at run time; Q4_1-like u4o with f16 scales and offsets, int4 per row (one block per
+    # 32 of k), int8 per group of 16 (blocks narrower than 32)
+    "hx_matmul_q_cpu_i8x_v1_cpu": Case(
+        lambda x, a, b, c: (hx.einsum("mk,nk->mn", x, a), hx.einsum("mk,nk->mn", x, b),
+                            hx.einsum("mk,nk->mn", x, c)),
+        lambda: (_x((20, 320), 70),
+                 _f16_scales(hx.quantize(_x((230, 320), 71), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 hx.quantize(_x((230, 320), 72), jnp.int4),
+                 hx.quantize(_x((230, 320), 73), jnp.int8, group_size=16)),
+        (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_i8x_v1", "hx_matmul_q_cpu_i8x_v1"),), activations="int8"),
 }
 
 
@@ -220,7 +235,7 @@ def write(name: str) -> dict:
   case = CASES[name]
   args = case.make_args()
   if case.kernels:
-    with hx.installed(), hx.keep_native_cpu_calls():
+    with hx.installed(activations=case.activations), hx.keep_native_cpu_calls():
       exp = hxe.export(case.fn, platforms=case.platforms)(*args)
   else:
     exp = hxe.export(case.fn, platforms=case.platforms)(*args)
