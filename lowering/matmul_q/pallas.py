@@ -413,21 +413,9 @@ def default_blocks_nk(m: int, k: int, n: int, backend: str, fmt=formats.INT8,
   default. Returns ``None`` when no tile fits ``g`` (Triton: a largest power-of-two divisor
   below 16; Mosaic: a multiple above :data:`MOSAIC_MAX_BLOCK_N`).
   """
-  f = formats.lookup(fmt)
-  if backend == "triton":
-    block_m, block_k = min(64, max(16, _pow2_at_least(m))), 128
-  else:
-    block_m, block_k = min(128, _round_up(max(m, 1), 8)), 128 * f.pack
-  if not _fits_group(block_k, group):
-    if backend == "triton":
-      block_k = min(128, group & -group)
-      if block_k < 16:
-        return None
-    else:
-      block_k = math.lcm(block_k, group)
-      if block_k > MOSAIC_MAX_BLOCK_N:
-        return None
-  return block_m, 128, block_k
+  # default_blocks' grouped tile axis is its block_n: here it is k
+  blocks = default_blocks(m, n, k, backend, fmt, group)
+  return None if blocks is None else (blocks[0], blocks[2], blocks[1])
 
 
 def _broadcast_groups(c, shape, group: int | None):
