@@ -13,7 +13,9 @@ import jax
 import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import mlir
 from jaxlib import xla_client
+from jaxlib.mlir import ir
 from numerics import assert_within, elementwise_bound
 
 import hxmlir as hx
@@ -110,3 +112,29 @@ def any_format(rng, shape, name, group):
   dense = product + (per_element(parts[2]) if f.offset else 0.0)
   bound = np.finfo(np.float32).eps * (np.abs(product) + np.abs(dense))
   return w, parts, dense, bound, x
+
+
+KERNEL_TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+"""The custom-call target each platform's Pallas kernel lowers to."""
+
+
+def kernel_calls(text: str) -> list[tuple[str, bool]]:
+  """(target, whether inside an sdy.manual_computation) of every Pallas kernel custom call
+  (:data:`KERNEL_TARGETS`) in the module ``text``."""
+  found = []
+  with mlir.make_ir_context():
+    module = ir.Module.parse(text)
+
+    def visit(op, manual):
+      if op.name == "stablehlo.custom_call":
+        target = ir.StringAttr(op.attributes["call_target_name"]).value
+        if target in KERNEL_TARGETS.values():
+          found.append((target, manual))
+      inside = manual or op.name == "sdy.manual_computation"
+      for region in op.regions:
+        for block in region.blocks:
+          for child in block.operations:
+            visit(child.operation, inside)
+    for op in module.body.operations:
+      visit(op.operation, False)
+  return found

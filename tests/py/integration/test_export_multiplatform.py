@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hx_testing import KERNEL_TARGETS
+from hx_testing import kernel_calls as _kernel_calls
 from jax import export
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding
@@ -132,30 +134,6 @@ def test_jax_lax_composite_fails_where_ours_succeed():
 # and XLA would replicate a Triton call's operands: under explicit shardings each device
 # runs the kernel on its shards (sdy.manual_computation); on Auto axes, whose shardings
 # XLA picks after lowering, the decomposition is the reference.
-
-KERNEL_TARGETS = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
-
-
-def _kernel_calls(text: str) -> list[tuple[str, bool]]:
-  """(target, whether inside an sdy.manual_computation) of every kernel custom call."""
-  found = []
-  with mlir.make_ir_context():
-    module = ir.Module.parse(text)
-
-    def visit(op, manual):
-      if op.name == "stablehlo.custom_call":
-        target = ir.StringAttr(op.attributes["call_target_name"]).value
-        if target in KERNEL_TARGETS.values():
-          found.append((target, manual))
-      inside = manual or op.name == "sdy.manual_computation"
-      for region in op.regions:
-        for block in region.blocks:
-          for child in block.operations:
-            visit(child.operation, inside)
-    for op in module.body.operations:
-      visit(op.operation, False)
-  return found
-
 
 def _dense_np(q):
   from hxmlir import formats

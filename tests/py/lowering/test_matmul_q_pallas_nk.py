@@ -260,7 +260,7 @@ def test_kernels_in_interpret_mode_agree_with_the_rule_on_cpu():
 
 @pytest.mark.parametrize("name,g", [("uint4_f16", 32), ("int8", None)])
 def test_sharded_export_runs_the_kernel_per_shard(mesh, name, g):
-  from test_export_multiplatform import _kernel_calls
+  from hx_testing import kernel_calls as _kernel_calls
   w = _weight(name, g, (), 64, 96, seed=16)  # W[n, k]: columns n on j
   x = np.random.default_rng(17).integers(-4, 5, (8, 96)).astype(np.float32)
   with jax.set_mesh(mesh), hx.installed():
