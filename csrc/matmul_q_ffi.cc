@@ -223,6 +223,17 @@ PyObject* PyMaxThreads(PyObject*, PyObject*) {
   return PyLong_FromLongLong(static_cast<long long>(hxmlir::UsableCores()));
 }
 
+PyObject* PySetLingerUs(PyObject*, PyObject* arg) {
+  const long long us = PyLong_AsLongLong(arg);
+  if (us == -1 && PyErr_Occurred()) return nullptr;
+  hxmlir::SetLingerMicros(us);
+  Py_RETURN_NONE;
+}
+
+PyObject* PyLingerUs(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(static_cast<long long>(hxmlir::Linger().count() / 1000));
+}
+
 PyMethodDef kMethods[] = {
     {"handler", PyHandler, METH_NOARGS,
      "PyCapsule of the XLA FFI handler (for jax.ffi.register_ffi_target, api_version=1)."},
@@ -244,6 +255,10 @@ PyMethodDef kMethods[] = {
     {"selected_isa", PySelectedIsa, METH_NOARGS, "The kernel set in use (None: none chosen)."},
     {"max_threads", PyMaxThreads, METH_NOARGS,
      "The most threads one call runs on: the cores this process may use (read once)."},
+    {"set_linger_us", PySetLingerUs, METH_O,
+     "How long (microseconds; 0: never) a helper thread spins for the next call's blocks "
+     "after its part of a call (matmul_q_parallel.h; default 250 or $HXMLIR_CPU_LINGER_US)."},
+    {"linger_us", PyLingerUs, METH_NOARGS, "The helpers' linger time now (microseconds)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",

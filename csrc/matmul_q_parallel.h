@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -274,12 +276,118 @@ void WorkOn(Job& job, AfterTask after_task) {
   }
 }
 
-// One pool task that helps with job's blocks (counted in job->started when it begins).
+// --- helpers that stay for the next call ------------------------------------------
+//
+// A decode step calls the kernels ~150 times, 10-150 us apart (SmolLM2-135M: five
+// calls per layer, XLA's own ops between them), each call 10-150 us long. XLA's pool
+// threads fall asleep between calls and take 50-300 us to wake on a VM (issue 28:
+// SmolLM2's o projection took 73 us a call inside the step, 24 us on one thread
+// alone), so a helper scheduled on the pool came late or not at all. Instead, a helper
+// that has done its part of a call stays on its pool thread for up to Linger() (250 us
+// unless set: HXMLIR_CPU_LINGER_US, or the extension's set_linger_us), spinning on
+// the hand-off slot below: the next call hands its job there and the helper starts at
+// once (every lingering helper joins it: a call's blocks come from one shared counter).
+// The calling thread never waits for a hand-off: it takes blocks from the counter as
+// before, and if no helper has started after kLateHelper it schedules pool tasks as well
+// (a helper that stopped lingering just as the job came).
+// A lingering helper spins on one core for at most Linger() after the last call.
+
+// The hand-off slot: a job, as its type-erased runner and owner, and a count of posts.
+struct Handoff {
+  std::mutex mu;                       // guards job and run
+  std::shared_ptr<void> job;           // the posted job (null: taken, or none yet)
+  void (*run)(void*) = nullptr;        // runs job's blocks (WorkOn)
+  std::atomic<uint64_t> posts{0};      // incremented by each post, after job is set
+  std::atomic<int> waiting{0};         // helpers lingering now
+  std::atomic<int64_t> linger_ns{-1};  // -1: not read from the environment yet
+};
+
+// One for the process, never destroyed (a pool thread may linger past static destructors).
+inline Handoff& TheHandoff() {
+  static Handoff* h = new Handoff;
+  return *h;
+}
+
+inline std::chrono::nanoseconds Linger() {
+  Handoff& h = TheHandoff();
+  int64_t ns = h.linger_ns.load(std::memory_order_relaxed);
+  if (ns < 0) {
+    const char* env = std::getenv("HXMLIR_CPU_LINGER_US");
+    ns = env != nullptr ? std::max<int64_t>(0, std::atoll(env)) * 1000 : 250'000;
+    h.linger_ns.store(ns, std::memory_order_relaxed);
+  }
+  return std::chrono::nanoseconds(ns);
+}
+
+// Sets Linger() (microseconds; 0: helpers never linger).
+inline void SetLingerMicros(int64_t us) {
+  TheHandoff().linger_ns.store(std::max<int64_t>(0, us) * 1000, std::memory_order_relaxed);
+}
+
+template <class Job>
+void HelpWith(void* job) {
+  Job& j = *static_cast<Job*>(job);
+  j.started.fetch_add(1, std::memory_order_relaxed);
+  WorkOn(j, [] {});
+}
+
+// Hands job to the lingering helpers, if any wait: each joins it. Returns how many were
+// waiting (one may still stop lingering before it sees the job: RunBlocks checks).
+template <class Job>
+int64_t HandOff(const std::shared_ptr<Job>& job) {
+  Handoff& h = TheHandoff();
+  const int64_t waiting = h.waiting.load(std::memory_order_acquire);
+  if (waiting == 0) return 0;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.job = job;
+    h.run = &HelpWith<Job>;
+  }
+  h.posts.fetch_add(1, std::memory_order_release);
+  return waiting;
+}
+
+// On a pool thread that has helped with a call: runs the jobs handed off while they come
+// less than Linger() apart, then returns the thread to the pool.
+inline void LingerForJobs() {
+  Handoff& h = TheHandoff();
+  const auto linger = Linger();
+  if (linger.count() == 0) return;
+  h.waiting.fetch_add(1, std::memory_order_acq_rel);
+  uint64_t seen = h.posts.load(std::memory_order_acquire);
+  auto until = std::chrono::steady_clock::now() + linger;
+  for (int spin = 0;; ++spin) {
+    if (h.posts.load(std::memory_order_acquire) != seen) {
+      std::shared_ptr<void> job;
+      void (*run)(void*) = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(h.mu);
+        job = h.job;  // every lingering helper joins the job
+        run = h.run;
+        seen = h.posts.load(std::memory_order_acquire);
+      }
+      if (job != nullptr) {
+        h.waiting.fetch_sub(1, std::memory_order_acq_rel);
+        run(job.get());
+        h.waiting.fetch_add(1, std::memory_order_acq_rel);
+        until = std::chrono::steady_clock::now() + linger;
+      }
+      continue;
+    }
+    if ((spin & 15) == 0 && std::chrono::steady_clock::now() > until) break;
+    // yield the core to any thread that is ready (the calling thread's process, others)
+    std::this_thread::yield();
+  }
+  h.waiting.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// One pool task that helps with job's blocks (counted in job->started when it begins),
+// then lingers for the next calls' (LingerForJobs).
 template <class Job>
 void ScheduleHelper(xla::ffi::ThreadPool& pool, const std::shared_ptr<Job>& job) {
   pool.Schedule([job] {
-    job->started.fetch_add(1, std::memory_order_relaxed);
-    WorkOn(*job, [] {});
+    HelpWith<Job>(job.get());
+    LingerForJobs();
   });
 }
 
@@ -302,7 +410,11 @@ void RunBlocks(xla::ffi::ThreadPool& pool, int64_t threads, const std::shared_pt
   const int64_t tasks = job->tasks();
   const int64_t helpers = threads > 1 ? std::min(threads - 1, tasks - 1) : 0;
   int64_t spare = threads > 1 ? std::min(threads, tasks - 1) - helpers : 0;
-  for (int64_t h = 0; h < helpers; ++h) ScheduleHelper(pool, job);
+  // to the lingering helpers, if any wait; pool tasks for the rest, and for them if none
+  // has started in time
+  const int64_t handed = helpers > 0 ? std::min(helpers, HandOff(job)) : 0;
+  spare += handed;
+  for (int64_t h = handed; h < helpers; ++h) ScheduleHelper(pool, job);
   WorkOn(*job, [&] {  // after each task of the calling thread: is a helper late?
     if (spare > 0 && job->started.load(std::memory_order_relaxed) == 0 &&
         std::chrono::steady_clock::now() - start > kLateHelper)

@@ -72,8 +72,12 @@ def _check(y, x, vs, o, what=""):
 # (x's leading shape, n, k): m in {1, 3, 4, 5, 17, 64} and a rank-3 x; n odd (not a
 # multiple of any vector width); k a multiple of 96 (groups of 32, 3 and 2) but not of 64
 # (a vector and chunk remainder per row), and k = 90 (per row and small groups only).
-SHAPES = [((1,), 67, 480), ((3,), 33, 96), ((4,), 45, 672), ((5,), 19, 288),
-          ((17,), 41, 192), ((64,), 23, 288), ((2, 3), 35, 96), ((6,), 13, 90)]
+# m = 1 (and AVX2's m = 5, a tile of 4 rows and one) take the one-row path: k = 576, 1056, 64
+# and 480 give it 18, 33, 2 and 15 groups of 32 (scales past the last whole vector of 16, one
+# past it, fewer than one vector).
+SHAPES = [((1,), 67, 480), ((1,), 37, 576), ((1,), 21, 1056), ((1,), 9, 64),
+          ((3,), 33, 96), ((4,), 45, 672), ((5,), 19, 288), ((17,), 41, 192), ((64,), 23, 288),
+          ((2, 3), 35, 96), ((6,), 13, 90)]
 GROUPS = [None, 32, "small"]  # small: 3 (one value per byte) or 2 (pairs): no whole vector
 
 
