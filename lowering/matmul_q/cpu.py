@@ -206,7 +206,7 @@ def _load() -> CpuKernelInfo:
 
 
 EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
-                 "handler_i8x_v1", "i8x_isa", "max_threads")
+                 "handler_i8x_v1", "i8x_isa", "max_threads", "set_linger_us", "linger_us")
 """What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
 sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
 an import error."""

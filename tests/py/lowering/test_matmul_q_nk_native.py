@@ -193,3 +193,36 @@ def test_einsum_out_in_calls_v3_while_installed(name):
 
 def test_format_table_says_native_cpu_takes_nk():
   assert all("nk" in f.native_cpu for f in formats.FORMATS.values())
+
+
+@needs_native
+def test_helpers_that_linger_between_calls_give_the_same_numbers():
+  """A jitted chain of calls (a decode step's pattern: each call's helper thread lingers
+  for the next call's blocks, csrc/matmul_q_parallel.h) gives bit for bit the numbers of
+  the same chain with helpers that never linger, each within the bound of float64."""
+  from hxmlir import _matmul_q_cpu as ext
+
+  rng = np.random.default_rng(11)
+  weights = [_qarray(rng, name, n, 576, 32)
+             for name, n in (("uint4_f16", 960), ("int8", 576), ("int4", 1536), ("uint4", 576))]
+  x = rng.standard_normal((1, 576)).astype(np.float32)
+  x64 = rng.standard_normal((64, 576)).astype(np.float32)
+  f = jax.jit(lambda x, ws: [hx.einsum("mk,nk->mn", x, w) for w in ws])
+  before = ext.linger_us()
+  try:
+    runs = {}
+    for linger in (0, 250, 0, 100_000):
+      ext.set_linger_us(linger)
+      ws = [w for w, _, _ in weights]
+      with hx.installed():
+        runs.setdefault(linger, []).append([np.asarray(y) for y in f(x, ws) + f(x64, ws)])
+  finally:
+    ext.set_linger_us(before)
+  first = runs[0][0]
+  for linger, rs in runs.items():
+    for ys in rs:
+      for a, b in zip(ys, first):
+        np.testing.assert_array_equal(a, b, err_msg=f"linger {linger} us")
+  for i, (_, vs, oo) in enumerate(weights):
+    _check(first[i], x, vs, oo, f"m=1 weight {i}: ")
+    _check(first[len(weights) + i], x64, vs, oo, f"m=64 weight {i}: ")
