@@ -19,7 +19,8 @@
 //   row's accumulator; the offset term sum_g o_g * X_g from the per-group sums X_g of x
 //   (computed once per row of x, shared by all n rows of W). int4 chunks of 2W values are
 //   decoded without interleaving (low nibbles, high nibbles) and x is put in that order
-//   once per call (NkChunkOrder), so at m = 1 the weight streams at memory speed.
+//   once per call (NkChunkOrder). One row of x (m = 1, the decode step) with groups of
+//   whole chunks has a loop of its own (NkDotRow) that keeps several sums in flight.
 // - "blocks" (larger m): a block of rows of W decoded once to f32 (v * s + o, in place
 //   of the row) into a buffer that fits half the L2 cache, then tiles of rows of x x
 //   decoded rows as row dot products in vector lanes, k in blocks that keep both tiles

@@ -3,7 +3,9 @@
 // indices from one shared atomic counter, so a task that starts late finds no
 // work and returns at once and the call never waits for a task that has not
 // begun. No thread is ever created. The job is reference-counted: a late task
-// may outlive the call, never the job.
+// may outlive the call, never the job. A helper task that has done its part stays on
+// its pool thread for a short while and joins the next call's job at once (LingerForJobs:
+// the calls of a model's step come faster than a sleeping pool thread wakes).
 #ifndef HXMLIR_CSRC_MATMUL_Q_PARALLEL_H_
 #define HXMLIR_CSRC_MATMUL_Q_PARALLEL_H_
 
