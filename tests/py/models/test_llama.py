@@ -270,15 +270,17 @@ def test_decoder_runs_the_native_kernel_with_the_references_numbers(
     model, model_reference, ref, t):
   # Llama(kernels=True), the default, compiles under hx.installed() whatever the caller
   # has installed: every projection (4 per layer and the tied head) is one call of
-  # hx_matmul_q_cpu_v3 in the compiled program; kernels=False: none
+  # hx_matmul_q_cpu_v3 in the compiled program, each layer's attention one of
+  # hx_attention_cpu_v1; kernels=False: none
   k, v = model.new_cache()
   ids, start = np.asarray(_text_ids(t), np.int32), np.int32(3)
   fn = model._step if t == 1 else model._prefill
   hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
   assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 30 * 4 + 1
+  assert _custom_calls(hlo, "hx_attention_cpu_v1") == 30
   fn = model_reference._step if t == 1 else model_reference._prefill
   hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
-  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 0
+  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == _custom_calls(hlo, "hx_attention_cpu_v1") == 0
   # the numbers: both within the float64 reference's bound, the kernel's error of the same
   # size as the reference decomposition's (f32 sums in another order), the same tokens
   text = _text_ids(32)
