@@ -40,8 +40,8 @@ def _attention_abstract_eval(q, k, v, start, *, scale):
 
 
 def _batch_attention(args, dims, *, scale):
-  axes = [None if d is batching.not_mapped else d for d in dims]
-  return jax.vmap(reference.attention_for(scale), in_axes=axes)(*args), 0
+  # dims: the mapped axis of each operand, None where it is not mapped (jax.vmap's in_axes)
+  return jax.vmap(reference.attention_for(scale), in_axes=tuple(dims))(*args), 0
 
 
 batching.primitive_batchers[hx_attention_p] = _batch_attention
