@@ -656,10 +656,10 @@ def test_demo_smollm2_runs_every_step():
   assert r.ok, [s.text() for s in r.steps]
   # the decode step's IR: 4 u4o projections per layer (qkv and gate_up fused, o, down),
   # the tied q8 head, the embedding rows dequantized alone (no other composite: no
-  # dequantized weight)
+  # dequantized weight), one hx.attention per layer
   assert steps["ir"].data["composites_by_format"] == {
       "hx.dequantize int8_f16 g32": 1, "hx.matmul_q int8_f16 g32": 1,
-      "hx.matmul_q uint4_f16 g32 offset": 120}
+      "hx.matmul_q uint4_f16 g32 offset": 120, "hx.attention": 30}
   acc = steps["accuracy"].data
   assert acc["top1_agreement"] >= 0.99 and acc["relative_error"] <= 1e-3
   assert steps["weights"].data["bytes"] == 96_576_768
