@@ -6,11 +6,10 @@
 //
 // Operands of other types or shapes are refused with InvalidArgument naming them. The
 // work is one block per (query t, KV head h). A call of fewer than kSerialMacs
-// multiply-adds over the positions it reads (decode: T = 1) runs on the calling thread:
-// waking a pool thread costs more than the block (measured, benchmarks/generate_cpu.py);
-// above (prefill) the blocks are shared with XLA's intra-op pool (RunBlocks,
-// matmul_q_parallel.h). Each output is computed by one thread in an order fixed by the
-// shapes alone.
+// multiply-adds over the positions it reads, or of fewer than kMinBlocksPerThread blocks
+// per core (decode: T = 1, kv blocks), runs on the calling thread; above (prefill) the
+// blocks are shared with XLA's intra-op pool (RunBlocks, matmul_q_parallel.h). Each output
+// is computed by one thread in an order fixed by the shapes alone.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -31,6 +30,9 @@ namespace {
 std::atomic<const AttentionKernels*> g_attention_kernels{nullptr};
 
 constexpr char kTarget[] = "hx_attention_cpu_v1";
+
+// Calls of fewer blocks than this many per usable core run on the calling thread.
+constexpr int64_t kMinBlocksPerThread = 4;
 
 struct AttentionJob : BlockCounter {
   AttentionProblem p;
@@ -100,7 +102,11 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   int64_t macs = 0;
   for (int64_t t = 0; t < p.t; ++t)
     macs += 2 * p.kv * p.g * p.d * std::clamp<int64_t>(p.start + t + 1, 1, p.c);
-  const int64_t threads = ThreadsFor(pool, macs);
+  // the pool only with a few blocks per core: a decode step's kv blocks (T = 1) are fewer
+  // than that, and shared they run slower than on the calling thread alone (SmolLM2, 3
+  // heads at 512 positions, 2 cores: 74 us a call against 36)
+  const int64_t threads =
+      blocks >= kMinBlocksPerThread * UsableCores() ? ThreadsFor(pool, macs) : 1;
   if (threads <= 1) {
     float* scratch = ThreadBuffer(kScratch, AttentionScratchFloats(p.c));
     for (int64_t b = 0; b < blocks; ++b) job->kern->head(p, b / p.kv, b % p.kv, scratch);
