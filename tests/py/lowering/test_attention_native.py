@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from numerics import EPS, TINY, assert_within, gamma
+from test_matmul_q_formats_native import _with_isa  # (select_isa picks this kernel's copy too)
 
 import hxmlir as hx
 from hxmlir.lowering import reference
@@ -41,15 +42,6 @@ needs_native = pytest.mark.skipif(not attention_cpu.ACTIVE,
 SCALE = float(np.float32(0.125))
 KERNEL_EXP_ULPS = 2  # csrc/attention.inc: measured at most 1.01 ulp
 XLA_EXP_ULPS = 4
-
-
-def _with_isa(isa, f, *args):
-  from hxmlir import _matmul_q_cpu as ext
-  ext.select_isa(isa)
-  try:
-    return np.asarray(f(*args))
-  finally:
-    ext.select_isa(INFO.isa)
 
 
 def _operands(rng, t, kv, g, d, c):
