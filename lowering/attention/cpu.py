@@ -14,6 +14,8 @@ Policy: the one of ``hx.matmul_q``'s kernels, :func:`hxmlir.lowering.matmul_q.cp
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,15 +83,11 @@ def native_call_problem(call_targets) -> str | None:
   return None
 
 
-_NATIVE: dict[float, object] = {}
-
-
+@functools.cache
 def _native_for(scale: float):
   """:func:`attention_native` with ``scale`` bound, one function per scale (a stable key
   for sharing decompositions within a module)."""
-  if scale not in _NATIVE:
-    _NATIVE[scale] = lambda q, k, v, start: attention_native(q, k, v, start, scale=scale)
-  return _NATIVE[scale]
+  return functools.partial(attention_native, scale=scale)
 
 
 def lower_attention_cpu(ctx, q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, *,

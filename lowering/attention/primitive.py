@@ -69,7 +69,10 @@ def attention(q, k, v, start, *, scale: float):
   On CPU while hxmlir is installed the composite calls the native kernel
   ``hx_attention_cpu_v1``, which reads only positions ``c <= start + t``
   (:mod:`hxmlir.lowering.attention.cpu`). Raises ``TypeError`` naming the operand types
-  when they do not fit.
+  when they do not fit, and when ``scale`` is not a static number.
   """
+  if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+    raise TypeError(f"hx.attention: scale must be a static float (a Python or NumPy number), "
+                    f"got {type(scale).__name__}")
   start = np.int32(start) if isinstance(start, (int, np.integer)) else start
   return hx_attention_p.bind(q, k, v, start, scale=float(np.float32(scale)))

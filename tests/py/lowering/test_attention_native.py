@@ -209,6 +209,13 @@ def test_bad_operands_are_a_type_error_naming_them(operands, message):
                           "f32[kv, d, C], start: i32[]) -> f32[T, kv, g, d], got " + message)
 
 
+def test_traced_scale_is_a_type_error():
+  q, k, v = _operands(np.random.default_rng(0), 1, 3, 3, 8, 8)
+  with pytest.raises(TypeError, match=r"hx\.attention: scale must be a static float \(a Python "
+                     r"or NumPy number\), got .*Tracer"):
+    jax.jit(lambda q, s: hx.attention(q, k, v, 0, scale=s))(q, np.float32(0.5))
+
+
 @needs_native
 def test_kernel_refuses_bad_operands_naming_their_types():
   out = jax.ShapeDtypeStruct((1, 3, 3, 64), jnp.float32)
