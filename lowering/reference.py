@@ -340,8 +340,9 @@ def attention(q, k, v, start, *, scale: float):
     out[t, h, j, :] = sum_c softmax_c(s[t, h, j, :]) * v[h, :, c]
 
   Positions beyond ``start + t`` weigh exactly 0 (``exp`` of f32's lowest minus the max
-  underflows); a NaN or infinity stored there still reaches the result through ``0 * v``
-  (the native kernel never reads them, ``csrc/attention.h``). A query with no position
+  underflows); a NaN or infinity stored in ``v`` there still reaches the result through
+  ``0 * v`` (one in ``k`` does not: its score is replaced), while the native kernel never
+  reads those positions (``csrc/attention.h``). A query with no position
   (``start + t < 0``) averages ``v`` over all ``C`` positions (every score equal).
   ``scale``: a static float, multiplied after the dot product in f32.
   """
