@@ -14,7 +14,8 @@ Apache 2.0), so the build needs no jaxlib.
 Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc`` for
 ``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``; ``csrc/matmul_q_nk.inc`` for
 the ``[out, in]`` layout, ``_v3``; ``csrc/matmul_q_i8x.inc`` for its integer-activation
-variant ``hx_matmul_q_cpu_i8x_v1``, with an AVX-512 VNNI copy) are
+variant ``hx_matmul_q_cpu_i8x_v1``, with an AVX-512 VNNI copy; ``csrc/attention.inc`` for
+``hx.attention``'s ``hx_attention_cpu_v1``) are
 compiled once per ISA, each translation unit with its own ``-m`` flags
 (AVX-512, AVX2 + FMA + F16C on x86-64; a portable copy everywhere), and the module
 picks one at run time with ``__builtin_cpu_supports``. The extension is
@@ -54,7 +55,12 @@ ISA_SOURCES = {
     "csrc/matmul_q_i8x_avx512vnni.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                         "-mavx2", "-mfma", "-mprefer-vector-width=512"],
     "csrc/matmul_q_i8x_avx2.cc": ["-mavx2", "-mfma", "-mf16c"],
+    # hx.attention's kernels (csrc/attention.inc): vector extensions, a*b+c fused where the ISA has FMA
+    "csrc/attention_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2",
+                                 "-mfma", "-mprefer-vector-width=512", "-ffp-contract=fast"],
+    "csrc/attention_avx2.cc": ["-mavx2", "-mfma", "-ffp-contract=fast"],
 } if X86 else {}
+ISA_SOURCES["csrc/attention_generic.cc"] = ["-ffp-contract=fast"]
 
 
 class BuildExt(build_ext):
@@ -79,14 +85,14 @@ setup(
         "hxmlir._matmul_q_cpu",
         sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_formats_ffi.cc", "csrc/matmul_q_nk_ffi.cc",
                  "csrc/matmul_q_i8x_ffi.cc", "csrc/matmul_q_generic.cc",
-                 "csrc/matmul_q_i8x_generic.cc"],
+                 "csrc/matmul_q_i8x_generic.cc", "csrc/attention_ffi.cc"],
         include_dirs=["csrc"],
         define_macros=[("HXMLIR_HAVE_X86_ISAS", "1")] if X86 else [],
         extra_compile_args=[*COMMON, "-isystem", "csrc/third_party"],
         depends=["csrc/matmul_q_cpu.h", "csrc/matmul_q_kernels.inc", "csrc/matmul_q_formats.h",
                  "csrc/matmul_q_formats.inc", "csrc/matmul_q_parallel.h", "csrc/matmul_q_nk.h",
                  "csrc/matmul_q_nk.inc", "csrc/matmul_q_nk_ffi.h", "csrc/matmul_q_i8x.h",
-                 "csrc/matmul_q_i8x.inc"],
+                 "csrc/matmul_q_i8x.inc", "csrc/attention.h", "csrc/attention.inc"],
         language="c++",
         optional=True,
     )],

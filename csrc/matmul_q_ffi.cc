@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "matmul_q_cpu.h"
 #include "matmul_q_formats.h"
 #include "matmul_q_i8x.h"
@@ -169,6 +170,10 @@ PyObject* PyHandlerI8xV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV1), nullptr, nullptr);
 }
 
+PyObject* PyHandlerAttentionV1(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV1), nullptr, nullptr);
+}
+
 PyObject* PyI8xIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
@@ -207,6 +212,7 @@ PyObject* PySelectIsa(PyObject*, PyObject* arg) {
     hxmlir::SelectFormatKernels(isa.format_kernels());
     hxmlir::SelectNkKernels(isa.nk_kernels());
     hxmlir::SelectI8xKernels(isa.i8x_kernels());
+    hxmlir::SelectAttentionIsa(isa.name);
     Py_RETURN_NONE;
   }
   PyErr_Format(PyExc_ValueError, "no %s kernels were compiled into hxmlir._matmul_q_cpu", want);
@@ -244,6 +250,8 @@ PyMethodDef kMethods[] = {
     {"handler_i8x_v1", PyHandlerI8xV1, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_i8x_v1's XLA FFI handler (integer activations; "
      "api_version=1)."},
+    {"handler_attention_v1", PyHandlerAttentionV1, METH_NOARGS,
+     "PyCapsule of hx_attention_cpu_v1's XLA FFI handler (hx.attention; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
      "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
     {"compiled_isas", PyCompiledIsas, METH_NOARGS,
@@ -262,7 +270,8 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",
-                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3, _i8x_v1).",
+                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3, _i8x_v1) "
+                       "and hx.attention's (hx_attention_cpu_v1).",
                        -1, kMethods};
 
 }  // namespace

@@ -82,6 +82,7 @@ from hxmlir.types.tuples import (
 # (lowering/to_lojax.py) and StableHLO lowering rules (lowering/rules.py; hx.matmul_q's,
 # every platform's, in lowering/matmul_q/). Imported here so ``import hxmlir`` is all a user needs.
 from hxmlir import lowering as lowering  # noqa: E402
+from hxmlir.lowering.attention import attention as attention  # noqa: E402
 from hxmlir.lowering.matmul_q.cpu import CpuKernelInfo as CpuKernelInfo  # noqa: E402
 from hxmlir.lowering.matmul_q.cpu import cpu_kernel_info as cpu_kernel_info  # noqa: E402
 from hxmlir.lowering.matmul_q.cpu import (  # noqa: E402

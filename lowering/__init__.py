@@ -4,6 +4,9 @@ Importing this package registers every rule; ``import hxmlir`` does it.
 """
 
 from hxmlir.lowering import (
+    attention as attention,  # hx_attention_p: typing, batching, JVP, every platform's rule
+)
+from hxmlir.lowering import (
     matmul_q as matmul_q,  # hx_matmul_q_p: typing, batching, every platform's rule
 )
 from hxmlir.lowering import rules as rules

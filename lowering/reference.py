@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -317,3 +318,41 @@ def matmul_r1(x, col, row):
   xc = lax.dot_general(x, col, (((nb + 1,), (nb,)), (batch, batch)),
                        preferred_element_type=jnp.float32)
   return xc[..., :, None] * row[..., None, :]
+
+
+def causal_mask(start, t: int, c: int):
+  """``bool[t, 1, 1, c]``: position ``c`` may be read by query ``i`` (at position
+  ``start + i``) when ``c <= start + i``. ``start``: an i32 scalar (traced or not)."""
+  positions = start + jnp.arange(t, dtype=jnp.int32)
+  return (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
+
+
+def attention(q, k, v, start, *, scale: float):
+  """Grouped-query attention over a KV cache with a causal position bound: ``hx.attention``.
+
+  ``q: f32[T, kv, g, d]`` (the ``g`` query heads that share each of ``kv`` key/value heads),
+  keys ``k: f32[kv, C, d]``, values ``v: f32[kv, d, C]`` (positions last: the layout
+  :func:`hxmlir.models.llama.attention` keeps its cache in), ``start: i32[]`` (the position
+  of query 0) -> ``f32[T, kv, g, d]``::
+
+    s[t, h, j, c] = scale * (q[t, h, j, :] . k[h, c, :])       masked to f32's lowest
+                                                               where c > start + t
+    out[t, h, j, :] = sum_c softmax_c(s[t, h, j, :]) * v[h, :, c]
+
+  Positions beyond ``start + t`` weigh exactly 0 (``exp`` of f32's lowest minus the max
+  underflows); a NaN or infinity stored in ``v`` there still reaches the result through
+  ``0 * v`` (one in ``k`` does not: its score is replaced), while the native kernel never
+  reads those positions (``csrc/attention.h``). A query with no position
+  (``start + t < 0``) averages ``v`` over all ``C`` positions (every score equal).
+  ``scale``: a static float, multiplied after the dot product in f32.
+  """
+  s = jnp.einsum("tkgd,kcd->tkgc", q, k) * np.float32(scale)
+  s = jnp.where(causal_mask(start, q.shape[0], k.shape[1]), s, jnp.finfo(jnp.float32).min)
+  return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
+
+
+@functools.cache
+def attention_for(scale: float) -> Callable:
+  """:func:`attention` with ``scale`` bound, one function per scale (a stable key for
+  sharing decompositions within a module)."""
+  return functools.partial(attention, scale=scale)

@@ -64,7 +64,7 @@ class TensorType:
     return cls(tuple(value.shape), _DTYPE_NAMES.get(str(value.dtype), str(value.dtype)))
 
 
-_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8",
+_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8", "int32": "i32",
                 "float8_e4m3fn": "f8E4M3FN", "float16": "f16",
                 "bfloat16": "bf16"}  # numpy -> MLIR spelling
 _NUMPY_NAMES = {v: k for k, v in _DTYPE_NAMES.items()}
@@ -361,6 +361,49 @@ def _check_matmul_r1(ops, res, attrs=None):
   return errs
 
 
+# --- hx.attention: grouped-query attention over a KV cache ----------------------
+
+ATTENTION_SIGNATURE = ("(q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], start: i32[]) "
+                       "-> f32[T, kv, g, d]")
+
+
+def attention_problems(q: TensorType, k: TensorType, v: TensorType,
+                       start: TensorType) -> list[str]:
+  """What is wrong with ``hx.attention``'s operand types (empty: nothing): ``q: f32[T, kv, g,
+  d]``, ``k: f32[kv, C, d]``, ``v: f32[kv, d, C]``, ``start: i32[]``, the ``kv``, ``d`` and
+  ``C`` of each the same. One message naming every operand type."""
+  ok = (q.dtype == k.dtype == v.dtype == "f32" and start.dtype == "i32" and len(q.shape) == 4
+        and len(k.shape) == 3 and len(v.shape) == 3 and start.shape == ())
+  if ok:
+    _, kv, _, d = q.shape
+    ok = k.shape[0] == v.shape[0] == kv and k.shape[2] == v.shape[1] == d and \
+        v.shape[2] == k.shape[1]
+  if ok:
+    return []
+  return [f"expects {ATTENTION_SIGNATURE}, got q: {q}, k: {k}, v: {v}, start: {start}"]
+
+
+def _attention_operands(ops, attrs=None):
+  return attention_problems(*ops) if len(ops) == 4 else [
+      f"expects 4 operands {ATTENTION_SIGNATURE}, got {_fmt(ops)}"]
+
+
+def _check_attention(ops, res, attrs=None):
+  errs = _attention_operands(ops, attrs)
+  (y,) = res
+  if not errs and y != TensorType(ops[0].shape, "f32"):
+    errs.append(f"result must be q's type {ops[0]}, got {y}")
+  return errs
+
+
+def _shard_attention(ops, res, attrs=None):
+  q, *_ = ops
+  (y,) = res
+  if not _same(q, y):
+    return [f"result sharding {fmt_sharding(y)} must equal q's {fmt_sharding(q)}"]
+  return []
+
+
 # --- sharding invariants -----------------------------------------------------
 
 def _scale_like_values(q: DimSharding | None, s: DimSharding | None, what: str,
@@ -517,6 +560,12 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              "(f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]",
              primitive="hx_matmul_r1",
              check_types=_check_matmul_r1, check_shardings=_shard_matmul_r1),
+    OpSchema("hx.attention", 1, 4, 1,
+             ATTENTION_SIGNATURE + ": softmax over positions c <= start + t of "
+             "scale * q . k, times v (lowering/reference.py: attention)",
+             primitive="hx_attention", attributes={"scale": float},
+             check_types=_check_attention, check_shardings=_shard_attention,
+             check_operands=_attention_operands),
 ]}
 
 

@@ -32,6 +32,7 @@ from hxmlir.export._artifact import (
 from hxmlir.export._exported import Exported
 from hxmlir.export._tree import count_leaves
 from hxmlir.lowering import schema
+from hxmlir.lowering.attention import cpu as attention_cpu
 from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
 from hxmlir.types import shardings as shd
 from hxmlir.types import typedesc
@@ -52,7 +53,8 @@ def deserialize(blob: bytes | bytearray) -> Exported:
   """
   lo, sealed_as = _read_sealed(blob)
   sig_text, vjp_b64, composites, custom_calls = _read_module(lo)
-  native = matmul_q_cpu.native_call_problem(custom_calls)
+  native = matmul_q_cpu.native_call_problem(custom_calls) or \
+      attention_cpu.native_call_problem(custom_calls)
   if native is not None:
     raise ArtifactError(f"artifact of {lo.fun_name!r} cannot run here: {native}")
   return _from_parts(lo, sig_text, vjp_b64, composites, sealed_as)

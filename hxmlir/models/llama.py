@@ -29,9 +29,11 @@ stored, :func:`attention`), or both ``q8[kv_heads, max_context, head_dim]`` (``"
 one int8 row and one f32 absmax scale per (layer, head, position), quantized with
 :func:`hxmlir.quantize` as the row is written), allocated once per
 :meth:`Llama.generate`, written in place with ``lax.dynamic_update_slice`` (on each
-component of a ``q8`` cache) by a jitted step that donates them; attention reads the
-whole cache with a mask ``key position <= query position``, so one compiled decode step
-(``T = 1``) serves every position and the prompt is prefilled in one call. On a ``q8``
+component of a ``q8`` cache) by a jitted step that donates them; attention takes the
+first position ``start`` as a traced scalar and lets query ``t`` read positions ``c <= start
++ t`` (on the f32 cache one ``hx.attention``, whose CPU kernel reads only those; on a ``q8``
+cache the whole cache with that mask), so one compiled decode step (``T = 1``) serves every
+position and the prompt is prefilled in one call. On a ``q8``
 cache both attention products are ``hx.einsum`` over the int8 rows (:func:`attention`):
 ``q . K`` contracts the quantized axis (head_dim) and scales the result per key
 position; ``P . V`` contracts positions, a scale axis of ``V``, so each row's scale
@@ -71,6 +73,8 @@ from hxmlir import formats
 from hxmlir.install_state import ACTIVATIONS, current, is_installed, use_kernels
 from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.integration.installation import installed
+from hxmlir.lowering.attention import attention as hx_attention
+from hxmlir.lowering.reference import causal_mask
 from hxmlir.models import llama_sharding
 from hxmlir.types.einsum import einsum
 from hxmlir.types.gather import take_rows
@@ -260,29 +264,32 @@ def _cache_write(cache, start, x, *, keys: bool):
   return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(x, 1, 2), (zero, zero, start))
 
 
-def attention(q, k, v, mask, *, scale: float):
-  """Grouped-query attention of ``q: f32[T, kv, g, d]`` over one layer's cache -- keys
-  ``k: f32[kv, C, d]`` and values ``v: f32[kv, d, C]``, or both ``q8[kv, C, d]`` (rows
-  quantized along ``d``) -- with ``mask: bool[T, 1, 1, C]`` -> ``f32[T, kv, g, d]``.
+def attention(q, k, v, start, *, scale: float):
+  """Grouped-query attention of ``q: f32[T, kv, g, d]`` at positions ``start + [0, T)``
+  (``start``: an i32 scalar) over one layer's cache -- keys ``k: f32[kv, C, d]`` and values
+  ``v: f32[kv, d, C]``, or both ``q8[kv, C, d]`` (rows quantized along ``d``) -- each query
+  attending to positions ``c <= start + t`` -> ``f32[T, kv, g, d]``.
 
-  The f32 cache is laid out so that both products contract each operand's last axis with
-  the head as the leading batch dimension: XLA's CPU dot then reads K and V as they are
-  stored (keys position-major ``[C, kv, d]`` made it transpose every layer's K and V for
-  each token, 22% of SmolLM2's decode step; values ``[kv, C, d]`` make ``P . V`` 4.5x
-  slower than ``[kv, d, C]``; issue 28).
+  On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``), whose CPU kernel
+  reads only the positions written so far (XLA's dot fusions over the whole cache of ``C``
+  positions cost ~110 us per SmolLM2 layer and token). The cache is laid out so that both
+  products contract each operand's last axis with the head as the leading batch dimension:
+  the reference decomposition's dots (XLA's CPU dot) then read K and V as they are stored
+  (keys position-major ``[C, kv, d]`` made it transpose every layer's K and V for each
+  token, 22% of SmolLM2's decode step; values ``[kv, C, d]`` make ``P . V`` 4.5x slower than
+  ``[kv, d, C]``; issue 28), and so does the kernel (``csrc/attention.h``).
 
-  On ``q8`` rows both products are :func:`hxmlir.types.einsum` on the int8 values: the scores
-  ``"tkgd,kcd->tkgc"`` contract the quantized axis, so each key row's scale multiplies
-  the result; ``"tkgc,kcd->tkgd"`` contracts positions, so each value row's scale
-  multiplies the probabilities first. Both equal the products with the dequantized
-  rows, up to f32 rounding."""
+  On ``q8`` rows both products are :func:`hxmlir.types.einsum` on the int8 values, over the
+  whole cache with the mask ``c <= start + t``: the scores ``"tkgd,kcd->tkgc"`` contract the
+  quantized axis, so each key row's scale multiplies the result; ``"tkgc,kcd->tkgd"``
+  contracts positions, so each value row's scale multiplies the probabilities first. Both
+  equal the products with the dequantized rows, up to f32 rounding."""
   if isinstance(jax.typeof(k), QArrayTy):
+    mask = causal_mask(start, q.shape[0], k.shape[1])
     s = einsum("tkgd,kcd->tkgc", q, k) * scale
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     return einsum("tkgc,kcd->tkgd", jax.nn.softmax(s, axis=-1), v)
-  s = jnp.einsum("tkgd,kcd->tkgc", q, k) * scale
-  s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-  return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
+  return hx_attention(q, k, v, start, scale=scale)
 
 
 def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=_proj) -> list:
@@ -324,10 +331,9 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
   keeps ``start + T <= C``. ``proj(x, w, name)``: ``x @ w.T`` for the weight of key
   ``name`` (``"q"`` ... ``"down"``, ``"output"``); on a mesh,
   :func:`hxmlir.models.llama_sharding.projection`."""
-  t, c = ids.shape[0], k_cache[0].shape[1]
+  t = ids.shape[0]
   hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
   positions = start + jnp.arange(t, dtype=jnp.int32)
-  mask = (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
   scale = np.float32(1.0 / np.sqrt(hd))
   k_out, v_out = [], []
   x = _embed(params["embed"], ids)
@@ -338,7 +344,7 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=_proj):
     k = rope(k.reshape(t, cfg.kv_heads, hd), positions, cfg.rope_base)
     k_out.append(_cache_write(k_cache[i], start, k, keys=True))
     v_out.append(_cache_write(v_cache[i], start, v.reshape(t, cfg.kv_heads, hd), keys=False))
-    a = attention(q.reshape(t, cfg.kv_heads, g, hd), k_out[i], v_out[i], mask, scale=scale)
+    a = attention(q.reshape(t, cfg.kv_heads, g, hd), k_out[i], v_out[i], start, scale=scale)
     x = x + proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
     h = rms_norm(x, p["ffn_norm"], cfg.rms_eps)
     gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)

@@ -111,7 +111,7 @@ func.func private @deq(%q: tensor<4x8xi8>, %s: tensor<4xf32>) -> tensor<4x8xf32>
 // -----
 
 func.func @unknown_name(%x: tensor<4xf32>) -> tensor<4xf32> {
-  // expected-error @+1 {{'hx.frobnicate' is not a known hx composite; known: hx.dequantize, hx.matmul_q, hx.matmul_r1, hx.outer, hx.quantize}}
+  // expected-error @+1 {{'hx.frobnicate' is not a known hx composite; known: hx.attention, hx.dequantize, hx.matmul_q, hx.matmul_r1, hx.outer, hx.quantize}}
   %0 = stablehlo.composite "hx.frobnicate" %x {decomposition = @id, version = 1 : i32} : (tensor<4xf32>) -> tensor<4xf32>
   return %0 : tensor<4xf32>
 }

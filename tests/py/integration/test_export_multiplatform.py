@@ -29,9 +29,11 @@ PLATFORMS = ["cpu", "cuda", "tpu"]
 
 
 def every_op(x, w, col, row):
-  """Uses each hx composite once: ``f32[m,k], f32[k,n], f32[k], f32[p]``."""
+  """Uses each hx composite once: ``f32[m,k], f32[k,n], f32[k], f32[p]`` (attention: ``m``
+  queries of one head over a cache of ``n`` positions, keys ``w.T``, values ``w``)."""
   qw = hx.quantize(w)
-  return (hx.matmul_q(x, qw), hx.dequantize(qw), hx.matmul_r1(x, hx.outer(col, row)))
+  return (hx.matmul_q(x, qw), hx.dequantize(qw), hx.matmul_r1(x, hx.outer(col, row)),
+          hx.attention(x[:, None, None, :], w.T[None], w[None], 1, scale=0.5))
 
 
 def _args():

@@ -22,6 +22,7 @@ from jaxlib.mlir.dialects import func as func_dialect
 from jaxlib.mlir.dialects import sdy
 from jaxlib.mlir.dialects import stablehlo as hlo
 from numerics import assert_within, dot_bound
+from test_attention_native import XLA_EXP_ULPS, attention64
 
 import hxmlir as hx
 from hxmlir.lowering import composite, reference, schema
@@ -267,7 +268,7 @@ def test_composite_location_is_the_users_line():
 
 def _sharded_program(order: str):
   """Every op on sharded values; ``order`` permutes the independent operations."""
-  def f(x, xb, w, wb, col, row):
+  def f(x, xb, w, wb, col, row, q, k, v, start):
     steps = {
         "q": lambda: hx.quantize(w),
         "qb": lambda: hx.quantize(wb),
@@ -279,12 +280,13 @@ def _sharded_program(order: str):
         "mqb": lambda: hx.matmul_q(xb, env["qb"]),
         "dq": lambda: hx.dequantize(env["qb"]),
         "mr": lambda: hx.matmul_r1(x, env["r"]),
+        "at": lambda: hx.attention(q, k, v, start, scale=0.5),
     }
-    keys = ["mq", "mqb", "dq", "mr"]
+    keys = ["mq", "mqb", "dq", "mr", "at"]
     if order:
       keys = keys[::-1]
     out = {k: ys[k]() for k in keys}
-    return out["mq"], out["mqb"], out["dq"], out["mr"]
+    return out["mq"], out["mqb"], out["dq"], out["mr"], out["at"]
   return f
 
 
@@ -298,6 +300,10 @@ def _sharded_args():
       jax.device_put(arr(4, 6, 5), P("i", None, None)),    # wb: batch over i
       jax.device_put(arr(6), P(None)),                     # col
       jax.device_put(arr(4), P("j")),                      # row: over j
+      jax.device_put(arr(4, 2, 3, 6), P("i", "j", None, None)),  # q: queries over i, heads j
+      jax.device_put(arr(2, 8, 6), P("j", None, None)),    # k: heads over j
+      jax.device_put(arr(2, 6, 8), P("j", None, None)),    # v: heads over j
+      jax.device_put(np.int32(3), P()),                    # start
   ]
 
 
@@ -339,15 +345,16 @@ def test_sharding_annotations_do_not_depend_on_the_order_of_operations(mesh):
     args = _sharded_args()
     a = _sharding_table(_lower(_sharded_program(""), *args))
     b = _sharding_table(_lower(_sharded_program("r,qb,q"), *args))
-  assert a == b and len(a) == 7
+  assert a == b and len(a) == 8
 
 
-def _reference_program(x, xb, w, wb, col, row):
+def _reference_program(x, xb, w, wb, col, row, aq, ak, av, start):
   q, s = reference.quantize(w)
   qb, sb = reference.quantize(wb)
   c, r = reference.outer(col, row)
   return (reference.matmul_q(x, q, s), reference.matmul_q(xb, qb, sb),
-          reference.dequantize(qb, sb), reference.matmul_r1(x, c, r))
+          reference.dequantize(qb, sb), reference.matmul_r1(x, c, r),
+          reference.attention(aq, ak, av, start, scale=0.5))
 
 
 def test_sharded_run_is_bit_identical_to_the_sharded_reference(mesh):
@@ -363,12 +370,13 @@ def test_sharded_run_is_bit_identical_to_the_sharded_reference(mesh):
   # and close to the unsharded program (XLA may tile the sharded dots differently): two
   # f32 evaluations of each dot (the scale or the row factor one more rounding per term),
   # and the same dequantized values (quantize takes a max: its result is exact)
-  x, xb, w, wb, col, row = (np.asarray(a) for a in args)
+  x, xb, w, wb, col, row, aq, ak, av, start = (np.asarray(a) for a in args)
   wd, wbd = (np.asarray(hx.dequantize(hx.quantize(v))) for v in (w, wb))
   bounds = [2 * dot_bound("mk,kn->mn", x, wd, extra=2),
             2 * dot_bound("bmk,bkn->bmn", xb, wbd, extra=2), 0.0,
-            2 * dot_bound("mk,k,n->mn", x, col, row, extra=2)]
-  plain = jax.jit(_sharded_program(""))(x, xb, w, wb, col, row)
+            2 * dot_bound("mk,k,n->mn", x, col, row, extra=2),
+            2 * attention64(aq, ak, av, 3, 0.5, XLA_EXP_ULPS)[1]]
+  plain = jax.jit(_sharded_program(""))(x, xb, w, wb, col, row, aq, ak, av, start)
   for i, (g, p, bound) in enumerate(zip(got, plain, bounds)):
     assert_within(g, p, bound, f"result {i}: ")
 

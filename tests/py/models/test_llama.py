@@ -270,15 +270,17 @@ def test_decoder_runs_the_native_kernel_with_the_references_numbers(
     model, model_reference, ref, t):
   # Llama(kernels=True), the default, compiles under hx.installed() whatever the caller
   # has installed: every projection (4 per layer and the tied head) is one call of
-  # hx_matmul_q_cpu_v3 in the compiled program; kernels=False: none
+  # hx_matmul_q_cpu_v3 in the compiled program, each layer's attention one of
+  # hx_attention_cpu_v1; kernels=False: none
   k, v = model.new_cache()
   ids, start = np.asarray(_text_ids(t), np.int32), np.int32(3)
   fn = model._step if t == 1 else model._prefill
   hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
   assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 30 * 4 + 1
+  assert _custom_calls(hlo, "hx_attention_cpu_v1") == 30
   fn = model_reference._step if t == 1 else model_reference._prefill
   hlo = fn.lower(model.params, ids, start, k, v).compile().as_text()
-  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == 0
+  assert _custom_calls(hlo, "hx_matmul_q_cpu_v3") == _custom_calls(hlo, "hx_attention_cpu_v1") == 0
   # the numbers: both within the float64 reference's bound, the kernel's error of the same
   # size as the reference decomposition's (f32 sums in another order), the same tokens
   text = _text_ids(32)
@@ -654,10 +656,10 @@ def test_demo_smollm2_runs_every_step():
   assert r.ok, [s.text() for s in r.steps]
   # the decode step's IR: 4 u4o projections per layer (qkv and gate_up fused, o, down),
   # the tied q8 head, the embedding rows dequantized alone (no other composite: no
-  # dequantized weight)
+  # dequantized weight), one hx.attention per layer
   assert steps["ir"].data["composites_by_format"] == {
       "hx.dequantize int8_f16 g32": 1, "hx.matmul_q int8_f16 g32": 1,
-      "hx.matmul_q uint4_f16 g32 offset": 120}
+      "hx.matmul_q uint4_f16 g32 offset": 120, "hx.attention": 30}
   acc = steps["accuracy"].data
   assert acc["top1_agreement"] >= 0.99 and acc["relative_error"] <= 1e-3
   assert steps["weights"].data["bytes"] == 96_576_768

@@ -145,6 +145,12 @@ CASES: dict[str, Case] = {
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
                          (("hx.outer", 1), ("hx.matmul_r1", 1))),
+    # grouped-query attention over a KV cache (lowering/attention/): T = 3 queries at
+    # positions 5..7 of a cache of 16, 2 KV heads of 3 queries each, head_dim 8
+    "attention_v1": Case(
+        lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25),
+        lambda: (_x((3, 2, 3, 8), 80), _x((2, 16, 8), 81), _x((2, 8, 16), 82), np.int32(5)),
+        (("hx.attention", 1),)),
     # hxmlir's registered kernels (lowering/matmul_q/pallas.py), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
@@ -219,6 +225,16 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 73), jnp.int8, group_size=16)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_i8x_v1", "hx_matmul_q_cpu_i8x_v1"),), activations="int8"),
+    # hx.attention's native CPU kernel (lowering/attention/cpu.py): prefill (T = 5 from
+    # position 0) and a decode step (T = 1 at position 40, head_dim 24: a vector and a tail)
+    # over a cache of 48 positions
+    "hx_attention_cpu_v1_cpu": Case(
+        lambda q1, q2, k, v, k2, v2: (hx.attention(q1, k, v, np.int32(0), scale=0.125),
+                                      hx.attention(q2, k2, v2, np.int32(40), scale=0.2)),
+        lambda: (_x((5, 2, 3, 64), 90), _x((1, 3, 1, 24), 91), _x((2, 48, 64), 92),
+                 _x((2, 64, 48), 93), _x((3, 48, 24), 94), _x((3, 24, 48), 95)),
+        (("hx.attention", 1),), platforms=("cpu",),
+        kernels=(("hx_attention_cpu_v1", "hx_attention_cpu_v1"),)),
 }
 
 

@@ -1,0 +1,157 @@
+// The XLA FFI handler of hx.attention on CPU (custom call target "hx_attention_cpu_v1";
+// semantics in attention.h) and the choice of its ISA copy.
+//
+//   q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], start: s32[]  (attribute
+//   scale: f32)  ->  f32[T, kv, g, d]
+//
+// Operands of other types or shapes are refused with InvalidArgument naming them. The
+// work is one block per (query t, KV head h). A call of fewer than kSerialMacs
+// multiply-adds over the positions it reads, or of fewer than kMinBlocksPerThread blocks
+// per core (decode: T = 1, kv blocks), runs on the calling thread; above (prefill) the
+// blocks are shared with XLA's intra-op pool (RunBlocks, matmul_q_parallel.h). Each output
+// is computed by one thread in an order fixed by the shapes alone.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "attention.h"
+#include "matmul_q_parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hxmlir {
+
+namespace {
+
+std::atomic<const AttentionKernels*> g_attention_kernels{nullptr};
+
+constexpr char kTarget[] = "hx_attention_cpu_v1";
+
+// Calls of fewer blocks than this many per usable core run on the calling thread.
+constexpr int64_t kMinBlocksPerThread = 4;
+
+struct AttentionJob : BlockCounter {
+  AttentionProblem p;
+  const AttentionKernels* kern;
+
+  void Run(int64_t b) {
+    kern->head(p, b / p.kv, b % p.kv, ThreadBuffer(kScratch, AttentionScratchFloats(p.c)));
+  }
+};
+
+// "f32", "s32", ...: a buffer's element type as the error messages spell it.
+std::string ElementTypeName(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return "f32";
+    case ffi::DataType::F64: return "f64";
+    case ffi::DataType::F16: return "f16";
+    case ffi::DataType::BF16: return "bf16";
+    case ffi::DataType::S32: return "s32";
+    case ffi::DataType::S64: return "s64";
+    case ffi::DataType::S8: return "s8";
+    case ffi::DataType::U8: return "u8";
+    case ffi::DataType::U32: return "u32";
+    case ffi::DataType::PRED: return "pred";
+    default: return "type" + std::to_string(static_cast<int>(t));
+  }
+}
+
+std::string TypeText(const ffi::AnyBuffer& b) {
+  return ElementTypeName(b.element_type()) + ShapeText(b.dimensions());
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                     ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out, float scale) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
+             od = out->dimensions();
+  const auto f32 = ffi::DataType::F32;
+  bool ok = q.element_type() == f32 && k.element_type() == f32 && v.element_type() == f32 &&
+            start.element_type() == ffi::DataType::S32 && out->element_type() == f32 &&
+            qd.size() == 4 && kd.size() == 3 && vd.size() == 3 && start.dimensions().size() == 0 &&
+            od.size() == 4;
+  ok = ok && kd[0] == qd[1] && kd[2] == qd[3] && vd[0] == qd[1] && vd[1] == qd[3] &&
+       vd[2] == kd[1] && std::equal(od.begin(), od.end(), qd.begin());
+  if (!ok)
+    return ffi::Error::InvalidArgument(
+        std::string(kTarget) + " expects q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], "
+        "start: s32[] -> f32[T, kv, g, d], got " + TypeText(q) + ", " + TypeText(k) + ", " +
+        TypeText(v) + ", " + TypeText(start) + " -> " + TypeText(*out));
+  auto job = std::make_shared<AttentionJob>();
+  AttentionProblem& p = job->p;
+  p.q = static_cast<const float*>(q.untyped_data());
+  p.k = static_cast<const float*>(k.untyped_data());
+  p.v = static_cast<const float*>(v.untyped_data());
+  p.out = static_cast<float*>(out->untyped_data());
+  p.t = qd[0], p.kv = qd[1], p.g = qd[2], p.d = qd[3], p.c = kd[1];
+  int32_t s0;
+  std::memcpy(&s0, start.untyped_data(), sizeof s0);
+  p.start = s0;
+  p.scale = scale;
+  const int64_t blocks = p.t * p.kv;
+  if (blocks == 0 || p.g == 0 || p.d == 0) return ffi::Error::Success();
+  if (p.c == 0) {  // no position at all: the reference's sum over no position is 0
+    std::fill(p.out, p.out + blocks * p.g * p.d, 0.f);
+    return ffi::Error::Success();
+  }
+  job->kern = SelectedAttentionKernels();
+  // multiply-adds over the positions read: both products, every query
+  int64_t macs = 0;
+  for (int64_t t = 0; t < p.t; ++t)
+    macs += 2 * p.kv * p.g * p.d * std::clamp<int64_t>(p.start + t + 1, 1, p.c);
+  // the pool only with a few blocks per core: a decode step's kv blocks (T = 1) are fewer
+  // than that, and shared they run slower than on the calling thread alone (SmolLM2, 3
+  // heads at 512 positions, 2 cores: 74 us a call against 36)
+  const int64_t threads =
+      blocks >= kMinBlocksPerThread * UsableCores() ? ThreadsFor(pool, macs) : 1;
+  if (threads <= 1) {
+    float* scratch = ThreadBuffer(kScratch, AttentionScratchFloats(p.c));
+    for (int64_t b = 0; b < blocks; ++b) job->kern->head(p, b / p.kv, b % p.kv, scratch);
+    return ffi::Error::Success();
+  }
+  job->total = blocks;
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+bool SelectAttentionIsa(const char* name) {
+  struct Named {
+    const char* name;
+    const AttentionKernels* (*kernels)();
+  };
+  static const Named kNamed[] = {
+#if defined(HXMLIR_HAVE_X86_ISAS)
+      {"avx512", &AttentionKernelsAvx512},
+      {"avx2", &AttentionKernelsAvx2},
+#endif
+      {"generic", &AttentionKernelsGeneric},
+  };
+  for (const Named& n : kNamed)
+    if (std::strcmp(n.name, name) == 0) {
+      g_attention_kernels.store(n.kernels(), std::memory_order_release);
+      return true;
+    }
+  return false;
+}
+
+const AttentionKernels* SelectedAttentionKernels() {
+  const AttentionKernels* k = g_attention_kernels.load(std::memory_order_acquire);
+  return k == nullptr ? AttentionKernelsGeneric() : k;
+}
+
+}  // namespace hxmlir
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV1, hxmlir::Attention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // start
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Attr<float>("scale"));

@@ -1,0 +1,101 @@
+"""``hx.attention`` on CPU: the native kernel's custom call ``hx_attention_cpu_v1`` and the
+CPU lowering rule of ``hx_attention_p`` (:func:`lower_attention_cpu`).
+
+The kernel (``csrc/attention.h``, ``csrc/attention.inc``, ``csrc/attention_ffi.cc``) is part of
+the extension ``hxmlir._matmul_q_cpu`` and follows its ISA: :mod:`hxmlir.lowering.matmul_q.cpu`
+loads the extension and picks the ISA (``select_isa``, which also picks this kernel's copy);
+this module registers the target when that kernel is active and the extension has the
+handler (an extension built from older sources lacks it: then ``hx.attention`` keeps its
+StableHLO decomposition, :data:`ACTIVE` is false and :data:`REASON` says why).
+
+Policy: the one of ``hx.matmul_q``'s kernels, :func:`hxmlir.lowering.matmul_q.cpu.use_native`
+(installed, one device, not for ``jax.export`` unless ``hx.keep_native_cpu_calls()``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxlib.mlir import ir
+
+from hxmlir import targets
+from hxmlir.install_state import use_kernels
+from hxmlir.lowering import reference
+from hxmlir.lowering.composite import lower_composite
+from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
+
+KERNEL_NAME = "hx_attention_cpu"
+KERNEL_VERSION = 1
+TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
+"""The FFI custom-call target of ``hx.attention`` on CPU (its name carries the version)."""
+
+CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu",),
+                                     owner="hxmlir")
+assert CPU_KERNEL.ir_name == TARGET
+
+
+def _register() -> tuple[bool, str]:
+  info = matmul_q_cpu.cpu_kernel_info()
+  if not info.active:
+    return False, info.reason
+  from hxmlir import _matmul_q_cpu as ext  # loaded: the matmul_q kernel is active
+  if not hasattr(ext, "handler_attention_v1"):
+    return False, (f"the extension hxmlir._matmul_q_cpu ({ext.__file__}) is older than this "
+                   "hxmlir (it lacks handler_attention_v1); rebuild it: pip install -e . (or "
+                   "reinstall hxmlir)")
+  jax.ffi.register_ffi_target(TARGET, ext.handler_attention_v1(), platform="cpu",
+                              api_version=1)
+  return True, info.reason
+
+
+ACTIVE, REASON = _register()
+"""Whether ``hx_attention_cpu_v1`` is registered (decided at import), and why (not)."""
+
+
+def attention_native(q, k, v, start, *, scale: float):
+  """:func:`hxmlir.lowering.reference.attention` through the custom call
+  ``hx_attention_cpu_v1``: same operands (``q: f32[T, kv, g, d]``, ``k: f32[kv, C, d]``,
+  ``v: f32[kv, d, C]``, ``start: i32[]``; types already checked by the lo primitive) and
+  result, ``scale`` an f32 attribute. Reads only positions ``c <= start + t`` (clamped to
+  ``C``). Runs only where :data:`ACTIVE`."""
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+  return jax.ffi.ffi_call(TARGET, out)(q, k, v, start, scale=np.float32(scale))
+
+
+def native_call_problem(call_targets) -> str | None:
+  """Why this process cannot run a module calling ``call_targets`` (``hx_attention_cpu_v<N>``
+  among them), or ``None``; as :func:`hxmlir.lowering.matmul_q.cpu.native_call_problem`."""
+  needed = sorted({t for t in call_targets if t.startswith(f"{KERNEL_NAME}_v")})
+  if not needed:
+    return None
+  other = [t for t in needed if t != TARGET]
+  if other:
+    return (f"it calls the native CPU kernel {', '.join(other)}, which this hxmlir does not "
+            f"have (it has {TARGET}): upgrade hxmlir, or re-export without "
+            "hx.keep_native_cpu_calls()")
+  if not ACTIVE:
+    return (f"it calls the native CPU kernel {TARGET} (exported with "
+            f"hx.keep_native_cpu_calls()), which is not available in this process: {REASON}; "
+            "re-export without hx.keep_native_cpu_calls() for a portable artifact")
+  return None
+
+
+@functools.cache
+def _native_for(scale: float):
+  """:func:`attention_native` with ``scale`` bound, one function per scale (a stable key
+  for sharing decompositions within a module)."""
+  return functools.partial(attention_native, scale=scale)
+
+
+def lower_attention_cpu(ctx, q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, *,
+                        scale: float) -> list[ir.Value]:
+  """CPU lowering rule of ``hx_attention_p``: the composite the default rule emits, whose
+  decomposition calls ``hx_attention_cpu_v1`` where :data:`ACTIVE` and
+  :func:`~hxmlir.lowering.matmul_q.cpu.use_native` (the reference StableHLO otherwise)."""
+  native = ACTIVE and matmul_q_cpu.use_native(ctx, use_kernels())
+  ref = _native_for(scale) if native else reference.attention_for(scale)
+  return lower_composite(ctx, "hx.attention", q, k, v, start, reference=ref,
+                         attributes={"scale": scale})

@@ -1,0 +1,78 @@
+"""``hx_attention_p``: the lo primitive of ``hx.attention``, its abstract eval, batching rule
+and JVP.
+
+Operands ``q: f32[T, kv, g, d]``, ``k: f32[kv, C, d]``, ``v: f32[kv, d, C]``, ``start:
+i32[]``; parameter ``scale`` (a Python float) -> ``f32[T, kv, g, d]``, typed like ``q``
+(sharding included). Semantics: :func:`hxmlir.lowering.reference.attention`. The abstract
+eval raises ``TypeError`` naming the four operand types when they do not fit
+(:func:`hxmlir.lowering.schema.attention_problems`, the rule ``hx-verify`` checks too).
+Under ``vmap`` and differentiation the op is its reference: the batching rule runs the
+reference under ``jax.vmap``, the JVP is ``jax.jvp`` of the reference (the primal stays
+one ``hx_attention_p``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.hijax import ShapedArray
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching
+
+from hxmlir._jax import apply_primitive
+from hxmlir.lowering import reference, schema
+from hxmlir.types import shardings as shd
+
+hx_attention_p = Primitive("hx_attention")
+hx_attention_p.def_impl(functools.partial(apply_primitive, hx_attention_p))
+
+
+@hx_attention_p.def_abstract_eval
+def _attention_abstract_eval(q, k, v, start, *, scale):
+  problems = schema.attention_problems(*(schema.TensorType.of(a) for a in (q, k, v, start)))
+  if problems:
+    raise TypeError(f"hx.attention {problems[0]}")
+  return ShapedArray(q.shape, jnp.float32, sharding=q.sharding,
+                     manual_axis_type=shd.join_mat(q, k, v, start))
+
+
+def _batch_attention(args, dims, *, scale):
+  # dims: the mapped axis of each operand, None where it is not mapped (jax.vmap's in_axes)
+  return jax.vmap(reference.attention_for(scale), in_axes=tuple(dims))(*args), 0
+
+
+batching.primitive_batchers[hx_attention_p] = _batch_attention
+
+
+def _attention_jvp(primals, tangents, *, scale):
+  q, k, v, start = primals
+  tq, tk, tv = (ad.instantiate_zeros(t) for t in tangents[:3])
+  _, out_dot = jax.jvp(lambda q, k, v: reference.attention(q, k, v, start, scale=scale),
+                       (q, k, v), (tq, tk, tv))
+  return hx_attention_p.bind(q, k, v, start, scale=scale), out_dot
+
+
+ad.primitive_jvps[hx_attention_p] = _attention_jvp
+
+
+def attention(q, k, v, start, *, scale: float):
+  """Grouped-query attention over a KV cache with a causal position bound, as one
+  ``hx.attention`` composite (:func:`hxmlir.lowering.reference.attention` is its meaning).
+
+  ``q: f32[T, kv, g, d]``, keys ``k: f32[kv, C, d]``, values ``v: f32[kv, d, C]``, ``start``:
+  an i32 scalar (or a Python int), the position of query 0; query ``t`` attends to
+  positions ``c <= start + t`` (all ``C`` when ``start + t >= C``) -> ``f32[T, kv, g, d]``.
+  ``scale``: multiplies each score ``q . k`` (``1 / sqrt(d)`` in LLaMA), rounded to f32.
+  On CPU while hxmlir is installed the composite calls the native kernel
+  ``hx_attention_cpu_v1``, which reads only positions ``c <= start + t``
+  (:mod:`hxmlir.lowering.attention.cpu`). Raises ``TypeError`` naming the operand types
+  when they do not fit, and when ``scale`` is not a static number.
+  """
+  if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+    raise TypeError(f"hx.attention: scale must be a static float (a Python or NumPy number), "
+                    f"got {type(scale).__name__}")
+  start = np.int32(start) if isinstance(start, (int, np.integer)) else start
+  return hx_attention_p.bind(q, k, v, start, scale=float(np.float32(scale)))

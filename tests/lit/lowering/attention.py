@@ -1,0 +1,54 @@
+# RUN: env HXMLIR_CPU_ISA=generic %python %s | filecheck %s
+# hx.attention (lowering/attention/): one stablehlo.composite "hx.attention" version 1 with
+# the scale in composite_attributes; its decomposition is the reference (the scores masked
+# by c <= start + t, softmax, the weighted sum over every position) without install, and a
+# call of the native kernel hx_attention_cpu_v1 on CPU while installed (csrc/attention.h).
+# Exports keep the reference unless hx.keep_native_cpu_calls().
+import numpy as np
+
+import hxmlir as hx
+import hxmlir.export as hxe
+from hxmlir.testing import print_exported, print_ir
+
+q = np.ones((2, 3, 3, 64), np.float32)
+k = np.ones((3, 16, 64), np.float32)
+v = np.ones((3, 64, 16), np.float32)
+start = np.int32(5)
+
+
+def f(q, k, v, start):
+  return hx.attention(q, k, v, start, scale=0.125)
+
+
+print_ir("attention_not_installed", f, q, k, v, start)
+# CHECK-LABEL: TEST: attention_not_installed f32[2,3,3,64] f32[3,16,64] f32[3,64,16] i32[]
+# CHECK: %[[R:[0-9]+]] = stablehlo.composite "hx.attention" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {scale = 1.250000e-01 : f32}, decomposition = @[[D:hx.attention.impl[_0-9]*]], version = 1 : i32} : (tensor<2x3x3x64xf32>, tensor<3x16x64xf32>, tensor<3x64x16xf32>, tensor<i32>) -> tensor<2x3x3x64xf32>
+# CHECK: func.func private @[[D]](%[[Q:[a-z0-9]+]]: tensor<2x3x3x64xf32>, %[[K:[a-z0-9]+]]: tensor<3x16x64xf32>, %[[V:[a-z0-9]+]]: tensor<3x64x16xf32>, %[[S:[a-z0-9]+]]: tensor<i32>) -> tensor<2x3x3x64xf32>
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.dot_general %[[K]], %[[Q]], batching_dims = [0] x [1], contracting_dims = [2] x [3]
+# CHECK: %[[P:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = []
+# CHECK: stablehlo.compare LE
+# CHECK: stablehlo.select
+# CHECK: stablehlo.exponential
+# CHECK: stablehlo.dot_general %[[V]], %{{[0-9]+}}, batching_dims = [0] x [1], contracting_dims = [2] x [3]
+# CHECK-NOT: custom_call
+
+with hx.installed():
+  print_ir("attention_cpu_installed", f, q, k, v, start)
+# CHECK-LABEL: TEST: attention_cpu_installed
+# CHECK: stablehlo.composite "hx.attention" {{.*}}composite_attributes = {scale = 1.250000e-01 : f32}{{.*}}version = 1 : i32
+# CHECK: func.func private @{{hx.attention.impl[_0-9]*}}(%[[Q:[a-z0-9]+]]: tensor<2x3x3x64xf32>, %[[K:[a-z0-9]+]]: tensor<3x16x64xf32>, %[[V:[a-z0-9]+]]: tensor<3x64x16xf32>, %[[S:[a-z0-9]+]]: tensor<i32>) -> tensor<2x3x3x64xf32>
+# CHECK-NEXT: %[[C:[0-9]+]] = stablehlo.custom_call @hx_attention_cpu_v1(%[[Q]], %[[K]], %[[V]], %[[S]]) {{{.*}}mhlo.backend_config = {scale = 1.250000e-01 : f32}{{.*}}} : (tensor<2x3x3x64xf32>, tensor<3x16x64xf32>, tensor<3x64x16xf32>, tensor<i32>) -> tensor<2x3x3x64xf32>
+# CHECK-NEXT: return %[[C]]
+
+with hx.installed():
+  portable = hxe.export(f)(q, k, v, start)
+  with hx.keep_native_cpu_calls():
+    kept = hxe.export(f)(q, k, v, start)
+print_exported("attention_export_default", portable.lo)
+# CHECK-LABEL: TEST: attention_export_default cpu
+# CHECK: stablehlo.composite "hx.attention"
+# CHECK-NOT: custom_call
+print_exported("attention_export_kept", kept.lo)
+# CHECK-LABEL: TEST: attention_export_kept cpu
+# CHECK: stablehlo.custom_call @hx_attention_cpu_v1

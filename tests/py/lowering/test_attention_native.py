@@ -1,0 +1,262 @@
+"""``hx.attention``: grouped-query attention over a KV cache with a causal position bound --
+the native CPU kernel ``hx_attention_cpu_v1`` (``csrc/attention.h``) on every ISA this CPU
+runs, and the composite's reference decomposition, against float64.
+
+Numbers. The float64 reference takes the same f32 operands: ``s_c = scale (q . k_c)`` over
+the positions ``c < n = clamp(start + t + 1, 0, C)`` (all ``C`` with equal weights when
+``n = 0``), ``w_c = softmax(s)_c``, ``out = sum_c w_c v_c``. An f32 evaluation in any order:
+
+- each score is a dot of ``d`` terms and the scale: ``|ds_c| <= a_c = gamma_{d+1} scale
+  sum|q k_c|`` (``tests/py/numerics.py``);
+- ``p_c = exp(fl(s_c - m))``: the max ``m`` is one score, its error common to every term
+  of the row, which cancels in ``p_c / sum p``; what remains is ``a_c``, the subtraction's
+  rounding ``eps |s_c - m|`` and exp's error ``ulps * eps`` (the kernel's: at most 1.01 ulp,
+  measured over every f32 argument, ``csrc/attention.inc``; XLA's: taken as 4 ulp), so
+  each ``p_c`` is within a relative ``e = max_c (a_c + eps |s_c - m|) + ulps eps`` (over the
+  row: the max of those) and each weight ``w_c`` within ``2 e + gamma_{n+2}`` (the sum of
+  the ``p`` and the division);
+- the weighted sum of ``n`` terms adds ``gamma_{n+1}``.
+
+So ``|out - exact| <= (2 e + 2 gamma_{n+2} + 2 eps) sum_c w_c |v_c| + n tiny max|v|`` (the
+last term: exp's floor at exp(-87) and underflow). A wrong position (one more or one
+less), a wrong head or query, or a missing normalisation is an error of the order of a
+term and fails it (:func:`test_bound_catches_an_off_by_one_position`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numerics import EPS, TINY, assert_within, gamma
+from test_matmul_q_formats_native import _with_isa  # (select_isa picks this kernel's copy too)
+
+import hxmlir as hx
+from hxmlir.lowering import reference
+from hxmlir.lowering.attention import cpu as attention_cpu
+
+INFO = hx.cpu_kernel_info()
+needs_native = pytest.mark.skipif(not attention_cpu.ACTIVE,
+                                  reason=f"native kernel inactive: {attention_cpu.REASON}")
+SCALE = float(np.float32(0.125))
+KERNEL_EXP_ULPS = 2  # csrc/attention.inc: measured at most 1.01 ulp
+XLA_EXP_ULPS = 4
+
+
+def _operands(rng, t, kv, g, d, c):
+  q = rng.standard_normal((t, kv, g, d)).astype(np.float32)
+  k = rng.standard_normal((kv, c, d)).astype(np.float32)
+  v = rng.standard_normal((kv, d, c)).astype(np.float32)
+  return q, k, v
+
+
+def attention64(q, k, v, start: int, scale: float, exp_ulps: int):
+  """(float64 attention, its f32 error bound) from the same f32 operands (module docstring)."""
+  q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+  t_len, kv, g, d = q.shape
+  c_len = k.shape[1]
+  out = np.zeros(q.shape)
+  bound = np.zeros(q.shape)
+  for t in range(t_len):
+    n = int(np.clip(start + t + 1, 0, c_len))
+    for h in range(kv):
+      kh, vh = k64[h, :max(n, 1) if n else c_len], v64[h, :, :n if n else c_len]
+      for j in range(g):
+        if n == 0:  # no position: every score equal (the reference's row masked everywhere)
+          s, a = np.zeros(c_len), np.zeros(c_len)
+        else:
+          s = scale * (kh @ q64[t, h, j])
+          a = gamma(d + 1) * scale * (np.abs(kh) @ np.abs(q64[t, h, j])) + d * TINY
+        m = s.max()
+        w = np.exp(s - m)
+        w /= w.sum()
+        out[t, h, j] = vh @ w
+        nn = len(s)
+        e = np.max(a + EPS * np.abs(s - m)) + exp_ulps * EPS
+        bound[t, h, j] = ((2 * e + 2 * gamma(nn + 2) + 2 * EPS) * (np.abs(vh) @ w)
+                          + nn * TINY * np.abs(vh).max())
+  return out, bound
+
+
+KERNEL = jax.jit(lambda q, k, v, s: attention_cpu.attention_native(q, k, v, s, scale=SCALE))
+DECOMPOSITION = jax.jit(lambda q, k, v, s: hx.attention(q, k, v, s, scale=SCALE))  # not installed
+
+CASES = [(t, c, start, g, d) for t in (1, 5) for c in (8, 64, 512)
+         for start in (0, (c - t) // 2, c - t) for g in (1, 3) for d in (64, 24)]
+
+
+def _id(case):
+  t, c, start, g, d = case
+  return f"T{t}-C{c}-start{start}-g{g}-d{d}"
+
+
+@needs_native
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_kernel_matches_float64_on_every_isa_and_never_reads_past_the_bound(case):
+  t, c, start, g, d = case
+  rng = np.random.default_rng(hash(case) % 2**32)
+  q, k, v = _operands(rng, t, 3, g, d, c)
+  want, bound = attention64(q, k, v, start, SCALE, KERNEL_EXP_ULPS)
+  # positions no query reads (c > start + T - 1) hold NaN: the kernel never reads them
+  k_nan, v_nan = k.copy(), v.copy()
+  k_nan[:, start + t:, :] = np.nan
+  v_nan[:, :, start + t:] = np.nan
+  got = {}
+  for isa in INFO.supported_isas:
+    got[isa] = _with_isa(isa, KERNEL, q, k_nan, v_nan, np.int32(start))
+    assert_within(got[isa], want, bound, f"{isa}: ")
+    # and the values it reads are the same with the unread positions finite
+    np.testing.assert_array_equal(got[isa], _with_isa(isa, KERNEL, q, k, v, np.int32(start)))
+  if "avx512" in got and "avx2" in got:  # one order of operations, FMA in both: same bits
+    np.testing.assert_array_equal(got["avx512"], got["avx2"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_reference_decomposition_matches_float64(case):
+  # the composite without install: its decomposition is the reference (a mask over all C
+  # positions). Unread positions hold finite garbage (1e30): NaN there would leak through
+  # 0 * NaN in the weighted sum with v (the kernel never reads them; this only masks).
+  t, c, start, g, d = case
+  rng = np.random.default_rng(hash(case) % 2**32 + 1)
+  q, k, v = _operands(rng, t, 3, g, d, c)
+  want, bound = attention64(q, k, v, start, SCALE, XLA_EXP_ULPS)
+  k[:, start + t:, :] = 1e30
+  v[:, :, start + t:] = -1e30
+  got = DECOMPOSITION(q, k, v, np.int32(start))
+  assert_within(got, want, bound)
+
+
+@needs_native
+def test_bound_catches_an_off_by_one_position():
+  # the bound is tight enough to see one position too many or too few
+  rng = np.random.default_rng(7)
+  q, k, v = _operands(rng, 5, 3, 3, 64, 64)
+  got = np.asarray(KERNEL(q, k, v, np.int32(20)))
+  for wrong in (19, 21):
+    want, bound = attention64(q, k, v, wrong, SCALE, KERNEL_EXP_ULPS)
+    with pytest.raises(AssertionError, match="error .* > bound"):
+      assert_within(got, want, bound)
+
+
+@needs_native
+@pytest.mark.parametrize("start", [-3, 62, 200], ids=["before-0", "past-C", "far-past-C"])
+def test_kernel_clamps_start_as_the_reference_masks(start):
+  # start + t < 0: no position, the mean of v over all C (every score equal, as the
+  # reference's row masked everywhere); start + t >= C: all C positions, never beyond
+  rng = np.random.default_rng(11)
+  q, k, v = _operands(rng, 5, 3, 3, 24, 64)
+  want, bound = attention64(q, k, v, start, SCALE, KERNEL_EXP_ULPS)
+  for isa in INFO.supported_isas:
+    assert_within(_with_isa(isa, KERNEL, q, k, v, np.int32(start)), want, bound, f"{isa}: ")
+  want, bound = attention64(q, k, v, start, SCALE, XLA_EXP_ULPS)
+  assert_within(DECOMPOSITION(q, k, v, np.int32(start)), want, bound)
+
+
+@needs_native
+def test_nan_in_a_read_position_makes_its_queries_nan():
+  # a NaN the queries may read shows up in their outputs, never as finite garbage
+  rng = np.random.default_rng(3)
+  q, k, v = _operands(rng, 5, 3, 3, 64, 64)
+  k[1, 12, 5] = np.nan  # position 12, head 1: read by queries at 10 + t >= 12, t >= 2
+  got = np.asarray(KERNEL(q, k, v, np.int32(10)))
+  assert np.isnan(got[2:, 1]).all() and np.isfinite(got[:2]).all()
+  assert np.isfinite(got[:, [0, 2]]).all()
+
+
+@needs_native
+def test_prefill_runs_on_the_pool_with_the_serial_numbers():
+  # T = 128 over C = 512: above the serial threshold, the (t, head) blocks go to XLA's
+  # intra-op pool; each output is computed by one thread in the same order
+  rng = np.random.default_rng(5)
+  q, k, v = _operands(rng, 128, 3, 3, 64, 512)
+  got = np.asarray(KERNEL(q, k, v, np.int32(100)))
+  want, bound = attention64(q[:8], k, v, 100, SCALE, KERNEL_EXP_ULPS)
+  assert_within(got[:8], want, bound)
+  one = np.asarray(KERNEL(q[7:8], k, v, np.int32(107)))  # T = 1: the calling thread alone
+  np.testing.assert_array_equal(got[7:8], one)
+
+
+def test_installed_calls_the_kernel_and_exports_stay_portable():
+  q, k, v = _operands(np.random.default_rng(0), 2, 3, 3, 64, 16)
+
+  def f(q, k, v, s):
+    return hx.attention(q, k, v, s, scale=SCALE)
+  with hx.installed():
+    text = jax.jit(f).lower(q, k, v, np.int32(3)).as_text()
+    exported = jax.export.export(jax.jit(f))(q, k, v, np.int32(3)).mlir_module()
+  assert text.count('stablehlo.composite "hx.attention"') == 1
+  assert ("hx_attention_cpu_v1" in text) == attention_cpu.ACTIVE
+  assert "hx_attention_cpu_v1" not in exported and '"hx.attention"' in exported
+
+
+@pytest.mark.parametrize("operands,message", [
+    (((1, 3, 3, 64), (3, 8, 32), (3, 32, 8), "int32"),
+     "q: f32[1,3,3,64], k: f32[3,8,32], v: f32[3,32,8], start: i32[]"),
+    (((1, 3, 3, 64), (3, 8, 64), (3, 8, 64), "int32"),
+     "q: f32[1,3,3,64], k: f32[3,8,64], v: f32[3,8,64], start: i32[]"),
+    (((1, 3, 64), (3, 8, 64), (3, 64, 8), "int32"),
+     "q: f32[1,3,64], k: f32[3,8,64], v: f32[3,64,8], start: i32[]"),
+    (((1, 3, 3, 64), (3, 8, 64), (3, 64, 8), "float32"),
+     "q: f32[1,3,3,64], k: f32[3,8,64], v: f32[3,64,8], start: f32[]"),
+])
+def test_bad_operands_are_a_type_error_naming_them(operands, message):
+  qs, ks, vs, sd = operands
+  args = [np.zeros(s, np.float32) for s in (qs, ks, vs)] + [np.zeros((), sd)]
+  with pytest.raises(TypeError) as e:
+    jax.jit(lambda *a: hx.attention(*a, scale=0.125)).lower(*args)
+  assert str(e.value) == ("hx.attention expects (q: f32[T, kv, g, d], k: f32[kv, C, d], v: "
+                          "f32[kv, d, C], start: i32[]) -> f32[T, kv, g, d], got " + message)
+
+
+def test_traced_scale_is_a_type_error():
+  q, k, v = _operands(np.random.default_rng(0), 1, 3, 3, 8, 8)
+  with pytest.raises(TypeError, match=r"hx\.attention: scale must be a static float \(a Python "
+                     r"or NumPy number\), got .*Tracer"):
+    jax.jit(lambda q, s: hx.attention(q, k, v, 0, scale=s))(q, np.float32(0.5))
+
+
+@needs_native
+def test_kernel_refuses_bad_operands_naming_their_types():
+  out = jax.ShapeDtypeStruct((1, 3, 3, 64), jnp.float32)
+  call = jax.ffi.ffi_call(attention_cpu.TARGET, out)
+  q = np.zeros((1, 3, 3, 64), np.float32)
+  k, v = np.zeros((3, 8, 64), np.float32), np.zeros((3, 64, 9), np.float32)
+  with pytest.raises(Exception, match=r"hx_attention_cpu_v1 expects q: f32\[T, kv, g, d\], k: "
+                     r"f32\[kv, C, d\], v: f32\[kv, d, C\], start: s32\[\] -> f32\[T, kv, g, d\], "
+                     r"got f32\[1,3,3,64\], f32\[3,8,64\], f32\[3,64,9\], s32\[\] -> f32\[1,3,3,64\]"):
+    jax.block_until_ready(jax.jit(lambda *a: call(*a, scale=np.float32(1)))(
+        q, k, v, np.int32(0)))
+
+
+def test_vmap_and_jvp_are_the_references():
+  rng = np.random.default_rng(2)
+  q, k, v = _operands(rng, 2, 3, 3, 24, 16)
+  qs = np.stack([q, -q, 2 * q])
+  starts = np.asarray([0, 5, 14], np.int32)
+  f = jax.jit(jax.vmap(lambda q, s: hx.attention(q, k, v, s, scale=SCALE)))
+  got = np.asarray(f(qs, starts))
+  for i in range(3):
+    want, bound = attention64(qs[i], k, v, int(starts[i]), SCALE, XLA_EXP_ULPS)
+    assert_within(got[i], want, bound, f"vmap element {i}: ")
+  tq, tk, tv = _operands(rng, 2, 3, 3, 24, 16)
+
+  def ref(q, k, v):
+    return reference.attention(q, k, v, np.int32(7), scale=SCALE)
+
+  def hxa(q, k, v):
+    return hx.attention(q, k, v, np.int32(7), scale=SCALE)
+  with hx.installed():
+    out, tangent = jax.jit(lambda *a: jax.jvp(hxa, a[:3], a[3:]))(q, k, v, tq, tk, tv)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(hxa(q, k, v) * tq), argnums=(0, 1, 2)))(
+        q, k, v)
+  want_out, want_tangent = jax.jit(lambda *a: jax.jvp(ref, a[:3], a[3:]))(q, k, v, tq, tk, tv)
+  want_grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(ref(q, k, v) * tq), argnums=(0, 1, 2)))(
+      q, k, v)
+  # the tangent and the gradients (of a loss linear in the output, so that they do not
+  # depend on the primal's numbers) are the reference's own: the same computation
+  np.testing.assert_array_equal(tangent, want_tangent)
+  for g, w in zip(grads, want_grads):
+    np.testing.assert_array_equal(g, w)
+  want, bound = attention64(q, k, v, 7, SCALE, KERNEL_EXP_ULPS)
+  assert_within(out, want, bound)
