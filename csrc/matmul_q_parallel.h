@@ -280,19 +280,24 @@ void WorkOn(Job& job, AfterTask after_task) {
 
 // --- helpers that stay for the next call ------------------------------------------
 //
-// A decode step calls the kernels ~150 times, 10-150 us apart (SmolLM2-135M: five
-// calls per layer, XLA's own ops between them), each call 10-150 us long. XLA's pool
+// A decode step calls the kernels ~180 times, 5-30 us apart (SmolLM2-135M: five
+// matmul calls and one attention call per layer, XLA's small ops between them), each
+// call 10-150 us long. XLA's pool
 // threads fall asleep between calls and take 50-300 us to wake on a VM (issue 28:
 // SmolLM2's o projection took 73 us a call inside the step, 24 us on one thread
 // alone), so a helper scheduled on the pool came late or not at all. Instead, a helper
-// that has done its part of a call stays on its pool thread for up to Linger() (250 us
+// that has done its part of a call stays on its pool thread for up to Linger() (50 us
 // unless set: HXMLIR_CPU_LINGER_US, or the extension's set_linger_us), spinning on
 // the hand-off slot below: the next call hands its job there and the helper starts at
 // once (every lingering helper joins it: a call's blocks come from one shared counter).
 // The calling thread never waits for a hand-off: it takes blocks from the counter as
 // before, and if no helper has started after kLateHelper it schedules pool tasks as well
 // (a helper that stopped lingering just as the job came).
-// A lingering helper spins on one core for at most Linger() after the last call.
+// A lingering helper spins on one core for at most Linger() after the last call, yielding
+// it to any ready thread. 50 us covers the gaps inside a decode step; longer costs more
+// than it saves on a loaded machine (SmolLM2's step, 2-core Zen 4 VM, interleaved: quiet
+// 23.9 ms -> 18.8 ms at 50 us, 19.9 at 250; with other processes on both cores 31 ms ->
+// 34 ms at 50 us, 50 ms at 250).
 
 // The hand-off slot: a job, as its type-erased runner and owner, and a count of posts.
 struct Handoff {
@@ -315,7 +320,7 @@ inline std::chrono::nanoseconds Linger() {
   int64_t ns = h.linger_ns.load(std::memory_order_relaxed);
   if (ns < 0) {
     const char* env = std::getenv("HXMLIR_CPU_LINGER_US");
-    ns = env != nullptr ? std::max<int64_t>(0, std::atoll(env)) * 1000 : 250'000;
+    ns = env != nullptr ? std::max<int64_t>(0, std::atoll(env)) * 1000 : 50'000;
     h.linger_ns.store(ns, std::memory_order_relaxed);
   }
   return std::chrono::nanoseconds(ns);

@@ -185,7 +185,7 @@ def test_an_extension_older_than_the_package_turns_the_kernel_off(monkeypatch):
 @pytest.mark.skipif(ext is None, reason="the native extension is not built")
 def test_linger_time_reads_the_environment_once_and_can_be_set():
   # a helper thread spins this long for the next call's blocks (matmul_q_parallel.h):
-  # 250 us by default, $HXMLIR_CPU_LINGER_US when set, set_linger_us() after that
+  # 50 us by default, $HXMLIR_CPU_LINGER_US when set, set_linger_us() after that
   code = textwrap.dedent("""
       from hxmlir import _matmul_q_cpu as ext
       first = ext.linger_us()
@@ -195,7 +195,7 @@ def test_linger_time_reads_the_environment_once_and_can_be_set():
       print(first, clamped, ext.linger_us())
       """)
   base = {k: v for k, v in os.environ.items() if k != "HXMLIR_CPU_LINGER_US"}
-  for env, first in (({}, 250), ({"HXMLIR_CPU_LINGER_US": "37"}, 37)):
+  for env, first in (({}, 50), ({"HXMLIR_CPU_LINGER_US": "37"}, 37)):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**base, **env}, timeout=300)
     assert r.returncode == 0, r.stderr
