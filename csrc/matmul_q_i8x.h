@@ -47,6 +47,11 @@ namespace hxmlir {
 constexpr int64_t kI8xLanes = 16;          // blocks per super-block
 constexpr int64_t kI8xStepBytes = 64;      // bytes per step: 16 lanes x 4
 constexpr int64_t kI8xMaxBlock = 65536;    // D fits int32: B * 255 * 127 < 2^31
+// The row path (matmul_q_i8x.h): x of at most this many rows, B = 32.
+constexpr int64_t kI8xRowsMaxM = 4;
+constexpr int64_t kI8xUnitBytes = 64;      // stored bytes of W per unit (2 or 4 blocks)
+constexpr int64_t kI8xChunkBlocks = 16;    // blocks per chunk (one vector of scales)
+constexpr int64_t kI8xChunkBytes = 512;    // qx bytes per chunk: 16 blocks of 32
 
 // The block size B of x for a weight with k columns and groups of g (0: one scale per row).
 constexpr int64_t I8xBlock(int64_t g) { return g == 0 || g % 32 == 0 ? 32 : g; }
@@ -98,7 +103,9 @@ inline I8xSb I8xSuper(const I8xPlan& pl, int64_t S, int64_t t) {
 }
 
 struct I8xProblem {
-  // x, quantized (Quantize): per row, the plan's steps of 64 bytes
+  // x, quantized (Quantize): per row, the plan's steps of 64 bytes; on the row path
+  // (`rows`) per row nch chunks of 512 bytes (the row layout), sx and xsum f32[m, nch, 16]
+  // per block (0 past the last block), qsum unused
   const int8_t* qx;    // s8[m, plan.steps, 64]
   const float* sx;     // f32[m, nsb, 16]: s_x of each lane's block (0 past the last block)
   const float* xsum;   // f32[m, nsb, 16]: fl(s_x * Sq) in a block's first lane, else 0
@@ -115,12 +122,17 @@ struct I8xProblem {
   int64_t b;           // B: x's block
   int64_t nb, nsb, steps;  // blocks per row (ceil(k / B)), super-blocks, S
   I8xPlan plan;
+  bool rows = false;   // the row path: W read in place (I8xRowPath)
+  int64_t nch = 0;     // the row path's chunks of 16 blocks per row: ceil(nb / 16)
 };
+
+// Whether a call of m rows of x with blocks of B takes the row path.
+constexpr bool I8xRowPath(int64_t m, int64_t b) { return m <= kI8xRowsMaxM && b == 32; }
 
 struct I8xKernels {
   const char* isa;     // "avx512_vnni", "avx2", "generic"
   int64_t tile_nr;     // rows of W per register tile (blocks of rows are multiples)
-  // Bytes of scratch per decoded row of W.
+  // Bytes of scratch per decoded row of W (a token 64 on the row path: none is used).
   int64_t (*row_bytes)(const I8xProblem& p);
   // qx, sx, xsum, qsum for rows [r0, r1) of x: f32[m, k] (buffers as in I8xProblem).
   void (*quantize)(const I8xProblem& p, const float* x, int64_t r0, int64_t r1, int8_t* qx,

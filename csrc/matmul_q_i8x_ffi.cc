@@ -102,7 +102,13 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   p.steps = CeilDiv(b, 4);
   p.plan = I8xMakePlan(p.nb, p.steps);
   p.nsb = p.plan.full + p.plan.tails;
-  const int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  p.rows = I8xRowPath(p.m, b);
+  if (p.rows) {  // the row path: W read in place, x in the row layout
+    p.nch = CeilDiv(p.nb, kI8xChunkBlocks);
+    qbytes = p.m * p.nch * kI8xChunkBytes;
+    lanes = p.m * p.nch * kI8xLanes;
+  }
   int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
   float* side = ThreadBuffer(kPartial, 3 * lanes);
   job->x = nk.x, job->qx = qx, job->sx = side, job->xsum = side + lanes;
