@@ -17,14 +17,28 @@
 // unsigned byte (c = 128 for int8: u = value ^ 0x80; c = 8 for int4: u = nibble ^ 8;
 // c = 0 for uint4: the nibble itself), Sq = sum_{kk in b} qx[r, kk] (exact), s_w and o the
 // block's scale and offset (0 without one), f32 arithmetic; D is exact for any B up to
-// 2^31 / (255 * 127) (the kernel is refused above I8xMaxBlock). The terms are added in
-// 16 f32 lanes over the blocks (lane = block mod 16), the lanes then as a tree: within
-// gamma_{2 * nsb + 6} * sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|) of
-// the exact value of the expression (nsb <= nb / 16 + 4 super-blocks) (Higham, Accuracy and Stability of Numerical Algorithms, 2nd
-// ed., section 3.1). Against f32 activations the difference is the quantization of x:
-// |s_x qx - x| <= s_x / 2 per element.
+// 2^31 / (255 * 127) (the kernel is refused above I8xMaxBlock). A block's D may be summed
+// in parts (each exact, below 2^24, converted exactly to f32), each part scaled by
+// fl(s_w s_x) apart. Two orders of the f32 sums, by the rows m of x (I8xRowPath):
 //
-// Layout of the work: each block padded with zeros to S = ceil(B / 4) words of 4 bytes;
+//   super-blocks (m > 4, or B != 32): the terms are added in 16 f32 lanes over the blocks
+//   (lane = block mod 16), the lanes then as a tree: within
+//   gamma_{2 * nsb + 6} * T of the exact value of the expression (nsb <= nb / 16 + 4
+//   super-blocks), T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|);
+//   row path (m <= 4 and B = 32): per row of W and of x, 16 f32 lanes acc get one term
+//   fl(fl(s_w s_x) * D_part) per unit of 64 stored bytes (2 blocks of int8 values, 4 of
+//   4-bit ones: nu = ceil(nb / (2 pack)) <= ceil(nb / 2) terms per lane), 16 lanes acco
+//   one term fl(fl(o - c s_w) * fl(s_x Sq)) per block (lane = block mod 16: ceil(nb / 16)
+//   <= nu terms), then acc + acco and the tree of 16 lanes (1 + 4 adds): a term has at
+//   most 3 roundings of its own (2 for acc's) and at most nu + 5 adds after it, within
+//   gamma_{ceil(nb / 2) + 8} * T. Any FMA the compiler forms only removes roundings.
+//
+// (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1.) Against
+// f32 activations the difference is the quantization of x: |s_x qx - x| <= s_x / 2 per
+// element.
+//
+// Layout of the work (super-blocks): each block padded with zeros to S = ceil(B / 4)
+// words of 4 bytes;
 // the blocks of a row in super-blocks (I8xPlan): whole ones of 16 blocks, lane l holding
 // block l, S steps of 64 bytes (step s: word s of each block), then the rest of the row
 // in at most 4 narrower super-blocks of G = 8, 4 or 2 blocks (when p = 16 / G divides S;
@@ -34,6 +48,19 @@
 // step of a row of W is one vpdpbusd (u8 weights x s8 activations, 16 int32 lanes: 4
 // products each); after a super-block's steps each lane holds part of its block's D,
 // converted to f32 and scaled once (the term of o: in a block's first lane only).
+//
+// Layout of the work (row path, decode): W is read in place, 64 stored bytes (a unit) at
+// a time, the last unit of a row masked; x is quantized once per call into the row
+// layout that faces it: per row of x, chunks of 16 blocks (512 bytes); for int8 values
+// element e at byte e (a unit's 64 bytes against 64 bytes of qx: lane l holds 4 elements
+// of block 2t + l / 8 of unit t); for 4-bit values a unit holds 128 elements, byte i the
+// elements 2i (low nibble) and 2i + 1 (high nibble): the unit's qx is its 64 even
+// elements, then its 64 odd ones, so the low nibbles (as bytes) against the first half
+// and the high nibbles against the second are two vpdpbusd into the same lanes, lane l
+// holding 8 elements of block 4t + l / 4. The scales of a chunk's 16 blocks are one
+// vector (f16 converted once), fl(s_w s_x) a product of two vectors, spread to the
+// lanes of each unit by one vpermps. The x's rows are at most 4: a unit of W, loaded and
+// expanded once, is used against each of them.
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_H_
 
