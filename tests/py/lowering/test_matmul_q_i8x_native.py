@@ -14,11 +14,11 @@ Numbers, two ways:
   a block's ``D`` is summed in parts (the lanes it is spread over), each converted
   exactly to f32 (below 2^24); each term has at most 3 roundings before it is added
   (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product). On
-  the super-block path (``m > 4`` or ``B != 32``) a lane's terms are added in sequence over
+  the super-block path (``m > 16`` or ``B != 32``) a lane's terms are added in sequence over
   its ``nsb <= nb / 16 + 4`` super-blocks (2 adds each), the 16 lanes as a tree (4): the
   error is at most ``gamma_{2 nsb + 7} * T``,
   ``T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``. On the row path
-  (``m <= 4``, ``B = 32``: the weight read in place) a lane gets one term per unit of 64
+  (``m <= 16``, ``B = 32``: the weight read in place) a lane gets one term per unit of 64
   stored bytes (``nu <= ceil(nb / 2)`` of them) and one offset term per 16 blocks (at most
   ``nu``), then 1 + 4 adds (the two accumulators, the tree of 16 lanes): at most
   ``gamma_{ceil(nb / 2) + 8} * T``. The tests take the larger of the two (either path);
@@ -166,13 +166,14 @@ def test_kernel_matches_float64_integer_activations_every_isa(name, group):
     _check_every_isa(name, fmt, g, x, args, vs, oo)
 
 
-# The row path (x of at most 4 rows, B = 32: the weight read in place) and its neighbour
-# m = 5 (super-blocks): k = 576 (18 blocks: 4.5 units of 4-bit values, 9 of int8: a
+# The row path (x of at most 16 rows, B = 32: the weight read in place; tiles of 4 rows)
+# and its neighbour m = 17 (super-blocks): k = 576 (18 blocks: 4.5 units of 4-bit values, 9 of int8: a
 # partial chunk, the row's last unit half full), 1056 (33 blocks), 330 and 333 (a last
-# block of 10 or 13 values: one scale per row only), 64 (2 blocks); x of rank 3 (m = 4).
+# block of 10 or 13 values: one scale per row only), 64 (2 blocks); x of rank 3 (m = 4);
+# m = 6 (tiles of 4 + 2), 16 and 17.
 ROW_SHAPES = [((1,), 37, 576), ((2,), 19, 1056), ((3,), 23, 576), ((1,), 29, 1056),
-              ((3,), 21, 330), ((1,), 19, 333), ((2, 2), 13, 576), ((5,), 11, 576),
-              ((1,), 300, 64)]
+              ((3,), 21, 330), ((1,), 19, 333), ((2, 2), 13, 576), ((6,), 11, 576),
+              ((1,), 300, 64), ((16,), 7, 576), ((17,), 7, 576)]
 
 
 @needs_native
@@ -241,13 +242,15 @@ def _calls(text):
 def test_only_the_opt_in_emits_the_i8x_target(name):
   """Installed by default (and with ``activations="f32"``), ``hx.einsum("bmk,nk->bmn")``
   calls hx_matmul_q_cpu_v3, never the integer-activation target; with
-  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of at
-  least ``I8X_MIN_ROWS`` rows (fp8, and a decode step's single row, keep v3)."""
+  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of
+  any number of rows (``I8X_MIN_ROWS`` = 1: a decode step's single row too; fp8 keeps
+  v3)."""
   fmt = formats.FORMATS[name]
   rng = np.random.default_rng(5)
   q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)
   w = hx.make_qarray(q, s, o) if o is not None else hx.make_qarray(q, s)
-  rows = native.I8X_MIN_ROWS
+  rows = 16
+  assert native.I8X_MIN_ROWS == 1
   x = rng.standard_normal((2, rows // 2, 288)).astype(np.float32)
   f = jax.jit(lambda x, w: hx.einsum("bmk,nk->bmn", x, w))
   for kw in ({}, {"activations": "f32"}):
@@ -256,9 +259,10 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
   with hx.installed(activations="int8"):
     text = f.lower(x, w).as_text()
     y = f(x, w)
+    takes = name in NAMES
     for fewer in (x[:1, :1], np.concatenate([x[0], x[1, :-1]])[None]):  # 1, rows - 1 rows
-      assert _calls(f.lower(fewer, w).as_text()) == ["hx_matmul_q_cpu_v3"]
-  takes = name in NAMES
+      assert _calls(f.lower(fewer, w).as_text()) == [
+          "hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
   assert _calls(text) == ["hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
   if takes:  # the jitted call ran the opt-in kernel: its numbers
     want, bound, _ = _expected(x.reshape(rows, 288), q, s, o, fmt, 32)
