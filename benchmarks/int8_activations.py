@@ -19,6 +19,7 @@ Usage::
 
   python benchmarks/int8_activations.py                 # all three
   python benchmarks/int8_activations.py --parts kernels --rows 128 512
+  python benchmarks/int8_activations.py --parts kernels --rows 1 --cold   # decode
 """
 
 from __future__ import annotations
@@ -47,20 +48,29 @@ SENTENCES = [
 ] + [s.strip() + "." for s in PROMPT.split(".") if s.strip()]
 
 
-def _looped(f, calls: int):
-  """``f(x, *w)`` called ``calls`` times in one jitted loop (each call's ``x`` depends on the
+def _looped(f, calls: int, copies: int):
+  """``f(x, *w)`` called ``calls`` times on each of ``copies`` weights (``w``: their
+  components, copy after copy) in one jitted loop (each call's ``x`` depends on the
   previous result, so none is hoisted): a call's time without JAX's dispatch."""
-  def body(_, x, *w):
-    return x + jnp.float32(1e-30) * f(x, *w)[..., :1]
-  return jax.jit(lambda x, *w: jax.lax.fori_loop(0, calls, lambda i, x: body(i, x, *w), x))
+  def body(_, x, *ws):
+    per = len(ws) // copies
+    for c in range(copies):
+      x = x + jnp.float32(1e-30) * f(x, *ws[c * per:(c + 1) * per])[..., :1]
+    return x
+  return jax.jit(lambda x, *ws: jax.lax.fori_loop(0, calls, lambda i, x: body(i, x, *ws), x))
 
 
-def kernels(rows: list[int], reps: int, calls: int = 32) -> None:
+COLD_BYTES = 96 << 20
+"""``--cold``: the copies of a weight add up to at least this many bytes (3x the 32 MiB L3 of
+the Zen 4 machine): each call streams its weight from memory, as a decode step does."""
+
+
+def kernels(rows: list[int], reps: int, calls: int = 32, cold: bool = False) -> None:
   """Print v3 against i8x on SmolLM2-135M's projection shapes (Q4_1 layers, Q8_0 head): the
-  median time of one call, from jitted loops of ``calls`` calls."""
+  median time of one call, from jitted loops of ``calls`` calls (``cold``: on as many copies
+  of the weight as :data:`COLD_BYTES` takes, so the weight comes from memory, not the
+  caches)."""
   rng = np.random.default_rng(0)
-  v3 = _looped(native.matmul_q_native_v3, calls)
-  i8x = _looped(native.matmul_q_native_i8x, calls)
   shapes = [("q/k/v (fused)", 960, 576), ("o", 576, 576), ("gate/up (fused)", 3072, 576),
             ("down", 576, 1536), ("head (Q8_0)", 49152, 576)]
   print(f"{'projection':>16} {'m':>4} {'n':>6} {'k':>5} | {'v3 us':>8} {'i8x us':>8} | "
@@ -74,6 +84,11 @@ def kernels(rows: list[int], reps: int, calls: int = 32) -> None:
         q = jnp.asarray(rng.integers(0, 256, (n, k // 2), dtype=np.uint8))
         args = (q, s, jnp.asarray((rng.random((n, k // 32)) * 0.01).astype(np.float16)))
       x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+      copies = -(-COLD_BYTES // sum(a.nbytes for a in args)) if cold else 1
+      args = tuple(jnp.array(a, copy=True) for _ in range(copies) for a in args)
+      v3 = _looped(native.matmul_q_native_v3, max(1, calls // copies), copies)
+      i8x = _looped(native.matmul_q_native_i8x, max(1, calls // copies), copies)
+      per_call = max(1, calls // copies) * copies
       times = {"v3": [], "i8x": []}
       for f in (v3, i8x):
         f(x, *args).block_until_ready()
@@ -81,7 +96,7 @@ def kernels(rows: list[int], reps: int, calls: int = 32) -> None:
         for tag, f in (("v3", v3), ("i8x", i8x)):
           t = time.perf_counter()
           f(x, *args).block_until_ready()
-          times[tag].append((time.perf_counter() - t) / calls)
+          times[tag].append((time.perf_counter() - t) / per_call)
       a, b = statistics.median(times["v3"]), statistics.median(times["i8x"])
       print(f"{name:>16} {m:>4} {n:>6} {k:>5} | {a * 1e6:>8.1f} {b * 1e6:>8.1f} | {a / b:>6.2f}")
 
@@ -149,13 +164,15 @@ def main(argv=None) -> None:
   ap.add_argument("--rows", nargs="+", type=int, default=[128], help="m of the kernels part")
   ap.add_argument("--reps", type=int, default=15)
   ap.add_argument("--calls", type=int, default=32, help="kernel calls per timed jitted loop")
+  ap.add_argument("--cold", action="store_true",
+                  help="kernels: weights streamed from memory (copies past the L3 cache)")
   ap.add_argument("--prompt-tokens", type=int, default=128)
   args = ap.parse_args(argv)
   from hxmlir import _matmul_q_cpu as ext
   print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}; integer "
         f"activations: {ext.i8x_isa()}")
   if "kernels" in args.parts:
-    kernels(args.rows, args.reps, args.calls)
+    kernels(args.rows, args.reps, args.calls, args.cold)
   if "smollm2" in args.parts:
     smollm2(args.prompt_tokens)
   if "minilm" in args.parts:
