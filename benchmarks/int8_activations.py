@@ -62,7 +62,11 @@ def _looped(f, calls: int, copies: int):
 
 COLD_BYTES = 96 << 20
 """``--cold``: the copies of a weight add up to at least this many bytes (3x the 32 MiB L3 of
-the Zen 4 machine): each call streams its weight from memory, as a decode step does."""
+the Zen 4 machine), at most :data:`COLD_COPIES` of them: each call streams its weight
+from memory, as a decode step does (SmolLM2's o and down projections, 0.2-0.5 MB, stay in
+the L3 at 64 copies)."""
+COLD_COPIES = 64
+"""``--cold``: the most copies of one weight (each is one more call in the jitted loop)."""
 
 
 def kernels(rows: list[int], reps: int, calls: int = 32, cold: bool = False) -> None:
@@ -84,7 +88,7 @@ def kernels(rows: list[int], reps: int, calls: int = 32, cold: bool = False) -> 
         q = jnp.asarray(rng.integers(0, 256, (n, k // 2), dtype=np.uint8))
         args = (q, s, jnp.asarray((rng.random((n, k // 32)) * 0.01).astype(np.float16)))
       x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
-      copies = -(-COLD_BYTES // sum(a.nbytes for a in args)) if cold else 1
+      copies = min(COLD_COPIES, -(-COLD_BYTES // sum(a.nbytes for a in args))) if cold else 1
       args = tuple(jnp.array(a, copy=True) for _ in range(copies) for a in args)
       v3 = _looped(native.matmul_q_native_v3, max(1, calls // copies), copies)
       i8x = _looped(native.matmul_q_native_i8x, max(1, calls // copies), copies)

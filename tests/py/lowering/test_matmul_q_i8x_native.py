@@ -243,14 +243,13 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
   """Installed by default (and with ``activations="f32"``), ``hx.einsum("bmk,nk->bmn")``
   calls hx_matmul_q_cpu_v3, never the integer-activation target; with
   ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of
-  any number of rows (``I8X_MIN_ROWS`` = 1: a decode step's single row too; fp8 keeps
-  v3)."""
+  any number of rows with groups of 32 (a decode step's single row too: the kernel's row
+  path; fp8 keeps v3)."""
   fmt = formats.FORMATS[name]
   rng = np.random.default_rng(5)
   q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)
   w = hx.make_qarray(q, s, o) if o is not None else hx.make_qarray(q, s)
   rows = 16
-  assert native.I8X_MIN_ROWS == 1
   x = rng.standard_normal((2, rows // 2, 288)).astype(np.float32)
   f = jax.jit(lambda x, w: hx.einsum("bmk,nk->bmn", x, w))
   for kw in ({}, {"activations": "f32"}):
@@ -269,6 +268,25 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
     assert_within(np.asarray(y).reshape(rows, 260), want, bound)
   with hx.installed(activations="int8", kernels=False):
     assert _calls(f.lower(x, w).as_text()) == []
+
+
+@needs_native
+def test_few_rows_take_the_i8x_target_only_with_blocks_of_32():
+  """With groups that are not a multiple of 32 (x's block: the group) the kernel re-lays the
+  weight out on every call: ``x`` of fewer than ``I8X_MIN_ROWS`` rows keeps
+  hx_matmul_q_cpu_v3; with blocks of 32 (per row, groups of 32 or 64) every ``x`` takes the
+  integer-activation target."""
+  fmt = formats.FORMATS["int8"]
+  rng = np.random.default_rng(7)
+  f = jax.jit(lambda x, w: hx.einsum("mk,nk->mn", x, w))
+  for group, rows, want in ((16, 1, "v3"), (16, native.I8X_MIN_ROWS - 1, "v3"),
+                            (16, native.I8X_MIN_ROWS, "i8x_v1"), (None, 1, "i8x_v1"),
+                            (32, 1, "i8x_v1"), (64, 2, "i8x_v1")):
+    assert native.i8x_takes(fmt, group, rows) == (want == "i8x_v1")
+    q, s, _, _, _ = _components(rng, fmt, 260, 256, group)
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    with hx.installed(activations="int8"):
+      assert _calls(f.lower(x, hx.make_qarray(q, s)).as_text()) == [f"hx_matmul_q_cpu_{want}"]
 
 
 @needs_native
