@@ -4,8 +4,10 @@
 // (matmul_q_nk_ffi.cc), dtypes int8, int4 and uint4 (float8_e4m3fn is refused).
 //
 // x is quantized once per call, in tasks of rows taken first by whichever threads are
-// there (its buffers are read by every thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
-// into a thread's scratch, rows x row_bytes fitting half the L2 cache), about
+// there (its buffers are read by every thread; on the row path, x of at most 16 rows and
+// B = 32, in the row layout); then the rows of W are cut into blocks of whole tiles (each
+// block decoded once into a thread's scratch, rows x row_bytes fitting half the L2 cache;
+// on the row path read in place, no scratch), about
 // kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
 // is computed by one thread in an order fixed by the shapes alone.
 #include <algorithm>
