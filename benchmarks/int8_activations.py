@@ -19,6 +19,7 @@ Usage::
 
   python benchmarks/int8_activations.py                 # all three
   python benchmarks/int8_activations.py --parts kernels --rows 128 512
+  python benchmarks/int8_activations.py --parts kernels --rows 1 --cold   # decode
 """
 
 from __future__ import annotations
@@ -47,13 +48,36 @@ SENTENCES = [
 ] + [s.strip() + "." for s in PROMPT.split(".") if s.strip()]
 
 
-def kernels(rows: list[int], reps: int) -> None:
-  """Print v3 against i8x on SmolLM2-135M's projection shapes (Q4_1 layers, Q8_0 head)."""
+def _looped(f, calls: int, copies: int):
+  """``f(x, *w)`` called ``calls`` times on each of ``copies`` weights (``w``: their
+  components, copy after copy) in one jitted loop (each call's ``x`` depends on the
+  previous result, so none is hoisted): a call's time without JAX's dispatch."""
+  def body(_, x, *ws):
+    per = len(ws) // copies
+    for c in range(copies):
+      x = x + jnp.float32(1e-30) * f(x, *ws[c * per:(c + 1) * per])[..., :1]
+    return x
+  return jax.jit(lambda x, *ws: jax.lax.fori_loop(0, calls, lambda i, x: body(i, x, *ws), x))
+
+
+COLD_BYTES = 96 << 20
+"""``--cold``: the copies of a weight add up to at least this many bytes (3x the 32 MiB L3 of
+the Zen 4 machine), at most :data:`COLD_COPIES` of them: each call streams its weight
+from memory, as a decode step does (SmolLM2's o and down projections, 0.2-0.5 MB, stay in
+the L3 at 64 copies)."""
+COLD_COPIES = 64
+"""``--cold``: the most copies of one weight (each is one more call in the jitted loop)."""
+
+
+def kernels(rows: list[int], reps: int, calls: int = 32, cold: bool = False) -> None:
+  """Print v3 against i8x on SmolLM2-135M's projection shapes (Q4_1 layers, Q8_0 head): the
+  median time of one call, from jitted loops of ``calls`` calls (``cold``: on as many copies
+  of the weight as :data:`COLD_BYTES` takes, so the weight comes from memory, not the
+  caches)."""
   rng = np.random.default_rng(0)
-  v3, i8x = jax.jit(native.matmul_q_native_v3), jax.jit(native.matmul_q_native_i8x)
   shapes = [("q/k/v (fused)", 960, 576), ("o", 576, 576), ("gate/up (fused)", 3072, 576),
             ("down", 576, 1536), ("head (Q8_0)", 49152, 576)]
-  print(f"{'projection':>16} {'m':>4} {'n':>6} {'k':>5} | {'v3 ms':>8} {'i8x ms':>8} | "
+  print(f"{'projection':>16} {'m':>4} {'n':>6} {'k':>5} | {'v3 us':>8} {'i8x us':>8} | "
         f"{'v3/i8x':>6}")
   for m in rows:
     for name, n, k in shapes:
@@ -64,6 +88,11 @@ def kernels(rows: list[int], reps: int) -> None:
         q = jnp.asarray(rng.integers(0, 256, (n, k // 2), dtype=np.uint8))
         args = (q, s, jnp.asarray((rng.random((n, k // 32)) * 0.01).astype(np.float16)))
       x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+      copies = min(COLD_COPIES, -(-COLD_BYTES // sum(a.nbytes for a in args))) if cold else 1
+      args = tuple(jnp.array(a, copy=True) for _ in range(copies) for a in args)
+      v3 = _looped(native.matmul_q_native_v3, max(1, calls // copies), copies)
+      i8x = _looped(native.matmul_q_native_i8x, max(1, calls // copies), copies)
+      per_call = max(1, calls // copies) * copies
       times = {"v3": [], "i8x": []}
       for f in (v3, i8x):
         f(x, *args).block_until_ready()
@@ -71,9 +100,9 @@ def kernels(rows: list[int], reps: int) -> None:
         for tag, f in (("v3", v3), ("i8x", i8x)):
           t = time.perf_counter()
           f(x, *args).block_until_ready()
-          times[tag].append(time.perf_counter() - t)
+          times[tag].append((time.perf_counter() - t) / per_call)
       a, b = statistics.median(times["v3"]), statistics.median(times["i8x"])
-      print(f"{name:>16} {m:>4} {n:>6} {k:>5} | {a * 1e3:>8.3f} {b * 1e3:>8.3f} | {a / b:>6.2f}")
+      print(f"{name:>16} {m:>4} {n:>6} {k:>5} | {a * 1e6:>8.1f} {b * 1e6:>8.1f} | {a / b:>6.2f}")
 
 
 def _compare(a: np.ndarray, b: np.ndarray, what: str) -> None:
@@ -138,13 +167,16 @@ def main(argv=None) -> None:
                   default=["kernels", "smollm2", "minilm"])
   ap.add_argument("--rows", nargs="+", type=int, default=[128], help="m of the kernels part")
   ap.add_argument("--reps", type=int, default=15)
+  ap.add_argument("--calls", type=int, default=32, help="kernel calls per timed jitted loop")
+  ap.add_argument("--cold", action="store_true",
+                  help="kernels: weights streamed from memory (copies past the L3 cache)")
   ap.add_argument("--prompt-tokens", type=int, default=128)
   args = ap.parse_args(argv)
   from hxmlir import _matmul_q_cpu as ext
   print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}; integer "
         f"activations: {ext.i8x_isa()}")
   if "kernels" in args.parts:
-    kernels(args.rows, args.reps)
+    kernels(args.rows, args.reps, args.calls, args.cold)
   if "smollm2" in args.parts:
     smollm2(args.prompt_tokens)
   if "minilm" in args.parts:

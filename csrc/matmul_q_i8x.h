@@ -17,14 +17,28 @@
 // unsigned byte (c = 128 for int8: u = value ^ 0x80; c = 8 for int4: u = nibble ^ 8;
 // c = 0 for uint4: the nibble itself), Sq = sum_{kk in b} qx[r, kk] (exact), s_w and o the
 // block's scale and offset (0 without one), f32 arithmetic; D is exact for any B up to
-// 2^31 / (255 * 127) (the kernel is refused above I8xMaxBlock). The terms are added in
-// 16 f32 lanes over the blocks (lane = block mod 16), the lanes then as a tree: within
-// gamma_{2 * nsb + 6} * sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|) of
-// the exact value of the expression (nsb <= nb / 16 + 4 super-blocks) (Higham, Accuracy and Stability of Numerical Algorithms, 2nd
-// ed., section 3.1). Against f32 activations the difference is the quantization of x:
-// |s_x qx - x| <= s_x / 2 per element.
+// 2^31 / (255 * 127) (the kernel is refused above I8xMaxBlock). A block's D may be summed
+// in parts (each exact, below 2^24, converted exactly to f32), each part scaled by
+// fl(s_w s_x) apart. Two orders of the f32 sums, by the rows m of x (I8xRowPath):
 //
-// Layout of the work: each block padded with zeros to S = ceil(B / 4) words of 4 bytes;
+//   super-blocks (m > 16, or B != 32): the terms are added in 16 f32 lanes over the blocks
+//   (lane = block mod 16), the lanes then as a tree: within
+//   gamma_{2 * nsb + 6} * T of the exact value of the expression (nsb <= nb / 16 + 4
+//   super-blocks), T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|);
+//   row path (m <= 16 and B = 32): per row of W and of x, 16 f32 lanes acc get one term
+//   fl(fl(s_w s_x) * D_part) per unit of 64 stored bytes (2 blocks of int8 values, 4 of
+//   4-bit ones: nu = ceil(nb / (2 pack)) <= ceil(nb / 2) terms per lane), 16 lanes acco
+//   one term fl(fl(o - c s_w) * fl(s_x Sq)) per block (lane = block mod 16: ceil(nb / 16)
+//   <= nu terms), then acc + acco and the tree of 16 lanes (1 + 4 adds): a term has at
+//   most 3 roundings of its own (2 for acc's) and at most nu + 5 adds after it, within
+//   gamma_{ceil(nb / 2) + 8} * T. Any FMA the compiler forms only removes roundings.
+//
+// (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1.) Against
+// f32 activations the difference is the quantization of x: |s_x qx - x| <= s_x / 2 per
+// element.
+//
+// Layout of the work (super-blocks): each block padded with zeros to S = ceil(B / 4)
+// words of 4 bytes;
 // the blocks of a row in super-blocks (I8xPlan): whole ones of 16 blocks, lane l holding
 // block l, S steps of 64 bytes (step s: word s of each block), then the rest of the row
 // in at most 4 narrower super-blocks of G = 8, 4 or 2 blocks (when p = 16 / G divides S;
@@ -34,6 +48,20 @@
 // step of a row of W is one vpdpbusd (u8 weights x s8 activations, 16 int32 lanes: 4
 // products each); after a super-block's steps each lane holds part of its block's D,
 // converted to f32 and scaled once (the term of o: in a block's first lane only).
+//
+// Layout of the work (row path, decode): W is read in place, 64 stored bytes (a unit) at
+// a time, the last unit of a row masked; x is quantized once per call into the row
+// layout that faces it: per row of x, chunks of 16 blocks (512 bytes); for int8 values
+// element e at byte e (a unit's 64 bytes against 64 bytes of qx: lane l holds 4 elements
+// of block 2t + l / 8 of unit t); for 4-bit values a unit holds 128 elements, byte i the
+// elements 2i (low nibble) and 2i + 1 (high nibble): the unit's qx is its 64 even
+// elements, then its 64 odd ones, so the low nibbles (as bytes) against the first half
+// and the high nibbles against the second are two vpdpbusd into the same lanes, lane l
+// holding 8 elements of block 4t + l / 4. The scales of a chunk's 16 blocks are one
+// vector (f16 converted once), fl(s_w s_x) a product of two vectors, spread to the
+// lanes of each unit by one vpermps. The rows of x go in tiles of at most 4: a unit of W,
+// loaded and expanded once, is used against each row of the tile (a row of W is read from
+// memory once, then from L1 for the next tiles).
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_H_
 
@@ -47,6 +75,13 @@ namespace hxmlir {
 constexpr int64_t kI8xLanes = 16;          // blocks per super-block
 constexpr int64_t kI8xStepBytes = 64;      // bytes per step: 16 lanes x 4
 constexpr int64_t kI8xMaxBlock = 65536;    // D fits int32: B * 255 * 127 < 2^31
+// The row path (matmul_q_i8x.h): x of at most this many rows, B = 32 (measured on Zen 4:
+// faster than the super-blocks through m = 16 on SmolLM2's projections, 1.6-1.9x the f32
+// kernel at m = 1).
+constexpr int64_t kI8xRowsMaxM = 16;
+constexpr int64_t kI8xUnitBytes = 64;      // stored bytes of W per unit (2 or 4 blocks)
+constexpr int64_t kI8xChunkBlocks = 16;    // blocks per chunk (one vector of scales)
+constexpr int64_t kI8xChunkBytes = 512;    // qx bytes per chunk: 16 blocks of 32
 
 // The block size B of x for a weight with k columns and groups of g (0: one scale per row).
 constexpr int64_t I8xBlock(int64_t g) { return g == 0 || g % 32 == 0 ? 32 : g; }
@@ -98,7 +133,9 @@ inline I8xSb I8xSuper(const I8xPlan& pl, int64_t S, int64_t t) {
 }
 
 struct I8xProblem {
-  // x, quantized (Quantize): per row, the plan's steps of 64 bytes
+  // x, quantized (Quantize): per row, the plan's steps of 64 bytes; on the row path
+  // (`rows`) per row nch chunks of 512 bytes (the row layout), sx and xsum f32[m, nch, 16]
+  // per block (0 past the last block), qsum unused
   const int8_t* qx;    // s8[m, plan.steps, 64]
   const float* sx;     // f32[m, nsb, 16]: s_x of each lane's block (0 past the last block)
   const float* xsum;   // f32[m, nsb, 16]: fl(s_x * Sq) in a block's first lane, else 0
@@ -115,12 +152,17 @@ struct I8xProblem {
   int64_t b;           // B: x's block
   int64_t nb, nsb, steps;  // blocks per row (ceil(k / B)), super-blocks, S
   I8xPlan plan;
+  bool rows = false;   // the row path: W read in place (I8xRowPath)
+  int64_t nch = 0;     // the row path's chunks of 16 blocks per row: ceil(nb / 16)
 };
+
+// Whether a call of m rows of x with blocks of B takes the row path.
+constexpr bool I8xRowPath(int64_t m, int64_t b) { return m <= kI8xRowsMaxM && b == 32; }
 
 struct I8xKernels {
   const char* isa;     // "avx512_vnni", "avx2", "generic"
   int64_t tile_nr;     // rows of W per register tile (blocks of rows are multiples)
-  // Bytes of scratch per decoded row of W.
+  // Bytes of scratch per decoded row of W (a token 64 on the row path: none is used).
   int64_t (*row_bytes)(const I8xProblem& p);
   // qx, sx, xsum, qsum for rows [r0, r1) of x: f32[m, k] (buffers as in I8xProblem).
   void (*quantize)(const I8xProblem& p, const float* x, int64_t r0, int64_t r1, int8_t* qx,

@@ -4,8 +4,10 @@
 // (matmul_q_nk_ffi.cc), dtypes int8, int4 and uint4 (float8_e4m3fn is refused).
 //
 // x is quantized once per call, in tasks of rows taken first by whichever threads are
-// there (its buffers are read by every thread); then the rows of W are cut into blocks of whole tiles (each block decoded once
-// into a thread's scratch, rows x row_bytes fitting half the L2 cache), about
+// there (its buffers are read by every thread; on the row path, x of at most 16 rows and
+// B = 32, in the row layout); then the rows of W are cut into blocks of whole tiles (each
+// block decoded once into a thread's scratch, rows x row_bytes fitting half the L2 cache;
+// on the row path read in place, no scratch), about
 // kBlocksPerThread per thread of XLA's intra-op pool (matmul_q_parallel.h); each output
 // is computed by one thread in an order fixed by the shapes alone.
 #include <algorithm>
@@ -102,7 +104,13 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   p.steps = CeilDiv(b, 4);
   p.plan = I8xMakePlan(p.nb, p.steps);
   p.nsb = p.plan.full + p.plan.tails;
-  const int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  int64_t qbytes = p.m * p.plan.steps * kI8xStepBytes, lanes = p.m * p.nsb * kI8xLanes;
+  p.rows = I8xRowPath(p.m, b);
+  if (p.rows) {  // the row path: W read in place, x in the row layout
+    p.nch = CeilDiv(p.nb, kI8xChunkBlocks);
+    qbytes = p.m * p.nch * kI8xChunkBytes;
+    lanes = p.m * p.nch * kI8xLanes;
+  }
   int8_t* qx = reinterpret_cast<int8_t*>(ThreadBuffer(kXs, CeilDiv(qbytes, 4)));
   float* side = ThreadBuffer(kPartial, 3 * lanes);
   job->x = nk.x, job->qx = qx, job->sx = side, job->xsum = side + lanes;

@@ -38,7 +38,8 @@ class Setting:
 ACTIVATIONS = ("f32", "int8")
 """The values of ``hx.install(activations=...)``: ``"f32"`` (the default: activations stay
 f32) or ``"int8"`` (opt-in: on CPU, ``hx.matmul_q`` in the ``[out, in]`` layout with int8,
-int4 or uint4 weights and ``x`` of at least 16 rows (prefill) quantizes ``x`` to int8
+int4 or uint4 weights (``x`` of any number of rows; with groups not a multiple of 32, of
+at least 16 rows) quantizes ``x`` to int8
 per block at run time and calls ``hx_matmul_q_cpu_i8x_v1``; it changes the numerics)."""
 
 

@@ -382,10 +382,10 @@ def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool =
       (:func:`hxmlir.install_state.use_kernels`).
     activations: ``"f32"`` (the default) or ``"int8"``, an opt-in that changes the
       numerics: on CPU, ``hx.matmul_q`` in the checkpoint layout ``f32[..., k] x W[n, k]``
-      with int8, int4 or uint4 weights and ``x`` of at least 16 rows (prefill; a decode
-      step's single row stays f32, bound by the weight's bytes) then quantizes ``x`` to
-      int8 per block of 32 (or of the weight's group) at run time and runs integer dot
-      products (the custom call ``hx_matmul_q_cpu_i8x_v1``, ``csrc/matmul_q_i8x.h``); other
+      with int8, int4 or uint4 weights (``x`` of any number of rows: decode and prefill;
+      with groups not a multiple of 32, of at least 16 rows)
+      then quantizes ``x`` to int8 per block of 32 (or of the weight's group) at run time
+      and runs integer dot products (the custom call ``hx_matmul_q_cpu_i8x_v1``, ``csrc/matmul_q_i8x.h``); other
       formats and layouts keep f32 activations. Part of the setting JAX's caches key on.
 
   Lowerings for ``jax.export`` additionally run ``hx-check-export`` last, and

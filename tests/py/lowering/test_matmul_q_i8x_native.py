@@ -13,10 +13,15 @@ Numbers, two ways:
   ``qx`` computed here in numpy with the same f32 operations (so exactly the kernel's):
   a block's ``D`` is summed in parts (the lanes it is spread over), each converted
   exactly to f32 (below 2^24); each term has at most 3 roundings before it is added
-  (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product), a
-  lane's terms are added in sequence over its ``nsb <= nb / 16 + 4`` super-blocks (2 adds
-  each), the 16 lanes as a tree (4): the error is at most
-  ``gamma_{2 nsb + 7} * sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``;
+  (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product). On
+  the super-block path (``m > 16`` or ``B != 32``) a lane's terms are added in sequence over
+  its ``nsb <= nb / 16 + 4`` super-blocks (2 adds each), the 16 lanes as a tree (4): the
+  error is at most ``gamma_{2 nsb + 7} * T``,
+  ``T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``. On the row path
+  (``m <= 16``, ``B = 32``: the weight read in place) a lane gets one term per unit of 64
+  stored bytes (``nu <= ceil(nb / 2)`` of them) and one offset term per 16 blocks (at most
+  ``nu``), then 1 + 4 adds (the two accumulators, the tree of 16 lanes): at most
+  ``gamma_{ceil(nb / 2) + 8} * T``. The tests take the larger of the two (either path);
 - against f32 activations (``hx_matmul_q_cpu_v3``): ``|s_x qx - x| <= s_x / 2`` per element
   (round to nearest; ``|x / s_x| <= 127`` needs no clipping), so the two differ by at most
   ``sum_b s_x / 2 * sum_{kk in b} |v s + o|`` plus the two kernels' own rounding bounds.
@@ -105,7 +110,8 @@ def _expected(x, q, s, o, fmt, group):
   terms = (np.abs(sw_b[None] * sx[:, None] * d)
            + np.abs((ow_b - c * sw_b)[None] * (sx * sq)[:, None]))
   nsb = nb // 16 + 4  # super-blocks: whole ones of 16 blocks and at most 4 narrower
-  bound = gamma(2 * nsb + 7) * terms.sum(-1) + 2 * nb * TINY
+  depth = max(2 * nsb + 7, -(-nb // 2) + 8)  # the super-block path's, the row path's
+  bound = gamma(depth) * terms.sum(-1) + 2 * nb * TINY
   dx = np.einsum("mb,nb->mn", sx.astype(np.float64) / 2, blocks(np.abs(v * s64 + o64)).sum(-1))
   shape = (*x.shape[:-1], n)
   return y.reshape(shape), bound.reshape(shape), dx.reshape(shape)
@@ -136,22 +142,53 @@ def _cases(name, group):
     yield fmt, g, x, (x, q, s) if o is None else (x, q, s, o), (vs, oo)
 
 
+def _check_every_isa(name, fmt, g, x, args, vs, oo):
+  """The kernel on every ISA this machine runs within its bound of the float64 contract,
+  and within the quantization bound of the f32-activation kernel."""
+  want, bound, dx = _expected(x, args[1], args[2], args[3] if len(args) > 3 else None, fmt, g)
+  y_f32 = V3(*args)
+  k = x.shape[-1]
+  x64 = np.asarray(x, np.float64)
+  f32_bound = gamma(k + LANES + 2) * (np.abs(x64) @ (np.abs(vs) + np.abs(oo)).T) + k * TINY
+  for isa in INFO.supported_isas:
+    y = _with_isa(isa, I8X, *args)
+    what = f"{name} g{g} {isa} x{list(x.shape)} W[{args[1].shape[0]},{k}]: "
+    assert y.shape == want.shape and y.dtype == np.float32
+    assert_within(y, want, bound, what)
+    assert_within(y, y_f32, dx + bound + f32_bound, what + "vs f32 activations: ")
+
+
 @needs_native
 @pytest.mark.parametrize("group", GROUPS, ids=str)
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_matches_float64_integer_activations_every_isa(name, group):
   for fmt, g, x, args, (vs, oo) in _cases(name, group):
-    want, bound, dx = _expected(x, args[1], args[2], args[3] if len(args) > 3 else None, fmt, g)
-    y_f32 = V3(*args)
-    k = x.shape[-1]
-    x64 = np.asarray(x, np.float64)
-    f32_bound = gamma(k + LANES + 2) * (np.abs(x64) @ (np.abs(vs) + np.abs(oo)).T) + k * TINY
-    for isa in INFO.supported_isas:
-      y = _with_isa(isa, I8X, *args)
-      what = f"{name} g{g} {isa} x{list(x.shape)} W[{args[1].shape[0]},{k}]: "
-      assert y.shape == want.shape and y.dtype == np.float32
-      assert_within(y, want, bound, what)
-      assert_within(y, y_f32, dx + bound + f32_bound, what + "vs f32 activations: ")
+    _check_every_isa(name, fmt, g, x, args, vs, oo)
+
+
+# The row path (x of at most 16 rows, B = 32: the weight read in place; tiles of 4 rows)
+# and its neighbour m = 17 (super-blocks): k = 576 (18 blocks: 4.5 units of 4-bit values, 9 of int8: a
+# partial chunk, the row's last unit half full), 1056 (33 blocks), 330 and 333 (a last
+# block of 10 or 13 values: one scale per row only), 64 (2 blocks); x of rank 3 (m = 4);
+# m = 6 (tiles of 4 + 2), 16 and 17.
+ROW_SHAPES = [((1,), 37, 576), ((2,), 19, 1056), ((3,), 23, 576), ((1,), 29, 1056),
+              ((3,), 21, 330), ((1,), 19, 333), ((2, 2), 13, 576), ((6,), 11, 576),
+              ((1,), 300, 64), ((16,), 7, 576), ((17,), 7, 576)]
+
+
+@needs_native
+@pytest.mark.parametrize("group", [None, 32, 64], ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_row_path_matches_float64_every_isa(name, group):
+  fmt = formats.FORMATS[name]
+  rng = np.random.default_rng(abs(hash((name, str(group), "rows"))) % 2**32)
+  for lead, n, k in ROW_SHAPES:
+    if k % fmt.pack or (group is not None and k % group):
+      continue
+    q, s, o, vs, oo = _components(rng, fmt, n, k, group)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    x[..., :32] *= 100  # blocks of very different s_x
+    _check_every_isa(name, fmt, group, x, (x, q, s) if o is None else (x, q, s, o), vs, oo)
 
 
 @needs_native
@@ -168,9 +205,10 @@ def test_activations_are_really_quantized():
 
 
 @needs_native
-def test_nan_in_a_block_makes_its_row_nan_and_zeros_give_zeros():
+@pytest.mark.parametrize("rows", [4, 17], ids=["row_path", "super_blocks"])
+def test_nan_in_a_block_makes_its_row_nan_and_zeros_give_zeros(rows):
   fmt_, g, x, args, _ = next(_cases("int8_f16", 32))
-  x = np.tile(x, (4, 1))
+  x = np.tile(x, (rows, 1))
   x[1, 5] = np.nan
   x[2, 40] = np.inf
   x[3] = 0
@@ -204,13 +242,14 @@ def _calls(text):
 def test_only_the_opt_in_emits_the_i8x_target(name):
   """Installed by default (and with ``activations="f32"``), ``hx.einsum("bmk,nk->bmn")``
   calls hx_matmul_q_cpu_v3, never the integer-activation target; with
-  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of at
-  least ``I8X_MIN_ROWS`` rows (fp8, and a decode step's single row, keep v3)."""
+  ``activations="int8"`` the formats it takes call hx_matmul_q_cpu_i8x_v1 for ``x`` of
+  any number of rows with groups of 32 (a decode step's single row too: the kernel's row
+  path; fp8 keeps v3)."""
   fmt = formats.FORMATS[name]
   rng = np.random.default_rng(5)
   q, s, o, _, _ = _components(rng, fmt, 260, 288, 32)
   w = hx.make_qarray(q, s, o) if o is not None else hx.make_qarray(q, s)
-  rows = native.I8X_MIN_ROWS
+  rows = 16
   x = rng.standard_normal((2, rows // 2, 288)).astype(np.float32)
   f = jax.jit(lambda x, w: hx.einsum("bmk,nk->bmn", x, w))
   for kw in ({}, {"activations": "f32"}):
@@ -219,15 +258,35 @@ def test_only_the_opt_in_emits_the_i8x_target(name):
   with hx.installed(activations="int8"):
     text = f.lower(x, w).as_text()
     y = f(x, w)
+    takes = name in NAMES
     for fewer in (x[:1, :1], np.concatenate([x[0], x[1, :-1]])[None]):  # 1, rows - 1 rows
-      assert _calls(f.lower(fewer, w).as_text()) == ["hx_matmul_q_cpu_v3"]
-  takes = name in NAMES
+      assert _calls(f.lower(fewer, w).as_text()) == [
+          "hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
   assert _calls(text) == ["hx_matmul_q_cpu_i8x_v1" if takes else "hx_matmul_q_cpu_v3"]
   if takes:  # the jitted call ran the opt-in kernel: its numbers
     want, bound, _ = _expected(x.reshape(rows, 288), q, s, o, fmt, 32)
     assert_within(np.asarray(y).reshape(rows, 260), want, bound)
   with hx.installed(activations="int8", kernels=False):
     assert _calls(f.lower(x, w).as_text()) == []
+
+
+@needs_native
+def test_few_rows_take_the_i8x_target_only_with_blocks_of_32():
+  """With groups that are not a multiple of 32 (x's block: the group) the kernel re-lays the
+  weight out on every call: ``x`` of fewer than ``I8X_MIN_ROWS`` rows keeps
+  hx_matmul_q_cpu_v3; with blocks of 32 (per row, groups of 32 or 64) every ``x`` takes the
+  integer-activation target."""
+  fmt = formats.FORMATS["int8"]
+  rng = np.random.default_rng(7)
+  f = jax.jit(lambda x, w: hx.einsum("mk,nk->mn", x, w))
+  for group, rows, want in ((16, 1, "v3"), (16, native.I8X_MIN_ROWS - 1, "v3"),
+                            (16, native.I8X_MIN_ROWS, "i8x_v1"), (None, 1, "i8x_v1"),
+                            (32, 1, "i8x_v1"), (64, 2, "i8x_v1")):
+    assert native.i8x_takes(fmt, group, rows) == (want == "i8x_v1")
+    q, s, _, _, _ = _components(rng, fmt, 260, 256, group)
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
+    with hx.installed(activations="int8"):
+      assert _calls(f.lower(x, hx.make_qarray(q, s)).as_text()) == [f"hx_matmul_q_cpu_{want}"]
 
 
 @needs_native

@@ -242,10 +242,11 @@ def _custom_calls(text: str, target: str) -> int:
 @needs_model
 @pytest.mark.skipif(not hx.cpu_kernel_info().active or jax.default_backend() != "cpu",
                     reason="the native CPU kernel is not active here")
-def test_int8_activations_are_opt_in_and_for_prefill_only(model):
+def test_int8_activations_are_opt_in_for_prefill_and_decode(model):
   """``Llama(activations="int8")`` compiles under ``hx.installed(activations="int8")``:
-  its prefill's projections (4 per layer and the head) call hx_matmul_q_cpu_i8x_v1, its
-  decode step (one row of x) keeps hx_matmul_q_cpu_v3; the default model never calls it.
+  the projections (4 per layer and the head) of its prefill and of its decode step (one
+  row of x: the kernel's row path) call hx_matmul_q_cpu_i8x_v1, never hx_matmul_q_cpu_v3;
+  the default model never calls it.
   (The kernel's numbers: tests/py/lowering/test_matmul_q_i8x_native.py.)"""
   i8 = llama.Llama(model.config, model.params, max_context=model.max_context,
                    activations="int8")
@@ -253,7 +254,7 @@ def test_int8_activations_are_opt_in_and_for_prefill_only(model):
   for t, fn, default in ((16, i8._prefill, model._prefill), (1, i8._step, model._step)):
     ids = np.asarray(_text_ids(t), np.int32)
     hlo = fn.lower(model.params, ids, np.int32(3), k, v).compile().as_text()
-    want = (30 * 4 + 1, 0) if t > 1 else (0, 30 * 4 + 1)
+    want = (30 * 4 + 1, 0)
     assert (_custom_calls(hlo, "hx_matmul_q_cpu_i8x_v1"),
             _custom_calls(hlo, "hx_matmul_q_cpu_v3")) == want
     hlo = default.lower(model.params, ids, np.int32(3), k, v).compile().as_text()

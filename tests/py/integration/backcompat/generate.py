@@ -212,7 +212,7 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
-    # the opt-in integer activations (issue 28): x of >= 16 rows quantized to int8 per block
+    # the opt-in integer activations (issue 28): x (here 20 rows) quantized to int8 per block
     # at run time; Q4_1-like u4o with f16 scales and offsets, int4 per row (one block per
     # 32 of k), int8 per group of 16 (blocks narrower than 32)
     "hx_matmul_q_cpu_i8x_v1_cpu": Case(
