@@ -140,16 +140,11 @@ class JaxEngine:
       return np.asarray(logits), (k, v)
 
   def decode(self, first: int, pos: int, n: int, state) -> list[int]:
-    """``n`` greedy tokens after ``first`` at position ``pos`` (one step call each)."""
-    k, v = state
-    out, tok = [], first
+    """``n`` greedy tokens after ``first`` at position ``pos``: Llama.generate's greedy
+    loop (``Llama._greedy_tokens``: one step call each, the argmax inside, each id read
+    back while the next step runs)."""
     with self._ctx():
-      for i in range(n):  # Llama.generate's greedy step: the argmax inside, the id back
-        ids, k, v = self.m._greedy_step(self.m.params, jnp.asarray([tok], jnp.int32),
-                                        jnp.int32(pos + i), k, v)
-        tok = int(np.asarray(ids)[0])
-        out.append(tok)
-    return out
+      return list(self.m._greedy_tokens(first, pos, *state, n))
 
 
 class _null:
@@ -351,7 +346,7 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
   ids = prompt_ids(m, 8)
   k, v = m.new_cache()
   args = lambda tok, pos, k, v: (m.params, jnp.asarray([tok], jnp.int32), jnp.int32(pos), k, v)
-  with hx.installed():
+  with hx.installed(activations=m.activations):
     logits, k, v = m._prefill(m.params, jnp.asarray(ids, jnp.int32), jnp.int32(0), k, v)
     lowered = m._step.lower(*args(1, 8, k, v))
     compiled = lowered.compile()
@@ -387,7 +382,8 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
     g[1] += 1
   total = sum(per_op.values())
   wall = statistics.median(walls) * 1e6
-  print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}")
+  print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}; activations "
+        f"{m.activations}")
   print(f"one decode step (T = 1), {steps} steps traced; XLA cost analysis: "
         f"{cost.get('flops', 0) / 1e6:.1f} MFLOP, {cost.get('bytes accessed', 0) / 1e6:.1f} MB "
         f"accessed")
@@ -439,7 +435,8 @@ def main(argv=None) -> None:
     ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
              f"{args.decode_tokens} tokens")
   if args.profile:
-    return profile_step(llama.Llama.from_gguf(args.gguf, max_context=args.context))
+    return profile_step(llama.Llama.from_gguf(args.gguf, max_context=args.context,
+                                              activations=args.activations))
   bench(args)
 
 

@@ -9,6 +9,7 @@ the model's consecutive-pair rotation on the stored rows is the right one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -227,6 +228,34 @@ def test_greedy_matches_reference_and_compiles_once(model, ref):
   assert model.traces["greedy_step"] == steps == 1  # the same step for another prompt
 
 
+
+
+@needs_model
+def test_greedy_loop_stops_where_the_unpipelined_loop_stops(model):
+  """generate's greedy loop dispatches each step before reading the previous step's id
+  (Llama._greedy_tokens): it yields exactly the tokens of one step at a time, stopping
+  before an EOS, after max_tokens and when the cache is full."""
+  prompt = _cases()[1]["ids"]
+  want = list(model.generate(prompt, 12))
+  assert len(want) == 12
+  k, v = model.new_cache()
+  with hx.installed():
+    logits, k, v = model._prefill(model.params, np.asarray(prompt, np.int32), np.int32(0), k, v)
+    one_by_one = [int(np.argmax(np.asarray(logits[-1])))]
+    for i in range(11):  # one step at a time, each id read before the next call
+      ids, k, v = model._greedy_step(model.params, np.asarray(one_by_one[-1:], np.int32),
+                                     np.int32(len(prompt) + i), k, v)
+      one_by_one.append(int(np.asarray(ids)[0]))
+  assert want == one_by_one
+  assert [list(model.generate(prompt, n)) for n in (0, 1, 2)] == [[], want[:1], want[:2]]
+  # the cache full: the prompt's positions and 3 more, so the prefill's token and 3 steps
+  full = llama.Llama(model.config, model.params, max_context=len(prompt) + 3)
+  assert list(full.generate(prompt, 12)) == want[:4]
+  # an EOS (the 6th token, or the first) ends it, not yielded
+  for n_before in (5, 0):
+    eos = dataclasses.replace(model.config, eos=want[n_before])
+    stops = llama.Llama(eos, model.params, max_context=model.max_context)
+    assert list(stops.generate(prompt, 12)) == want[:want.index(want[n_before])]
 @pytest.fixture(scope="session")
 def model_reference(model):
   """The same weights (not loaded again) with ``kernels=False``: every projection as
