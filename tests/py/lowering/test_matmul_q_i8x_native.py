@@ -130,11 +130,13 @@ def _group(fmt, group):
   return (2 if fmt.pack == 2 else 3) if group == "small" else group
 
 
-def _cases(name, group):
+def _cases(name, group, shapes=SHAPES, salt="i8x"):
+  """``(fmt, g, x, operands, (vs, oo))`` of random weights of format ``name`` with groups
+  ``group`` and random ``x`` for each ``(lead, n, k)`` of ``shapes`` the format takes."""
   fmt = formats.FORMATS[name]
   g = _group(fmt, group)
-  rng = np.random.default_rng(abs(hash((name, str(group), "i8x"))) % 2**32)
-  for lead, n, k in SHAPES:
+  rng = np.random.default_rng(abs(hash((name, str(group), salt))) % 2**32)
+  for lead, n, k in shapes:
     if k % fmt.pack or (g is not None and k % g):
       continue
     q, s, o, vs, oo = _components(rng, fmt, n, k, g)
@@ -180,15 +182,9 @@ ROW_SHAPES = [((1,), 37, 576), ((2,), 19, 1056), ((3,), 23, 576), ((1,), 29, 105
 @pytest.mark.parametrize("group", [None, 32, 64], ids=str)
 @pytest.mark.parametrize("name", NAMES)
 def test_row_path_matches_float64_every_isa(name, group):
-  fmt = formats.FORMATS[name]
-  rng = np.random.default_rng(abs(hash((name, str(group), "rows"))) % 2**32)
-  for lead, n, k in ROW_SHAPES:
-    if k % fmt.pack or (group is not None and k % group):
-      continue
-    q, s, o, vs, oo = _components(rng, fmt, n, k, group)
-    x = rng.standard_normal((*lead, k)).astype(np.float32)
-    x[..., :32] *= 100  # blocks of very different s_x
-    _check_every_isa(name, fmt, group, x, (x, q, s) if o is None else (x, q, s, o), vs, oo)
+  for fmt, g, x, args, (vs, oo) in _cases(name, group, ROW_SHAPES, "rows"):
+    x[..., :32] *= 100  # blocks of very different s_x (x is the operand itself)
+    _check_every_isa(name, fmt, g, x, args, vs, oo)
 
 
 @needs_native
