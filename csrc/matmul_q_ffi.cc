@@ -265,7 +265,7 @@ PyMethodDef kMethods[] = {
      "The most threads one call runs on: the cores this process may use (read once)."},
     {"set_linger_us", PySetLingerUs, METH_O,
      "How long (microseconds; 0: never) a helper thread spins for the next call's blocks "
-     "after its part of a call (matmul_q_parallel.h; default 50 or $HXMLIR_CPU_LINGER_US)."},
+     "after its part of a call (matmul_q_parallel.h; default 50; hxmlir sets $HXMLIR_CPU_LINGER_US's at import)."},
     {"linger_us", PyLingerUs, METH_NOARGS, "The helpers' linger time now (microseconds)."},
     {nullptr, nullptr, 0, nullptr}};
 

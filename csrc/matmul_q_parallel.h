@@ -13,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -287,7 +286,8 @@ void WorkOn(Job& job, AfterTask after_task) {
 // SmolLM2's o projection took 73 us a call inside the step, 24 us on one thread
 // alone), so a helper scheduled on the pool came late or not at all. Instead, a helper
 // that has done its part of a call stays on its pool thread for up to Linger() (50 us
-// unless set: HXMLIR_CPU_LINGER_US, or the extension's set_linger_us), spinning on
+// unless set: the extension's set_linger_us, which hxmlir calls at import with
+// $HXMLIR_CPU_LINGER_US, lowering/matmul_q/cpu.py), spinning on
 // the hand-off slot below: the next call hands its job there and the helper starts at
 // once (every lingering helper joins it: a call's blocks come from one shared counter).
 // The calling thread never waits for a hand-off: it takes blocks from the counter as
@@ -306,7 +306,7 @@ struct Handoff {
   void (*run)(void*) = nullptr;        // runs job's blocks (WorkOn)
   std::atomic<uint64_t> posts{0};      // incremented by each post, after job is set
   std::atomic<int> waiting{0};         // helpers lingering now
-  std::atomic<int64_t> linger_ns{-1};  // -1: not read from the environment yet
+  std::atomic<int64_t> linger_ns{50'000};
 };
 
 // One for the process, never destroyed (a pool thread may linger past static destructors).
@@ -316,14 +316,7 @@ inline Handoff& TheHandoff() {
 }
 
 inline std::chrono::nanoseconds Linger() {
-  Handoff& h = TheHandoff();
-  int64_t ns = h.linger_ns.load(std::memory_order_relaxed);
-  if (ns < 0) {
-    const char* env = std::getenv("HXMLIR_CPU_LINGER_US");
-    ns = env != nullptr ? std::max<int64_t>(0, std::atoll(env)) * 1000 : 50'000;
-    h.linger_ns.store(ns, std::memory_order_relaxed);
-  }
-  return std::chrono::nanoseconds(ns);
+  return std::chrono::nanoseconds(TheHandoff().linger_ns.load(std::memory_order_relaxed));
 }
 
 // Sets Linger() (microseconds; 0: helpers never linger).

@@ -340,14 +340,19 @@ def attention(q, k, v, start, *, scale: float):
     out[t, h, j, :] = sum_c softmax_c(s[t, h, j, :]) * v[h, :, c]
 
   Positions beyond ``start + t`` weigh exactly 0 (``exp`` of f32's lowest minus the max
-  underflows); a NaN or infinity stored in ``v`` there still reaches the result through
-  ``0 * v`` (one in ``k`` does not: its score is replaced), while the native kernel never
-  reads those positions (``csrc/attention.h``). A query with no position
+  underflows), and ``v`` past the last query's bound ``start + T - 1`` is read as 0 (for
+  ``start >= 0``), so
+  what is stored past it (a NaN, an infinity: an unwritten cache) never reaches the result,
+  as the native kernel never reads it (``csrc/attention.h``). A query with no position
   (``start + t < 0``) averages ``v`` over all ``C`` positions (every score equal).
   ``scale``: a static float, multiplied after the dot product in f32.
   """
   s = jnp.einsum("tkgd,kcd->tkgc", q, k) * np.float32(scale)
-  s = jnp.where(causal_mask(start, q.shape[0], k.shape[1]), s, jnp.finfo(jnp.float32).min)
+  mask = causal_mask(start, q.shape[0], k.shape[1])
+  s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+  # v past the last query's bound read as 0 (a start < 0, whose first queries average v
+  # over all C, keeps it all)
+  v = jnp.where(mask[-1, 0] | (start < 0), v, np.float32(0))
   return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
 
 

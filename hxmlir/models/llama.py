@@ -645,6 +645,10 @@ class Llama:
     leaves at most one step computed that nobody reads. The caller keeps
     ``pos + n <= max_context``."""
     ids, pending = np.asarray([tok], np.int32), None
+    if self.mesh is not None:  # typed as the step's ids come back (replicated): one trace
+      first = ids
+      ids = jax.make_array_from_callback(first.shape, llama_sharding.replicated(self.mesh),
+                                         lambda index: first[index])
     for i in range(n):
       ids, k_cache, v_cache = self._greedy_step(self.params, ids, np.int32(pos + i),
                                                 k_cache, v_cache)

@@ -183,20 +183,28 @@ def test_an_extension_older_than_the_package_turns_the_kernel_off(monkeypatch):
 
 
 @pytest.mark.skipif(ext is None, reason="the native extension is not built")
-def test_linger_time_reads_the_environment_once_and_can_be_set():
-  # a helper thread spins this long for the next call's blocks (matmul_q_parallel.h):
-  # 50 us by default, $HXMLIR_CPU_LINGER_US when set, set_linger_us() after that
+@pytest.mark.parametrize("value,linger,warning", [
+    (None, 50, None), ("", 50, None), ("37", 37, None), ("0", 0, None),
+    ("abc", 50, "'abc' is not an integer number of microseconds; the native kernels' helper "
+                "threads linger 50 us"),
+    ("-5", 0, "'-5' is outside [0, 500] microseconds; the native kernels' helper threads "
+              "linger 0 us"),
+    ("100000", 500, "'100000' is outside [0, 500] microseconds; the native kernels' helper "
+                    "threads linger 500 us")])
+def test_linger_time_comes_from_the_environment_checked(value, linger, warning):
+  # a helper thread spins this long for the next call's blocks (matmul_q_parallel.h)
+  env = {} if value is None else {native.LINGER_ENV: value}
+  _, warns = _import_hxmlir(env)
   code = textwrap.dedent("""
+      import hxmlir
       from hxmlir import _matmul_q_cpu as ext
-      first = ext.linger_us()
+      print(ext.linger_us())
       ext.set_linger_us(-5)
-      clamped = ext.linger_us()
-      ext.set_linger_us(40)
-      print(first, clamped, ext.linger_us())
+      print(ext.linger_us())
       """)
-  base = {k: v for k, v in os.environ.items() if k != "HXMLIR_CPU_LINGER_US"}
-  for env, first in (({}, 50), ({"HXMLIR_CPU_LINGER_US": "37"}, 37)):
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**base, **env}, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(first), "0", "40"], r.stdout
+  base = {k: v for k, v in os.environ.items() if k != native.LINGER_ENV}
+  r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                     text=True, env={**base, **env}, timeout=300)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.split() == [str(linger), "0"], r.stdout
+  assert warns == ([] if warning is None else [f"hxmlir: ${native.LINGER_ENV}={warning}"])
