@@ -29,8 +29,10 @@ print_ir("attention_not_installed", f, q, k, v, start)
 # CHECK: %[[P:[0-9]+]] = stablehlo.broadcast_in_dim %[[S]], dims = []
 # CHECK: stablehlo.compare LE
 # CHECK: stablehlo.select
+# v past the last query's bound read as 0
+# CHECK: %[[VM:[0-9]+]] = stablehlo.select %{{[0-9]+}}, %[[V]], %{{[0-9]+}} : tensor<3x64x16xi1>, tensor<3x64x16xf32>
 # CHECK: stablehlo.exponential
-# CHECK: stablehlo.dot_general %[[V]], %{{[0-9]+}}, batching_dims = [0] x [1], contracting_dims = [2] x [3]
+# CHECK: stablehlo.dot_general %[[VM]], %{{[0-9]+}}, batching_dims = [0] x [1], contracting_dims = [2] x [3]
 # CHECK-NOT: custom_call
 
 with hx.installed():
