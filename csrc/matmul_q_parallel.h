@@ -302,7 +302,8 @@ void WorkOn(Job& job, AfterTask after_task) {
 // The hand-off slot: a job, as its type-erased runner and owner, and a count of posts.
 struct Handoff {
   std::mutex mu;                       // guards job and run
-  std::shared_ptr<void> job;           // the posted job (null: taken, or none yet)
+  std::shared_ptr<void> job;           // the last job posted (null: none yet); every
+                                       // lingering helper copies it, the next post drops it
   void (*run)(void*) = nullptr;        // runs job's blocks (WorkOn)
   std::atomic<uint64_t> posts{0};      // incremented by each post, after job is set
   std::atomic<int> waiting{0};         // helpers lingering now
