@@ -114,12 +114,19 @@ class Header:
 
 def read_header(path: str | os.PathLike) -> Header:
   """The :class:`Header` of the GGUF file ``path``: its header and metadata, read once; no
-  tensor is placed. Raises :class:`GGUFError` naming the file for a file without the GGUF
-  magic, a truncated or malformed header, and a data section shorter than a tensor needs
-  (naming the tensor, the bytes it needs and those available); ``ImportError`` with the
-  install command when the ``gguf`` package is missing."""
+  tensor is placed. The file is checked as a whole first (:func:`hxmlir.gguf_check.check_file`:
+  the header, every metadata value's type and UTF-8, the tensor table against itself and
+  the file). Raises :class:`GGUFError` naming the file and, one line per problem, the key or
+  tensor and what was expected (a file without the GGUF magic, a truncated or malformed
+  header, a data section shorter than a tensor needs, overlapping tensors, ...);
+  ``ImportError`` with the install command when the ``gguf`` package is missing."""
   reader = _reader(path)
-  return Header(os.fspath(path), reader, metadata(reader))
+  try:
+    meta = metadata(reader)
+  except Exception as e:  # the gguf package's own errors, on a file the check passed
+    raise GGUFError(f"{os.fspath(path)}: not a readable GGUF file: its metadata cannot be "
+                    f"read ({type(e).__name__}: {e})") from None
+  return Header(os.fspath(path), reader, meta)
 
 
 def _gguf():
@@ -145,27 +152,12 @@ def _reader(path):
     raise GGUFError(f"{p}: not a GGUF file: it starts with {head!r}, not the GGUF magic "
                     f"{MAGIC!r}")
 
-  class Reader(gguf.GGUFReader):
-    def _build_tensors(self, start_offs, fields):  # the header is read: check the data
-      size = len(self.data)
-      for fld in fields:
-        _, name, _, dims, raw_dtype, offset = fld.parts
-        kind = gguf.GGMLQuantizationType(raw_dtype[0])
-        block, type_size = gguf.GGML_QUANT_SIZES[kind]
-        need = int(np.prod(dims, dtype=np.int64)) * type_size // block
-        start = int(start_offs + offset[0])
-        if start + need > size:
-          raise GGUFError(f"{p}: not a readable GGUF file: truncated data section: tensor "
-                          f"{bytes(name).decode(errors='replace')!r} ({kind.name}) needs "
-                          f"{need} bytes at offset {start}, {max(size - start, 0)} available")
-      super()._build_tensors(start_offs, fields)
-
+  from hxmlir import gguf_check
+  gguf_check.check_file(p)  # the whole header and tensor table, before the reader
   try:
-    return Reader(p, "r")
-  except GGUFError:
-    raise
-  except (ValueError, OSError, IndexError, KeyError) as e:  # in the header
-    raise GGUFError(f"{p}: not a readable GGUF file: truncated or malformed header "
+    return gguf.GGUFReader(p, "r")
+  except Exception as e:  # the gguf package's own errors, on a file the check passed
+    raise GGUFError(f"{p}: not a readable GGUF file: the gguf package's reader failed "
                     f"({type(e).__name__}: {e})") from None
 
 
