@@ -13,7 +13,7 @@ with every length and count bounded by the bytes the file has, and checks:
   array of strings, ...); token ids inside the vocabulary;
 - the tensor table against itself and the file: names valid UTF-8 and unique, at most
   :data:`MAX_DIMS` dimensions, a known type id, a first dimension that is a whole number
-  of its type's blocks, each tensor's bytes (its type's block bytes times its shape:
+  of its type's blocks and none 0, each tensor's bytes (its type's block bytes times its shape:
   ``gguf.GGML_QUANT_SIZES``) at an offset that is a multiple of the alignment, inside the
   data section and not overlapping another tensor's.
 
@@ -257,8 +257,10 @@ def _check_keys(meta) -> list[str]:
   arch = meta.get("general.architecture", (None, None, None))
   arch = arch[2] if arch[0] == _STRING else None
   for pattern, kind in KEY_TYPES.items():
+    if "<arch>" in pattern and arch is None:
+      continue
     key = pattern.replace("<arch>", arch) if "<arch>" in pattern else pattern
-    if "<arch>" in key or key not in meta:
+    if key not in meta:
       continue
     t, it, _ = meta[key]
     test, words = _KINDS[kind]
@@ -321,6 +323,10 @@ def _check_tensors(tensors: list[_Tensor], start: int, size: int, align: int) ->
                       f"expected one of {known}")
       continue
     shape = f"{kind.name}[{', '.join(map(str, reversed(t.dims)))}]"  # NumPy order
+    if 0 in t.dims:
+      problems.append(f"{what} ({shape}) has no elements: expected every dimension to be at "
+                      "least 1")
+      continue
     if t.dims and t.dims[0] % block:
       problems.append(f"{what} ({shape}): its first GGUF dimension {t.dims[0]} is not a "
                       f"multiple of {kind.name}'s block of {block} elements")

@@ -126,6 +126,14 @@ def test_a_first_dimension_not_a_whole_number_of_blocks(small):
     hg.load(bad)
 
 
+def test_a_zero_dimension(small):
+  path, _, patched = small
+  bad = patched(tensor_field(path, "t.Q5_K", 3) + 8, struct.pack("<Q", 0))
+  with pytest.raises(hg.GGUFError, match=rf"^{bad}: tensor 't.Q5_K' \(Q5_K\[0, 256\]\) has no "
+                     "elements: expected every dimension to be at least 1$"):
+    hg.load(bad)
+
+
 def test_too_many_dimensions(small):
   path, _, patched = small
   bad = patched(tensor_field(path, "t.F32", 2), struct.pack("<I", 9))
