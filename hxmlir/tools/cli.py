@@ -44,7 +44,9 @@ result component by component. ``inspect`` prints what an artifact holds
 (:mod:`hxmlir.tools.artifact_info`). ``.npz`` output paths (``run --output``,
 ``export --inputs-out``) get ``.npz`` appended when they lack it, as
 ``numpy.savez`` does, and the path actually written is printed. Errors are one
-line on stderr and exit status 1 (2 for a bad command line).
+line on stderr and exit status 1 (2 for a bad command line: argparse's errors and options
+that do not go together). A reader that closes the pipe (``hxmlir ... | head``) ends the
+command quietly with status 0.
 
 ``main(argv)`` runs in-process, so tests drive it without a subprocess;
 ``python -m hxmlir.tools.cli`` is the same as ``hxmlir``.
@@ -647,6 +649,17 @@ def _write_text(path: str | None, text: str) -> None:
       f.write(text)
 
 
+def _quiet_stdout() -> None:
+  """After a closed pipe: stdout onto ``/dev/null``, so that Python's flush at exit does not
+  fail again (the Python documentation's recipe for ``SIGPIPE``)."""
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+  except (OSError, ValueError, AttributeError):  # not a file descriptor (captured in tests)
+    pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the ``hxmlir`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
   args = make_parser().parse_args(argv)
@@ -656,6 +669,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   cmd["generate"] = generate_cli.run
   try:
     return cmd[args.command](args)
+  except BrokenPipeError:  # the reader closed the pipe (`| head`): a normal end
+    _quiet_stdout()
+    return 0
+  except (UsageError, generate_cli.UsageError) as e:  # a bad command line: status 2
+    msg = " ".join(str(e).split())
+    print(f"hxmlir {args.command}: error: UsageError: {msg}", file=sys.stderr)
+    return 2
   except KeyboardInterrupt:
     print("hxmlir: interrupted", file=sys.stderr)
     return 130

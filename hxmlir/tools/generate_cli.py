@@ -1,7 +1,8 @@
 """``hxmlir generate``: text from a GGUF LLaMA decoder (:mod:`hxmlir.models.llama`), streamed.
 
 Text goes to stdout as it is produced; then one stats line goes to stderr (prompt tokens,
-prefill and decode tokens per second, weight and KV cache bytes on the device), so that
+generated tokens, why generation stopped: ``(stop: eos)``, ``(stop: max_tokens)`` or
+``(stop: max_context)``; prefill and decode tokens per second, weight and KV cache bytes), so that
 stdout holds the generated text alone. ``--json`` prints instead, once generation ends,
 one JSON object on stdout (:func:`result_json` lists its keys) and nothing on stderr.
 ``--kv-cache int8`` keeps K and V as ``q8`` rows (:mod:`hxmlir.models.llama`). ``--chat`` renders the file's
@@ -55,28 +56,66 @@ KV_CACHES = ("f32", "int8")
 parser is built without importing JAX; a test checks they agree)."""
 
 
-def chat_prompt(metadata: dict[str, Any], user: str) -> str:
+class ChatTemplateError(ValueError):
+  """The file's ``tokenizer.chat_template`` failed to parse or render (``--chat``)."""
+
+
+def chat_prompt(metadata: dict[str, Any], user: str, where: str = "this GGUF file") -> str:
   """``user`` as one user message rendered with the file's ``tokenizer.chat_template``
-  (``add_generation_prompt=True``). Raises ``ValueError`` when the file has no template,
-  ``ImportError`` with the install command when ``jinja2`` is missing."""
+  (``add_generation_prompt=True``). ``where`` names the file in errors. Raises
+  ``ValueError`` when the file has no template, :class:`ChatTemplateError` naming the file,
+  the template and its line for a template that does not parse or fails while rendering
+  (its own ``raise_exception`` included), ``ImportError`` with the install command when
+  ``jinja2`` is missing."""
   template = metadata.get("tokenizer.chat_template")
   if not template:
-    raise ValueError("--chat: this GGUF file has no tokenizer.chat_template")
+    raise ValueError(f"--chat: {where} has no tokenizer.chat_template")
   try:
+    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
   except ImportError:
     raise ImportError("--chat needs jinja2: pip install jinja2 (or pip install "
                       "'hxmlir[llama]')") from None
   def raise_exception(msg):
-    raise ValueError(f"chat template: {msg}")
+    raise jinja2.TemplateError(f"raise_exception({msg!r})")
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
   env.globals["raise_exception"] = raise_exception
   tokens = metadata.get("tokenizer.ggml.tokens", [])
   special = lambda key: tokens[metadata[key]] if key in metadata else ""
-  return env.from_string(template).render(
-      messages=[{"role": "user", "content": user}], add_generation_prompt=True,
-      bos_token=special("tokenizer.ggml.bos_token_id"),
-      eos_token=special("tokenizer.ggml.eos_token_id"))
+  try:
+    return env.from_string(template).render(
+        messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+        bos_token=special("tokenizer.ggml.bos_token_id"),
+        eos_token=special("tokenizer.ggml.eos_token_id"))
+  except jinja2.TemplateError as e:
+    line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+    raise ChatTemplateError(f"--chat: {where}'s chat template (tokenizer.chat_template){line}: "
+                            f"{type(e).__name__}: {e.message or e}") from None
+
+
+class UsageError(ValueError):
+  """Options of ``hxmlir generate`` that contradict each other or the file (exit status 2)."""
+
+
+def check_options(args) -> None:
+  """Refuses options that do nothing in the chosen mode: ``--top-k`` or ``--top-p`` with
+  ``--temperature 0`` (greedy decoding takes the most likely token)."""
+  unused = [f for f, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None]
+  if args.temperature == 0 and unused:
+    raise UsageError(f"{' and '.join(unused)} do{'es' if len(unused) == 1 else ''} "
+                             "nothing at --temperature 0 (greedy: the most likely token); give "
+                             "a --temperature above 0 to sample, or drop "
+                             f"{' and '.join(unused)}")
+
+
+def finish_reason(max_tokens: int, max_context: int, n_prompt: int, n_got: int) -> str:
+  """Why generation stopped: ``"max_tokens"`` (``--max-tokens`` reached), ``"max_context"``
+  (the KV cache's positions are full) or ``"eos"`` (the model wrote the file's EOS)."""
+  if n_got == max_tokens:
+    return "max_tokens"
+  if n_prompt + n_got >= max_context:
+    return "max_context"
+  return "eos"
 
 
 def run(args, out=None, err=None) -> int:
@@ -88,12 +127,26 @@ def run(args, out=None, err=None) -> int:
   as_json = getattr(args, "json", False)
   llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed)  # before the model loads
+  check_options(args)
   path = llama.smollm2_path() if args.model else args.gguf
-  m = llama.Llama.from_gguf(path, max_context=args.max_context,
-                            kv_cache=getattr(args, "kv_cache", "f32"),
-                            kernels=not getattr(args, "no_kernels", False))
-  text = chat_prompt(m.metadata, args.prompt) if args.chat else args.prompt
+  try:
+    m = llama.Llama.from_gguf(path, max_context=args.max_context,
+                              kv_cache=getattr(args, "kv_cache", "f32"),
+                              kernels=not getattr(args, "no_kernels", False))
+  except ValueError as e:
+    if str(e).startswith("max_context="):  # the file's context_length, in the option's words
+      raise UsageError(f"--max-context {args.max_context}: {path}: "
+                               f"{str(e).split(' ', 1)[1]}") from None
+    raise
+  text = chat_prompt(m.metadata, args.prompt, m.path) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
+  if len(ids) >= m.max_context:
+    limit = m.config.context_length
+    raise UsageError(
+        f"the prompt has {len(ids)} tokens and --max-context is {m.max_context} (KV cache "
+        f"positions; {m.path} allows up to {limit}): "
+        + (f"give --max-context {min(limit, len(ids) + args.max_tokens)} or a shorter prompt"
+           if len(ids) < limit else "give a shorter prompt"))
   t0 = time.perf_counter()
   t_first = None
   got: list[int] = []
@@ -112,6 +165,7 @@ def run(args, out=None, err=None) -> int:
       shown = now
   t_end = time.perf_counter()
   stats = _stats(m, len(ids), len(got), t0, t_first, t_end)
+  reason = finish_reason(args.max_tokens, m.max_context, len(ids), len(got))
   if as_json:
     json.dump(result_json(m, args, text, ids, got, stats), out, indent=1)
     out.write("\n")
@@ -120,7 +174,7 @@ def run(args, out=None, err=None) -> int:
   out.write(m.tokenizer.decode(got)[len(shown):] + "\n")
   out.flush()  # the text's end before the stats line on stderr
   rate = lambda r: "-" if r is None else f"{r:.1f}"
-  err.write(f"prompt tokens {len(ids)}, generated {len(got)}; prefill "
+  err.write(f"prompt tokens {len(ids)}, generated {len(got)} (stop: {reason}); prefill "
             f"{rate(stats['prefill_tokens_per_second'])} tok/s, decode "
             f"{rate(stats['decode_tokens_per_second'])} tok/s (first calls include "
             f"compilation); weight bytes {m.weight_bytes():,}, KV cache bytes "
@@ -162,12 +216,7 @@ def result_json(m, args, prompt: str, prompt_ids: list[int], ids: list[int],
     ``kv_cache`` (``"f32"`` or ``"int8"``), ``kv_cache_bytes``,
     ``kv_cache_bytes_per_token``, ``max_context``.
   """
-  if len(ids) == args.max_tokens:
-    reason = "max_tokens"
-  elif len(prompt_ids) + len(ids) >= m.max_context:
-    reason = "max_context"
-  else:
-    reason = "eos"
+  reason = finish_reason(args.max_tokens, m.max_context, len(prompt_ids), len(ids))
   return {"model": m.path, "prompt": prompt, "prompt_ids": list(prompt_ids),
           "text": m.tokenizer.decode(ids), "ids": list(ids), "finish_reason": reason,
           "sampling": {"temperature": args.temperature, "top_k": args.top_k,

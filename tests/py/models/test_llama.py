@@ -458,7 +458,7 @@ def test_cli_generate_chat_streams_the_models_tokens(model, capsys):
   out, err = capsys.readouterr()
   assert out == want + "\n"
   assert "Paris" in out
-  assert re.fullmatch(r"prompt tokens 37, generated \d+; prefill [\d.]+ tok/s, decode "
+  assert re.fullmatch(r"prompt tokens 37, generated \d+ \(stop: (eos|max_tokens)\); prefill [\d.]+ tok/s, decode "
                       r"([\d.]+|-) tok/s \(first calls include compilation\); weight bytes "
                       r"96,576,768, KV cache bytes 5,898,240\n", err), err
 

@@ -140,7 +140,7 @@ def test_host_devices_after_jax_started_says_to_use_a_fresh_process(arts, capsys
 def test_host_devices_fewer_than_needed(arts, capsys):
   rc, _, err = _run(capsys, "run", arts / "mm4.hxa", "--inputs", arts / "mm_in8.npz",
                     "--host-devices", "2")
-  assert rc == 1 and ("UsageError: --host-devices 2: " f"{arts / 'mm4.hxa'} was exported for 4 "
+  assert rc == 2 and ("UsageError: --host-devices 2: " f"{arts / 'mm4.hxa'} was exported for 4 "
                       "devices (mesh i=4); give --host-devices 4 (or no N)") in err, err
 
 
@@ -150,7 +150,7 @@ def test_host_devices_needs_a_cpu_artifact(arts, capsys, tmp_path):
   capsys.readouterr()
   rc, _, err = _run(capsys, "run", tmp_path / "t.hxa", "--inputs", arts / "dense_in.npz",
                     "--host-devices")
-  assert rc == 1 and ("UsageError: --host-devices runs on this machine's CPU, and "
+  assert rc == 2 and ("UsageError: --host-devices runs on this machine's CPU, and "
                       f"{tmp_path / 't.hxa'} was exported for tpu only (export it with "
                       "--platforms cpu,...)") in err, err
 
