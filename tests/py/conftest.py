@@ -52,3 +52,24 @@ def uninstalled():
   hx.stats(reset=True)
   yield
   hx.uninstall()
+
+
+REQUIRE_NATIVE_ENV = "HXMLIR_REQUIRE_NATIVE"
+"""Set to 1 (CI: scripts/test.sh under ``CI``): a test skipped because the native CPU kernel
+is inactive fails instead, so a machine whose extension did not build cannot pass."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """Under ``HXMLIR_REQUIRE_NATIVE=1`` a skip whose reason names the native kernel (``native
+  kernel inactive: ...``, ``native kernel disabled by the environment``) is a failure."""
+  outcome = yield
+  report = outcome.get_result()
+  if not report.skipped or os.environ.get(REQUIRE_NATIVE_ENV, "") in ("", "0"):
+    return
+  reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+  reason = reason.removeprefix("Skipped: ")
+  if "native" in reason.lower():
+    report.outcome = "failed"
+    report.longrepr = (f"{REQUIRE_NATIVE_ENV}=1 and this test was skipped: {reason} (build the "
+                       "extension: pip install -e . or python setup.py build_ext --inplace)")
