@@ -668,7 +668,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   from hxmlir.tools import generate_cli
   cmd["generate"] = generate_cli.run
   try:
-    return cmd[args.command](args)
+    rc = cmd[args.command](args)
+    sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit
+    return rc
   except BrokenPipeError:  # the reader closed the pipe (`| head`): a normal end
     _quiet_stdout()
     return 0

@@ -71,10 +71,11 @@ class _ClosedPipe(io.StringIO):
     raise BrokenPipeError(32, "Broken pipe")
 
 
-def test_a_closed_pipe_ends_inspect_quietly(tmp_path):
+@pytest.mark.parametrize("flags", [["--json"], []])  # more than a pipe buffer's bytes, or less
+def test_a_closed_pipe_ends_inspect_quietly(tmp_path, flags):
   """A real pipe whose reader has gone: ``hxmlir inspect`` exits 0 and writes no error."""
   path = write_small(tmp_path / "s.gguf")
-  p = subprocess.Popen([sys.executable, "-m", "hxmlir.tools.cli", "inspect", "--json",
+  p = subprocess.Popen([sys.executable, "-m", "hxmlir.tools.cli", "inspect", *flags,
                         os.fspath(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   p.stdout.close()  # the reader is gone before the first write
   err = p.stderr.read().decode()
