@@ -92,7 +92,7 @@ KEY_TYPES = {
 }
 """The kind of value each key the loader and decoder read must have (``<arch>``: the file's
 ``general.architecture``): ``string``, ``int`` (any integer type), ``uint32``, ``number``
-(an integer or a float), ``bool``, ``ints`` (an integer or an array of them: per-layer
+(an integer or a finite float), ``bool``, ``ints`` (an integer or an array of them: per-layer
 values), ``strings``, ``numbers``, ``int_array``."""
 
 
@@ -279,10 +279,12 @@ def _check_keys(meta) -> list[str]:
     key = pattern.replace("<arch>", arch) if "<arch>" in pattern else pattern
     if key not in meta:
       continue
-    t, it, _ = meta[key]
+    t, it, v = meta[key]
     test, words = _KINDS[kind]
     if not test(t, it):
       problems.append(f"metadata key {key!r} is {_type_words(t, it)}: expected {words}")
+    elif kind == "number" and not math.isfinite(v):
+      problems.append(f"metadata key {key!r} is {v}: expected a finite number")
   tokens = meta.get("tokenizer.ggml.tokens")
   if tokens and tokens[:2] == (_ARRAY, _STRING):
     for key in [k for k in meta if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")]:

@@ -170,6 +170,7 @@ def test_metadata_of_the_wrong_kind_names_the_key_and_the_kind(tmp_path):
   w.add_uint32("tokenizer.ggml.eos_token_id", 7)
   w.add_array("tokenizer.ggml.scores", [0.0])
   w.add_uint64("general.alignment", 32)
+  w.add_float32("llama.rope.freq_base", float("inf"))
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
@@ -182,6 +183,7 @@ def test_metadata_of_the_wrong_kind_names_the_key_and_the_kind(tmp_path):
       f"{p}: metadata key 'llama.block_count' is a string: expected an integer",
       f"{p}: metadata key 'llama.attention.head_count' is a float32: expected an integer or an "
       "array of integers",
+      f"{p}: metadata key 'llama.rope.freq_base' is inf: expected a finite number",
       f"{p}: metadata key 'tokenizer.ggml.eos_token_id' is 7: expected a token id in [0, 2) "
       "(tokenizer.ggml.tokens has 2)",
       f"{p}: metadata key 'tokenizer.ggml.scores' has 1 entries: expected one per token (2, "

@@ -102,8 +102,8 @@ def _same_numbers(got, want, what):
 def _check_loaded(path, ck):
   """Every tensor of ``ck`` against ``gguf.quants.dequantize`` of the same file's bytes."""
   r = gguf.GGUFReader(os.fspath(path))
-  assert ck.metadata == {k: f.contents() for k, f in r.fields.items()
-                         if not k.startswith("GGUF.")}
+  np.testing.assert_equal(ck.metadata, {k: f.contents() for k, f in r.fields.items()
+                                        if not k.startswith("GGUF.")})  # NaN equals NaN
   assert sorted(ck.tensors) == sorted(t.name for t in r.tensors)
   eps = np.finfo(np.float32).eps
   for t in r.tensors:
