@@ -44,7 +44,7 @@ result component by component. ``inspect`` prints what an artifact holds
 (:mod:`hxmlir.tools.artifact_info`). ``.npz`` output paths (``run --output``,
 ``export --inputs-out``) get ``.npz`` appended when they lack it, as
 ``numpy.savez`` does, and the path actually written is printed. Errors are one
-line on stderr and exit status 1 (2 for a bad command line: argparse's errors and options
+line on stderr (a GGUF file's problems one line each) and exit status 1 (2 for a bad command line: argparse's errors and options
 that do not go together). A reader that closes the pipe (``hxmlir ... | head``) ends the
 command quietly with status 0.
 
@@ -681,9 +681,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   except KeyboardInterrupt:
     print("hxmlir: interrupted", file=sys.stderr)
     return 130
-  except Exception as e:  # one line, never a traceback
-    msg = " ".join(str(e).split()) or type(e).__name__
-    print(f"hxmlir {args.command}: error: {type(e).__name__}: {msg}", file=sys.stderr)
+  except Exception as e:  # one line per problem, never a traceback
+    from hxmlir.gguf import GGUFError
+    parts = str(e).splitlines() if isinstance(e, GGUFError) else [str(e)]  # a line a problem
+    for part in parts:
+      msg = " ".join(part.split()) or type(e).__name__
+      print(f"hxmlir {args.command}: error: {type(e).__name__}: {msg}", file=sys.stderr)
     return 1
 
 

@@ -267,3 +267,19 @@ def test_many_problems_are_listed_then_counted(tmp_path):
   lines = str(e.value).splitlines()
   assert len(lines) == gguf_check.MAX_LINES + 1
   assert lines[-1] == f"{tmp_path / 'm.gguf'}: ... and 6 more problems", lines[-1]
+
+
+def test_the_cli_prints_one_line_per_problem(small, capsys):
+  from hxmlir.tools import cli
+  path, data, patched = small
+  at = tensor_field(path, "t.F32", 5)
+  (off,) = struct.unpack_from("<Q", data, at)
+  bad = patched(at, struct.pack("<Q", off + 4))  # misaligned, and runs into the next tensor
+  assert cli.main(["inspect", str(bad)]) == 1
+  out, err = capsys.readouterr()
+  lines = err.splitlines()
+  assert out == "" and len(lines) == 2, err
+  assert lines[0] == (f"hxmlir inspect: error: GGUFError: {bad}: tensor 't.F32' (F32[3, 8]) "
+                      f"starts at data offset {off + 4:,}: expected a multiple of the alignment "
+                      "32"), lines[0]
+  assert lines[1].startswith(f"hxmlir inspect: error: GGUFError: {bad}: tensor 't.F32' "), err
