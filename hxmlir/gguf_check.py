@@ -9,8 +9,10 @@ with every length and count bounded by the bytes the file has, and checks:
   scalars or strings; hxmlir reads no arrays of arrays), every string valid UTF-8, booleans
   0 or 1, ``general.alignment`` a ``uint32`` power of two, and the keys the loader and the
   decoder read (:data:`KEY_TYPES`: ``general.architecture``, ``<arch>.block_count``,
-  ``tokenizer.ggml.tokens``, ...) of the kind they need (a string, an integer, a number, an
-  array of strings, ...); token ids inside the vocabulary;
+  ``tokenizer.ggml.tokens``, ...) of the kind they need (a string, an integer, a finite
+  number, an array of strings, ...); the BOS and EOS token ids inside the vocabulary (other
+  special ids, which hxmlir does not read, are left as they are: llama.cpp ignores a bad one
+  with a warning), scores and token types one per token;
 - the tensor table against itself and the file: names valid UTF-8 and unique, at most
   :data:`MAX_DIMS` dimensions, a known type id, a first dimension that is a whole number
   of its type's blocks and none 0, each tensor's bytes (its type's block bytes times its shape:
@@ -287,7 +289,9 @@ def _check_keys(meta) -> list[str]:
       problems.append(f"metadata key {key!r} is {v}: expected a finite number")
   tokens = meta.get("tokenizer.ggml.tokens")
   if tokens and tokens[:2] == (_ARRAY, _STRING):
-    for key in [k for k in meta if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")]:
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):  # those read
+      if key not in meta:
+        continue
       t, _, v = meta[key]
       if t in _INTS and not 0 <= v < tokens[2]:
         problems.append(f"metadata key {key!r} is {v}: expected a token id in "
