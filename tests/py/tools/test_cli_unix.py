@@ -7,6 +7,7 @@ that need another file's behaviour hand the CLI that model (``Llama.from_gguf``
 patched), so it is loaded and compiled once.
 """
 
+import contextlib
 import io
 import os
 import subprocess
@@ -84,9 +85,11 @@ def test_a_closed_pipe_ends_inspect_quietly(tmp_path, flags):
 
 
 @needs_model
-def test_a_closed_pipe_ends_generate_quietly(cli_model, capsys, monkeypatch):
-  monkeypatch.setattr(sys, "stdout", _ClosedPipe())
-  rc = cli.main(["generate", "--gguf", "x.gguf", "--prompt", "The sky is", "--max-tokens", "4"])
+def test_a_closed_pipe_ends_generate_quietly(cli_model, capsys):
+  # redirect_stdout, not monkeypatch: it must restore capsys's stdout before capsys ends
+  with contextlib.redirect_stdout(_ClosedPipe()):
+    rc = cli.main(["generate", "--gguf", "x.gguf", "--prompt", "The sky is", "--max-tokens",
+                   "4"])
   err = capsys.readouterr().err
   assert rc == 0 and err == "", err
 
