@@ -87,7 +87,7 @@ FAMILIES: dict[str, Spec] = {
     "qwen3": Spec("qwen3", head_dim=128, qk_norm="head", key_length=True, rms_eps=1e-6,
                   rope_base=1000000.0),
     "gemma2": Spec("gemma2", norms="pre+post", key_length=True, rms_eps=1e-6,
-                   attn_softcap=2.0, final_softcap=10.0, sliding_window=8, layers=3),
+                   attn_softcap=5.0, final_softcap=30.0, sliding_window=8, layers=3),
     # 6 layers: 5 local (window 8, rope base 10000) and 1 global (base from the file)
     "gemma3": Spec("gemma3", layers=6, heads=4, kv_heads=1, head_dim=128, qk_norm="head",
                    norms="pre+post", key_length=True, rms_eps=1e-6, rope_base=1000000.0,
