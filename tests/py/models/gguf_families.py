@@ -267,7 +267,7 @@ def quantized(name: str, w: np.ndarray, qtype: str, s: Spec, rng) -> tuple[np.nd
   return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype]), qtype
 
 
-def _metadata(w, s: Spec, qtype: str) -> None:
+def _metadata(w, s: Spec, qtype: str, tokenizer: dict | None = None) -> None:
   """Writes the architecture's keys as llama.cpp's converter does, then the tokenizer's."""
   import gguf
   a = s.arch
@@ -299,7 +299,7 @@ def _metadata(w, s: Spec, qtype: str) -> None:
   w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32"
                   else gguf.LlamaFileType[f"MOSTLY_{qtype}"])
   w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-  tok = vocab_metadata()
+  tok = {**vocab_metadata(), **(tokenizer or {})}
   w.add_tokenizer_model(tok["tokenizer.ggml.model"])
   w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
   w.add_token_list(tok["tokenizer.ggml.tokens"])
@@ -321,11 +321,12 @@ def spec(family: str) -> Spec:
 
 
 def write(path: str | os.PathLike, family: str, *, seed: int = 0, qtype: str = "F32",
-          **overrides) -> dict[str, np.ndarray]:
+          tokenizer: dict | None = None, **overrides) -> dict[str, np.ndarray]:
   """Write ``family``'s tiny model (:data:`FAMILIES`; ``overrides``: :class:`Spec` fields
   to change, e.g. ``layers=1``) to ``path`` with its tensors stored as ``qtype``
-  (:data:`QTYPES`). Returns the exact f32 values the file holds by tensor name (NumPy
-  shapes, ``[out, in]``). The same arguments give the same bytes."""
+  (:data:`QTYPES`). ``tokenizer``: ``tokenizer.ggml.*`` values replacing the vocabulary's
+  (e.g. another ``tokenizer.ggml.pre``). Returns the exact f32 values the file holds by
+  tensor name (NumPy shapes, ``[out, in]``). The same arguments give the same bytes."""
   import gguf
   if qtype not in QTYPES:
     raise ValueError(f"qtype={qtype!r} is not one of {', '.join(QTYPES)}")
@@ -335,7 +336,7 @@ def write(path: str | os.PathLike, family: str, *, seed: int = 0, qtype: str = "
       n: ("F32" if w.ndim == 1 or "ffn_gate_inp" in n else qtype) for n, w in weights.items()}
   rng = np.random.default_rng([seed, 1])
   w = gguf.GGUFWriter(os.fspath(path), s.arch)
-  _metadata(w, s, qtype)
+  _metadata(w, s, qtype, tokenizer)
   exact = {}
   for name, value in weights.items():
     stored, t = quantized(name, value, types[name], s, rng)
