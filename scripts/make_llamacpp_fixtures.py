@@ -114,7 +114,6 @@ def main(argv=None) -> int:
   ap.add_argument("--families", default=",".join(gguf_families.FAMILIES))
   ap.add_argument("--keep", help="a folder to keep the GGUF files in")
   args = ap.parse_args(argv)
-  import gguf
   import llama_cpp
 
   ids = prompt_ids()
@@ -126,8 +125,8 @@ def main(argv=None) -> int:
       arrays.update({k: old[k] for k in old.files if k != "prompt"})
     with open(js) as f:
       families = json.load(f)["families"]
-  meta = {"llama_cpp_python": llama_cpp.__version__, "gguf": gguf.__version__
-          if hasattr(gguf, "__version__") else None,
+  from importlib.metadata import version
+  meta = {"llama_cpp_python": llama_cpp.__version__, "gguf": version("gguf"),
           "prompt_seed": PROMPT_SEED, "weight_seed": WEIGHT_SEED, "prompt": ids.tolist(),
           "settings": "logits_all, n_threads 2, type_k/type_v f32, flash attention off, "
                       "n_ctx 64, one batch", "families": families}

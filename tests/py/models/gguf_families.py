@@ -30,7 +30,7 @@ in (drawn around 1 like the others).
 
 Usage::
 
-  from gguf_families import write
+  from gguf_families import write, write_weights
   exact = write("/tmp/gemma3.gguf", "gemma3", seed=0)            # F32
   exact = write("/tmp/gemma3.q4km.gguf", "gemma3", qtype="Q4_K_M")
   write_weights("/tmp/gemma3.exact.gguf", "gemma3", exact)      # its exact f32 twin

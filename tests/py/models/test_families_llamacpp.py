@@ -81,6 +81,8 @@ def test_fixtures_cover_every_family():
   # round activations to 8 bits: close, not equal)
   for f in gguf_families.FAMILIES:
     assert META["families"][f]["Q4_K_M"]["llamacpp_quantized_vs_exact"]["top1"] >= 0.9, f
+    # the Q4_K_M files' type mix is the one llama_model_quantize chose on the F32 files
+    assert META["families"][f]["F32"]["llamacpp_q4_k_m_types_differ"] == {}, f
 
 
 @pytest.mark.parametrize("family,variant", CASES, ids=[f"{f}-{v}" for f, v in CASES])
