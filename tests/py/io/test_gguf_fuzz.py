@@ -113,7 +113,8 @@ def _check_loaded(path, ck):
       assert np.array_equal(np.asarray(v).reshape(want.shape), want,
                             equal_nan=want.dtype.kind == "f"), t.name
       continue
-    want = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+    with np.errstate(all="ignore"):  # corrupted scales: inf * 0 is a NaN the reference warns of
+      want = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
     if isinstance(v, hx.QArray):
       got = np.asarray(hx.dequantize(v))
       off = 0.0
