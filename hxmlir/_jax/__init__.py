@@ -91,6 +91,11 @@ from hxmlir._jax.export import module_to_portable_bytecode as module_to_portable
 from hxmlir._jax.export import out_named_shardings as out_named_shardings
 from hxmlir._jax.export import scope_export_allow_list as scope_export_allow_list
 from hxmlir._jax.export import unscope_export_allow_list as unscope_export_allow_list
+from hxmlir._jax.fastpath import current_run_python_pjit as current_run_python_pjit
+from hxmlir._jax.fastpath import install_fastpath as install_fastpath
+from hxmlir._jax.fastpath import jax_python_dispatch as jax_python_dispatch
+from hxmlir._jax.fastpath import jax_run_python_pjit as jax_run_python_pjit
+from hxmlir._jax.fastpath import uninstall_fastpath as uninstall_fastpath
 from hxmlir._jax.jax_apis import array_api_names as array_api_names
 from hxmlir._jax.jax_apis import debug_callback_p as debug_callback_p
 from hxmlir._jax.jax_apis import device_put_p as device_put_p

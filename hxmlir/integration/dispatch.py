@@ -35,6 +35,7 @@ from typing import Any
 import jax
 
 from hxmlir import _jax
+from hxmlir.install_state import STATE as _state
 from hxmlir.types.qarray import QArray, QArrayTy, make_qarray, qarray_parts
 from hxmlir.types.rank1 import Rank1, Rank1Ty, factors, outer
 from hxmlir.types.tuples import HiTup, TupTy, get_tuple_element, make_tup
@@ -173,12 +174,15 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
-    if not _jax.at_top_level():  # staged into a transformation: the call is jax.jit's
+    # installed in this thread, jax.jit's call of hi code takes JAX's C++ path itself
+    # (hx.install puts it there); staged into a transformation, the call is jax.jit's
+    if _state.value is not None or not _jax.at_top_level():
       return plain(*args, **kwargs)
     args, kwargs = _lower_arguments(args, kwargs)
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
                         jitted(*args, **kwargs), is_leaf=_is_lo)
 
   call.lower = lower
-  call._cache_size = jitted._cache_size  # as jax.jit's: executables compiled so far
+  # as jax.jit's: executables compiled so far (installed or not)
+  call._cache_size = lambda: jitted._cache_size() + plain._cache_size()
   return call
