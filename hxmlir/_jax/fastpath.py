@@ -52,6 +52,8 @@ from jax._src import pjit as _pjit
 from jax._src import tree_util as _tree_util
 from jax._src.interpreters import partial_eval as _pe
 
+from hxmlir._jax.lowering import exclude_from_tracebacks as _exclude_from_tracebacks
+
 
 def _plain_hi(jaxpr) -> bool:
   """Whether closed jaxpr ``jaxpr`` is hi (a hi equation, argument or result) without
@@ -203,3 +205,8 @@ def current_run_python_pjit():
 
 jax_run_python_pjit = _pjit._run_python_pjit
 """JAX's own ``pjit._run_python_pjit``, as imported."""
+
+
+# the wrapper runs inside JAX's dispatch of every nested jit: its frame is JAX's, kept out
+# of IR locations and filtered tracebacks as JAX's own files are
+_exclude_from_tracebacks(__file__)

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from numerics import assert_matmul_close, assert_within, gamma
 
 import hxmlir as hx
+import hxmlir.export as hx_export
 from hxmlir import _jax
 
 RNG = np.random.default_rng(11)
@@ -214,7 +215,7 @@ def test_export_and_lower_are_unchanged(installed):
   text = f.lower(x, q).as_text()
   f(x, q)
   assert f.lower(x, q).as_text() == text
-  exported = hx.export.export(f)(x, q)
+  exported = hx_export.export(f)(x, q)
   call = jax.jit(exported.call)
   np.testing.assert_array_equal(call(x, q), f(x, q))
   np.testing.assert_array_equal(_on_cpp_path(call, x, q), f(x, q))
