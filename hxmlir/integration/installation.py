@@ -46,8 +46,16 @@ accepts hxmlir's registered targets only in a thread where hxmlir is installed
 thread runs ``hx-check-export``; a thread without hxmlir exports against JAX's
 own list, so no thread exports a kernel hxmlir never registered.
 
-What :func:`install` changes in JAX (the lowering hook, the allow-list) is put back
-when nothing is installed. What importing hxmlir changes, installed or not (``vmap``'s
+Calls of hi code: where hxmlir is installed, ``jax.jit`` of a function whose jaxpr holds
+hi equations (``hx.make_qarray`` from arrays, ``q8`` arguments or results) keeps its
+executable in JAX's C++ cache like a function of arrays, and later calls skip Python:
+the hi jaxpr is lowered by the ``to_lojax`` rules JAX itself would run, before JAX
+compiles it, and JAX's C++ path flattens ``QArray``/``Rank1``/``HiTup`` arguments and
+results to their components (:mod:`hxmlir._jax.fastpath`). Same program, results and
+errors; JAX 0.10.2 alone would call such a function from Python every time.
+
+What :func:`install` changes in JAX (the lowering hook, the allow-list, the dispatch of
+hi code) is put back when nothing is installed. What importing hxmlir changes, installed or not (``vmap``'s
 ``batching.matchaxis``, the batching of control flow, the rules of ``device_put``,
 sharding constraints, ``jit``'s shardings, ``jax.debug``, Pallas refs, ``jnp.array``) stays
 for the life of the process, each wrapper handing every call without a hi value to JAX's
