@@ -90,7 +90,7 @@ def main() -> None:
   ref_min = min(times[cases[0][0]])
   print(f"CPU: {cpu_model()}; jax {jax.__version__}; median of {a.rounds} rounds of "
         f"{a.calls} calls, hxmlir installed")
-  print(f"| call | us per call (median) | vs f32 (median) | vs f32 (fastest rounds) |")
+  print("| call | us per call (median) | vs f32 (median) | vs f32 (fastest rounds) |")
   print("|---|---|---|---|")
   for name, _, _ in cases:
     med = statistics.median(times[name])
