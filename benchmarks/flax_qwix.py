@@ -16,9 +16,9 @@ Printed per format, side by side from one run: the output's relative error again
 f32 model (``||y - y_f32|| / ||y_f32||`` over ``f32[1, 128, d]`` random inputs), the bytes
 of all the model's parameters on the device (``jax.Array.on_device_size_in_bytes`` of every
 leaf: XLA CPU keeps qwix's ``int4`` one byte per value, hxmlir packs two), and the jit'd
-forward time (``jax.jit`` of ``nnx.merge(graphdef, state)(x)``, the state passed in;
-``hx.jit`` for hxmlir's: with ``jax.jit`` each call checks every hi argument in Python,
-24 ``q8`` here) at 1
+forward time (``jax.jit`` of ``nnx.merge(graphdef, state)(x)``, the state passed in, or
+with ``--jit nnx`` ``nnx.jit`` of ``model(x)``; hxmlir being installed, both take JAX's
+C++ dispatch path with the 24 ``q8`` weights as with arrays) at 1
 and 128 tokens: the median (``--stat min``: the minimum) over ``--rounds`` interleaved rounds (each round calls every
 variant once, in a seeded random order), with the time of each against qwix's
 (``/qwix``) and against f32's. Everything runs while ``hxmlir.install()`` is active.
@@ -100,14 +100,15 @@ def device_bytes(state) -> int:
   return sum(int(a.on_device_size_in_bytes()) for a in leaves)
 
 
-def forward(model):
-  """``(jitted f(state, x), state)`` for ``model``: the graph static, the state passed in;
-  ``jax.jit`` for a state of arrays, ``hx.jit`` for one holding hx values (``jax.jit``
-  whose hi arguments cross the call as their components, so the call takes JAX's C++
-  dispatch path)."""
+def forward(model, jit: str = "jax"):
+  """``(jitted f(state, x), state)`` for ``model``. ``jit="jax"``: ``jax.jit`` of
+  ``nnx.merge(graphdef, state)(x)``, the graph static and the state passed in (hxmlir being
+  installed, a state holding hx values takes JAX's C++ dispatch path as one of arrays
+  does); ``"nnx"``: ``nnx.jit`` of ``model(x)``, called with the model (``state`` is it)."""
+  if jit == "nnx":
+    return nnx.jit(lambda m, x: m(x)), model
   graphdef, state = nnx.split(model)
-  hi = any(isinstance(v, hx.QArray) for v in jax.tree.leaves(state))
-  return (hx.jit if hi else jax.jit)(lambda st, x: nnx.merge(graphdef, st)(x)), state
+  return jax.jit(lambda st, x: nnx.merge(graphdef, st)(x)), state
 
 
 def qwix_model(model, dtype, x):
@@ -115,7 +116,8 @@ def qwix_model(model, dtype, x):
   return qwix.quantize_model(model, qwix.PtqProvider(rules), x)
 
 
-def run(fmt: str, layers: int, rounds: int, seed: int, stat=statistics.median) -> list[tuple]:
+def run(fmt: str, layers: int, rounds: int, seed: int, stat=statistics.median,
+        jit: str = "jax") -> list[tuple]:
   dtype = {"int8": jnp.int8, "int4": jnp.int4}[fmt]
   model = Stack(layers, nnx.Rngs(seed))
   x128 = jax.random.normal(jax.random.key(seed + 1), (1, 128, D))
@@ -126,11 +128,11 @@ def run(fmt: str, layers: int, rounds: int, seed: int, stat=statistics.median) -
       "hxmlir out_in": hxf.quantize(model, dtype),
       "hxmlir in_out": hxf.quantize(model, dtype, layout="in_out"),
   }
-  fns = {name: forward(m) for name, m in variants.items()}
+  fns = {name: forward(m, jit) for name, m in variants.items()}
   ys = {name: np.asarray(f(st, x128)) for name, (f, st) in fns.items()}
   ref = ys["f32"].astype(np.float64)
   err = {name: float(np.linalg.norm(y - ref) / np.linalg.norm(ref)) for name, y in ys.items()}
-  nbytes = {name: device_bytes(st) for name, (_, st) in fns.items()}
+  nbytes = {name: device_bytes(nnx.state(m)) for name, m in variants.items()}
   times = {}
   for tokens, x in ((1, x1), (128, x128)):
     for f, st in fns.values():
@@ -163,11 +165,14 @@ def main(argv=None) -> None:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--stat", choices=["median", "min"], default="median",
                   help="the time of a variant over the rounds (min: on a loaded machine)")
+  ap.add_argument("--jit", choices=["jax", "nnx"], default="jax",
+                  help="jax.jit of nnx.merge(graphdef, state)(x), or nnx.jit of model(x)")
   args = ap.parse_args(argv)
   hx.install()
   print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; jax {jax.__version__}, "
         f"qwix {qwix.__version__ if hasattr(qwix, '__version__') else '?'}; "
-        f"{args.layers} layers, d {D}, ff {FF}; {args.stat} of {args.rounds} interleaved rounds")
+        f"{args.layers} layers, d {D}, ff {FF}; {args.jit}.jit; {args.stat} of {args.rounds} "
+        "interleaved rounds")
   print(f"hx.matmul_q on CPU while installed: {hx.cpu_kernel_info()}")
   head = (f"{'format':<6} {'variant':<14} | {'rel. error':>10} {'/qwix':>6} | {'MiB':>7} "
           f"{'/qwix':>6} | {'ms @1':>7} {'ms @128':>8} | {'/qwix @1':>8} {'@128':>6} | "
@@ -177,7 +182,7 @@ def main(argv=None) -> None:
   for fmt in args.formats:
     stat = statistics.median if args.stat == "median" else min
     for (f, name, err, nb, t1, t128, q1, q128, f1, f128, er, br) in run(
-        fmt, args.layers, args.rounds, args.seed, stat):
+        fmt, args.layers, args.rounds, args.seed, stat, args.jit):
       marks = ""
       if name.startswith("hxmlir"):
         marks = (f"err{'+' if er <= 1.5 else '-'} bytes{'+' if br <= 1 else '-'} "

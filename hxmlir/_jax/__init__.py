@@ -10,6 +10,7 @@ package alone. Pinned to the JAX 0.10.x line. Split by concern:
 - :mod:`~hxmlir._jax.batching`: ``vmap``'s output rule and control flow under ``vmap``;
 - :mod:`~hxmlir._jax.lowering`: the jaxpr -> StableHLO hook, ``ModuleContext`` helpers,
   the MLIR context, whether JAX's runtime has started;
+- :mod:`~hxmlir._jax.fastpath`: ``jax.jit`` of hi code on JAX's C++ dispatch path;
 - :mod:`~hxmlir._jax.export`: portable bytecode and ``jax.export``'s custom-call allow-list;
 - :mod:`~hxmlir._jax.pallas`: hi types in ``pl.pallas_call`` and hi primitives in kernels;
 - :mod:`~hxmlir._jax.jax_apis`: ``device_put``, sharding constraints, ``jit`` shardings,
@@ -24,13 +25,23 @@ when ``import hxmlir`` runs, for the life of the process):
 - ``mlir.lower_jaxpr_to_module`` (what ``pxla`` calls to turn a jaxpr into a module):
   :func:`wrap_lower_jaxpr_to_module`, by ``hx.install()`` / ``hx.installed()``, undone by
   :func:`unwrap_lower_jaxpr_to_module` when nothing is installed in any thread;
+- ``pjit._run_python_pjit`` (what ``jax.jit``'s C++ cache miss runs): wrapped by
+  :func:`install_fastpath`, by ``hx.install()`` / ``hx.installed()``, undone by
+  :func:`uninstall_fastpath` when nothing is installed in any thread (and set aside for a
+  block by :func:`jax_python_dispatch`): where hxmlir is installed, a jaxpr with hi
+  equations is lowered before JAX compiles it and keeps its executable in the C++ cache;
+- ``tree_util.dispatch_registry`` (how ``jax.jit``'s C++ path flattens arguments and
+  results): nodes for ``QArray``, ``Rank1`` and ``HiTup``, by :func:`install_fastpath` the
+  first time anything is installed, for the life of the process (a ``PyTreeRegistry``
+  has no removal): a value's components where hxmlir is installed in the calling thread,
+  else one opaque leaf that the C++ path refuses as it refused the value;
 - ``export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE`` (``jax.export``'s allow-list): a
   per-thread stand-in, :func:`scope_export_allow_list`, by ``hx.install()``; undone by
   :func:`unscope_export_allow_list`;
 - entries of a ``ModuleContext``'s ``cached_primitive_lowerings``: :func:`cached_lowering`,
   while lowering (JAX's cache of the module being lowered, used as JAX uses it);
 - ``source_info_util`` / ``traceback_util`` exclusions: :func:`exclude_from_tracebacks`,
-  at import (``installation.py``'s own file);
+  at import (``installation.py``'s and ``fastpath.py``'s own files);
 - ``state.indexing.indexer_transform_type_registry``: :func:`register_indexer_transform_type`,
   at import (``pallas.py``);
 - ``state.primitives.swap_p.abstract_eval``: :func:`install_ref_write_check`, at import
@@ -91,6 +102,11 @@ from hxmlir._jax.export import module_to_portable_bytecode as module_to_portable
 from hxmlir._jax.export import out_named_shardings as out_named_shardings
 from hxmlir._jax.export import scope_export_allow_list as scope_export_allow_list
 from hxmlir._jax.export import unscope_export_allow_list as unscope_export_allow_list
+from hxmlir._jax.fastpath import current_run_python_pjit as current_run_python_pjit
+from hxmlir._jax.fastpath import install_fastpath as install_fastpath
+from hxmlir._jax.fastpath import jax_python_dispatch as jax_python_dispatch
+from hxmlir._jax.fastpath import jax_run_python_pjit as jax_run_python_pjit
+from hxmlir._jax.fastpath import uninstall_fastpath as uninstall_fastpath
 from hxmlir._jax.jax_apis import array_api_names as array_api_names
 from hxmlir._jax.jax_apis import debug_callback_p as debug_callback_p
 from hxmlir._jax.jax_apis import device_put_p as device_put_p

@@ -1,14 +1,17 @@
 """``hx.jit``: ``jax.jit`` whose concrete hi arguments and results cross the call as lo arrays.
 
-JAX 0.10.2 calls a jitted function whose arguments or results include a hi
-value (``q8``, ``r1``, ``Tup``) through its Python dispatch path: every argument
-leaf, arrays included, is checked in Python on every call, where a call with
-plain arrays takes JAX's C++ path. A model step taking its quantized weights as
-arguments pays for it on every call: all-MiniLM-L6-v2's 36 ``q8`` weights and
-~100 other parameters cost about 1.8 ms per call on the development machine (a
-step is ~20 ms), the 24 of the built-in model about 0.9 ms (a step is ~5 ms).
+Where hxmlir is installed (``hx.install()``, or an ``hx.installed()`` block in this
+thread), ``jax.jit`` itself calls hi code through JAX's C++ dispatch
+(:mod:`hxmlir._jax.fastpath`: the hi jaxpr is lowered before JAX caches its executable,
+and the C++ path flattens ``q8``/``r1``/``Tup`` values to their components), and
+:func:`jit` is ``jax.jit``. Without hxmlir installed, JAX 0.10.2 calls a jitted function
+whose jaxpr holds a hi equation, argument or result (``q8``, ``r1``, ``Tup``) through its
+Python dispatch path on every call: every argument leaf, arrays included, is checked in
+Python, where a call with plain arrays takes JAX's C++ path (all-MiniLM-L6-v2's 36
+``q8`` weights and ~100 other parameters cost about 1.8 ms per call on the development
+machine, a step being ~20 ms).
 
-:func:`jit` passes each concrete hi value as its lo components instead (a
+There :func:`jit` passes each concrete hi value as its lo components instead (a
 ``q8`` as its values and scales, and offsets for a format with one, an ``r1`` as its factors, a ``Tup`` as its
 elements) to a ``jax.jit`` of a function that rebuilds it (``hx.make_qarray``,
 ``hx.outer``, ``hx.make_tup``), calls the user's function, takes hi results
@@ -17,13 +20,10 @@ apart, and is traced with its hi equations lowered to lo ones at once
 lo equations, keeps it in its C++ cache (keyed by the pytree structure, each
 array's shape, dtype, weak type and sharding, and the trace context, which holds
 ``hx.installed()``'s pipeline) and calls it through its C++ dispatch; hi results
-come back rebuilt. A jitted function whose jaxpr holds hi equations is dispatched
-from Python on every call in JAX 0.10.2 instead. The program is the one ``jax.jit``
+come back rebuilt. The program is the one ``jax.jit``
 compiles (``jax.jit`` lowers a hi jaxpr by the same ``to_lojax`` rules before
 compiling it). Called while a transformation traces (``jit``, ``grad``, ``vmap``,
-...) nothing is rewritten: the call is ``jax.jit``'s. On the development machine
-all-MiniLM-L6-v2's step costs ~90 us in Python this way, where JAX's AOT
-``Compiled`` call of the f32 model costs ~35 us.
+...) nothing is rewritten: the call is ``jax.jit``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 import jax
 
 from hxmlir import _jax
+from hxmlir.install_state import STATE as _state
 from hxmlir.types.qarray import QArray, QArrayTy, make_qarray, qarray_parts
 from hxmlir.types.rank1 import Rank1, Rank1Ty, factors, outer
 from hxmlir.types.tuples import HiTup, TupTy, get_tuple_element, make_tup
@@ -134,7 +135,8 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
   only the call differs: each concrete ``hx.QArray`` (``q8``/``q4``/``f8``,
   per-row or grouped), ``hx.Rank1`` and ``hx.HiTup`` among the arguments
   (anywhere in their pytrees) travels as its arrays, and hi results come back
-  rebuilt. The function is traced and compiled once per signature (the pytree
+  rebuilt (where hxmlir is installed in the calling thread, ``jax.jit``'s own call does
+  this, and ``hx.jit`` calls it). The function is traced and compiled once per signature (the pytree
   structure, each array's shape, dtype, weak type and sharding, and JAX's trace
   context, which holds ``hx.installed()``'s pipeline: ``jax.jit``'s own C++ cache),
   and each call goes to the compiled executable through JAX's C++ dispatch (see
@@ -173,12 +175,15 @@ def jit(fun: Callable | None = None, **jit_kwargs) -> Callable:
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
-    if not _jax.at_top_level():  # staged into a transformation: the call is jax.jit's
+    # installed in this thread, jax.jit's call of hi code takes JAX's C++ path itself
+    # (hx.install puts it there); staged into a transformation, the call is jax.jit's
+    if _state.value is not None or not _jax.at_top_level():
       return plain(*args, **kwargs)
     args, kwargs = _lower_arguments(args, kwargs)
     return jax.tree.map(functools.partial(_raise, build=_BY_CONSTRUCTORS),
                         jitted(*args, **kwargs), is_leaf=_is_lo)
 
   call.lower = lower
-  call._cache_size = jitted._cache_size  # as jax.jit's: executables compiled so far
+  # as jax.jit's: executables compiled so far (installed or not)
+  call._cache_size = lambda: jitted._cache_size() + plain._cache_size()
   return call

@@ -46,8 +46,16 @@ accepts hxmlir's registered targets only in a thread where hxmlir is installed
 thread runs ``hx-check-export``; a thread without hxmlir exports against JAX's
 own list, so no thread exports a kernel hxmlir never registered.
 
-What :func:`install` changes in JAX (the lowering hook, the allow-list) is put back
-when nothing is installed. What importing hxmlir changes, installed or not (``vmap``'s
+Calls of hi code: where hxmlir is installed, ``jax.jit`` of a function whose jaxpr holds
+hi equations (``hx.make_qarray`` from arrays, ``q8`` arguments or results) keeps its
+executable in JAX's C++ cache like a function of arrays, and later calls skip Python:
+the hi jaxpr is lowered by the ``to_lojax`` rules JAX itself would run, before JAX
+compiles it, and JAX's C++ path flattens ``QArray``/``Rank1``/``HiTup`` arguments and
+results to their components (:mod:`hxmlir._jax.fastpath`). Same program, results and
+errors; JAX 0.10.2 alone would call such a function from Python every time.
+
+What :func:`install` changes in JAX (the lowering hook, the allow-list, the dispatch of
+hi code) is put back when nothing is installed. What importing hxmlir changes, installed or not (``vmap``'s
 ``batching.matchaxis``, the batching of control flow, the rules of ``device_put``,
 sharding constraints, ``jit``'s shardings, ``jax.debug``, Pallas refs, ``jnp.array``) stays
 for the life of the process, each wrapper handing every call without a hi value to JAX's
@@ -72,6 +80,9 @@ from hxmlir.install_state import current_pipeline as current_pipeline
 from hxmlir.install_state import is_installed as is_installed
 from hxmlir.passes import PassError, parse_pipeline
 from hxmlir.passes.ops import is_hx_composite
+from hxmlir.types.qarray import QArray
+from hxmlir.types.rank1 import Rank1
+from hxmlir.types.tuples import HiTup
 
 DEFAULT_PIPELINE = "hx-verify,hx-fold-scales"
 """The pipeline :func:`install` runs when none is given."""
@@ -342,12 +353,42 @@ def _lower_jaxpr_to_module(*args, **kwargs):
   return result
 
 
+def _installed_here() -> bool:
+  return _state.value is not None
+
+
+def _build_qarray(_, parts) -> QArray:
+  return QArray(*parts)
+
+
+def _build_rank1(_, parts) -> Rank1:
+  return Rank1(*parts)
+
+
+def _build_tup(ty, elts) -> HiTup:
+  return HiTup(tuple(elts), ty)
+
+
+_DISPATCH_NODES = {
+    QArray: (lambda q: (q.components, None), _build_qarray),
+    Rank1: (lambda r: ((r.col, r.row), None), _build_rank1),
+    HiTup: (lambda t: (t.elts, t.ty), _build_tup),
+}
+"""How JAX's C++ dispatch path flattens each hi value class where hxmlir is installed:
+``(flatten, build)``, the components in the order of the type's ``lower_val``, the aux
+data what the components' types do not say (a tuple's ``ty``). A value's type is a function
+of its components' (``QArrayTy``, ``Rank1Ty``), so the C++ path's key on the components'
+shapes, dtypes, weak types and shardings keys on the type."""
+
+
 def _wrap_locked() -> None:
-  """Hooks the wrapper into JAX's lowering (once) and scopes the export allow-list."""
+  """Hooks the wrapper into JAX's lowering (once), scopes the export allow-list, and puts
+  ``jax.jit`` calls of hi code on JAX's C++ dispatch path where installed."""
   global _inner
   if _inner is None:  # else in place (possibly under a wrapper someone added later)
     _inner = _jax.wrap_lower_jaxpr_to_module(_lower_jaxpr_to_module)
   _jax.scope_export_allow_list(_allowed_here)
+  _jax.install_fastpath(_DISPATCH_NODES, _installed_here)
 
 
 def _unwrap_if_idle_locked() -> None:
@@ -360,6 +401,7 @@ def _unwrap_if_idle_locked() -> None:
   # else: someone wrapped it after us; our wrapper stays in their chain as a
   # pass-through (the setting is None) rather than dropping their wrapper.
   _jax.unscope_export_allow_list()
+  _jax.uninstall_fastpath()
 
 
 # --- public API -------------------------------------------------------------------
