@@ -349,6 +349,8 @@ def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
     return None
   f = formats.FORMATS[_FORMATS[kind]]
   groups = count // _GROUPS.get(kind, BLOCK)
+  if f.block:
+    return groups * (f.block_bytes + f.scale_dtype.itemsize * (2 if f.offset else 1))
   return (count // f.pack * f.storage_dtype.itemsize
           + groups * f.scale_dtype.itemsize * (2 if f.offset else 1))
 

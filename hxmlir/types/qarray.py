@@ -97,8 +97,7 @@ class QArray(DenseValue):
   @property
   def shape(self) -> tuple[int, ...]:
     """The dense shape ``(*lead, n)`` (twice the stored last axis for packed int4)."""
-    f = formats.of_storage(self.qvalue.dtype)
-    return f.dense_shape(self.qvalue.shape) if f is not None else tuple(self.qvalue.shape)
+    return formats.dense_shape_of(self.qvalue.dtype, self.qvalue.shape)
 
   # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
@@ -337,7 +336,8 @@ class QArrayTy(DenseValuedType, HiType):
     # the one rule: the values take the dense spec, the scales drop its last entry
     # (per row) or shard their group axis like the last axis (per group)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
-    return shd.spec_like(spec, parts), shd.spec_like(spec, formats.scale_parts(parts, self.group))
+    return (shd.spec_like(spec, self.format.value_parts(parts)),
+            shd.spec_like(spec, formats.scale_parts(parts, self.group)))
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
@@ -634,7 +634,7 @@ def _format_of(q_aval, s_aval, o_aval=None) -> tuple[formats.Format, int | None]
   comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
   if not all(isinstance(c, ShapedArray) for c in comps) or q_aval.ndim < 1:
     return None
-  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None)
+  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None, q_aval.shape)
   if fmt is None:
     return None
   group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
@@ -666,7 +666,7 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
   known = formats.components_text("*l", _dtype_name)
   if o_aval is not None:
     if found is None and (not all(isinstance(c, ShapedArray) for c in comps) or
-                          formats.of_components(q_aval.dtype, s_aval.dtype, True) is None):
+                          formats.of_components(q_aval.dtype, s_aval.dtype, True, q_aval.shape) is None):
       raise TypeError(f"{who}: no quantization format has components {got}; formats: {known}")
     if (o_aval.shape, o_aval.dtype) != (s_aval.shape, s_aval.dtype):
       raise TypeError(f"{who} expects the offset of the scale's type ({shd.short(s_aval)}), "
@@ -678,7 +678,11 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
     raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}"
                     f"{_components_hint(q_aval, s_aval)} (formats: {known})")
   fmt, group = found
-  qp = shd.partitions(q_aval.sharding, q_aval.ndim)
+  if fmt.block and shd.partitions(q_aval.sharding, q_aval.ndim)[-1] is not None:
+    raise TypeError(f"{who}: {got}: the last axis of {fmt.name}'s values holds each "
+                    "block's words and cannot be sharded; shard the blocks' axis (the one "
+                    "before it) or a leading axis")
+  qp = fmt.dense_parts(shd.partitions(q_aval.sharding, q_aval.ndim))
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
   want_sp = formats.scale_parts(qp, group)
   sharded = any(p is not None for p in want_sp)
@@ -688,8 +692,8 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
     raise TypeError(f"{who} expects the scale sharded like qvalue's leading axes "
                     f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
                     "scale (jax.sharding.reshard) or the qvalue")
-  return QArrayTy(fmt.dense_shape(q_aval.shape), q_aval.sharding, shd.join_mat(*comps),
-                  fmt.name, group)
+  return QArrayTy(fmt.dense_shape(q_aval.shape), shd.with_partitions(q_aval.sharding, qp),
+                  shd.join_mat(*comps), fmt.name, group)
 
 
 def _components_hint(q_aval, s_aval) -> str:
@@ -701,7 +705,7 @@ def _components_hint(q_aval, s_aval) -> str:
   if formats.of_storage(q_aval.dtype) is None and jnp.issubdtype(q_aval.dtype, jnp.integer):
     return ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
             "integers become int32/int64 arrays)")
-  if (formats.of_components(q_aval.dtype, s_aval.dtype, False) is None
+  if (formats.of_components(q_aval.dtype, s_aval.dtype, False, q_aval.shape) is None
       and s_aval.dtype != F32 and jnp.issubdtype(s_aval.dtype, jnp.floating)):
     return "; convert the scale with .astype(jnp.float32)"  # a bf16/f64 scale
   return ""
