@@ -230,18 +230,18 @@ class QArrayTy(DenseValuedType, HiType):
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
     if self.shape[0] != size:
-      raise ValueError(f"mapped axis of q8[{self._dims()}] has size {self.shape[0]}, "
+      raise ValueError(f"mapped axis of {self} has size {self.shape[0]}, "
                        f"but the mapped size is {size}")
     if len(self.shape) < 2:
-      raise TypeError(f"cannot map over the only (quantized) axis of q8[{self._dims()}]")
+      raise TypeError(f"cannot map over the only (quantized) axis of {self}")
     return self._with(shape=self.shape[1:],
                       sharding=shd.with_partitions(self.sharding, self._parts()[1:]))
 
   def inc_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
     return self._with(shape=(size, *self.shape),
                       sharding=shd.with_partitions(self.sharding, (None, *self._parts())))
 
@@ -257,11 +257,11 @@ class QArrayTy(DenseValuedType, HiType):
   # shard_map
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, QArrayP):
-      raise TypeError(f"a q8[{self._dims()}] crosses shard_map with hx.QArrayP(P(...)), "
+      raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...)), "
                       f"got {spec!r}{shard_map_spec_hint(spec)}")
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
-                      f"q8[{self._dims()}]; only the leading axes may be partitioned")
+                      f"{self}; only the leading axes may be partitioned")
     if spec.offset != self.format.offset:
       raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...), offset="
                       f"{self.format.offset}) (its format has "
@@ -306,6 +306,10 @@ class QArrayTy(DenseValuedType, HiType):
     # scale every axis but the quantized one (per row: that axis is structural) or all of
     # them, one entry per group; the offset (u4o, q8o) as the scale; a BlockSpec has the
     # array's rank (a block type lacks its squeezed axes)
+    if self.format.block:
+      raise TypeError(f"{self}: Pallas kernels do not take the block formats "
+                      f"({self.format.name}'s values are {self.format.gguf} blocks); "
+                      "hx.dequantize it, or use hx.matmul_q / hx.einsum outside the kernel")
     r = len(self.shape) if rank is None else rank
     scale_axes = formats.scale_parts(range(r), self.group)
     # a format with an offset (u4o, q8o): the offsets are blocked exactly like the scale
