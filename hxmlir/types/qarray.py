@@ -202,6 +202,10 @@ class QArrayTy(DenseValuedType, HiType):
   qvalue = aval_property(lambda q: qarray_parts(q)[0])
   scale = aval_property(lambda q: qarray_parts(q)[1])
 
+  def _name(self) -> str:
+    """The type as messages print it: ``q4_k[8@i,512:g256,f16]`` (no manual axes)."""
+    return formats.type_name(self.format, self._dims(), self.group)
+
   def _dims(self) -> str:
     return shd.dims_str(self.shape, shd.partitions(self.sharding, len(self.shape)))
 
@@ -230,18 +234,18 @@ class QArrayTy(DenseValuedType, HiType):
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self._name()} is mapped with hx.QArraySpec(), got {spec!r}")
     if self.shape[0] != size:
-      raise ValueError(f"mapped axis of {self} has size {self.shape[0]}, "
+      raise ValueError(f"mapped axis of {self._name()} has size {self.shape[0]}, "
                        f"but the mapped size is {size}")
     if len(self.shape) < 2:
-      raise TypeError(f"cannot map over the only (quantized) axis of {self}")
+      raise TypeError(f"cannot map over the only (quantized) axis of {self._name()}")
     return self._with(shape=self.shape[1:],
                       sharding=shd.with_partitions(self.sharding, self._parts()[1:]))
 
   def inc_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self._name()} is mapped with hx.QArraySpec(), got {spec!r}")
     return self._with(shape=(size, *self.shape),
                       sharding=shd.with_partitions(self.sharding, (None, *self._parts())))
 
@@ -257,11 +261,11 @@ class QArrayTy(DenseValuedType, HiType):
   # shard_map
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, QArrayP):
-      raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...)), "
+      raise TypeError(f"a {self._name()} crosses shard_map with hx.QArrayP(P(...)), "
                       f"got {spec!r}{shard_map_spec_hint(spec)}")
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
-                      f"{self}; only the leading axes may be partitioned")
+                      f"{self._name()}; only the leading axes may be partitioned")
     if spec.offset != self.format.offset:
       raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...), offset="
                       f"{self.format.offset}) (its format has "
