@@ -377,7 +377,8 @@ def inspect(path: str | os.PathLike) -> dict:
 
 
 def format_inspect(info: dict) -> str:
-  """:func:`inspect`'s report as text: one line per tensor, then the totals."""
+  """:func:`inspect`'s report as text: one line per tensor, one per GGUF type (its tensors,
+  file bytes and hx bytes), then the totals."""
   rows = [(t["name"], t["gguf_type"], t["hx_type"], f"{t['file_bytes']:,}",
            "-" if t["hx_bytes"] is None else f"{t['hx_bytes']:,}") for t in info["tensors"]]
   head = ("tensor", "GGUF type", "hx type", "file bytes", "hx bytes")
@@ -389,8 +390,16 @@ def format_inspect(info: dict) -> str:
   arch = info["metadata"].get("general.architecture", "?")
   def count(n, what):
     return f"{n} {what}" + ("" if n == 1 else "s")
+  by_type: dict = {}
+  for t in info["tensors"]:
+    n, fb, hb = by_type.get(t["gguf_type"], (0, 0, 0))
+    by_type[t["gguf_type"]] = (n + 1, fb + t["file_bytes"], hb + (t["hx_bytes"] or 0)
+                               if t["hx_bytes"] is not None and hb is not None else None)
+  types = [f"by type {kind}: {count(n, 'tensor')}, {fb:,} file bytes, "
+           + ("unsupported" if hb is None else f"{hb:,} hx bytes ({hb / max(fb, 1):.3f}x)")
+           for kind, (n, fb, hb) in by_type.items()]
   out = [f"{info['path']}: GGUF, architecture {arch}, {count(len(rows), 'tensor')}", line(head),
-         *map(line, rows),
+         *map(line, rows), *types,
          f"total: {info['file_bytes']:,} file bytes, {info['hx_bytes']:,} hx bytes"
          + (f" ({count(unsupported, 'unsupported tensor')} not counted)" if unsupported else "")]
   return "\n".join(out) + "\n"

@@ -90,6 +90,12 @@ def test_inspect_shows_equal_file_and_hx_bytes(blockfile):
   for t in info["tensors"]:
     assert t["hx_bytes"] == t["file_bytes"], t
   assert info["hx_bytes"] == info["file_bytes"]
+  text = hg.format_inspect(info)
+  q4k = next(t for t in info["tensors"] if t["name"] == "Q4_K")["file_bytes"]
+  assert f"by type Q4_K: 1 tensor, {q4k:,} file bytes, {q4k:,} hx bytes (1.000x)" in text
+  assert "by type Q5_0: 2 tensors" in text  # random blocks and quantized ones
+  assert text.splitlines()[-1] == (f"total: {info['file_bytes']:,} file bytes, "
+                                   f"{info['file_bytes']:,} hx bytes")
   ck = hg.load(path)
   for t in info["tensors"]:
     assert t["hx_bytes"] == hg.device_bytes(ck[t["name"]])
