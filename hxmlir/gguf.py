@@ -17,38 +17,38 @@ F64, I8   ``f64[...]``, ``i8[...]``, ...       as stored (I16, I32, I64 too); 64
 Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
 Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
 Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
-Q5_0      ``q8[out, in:g32,f16]``             5-bit ``q - 16`` in [-16, 15], one per byte
-Q5_1      ``q8o[out, in:g32,f16]``            5-bit ``q`` in [0, 31], one per byte; f16 ``d``, ``m``
-Q4_K      ``u4o[out, in:g32]``                ``q`` in [0, 15]; f32 ``d·sc`` and ``-dmin·m``
-Q5_K      ``q8o[out, in:g32]``                5-bit ``q`` in [0, 31]; f32 ``d·sc``, ``-dmin·m``
-Q6_K      ``q8[out, in:g16]``                 6-bit ``q - 32`` in [-32, 31]; f32 ``d·sc``
+Q5_0      ``q5_0[out, in:g32,f16]``           the file's blocks: ``qh``, ``qs`` words; f16 ``d``
+Q5_1      ``q5_1[out, in:g32,f16]``           the file's blocks; f16 ``d`` and ``m``
+IQ4_NL    ``iq4_nl[out, in:g32,f16]``         the file's blocks (table indices); f16 ``d``
+Q2_K      ``q2_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q3_K      ``q3_k[out, in:g256,f16]``          the file's blocks; f16 ``d``
+Q4_K      ``q4_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q5_K      ``q5_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q6_K      ``q6_k[out, in:g256,f16]``          the file's blocks; f16 ``d``
+IQ4_XS    ``iq4_xs[out, in:g256,f16]``        the file's blocks; f16 ``d``
 ========  ==================================  ===========================================
 
-K-quants (blocks of 256 in sub-blocks of 32 or 16) have two levels of scales: a block's
-f16 ``d`` (and ``dmin``) times each sub-block's 6-bit (Q4_K) or int8 (Q6_K) factor. The
-products are exact in f32 (11 + 8 significant bits), so the loader keeps one f32 scale
-(and offset) per sub-block: 1.33x the file's bytes for Q4_K (192 bytes per 256 values
-against 144), 1.52x for Q6_K (320 against 210, the values one per byte). A two-level
-scale format (f16 per block, int8 per sub-block) would hold them in the file's bytes.
-Q5_K takes 1.82x (320 bytes against 176: its 5-bit values one per byte and two f32 per
-sub-block), above the issue's 1.7x: a two-level scale format would bring it to 1.45x,
-packing 5-bit values to 1.0x.
+The block formats (:data:`hxmlir.formats.BLOCK_FORMATS`) hold each block as the file has
+it: its f16 ``d`` (and ``dmin``) as the scale (and offset) components, its other bytes (the
+sub-block factors, the values' bit planes) unchanged as ``ui16`` words
+(:func:`block_parts`: a slice of the file's bytes, no decoding), so every supported type
+takes the file's bytes on the device, no more (:func:`hx_bytes`, ``hxmlir inspect``).
+``hx.dequantize`` of them equals ``gguf.quants.dequantize`` of the same bytes bit for bit
+(:mod:`hxmlir.block_decode`).
 
-Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) is
-one group, and the scale (and offset) bytes stay the file's f16, so a Q4_0, Q4_1 or Q8_0
-tensor takes the file's bytes on the device (18, 20, 34 bytes per 32 values).
+Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) of
+Q4_0, Q4_1 and Q8_0 is one group, and the scale (and offset) bytes stay the file's f16
+(18, 20, 34 bytes per 32 values).
 
-Nibbles. In a GGUF Q4_0/Q4_1/Q5_0 block, byte ``j`` of ``qs`` (``j < 16``) holds element
+Nibbles. In a GGUF Q4_0/Q4_1 block, byte ``j`` of ``qs`` (``j < 16``) holds element
 ``j`` in its low nibble and element ``j + 16`` in its high nibble (llama.cpp's
 ``dequantize_row_q4_0``). hxmlir's int4 layouts (``int4_pairs_v1``, ``uint4_pairs_v1``,
 :mod:`hxmlir.formats`) hold elements ``2i`` (low) and ``2i + 1`` (high) in byte ``i``.
-The loader takes each block's 32 nibbles apart in element order and packs them again in
+For these the loader takes each block's 32 nibbles apart in element order and packs them again in
 pairs (``uint8`` NumPy work on a copy of the values' bytes, twice their size at most for a
 moment; never f32). Q4_0's ``q - 8`` as a 4-bit two's-complement nibble is ``q ^ 8``.
-Q5_0's and Q5_1's fifth bits are the block's little-endian ``uint32 qh``: bit ``j`` for
-element ``j``.
 
-Other types (Q2_K, Q3_K, Q8_K, IQ*, TQ*, MXFP4, ...) are a
+Other types (Q8_K, IQ1/IQ2/IQ3 grid codebooks, TQ*, MXFP4, ...) are a
 :class:`GGUFError` naming the tensor, its type and the supported ones, unless the caller
 asks for ``dequantize_unsupported=True``: then they are f32 arrays
 (``gguf.quants.dequantize``), which is not exact storage and says so nowhere else.
