@@ -744,7 +744,8 @@ class MakeQArray(HxPrimitive):
       terms.append(formats.apply_scale(self._values(qvalue), dscale.astype(F32)))
     if doff and not isinstance(doff[0], Zero):
       base = terms.pop() if terms else jnp.zeros(t_aval.shape, F32)
-      terms.append(formats.apply_offset(base, doff[0].astype(F32)))
+      units = formats.offset_units(qvalue, self.out_aval.format)  # block formats: -m
+      terms.append(formats.add_offset(base, doff[0].astype(F32), units))
     return out, (terms[0] if terms else zeros(t_aval))
 
   def vjp_fwd(self, nzs_in, qvalue, *rest):
@@ -757,7 +758,8 @@ class MakeQArray(HxPrimitive):
     group = self.out_aval.group
     cts = [formats.sum_per_scale(g * self._values(qvalue), group)]
     if len(sc_avals) == 2:  # the offset's cotangent: the sum over its row or group
-      cts.append(formats.sum_per_scale(g, group))
+      units = formats.offset_units(qvalue, self.out_aval.format)  # block formats: -m
+      cts.append(formats.sum_per_scale(g if units is None else g * units, group))
     return (Zero(q_aval.to_ct_aval()),
             *(shd.match_vma(ct.astype(a.dtype), a) for ct, a in zip(cts, sc_avals)))
 

@@ -185,8 +185,18 @@ def test_make_qarray_tangent_is_linear_in_d_and_dmin(blockfile):
     return hx.dequantize(hx.make_qarray(q, s.astype(jnp.float16), o.astype(jnp.float16)))
   ds, do = np.ones_like(s32), np.zeros_like(o32)
   _, t = jax.jvp(dense, (s32, o32), (ds, do))
-  u, _ = block_decode.units(q, "q4_k")
+  u, v = block_decode.units(q, "q4_k")
   np.testing.assert_array_equal(np.asarray(t), np.asarray(u))  # d x / d d = sc · q
+  _, t = jax.jvp(dense, (s32, o32), (np.zeros_like(s32), np.ones_like(o32)))
+  np.testing.assert_array_equal(np.asarray(t), np.asarray(v))  # d x / d dmin = -m
+  # the transpose: the cotangents of d and dmin are the sums of ct · u and ct · v per block
+  ct = np.random.RandomState(3).randn(*u.shape).astype(np.float32)
+  gs, go = jax.grad(lambda s, o: jnp.sum(dense(s, o) * ct), argnums=(0, 1))(s32, o32)
+  for got, w in ((gs, u), (go, v)):
+    want = (ct.astype(np.float64) * np.asarray(w, np.float64)).reshape(*s32.shape, 256).sum(-1)
+    bound = gamma(256) * (np.abs(ct) * np.abs(np.asarray(w))).reshape(*s32.shape, 256).sum(-1)
+    # the f16 cast of the cotangent (make_qarray's components are f16) rounds once more
+    assert_within(np.asarray(got, np.float64), want, bound + np.abs(want) * 2.0 ** -11)
 
 
 def test_type_text_and_descriptors_round_trip():
