@@ -76,7 +76,7 @@ A format's components identify it (:func:`of_components`: the values' storage dt
 the scale dtype, an offset or not), so every layer reads the format off the lo types.
 ``native_cpu`` and ``pallas`` name the weight layouts (:data:`WEIGHT_LAYOUTS`) in
 which the native CPU kernel and the Pallas kernels take the format; where they do not,
-the platform's rule emits the StableHLO decomposition (the formats of issue 26 have
+the platform's rule emits the StableHLO decomposition (the formats with f16 scales or offsets have
 kernels in the checkpoints' ``"nk"`` layout only: ``hx_matmul_q_cpu_v3`` on CPU,
 ``hx_matmul_q_nk_v1`` in Pallas).
 
@@ -210,7 +210,7 @@ class Format:
 
   @property
   def legacy(self) -> bool:
-    """Whether the composites' format attributes before issue 26 (f32 scales, no
+    """Whether the composites' format attributes of their first versions (f32 scales, no
     offset: ``dtype``, ``group_size``, ``layout``) say this format."""
     return self.scale_dtype == F32 and not self.offset
 
@@ -243,7 +243,7 @@ INT4 = Format("int4", "q4", np.dtype(jnp.int4), np.dtype(jnp.uint8), "ui8", 2, 7
               value_range=(-8, 7))
 FP8 = Format("float8_e4m3fn", "f8", np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e4m3fn),
              "f8E4M3FN", 1, 448, "plain", value_range=(-448, 448))
-# issue 26: f16 scales (GGUF's legacy blocks) and offsets: the native CPU kernel and the
+# f16 scales (GGUF's legacy blocks) and offsets: the native CPU kernel and the
 # Pallas kernel take them in the checkpoints' [out, in] layout only
 _NO_KERNELS = dict(native_cpu=("nk",), pallas=("nk",))
 INT8_F16 = dataclasses.replace(INT8, name="int8_f16", scale_dtype=F16, **_NO_KERNELS)

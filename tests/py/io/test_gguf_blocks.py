@@ -284,3 +284,21 @@ def test_unsupported_types_stay_a_clear_error(tmp_path):
                                          r"cannot hold exactly; supported: .*Q2_K, Q3_K, "
                                          r"Q4_K, Q5_K, Q6_K, IQ4_XS"):
     hg.load(path)
+
+
+def test_fold_scales_makes_a_matmul_q_of_a_dequantized_block_weight(blockfile, tmp_path):
+  path, ref = blockfile
+  q = hg.load(path, names={"Q5_K"})["Q5_K"]
+  w = ref["Q5_K"].reshape(_shape("Q5_K")).astype(np.float64)  # [k, n] here: x @ W
+  x = np.random.RandomState(4).randn(2, w.shape[0]).astype(np.float32)
+  f = jax.jit(lambda x, q: x @ hx.dequantize(q))
+  with hx.installed():  # the jaxpr stage of hx-fold-scales rewrites the dot
+    text = f.lower(x, q).as_text()
+    y = f(x, q)
+  assert 'stablehlo.composite "hx.matmul_q"' in text and "hx.dequantize" not in text
+  assert_within(y, x.astype(np.float64) @ w, _bound(x, q, "mn,nk->mk"))
+  # the MLIR stage leaves f16-scale formats (block formats included) as they are
+  plain = f.lower(x, q).as_text()
+  rc, out, err = _opt(tmp_path, plain, "hx-verify,hx-fold-scales,hx-verify")
+  assert rc == 0, err
+  assert 'stablehlo.composite "hx.dequantize"' in out and "stablehlo.dot_general" in out
