@@ -171,6 +171,9 @@ def test_vmap_scan_grad_and_parts(blockfile):
   gx = jax.grad(lambda x: hx.einsum("mk,nk->mn", x, q).sum())(x)
   np.testing.assert_allclose(np.asarray(gx)[0], w.astype(np.float64).sum(0), rtol=1e-5,
                              atol=1e-5 * np.abs(w).sum(0).max())
+  # an embedding lookup gathers rows of each component, never the dense table
+  ids = jnp.asarray([3, 0, 7, 3])
+  np.testing.assert_array_equal(np.asarray(jax.jit(hx.take_rows)(q, ids)), w[np.asarray(ids)])
   # make_qarray / qarray_parts round trip, bit for bit
   back = jax.jit(lambda *p: hx.qarray_parts(hx.make_qarray(*p)))(*parts)
   for a, b in zip(parts, back):
