@@ -17,38 +17,38 @@ F64, I8   ``f64[...]``, ``i8[...]``, ...       as stored (I16, I32, I64 too); 64
 Q8_0      ``q8[out, in:g32,f16]``             int8 values, the block's f16 ``d``
 Q4_0      ``q4[out, in:g32,f16]``             ``q - 8`` in [-8, 7], repacked; f16 ``d``
 Q4_1      ``u4o[out, in:g32,f16]``            ``q`` in [0, 15], repacked; f16 ``d`` and ``m``
-Q5_0      ``q8[out, in:g32,f16]``             5-bit ``q - 16`` in [-16, 15], one per byte
-Q5_1      ``q8o[out, in:g32,f16]``            5-bit ``q`` in [0, 31], one per byte; f16 ``d``, ``m``
-Q4_K      ``u4o[out, in:g32]``                ``q`` in [0, 15]; f32 ``d·sc`` and ``-dmin·m``
-Q5_K      ``q8o[out, in:g32]``                5-bit ``q`` in [0, 31]; f32 ``d·sc``, ``-dmin·m``
-Q6_K      ``q8[out, in:g16]``                 6-bit ``q - 32`` in [-32, 31]; f32 ``d·sc``
+Q5_0      ``q5_0[out, in:g32,f16]``           the file's blocks: ``qh``, ``qs`` words; f16 ``d``
+Q5_1      ``q5_1[out, in:g32,f16]``           the file's blocks; f16 ``d`` and ``m``
+IQ4_NL    ``iq4_nl[out, in:g32,f16]``         the file's blocks (table indices); f16 ``d``
+Q2_K      ``q2_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q3_K      ``q3_k[out, in:g256,f16]``          the file's blocks; f16 ``d``
+Q4_K      ``q4_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q5_K      ``q5_k[out, in:g256,f16]``          the file's blocks; f16 ``d`` and ``dmin``
+Q6_K      ``q6_k[out, in:g256,f16]``          the file's blocks; f16 ``d``
+IQ4_XS    ``iq4_xs[out, in:g256,f16]``        the file's blocks; f16 ``d``
 ========  ==================================  ===========================================
 
-K-quants (blocks of 256 in sub-blocks of 32 or 16) have two levels of scales: a block's
-f16 ``d`` (and ``dmin``) times each sub-block's 6-bit (Q4_K) or int8 (Q6_K) factor. The
-products are exact in f32 (11 + 8 significant bits), so the loader keeps one f32 scale
-(and offset) per sub-block: 1.33x the file's bytes for Q4_K (192 bytes per 256 values
-against 144), 1.52x for Q6_K (320 against 210, the values one per byte). A two-level
-scale format (f16 per block, int8 per sub-block) would hold them in the file's bytes.
-Q5_K takes 1.82x (320 bytes against 176: its 5-bit values one per byte and two f32 per
-sub-block), above the issue's 1.7x: a two-level scale format would bring it to 1.45x,
-packing 5-bit values to 1.0x.
+The block formats (:data:`hxmlir.formats.BLOCK_FORMATS`) hold each block as the file has
+it: its f16 ``d`` (and ``dmin``) as the scale (and offset) components, its other bytes (the
+sub-block factors, the values' bit planes) unchanged as ``ui16`` words
+(:func:`block_parts`: a slice of the file's bytes, no decoding), so every supported type
+takes the file's bytes on the device, no more (:func:`hx_bytes`, ``hxmlir inspect``).
+``hx.dequantize`` of them equals ``gguf.quants.dequantize`` of the same bytes bit for bit
+(:mod:`hxmlir.block_decode`).
 
-Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) is
-one group, and the scale (and offset) bytes stay the file's f16, so a Q4_0, Q4_1 or Q8_0
-tensor takes the file's bytes on the device (18, 20, 34 bytes per 32 values).
+Every block of 32 elements along ``in`` (GGUF's ``ne[0]``, the rows' contiguous axis) of
+Q4_0, Q4_1 and Q8_0 is one group, and the scale (and offset) bytes stay the file's f16
+(18, 20, 34 bytes per 32 values).
 
-Nibbles. In a GGUF Q4_0/Q4_1/Q5_0 block, byte ``j`` of ``qs`` (``j < 16``) holds element
+Nibbles. In a GGUF Q4_0/Q4_1 block, byte ``j`` of ``qs`` (``j < 16``) holds element
 ``j`` in its low nibble and element ``j + 16`` in its high nibble (llama.cpp's
 ``dequantize_row_q4_0``). hxmlir's int4 layouts (``int4_pairs_v1``, ``uint4_pairs_v1``,
 :mod:`hxmlir.formats`) hold elements ``2i`` (low) and ``2i + 1`` (high) in byte ``i``.
-The loader takes each block's 32 nibbles apart in element order and packs them again in
+For these the loader takes each block's 32 nibbles apart in element order and packs them again in
 pairs (``uint8`` NumPy work on a copy of the values' bytes, twice their size at most for a
 moment; never f32). Q4_0's ``q - 8`` as a 4-bit two's-complement nibble is ``q ^ 8``.
-Q5_0's and Q5_1's fifth bits are the block's little-endian ``uint32 qh``: bit ``j`` for
-element ``j``.
 
-Other types (Q2_K, Q3_K, Q8_K, IQ*, TQ*, MXFP4, ...) are a
+Other types (Q8_K, IQ1/IQ2/IQ3 grid codebooks, TQ*, MXFP4, ...) are a
 :class:`GGUFError` naming the tensor, its type and the supported ones, unless the caller
 asks for ``dequantize_unsupported=True``: then they are f32 arrays
 (``gguf.quants.dequantize``), which is not exact storage and says so nowhere else.
@@ -72,8 +72,8 @@ DENSE = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
          "I16": np.int16, "I32": np.int32, "I64": np.int64}
 """The GGUF types held as NumPy arrays of their own dtype (BF16 too, as ml_dtypes')."""
 
-SUPPORTED = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
-             "Q6_K")
+SUPPORTED = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
+             "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 """The GGUF tensor types :func:`load` holds exactly."""
 
 
@@ -238,12 +238,18 @@ def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
       else "unsupported"
 
 
-_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16",
-            "Q5_1": "int8_offset_f16", "Q4_K": "uint4", "Q5_K": "int8_offset", "Q6_K": "int8"}
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144,
-                "Q5_K": 176, "Q6_K": 210}
-_BLOCK_SIZES = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # elements per block (else BLOCK)
-_GROUPS = {"Q6_K": 16}  # elements per group of the loaded value (else BLOCK)
+_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16",
+            **{f.gguf: f.name for f in formats.BLOCK_FORMATS}}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "IQ4_NL": 18,
+                "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136}
+_BLOCK_SIZES = {f.gguf: f.block for f in formats.BLOCK_FORMATS}  # elements per block (else BLOCK)
+_GROUPS = {f.gguf: f.block for f in formats.BLOCK_FORMATS}  # elements per group (else BLOCK)
+_HEADERS = {"Q5_0": (0, None, 2), "Q5_1": (0, 2, 4), "IQ4_NL": (0, None, 2), "Q4_K": (0, 2, 4),
+            "Q5_K": (0, 2, 4), "Q6_K": (208, None, 0), "Q2_K": (80, 82, 0), "Q3_K": (108, None, 0),
+            "IQ4_XS": (0, None, 2)}
+"""Where a block format's file block (``ggml-common.h``'s ``block_*``) keeps its f16 ``d``,
+its f16 ``dmin`` (``m`` for Q5_1; ``None``: none) and the rest, the format's stored fields
+(:data:`hxmlir.formats.FORMATS`), as byte offsets in the block."""
 
 
 def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str = "tensor"):
@@ -264,10 +270,8 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     raise GGUFError(f"{where}: {kind} bytes {list(np.shape(data))} do not hold shape "
                     f"{list(shape)} in blocks of {elems} ({size} bytes each)")
   raw = np.asarray(data).reshape(*shape[:-1], n // elems, size)
-  if kind in ("Q4_K", "Q5_K"):
-    return _q45_k(raw, shape, five=kind == "Q5_K")
-  if kind == "Q6_K":
-    return _q6_k(raw, shape)
+  if kind in _HEADERS:
+    return block_parts(raw, kind)
   d = raw[..., :2].copy().view(np.float16)[..., 0]  # [*lead, n / 32] f16: the file's bytes
   if kind == "Q8_0":
     return raw[..., 2:].copy().view(np.int8).reshape(shape), d
@@ -276,64 +280,20 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     return _pairs(_block_nibbles(raw[..., 4:])).reshape(*shape[:-1], n // 2), d, m
   if kind == "Q4_0":  # q - 8 as a two's-complement nibble: q ^ 8
     return _pairs(_block_nibbles(raw[..., 2:]) ^ np.uint8(8)).reshape(*shape[:-1], n // 2), d
-  # Q5_0 (Q5_1: after d, m): 4 bytes of fifth bits (little-endian uint32), then the nibbles
-  at = 4 if kind == "Q5_1" else 2
-  qh = raw[..., at:at + 4].copy().view("<u4")[..., 0]
-  bits = ((qh[..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
-  q = (_block_nibbles(raw[..., at + 4:]) | (bits << np.uint8(4))).view(np.int8)
-  if kind == "Q5_1":
-    return q.reshape(shape), d, raw[..., 2:4].copy().view(np.float16)[..., 0]
-  return (q - np.int8(16)).reshape(shape), d
+  raise AssertionError(kind)  # every other block type is in _HEADERS
 
 
-def _q45_k(raw: np.ndarray, shape, five: bool):
-  """Q4_K blocks ``uint8[*lead, nb, 144]`` (f16 ``d``, f16 ``dmin``, 12 bytes of 6-bit
-  scales and mins, 128 bytes of nibbles) -> ``uint4`` pairs, f32 ``d·sc``, f32 ``-dmin·m``
-  per 32 elements. In each 64 elements, 32 bytes: elements ``l`` in the low nibbles,
-  ``32 + l`` in the high ones (llama.cpp's ``dequantize_row_q4_K``). Q5_K (``five``,
-  176 bytes: 32 bytes ``qh`` before the nibbles): chunk ``c`` of 64 takes its fifth bits
-  from ``qh[l]``'s bit ``2c`` (low half) and ``2c + 1`` (high half); int8 values in
-  [0, 31] (``dequantize_row_q5_K``)."""
-  lead, nb = raw.shape[:-2], raw.shape[-2]
-  d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-  dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-  sc = raw[..., 4:16]
-  # get_scale_min_k4: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7
-  # (mins); 4-7 in the nibbles of bytes 8-11 with their top bits in bytes 0-7's bits 6-7
-  lo, hi = sc[..., 0:4], sc[..., 4:8]
-  scales = np.concatenate([lo & 63, (sc[..., 8:12] & 0xF) | ((lo >> 6) << 4)], -1)
-  mins = np.concatenate([hi & 63, (sc[..., 8:12] >> 4) | ((hi >> 6) << 4)], -1)
-  qs = raw[..., 48 if five else 16:].reshape(*lead, nb, 4, 32)
-  vals = np.stack([qs & np.uint8(0xF), qs >> np.uint8(4)], -2)  # [.., nb, 4, 2, 32]
-  if five:
-    qh = raw[..., 16:48].reshape(*lead, nb, 1, 1, 32)
-    shift = np.arange(8, dtype=np.uint8).reshape(4, 2, 1)  # bit 2c + half
-    vals = vals | (((qh >> shift) & np.uint8(1)) << np.uint8(4))
-    values = vals.view(np.int8).reshape(shape)
-  else:
-    values = _pairs(vals.reshape(*lead, nb * 256)).reshape(*shape[:-1], shape[-1] // 2)
-  s = (d[..., None] * scales.astype(np.float32)).reshape(*shape[:-1], -1)
-  o = -(dmin[..., None] * mins.astype(np.float32)).reshape(*shape[:-1], -1)
-  return values, s, o
-
-
-def _q6_k(raw: np.ndarray, shape):
-  """Q6_K blocks ``uint8[*lead, nb, 210]`` (128 bytes of low nibbles ``ql``, 64 of 2-bit
-  high parts ``qh``, 16 int8 scales, f16 ``d``) -> int8 ``q - 32`` and f32 ``d·sc`` per 16
-  elements. In each 128 elements (``ql`` 64 bytes, ``qh`` 32): element ``l`` (``l < 32``)
-  is ``ql[l]``'s low nibble with ``qh[l]`` bits 0-1, ``32 + l`` ``ql[32 + l]``'s low
-  nibble with bits 2-3, ``64 + l`` ``ql[l]``'s high nibble with bits 4-5, ``96 + l``
-  ``ql[32 + l]``'s high nibble with bits 6-7 (llama.cpp's ``dequantize_row_q6_K``)."""
-  lead, nb = raw.shape[:-2], raw.shape[-2]
-  ql = raw[..., :128].reshape(*lead, nb, 2, 2, 32)  # [half, ql[0:32] / ql[32:64], l]
-  qh = raw[..., 128:192].reshape(*lead, nb, 2, 1, 32)
-  low = np.concatenate([ql & np.uint8(0xF), ql >> np.uint8(4)], -2)  # [half, 4, l]
-  shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
-  high = (qh >> shifts) & np.uint8(3)
-  q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
-  sc = raw[..., 192:208].copy().view(np.int8).astype(np.float32)
-  d = raw[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-  return q.reshape(shape), (d[..., None] * sc).reshape(*shape[:-1], -1)
+def block_parts(raw: np.ndarray, kind: str):
+  """A block format's components from its GGUF blocks ``raw: uint8[*lead, nb, bytes]``:
+  ``(ui16[*lead, nb, words] stored fields, f16 d[*lead, nb][, f16 dmin])``, the file's
+  bytes (:data:`_HEADERS` says where each is; a copy of the fields, no decoding)."""
+  d_at, m_at, at = _HEADERS[kind]
+  f = formats.FORMATS[_FORMATS[kind]]
+  values = np.ascontiguousarray(raw[..., at:at + f.block_bytes]).view("<u2")
+  d = np.ascontiguousarray(raw[..., d_at:d_at + 2]).view("<f2")[..., 0]
+  if m_at is None:
+    return values, d
+  return values, d, np.ascontiguousarray(raw[..., m_at:m_at + 2]).view("<f2")[..., 0]
 
 
 def _block_nibbles(qs: np.ndarray) -> np.ndarray:
@@ -381,6 +341,8 @@ def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
     return None
   f = formats.FORMATS[_FORMATS[kind]]
   groups = count // _GROUPS.get(kind, BLOCK)
+  if f.block:
+    return groups * (f.block_bytes + f.scale_dtype.itemsize * (2 if f.offset else 1))
   return (count // f.pack * f.storage_dtype.itemsize
           + groups * f.scale_dtype.itemsize * (2 if f.offset else 1))
 
@@ -407,7 +369,8 @@ def inspect(path: str | os.PathLike) -> dict:
 
 
 def format_inspect(info: dict) -> str:
-  """:func:`inspect`'s report as text: one line per tensor, then the totals."""
+  """:func:`inspect`'s report as text: one line per tensor, one per GGUF type (its tensors,
+  file bytes and hx bytes), then the totals."""
   rows = [(t["name"], t["gguf_type"], t["hx_type"], f"{t['file_bytes']:,}",
            "-" if t["hx_bytes"] is None else f"{t['hx_bytes']:,}") for t in info["tensors"]]
   head = ("tensor", "GGUF type", "hx type", "file bytes", "hx bytes")
@@ -419,8 +382,16 @@ def format_inspect(info: dict) -> str:
   arch = info["metadata"].get("general.architecture", "?")
   def count(n, what):
     return f"{n} {what}" + ("" if n == 1 else "s")
+  by_type: dict = {}
+  for t in info["tensors"]:
+    n, fb, hb = by_type.get(t["gguf_type"], (0, 0, 0))
+    by_type[t["gguf_type"]] = (n + 1, fb + t["file_bytes"], hb + (t["hx_bytes"] or 0)
+                               if t["hx_bytes"] is not None and hb is not None else None)
+  types = [f"by type {kind}: {count(n, 'tensor')}, {fb:,} file bytes, "
+           + ("unsupported" if hb is None else f"{hb:,} hx bytes ({hb / max(fb, 1):.3f}x)")
+           for kind, (n, fb, hb) in by_type.items()]
   out = [f"{info['path']}: GGUF, architecture {arch}, {count(len(rows), 'tensor')}", line(head),
-         *map(line, rows),
+         *map(line, rows), *types,
          f"total: {info['file_bytes']:,} file bytes, {info['hx_bytes']:,} hx bytes"
          + (f" ({count(unsupported, 'unsupported tensor')} not counted)" if unsupported else "")]
   return "\n".join(out) + "\n"

@@ -249,7 +249,7 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
     if version is None or ir.IntegerAttr(version).value not in spec.versions:
       return None
     if len(op.operands) != 2:
-      return None  # a format with an offset (issue 26): the MLIR stage does not fold it
+      return None  # a format with an offset: the MLIR stage does not fold it
     q, s = op.operands
     qt, st = ops.tensor_type(q.type), ops.tensor_type(s.type)
     attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
@@ -264,7 +264,7 @@ def _match_dequant(d: ir.Value) -> _Dequant | None:
       raise _Inconsistent(op, problems)
     fmt = schema.format_attributes_of(qt, st)
     if "scale_dtype" in fmt:
-      return None  # f16 scales (issue 26): not folded here (the jaxpr stage folds them)
+      return None  # f16 scales (GGUF's blocks, the block formats): not folded here (the jaxpr stage folds them)
     if fmt == _INT8_PER_ROW:
       return _Dequant(q, None, s, list(range(dt.rank - 1)), s)
     # int4 pairs, fp8 values, group scales: only ever into hx.matmul_q (_fold_format),

@@ -41,6 +41,7 @@ import numpy as np
 from jax.extend import core
 from jax.extend.core import primitives as P
 
+from hxmlir import formats
 from hxmlir.lowering import schema
 from hxmlir.lowering.primitives import hx_dequantize_p, hx_matmul_q_p
 from hxmlir.types import dotdims
@@ -108,7 +109,9 @@ def _as_matmul_q(dot: core.JaxprEqn, deq: core.JaxprEqn) -> list[core.JaxprEqn] 
     return None
   x = dot.invars[0]
   q, s, *o = deq.invars  # o: the offsets of a format with one (u4o, q8o)
-  dims = _matmul_q_dims(params["dimension_numbers"], x.aval.ndim, q.aval.ndim)
+  # the dense weight's rank (a block format's values have one more axis: its blocks' words)
+  q_rank = len(formats.dense_shape_of(q.aval.dtype, q.aval.shape))
+  dims = _matmul_q_dims(params["dimension_numbers"], x.aval.ndim, q_rank)
   if dims is None:
     return None
   convert = []

@@ -278,7 +278,7 @@ def test_locations_from_jax_point_at_the_users_line():
     parse_pipeline("hx-verify").run(module)
   (d,) = e.value.diagnostics
   assert d.location.startswith(f"{__file__}:{line}:"), d.location
-  assert d.message == "'hx.matmul_q' version 99 is not accepted; this code accepts 1, 2, 3, 4"
+  assert d.message == "'hx.matmul_q' version 99 is not accepted; this code accepts 1, 2, 3, 4, 5"
 
 
 def test_location_str_forms():

@@ -164,7 +164,7 @@ def test_make_qarray_of_a_qarray_and_parts_of_an_array_are_type_errors():
   q = hx.make_qarray(QV, SC)
   with pytest.raises(TypeError, match=r"got q8\[4,3\], f32\[4\]"):
     hx.make_qarray(q, SC)
-  with pytest.raises(TypeError, match=r"hx\.qarray_parts expects a quantized array \(q8, q4, f8, u4o or q8o\[\.\.\., n\]\), "
+  with pytest.raises(TypeError, match=r"hx\.qarray_parts expects a quantized array \(q8, q4, f8, u4o, q8o, q5_0, q5_1, iq4_nl, q4_k, q5_k, q6_k, q2_k, q3_k or iq4_xs\[\.\.\., n\]\), "
                      r"got f32\[4,3\]"):
     jax.jit(hx.qarray_parts)(jnp.zeros((4, 3)))
 

@@ -67,15 +67,22 @@ def _u4o(shape, group, f16=False):
 def test_components_name_one_format_each():
   seen = {}
   for f in formats.FORMATS.values():
-    key = (f.storage_dtype, f.scale_dtype, f.offset)
+    key = (f.storage_dtype, f.scale_dtype, f.offset, f.block_words)
     assert key not in seen, (f.name, seen.get(key))
     seen[key] = f.name
-    assert formats.of_components(f.storage_dtype, f.scale_dtype, f.offset) is f
-    assert formats.of_components(f.mlir, f.scale_mlir, f.offset) is f  # MLIR spellings
+    # a block format's values (ui16) say their words per block in their last axis
+    shape = f.storage_shape((4, f.block or 64))
+    assert formats.of_components(f.storage_dtype, f.scale_dtype, f.offset, shape) is f
+    assert formats.of_components(f.mlir, f.scale_mlir, f.offset, shape) is f  # MLIR spellings
+    assert (formats.of_components(f.storage_dtype, f.scale_dtype, f.offset) is f) != \
+        bool(f.block)  # without the shape: the elementwise formats only
   assert formats.of_components("i8", "f64", False) is None
-  # the formats of issue 26 have no native CPU or Pallas kernel: the rules ask the table
+  # the formats with f16 scales or offsets have no native CPU or Pallas kernel in the
+  # [in, out] layout, the block formats none yet: the rules ask the table
   assert [f.name for f in formats.FORMATS.values() if "kn" not in f.native_cpu] == \
-      ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16"]
+      ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16",
+       *(f.name for f in formats.BLOCK_FORMATS)]
+  assert all(f.native_cpu == f.pallas == () for f in formats.BLOCK_FORMATS)
 
 
 @pytest.mark.parametrize("fmt, shape, want", [
@@ -422,13 +429,13 @@ def test_cpu_blocked_path_numbers_and_memory(spec, shape, group):
 def test_refusals_name_the_offset_component():
   q = hx.quantize(jnp.ones((4, 64)), jnp.uint4, group_size=32, method="minmax")
   with pytest.raises(TypeError, match=r"hx\.qarray_parts\(q\) for the stored values and "
-                     r"scales, and the offsets of a format with an offset \(u4o, q8o\): "
+                     r"scales, and the offsets of a format with an offset \(u4o, q8o, q5_1, q4_k, q5_k, q2_k\): "
                      r"\(np\.asarray\(q\.qvalue\), np\.asarray\(q\.scale\)\[, "
                      r"np\.asarray\(q\.offset\)\]\)"):
     np.asarray(q)
   assert len(hx.qarray_parts(q)) == 3  # what the message says
   with pytest.raises(TypeError, match=r"hx\.qarray_parts\(q\) for its values and scales "
-                     r"\(and offsets: u4o, q8o\)"):
+                     r"\(and offsets: u4o, q8o, q5_1, q4_k, q5_k, q2_k\)"):
     q + 1
 
 

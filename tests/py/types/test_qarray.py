@@ -304,7 +304,7 @@ def test_quantize_names_the_conversion_for_f64():
 
 
 def test_dequantize_rejects_dense(x):
-  with pytest.raises(TypeError, match=r"hx\.dequantize expects a quantized array \(q8, q4, f8, u4o or q8o\[\.\.\., n\]\), "
+  with pytest.raises(TypeError, match=r"hx\.dequantize expects a quantized array \(q8, q4, f8, u4o, q8o, q5_0, q5_1, iq4_nl, q4_k, q5_k, q6_k, q2_k, q3_k or iq4_xs\[\.\.\., n\]\), "
                      r"got f32\[2,3\]"):
     jax.jit(hx.dequantize).trace(x)
 

@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 
 import hxmlir as hx  # noqa: E402
 from hxmlir import export as hxe  # noqa: E402
+from hxmlir import formats as hxf  # noqa: E402
 from hxmlir import targets  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -82,6 +83,18 @@ def _f16_scales(q):
   """``q`` with its scales (and offsets) rounded to f16: GGUF's legacy blocks' form."""
   v, *rest = hx.qarray_parts(q)
   return hx.make_qarray(v, *(c.astype(jnp.float16) for c in rest))
+
+
+def _blocks(name: str, rows: int, blocks: int, seed: int):
+  """A block format's value (:data:`hxmlir.formats.BLOCK_FORMATS`: GGUF's blocks at the file's
+  bytes) of ``rows`` rows of ``blocks`` blocks: random words, f16 scales (and offsets) of
+  both signs, small enough that every product is exact."""
+  f = hxf.FORMATS[name]
+  rng = np.random.default_rng(seed)
+  words = rng.integers(0, 1 << 16, size=(rows, blocks, f.block_words)).astype(np.uint16)
+  scales = [(rng.integers(-64, 65, size=(rows, blocks)) / 1024).astype(np.float16)
+            for _ in range(2 if f.offset else 1)]
+  return hx.make_qarray(words, *scales)
 
 
 CASES: dict[str, Case] = {
@@ -141,6 +154,19 @@ CASES: dict[str, Case] = {
                                          method="minmax")),
                  _f16_scales(hx.quantize(_x((5, 8), 50), jnp.int8, group_size=4))),
         (("hx.matmul_q", 4),)),
+    # the block formats (GGUF's Q5_0 ... IQ4_XS at the file's bytes): hx.dequantize v4 and
+    # hx.matmul_q v5, whose dtype names the block format (ui16 words, f16 per block)
+    "dequantize_v4": Case(
+        lambda *qs: tuple(hx.dequantize(q) for q in qs),
+        lambda: tuple(_blocks(f.name, 2, 1 if f.block == 256 else 2, 60 + i)
+                      for i, f in enumerate(hxf.BLOCK_FORMATS)),
+        (("hx.dequantize", 4),)),
+    "matmul_q_v5": Case(
+        lambda x, xk, a, b, c: (hx.einsum("bsk,nk->bsn", x, a), hx.einsum("bsk,nk->bsn", xk, b),
+                                hx.matmul_q(xk[0, :, :3], c)),
+        lambda: (_x((2, 3, 256), 70), _x((2, 3, 64), 71), _blocks("q4_k", 5, 1, 72),
+                 _blocks("q5_0", 4, 2, 73), _blocks("q6_k", 3, 1, 74)),
+        (("hx.matmul_q", 5),)),
     "outer_v1": Case(hx.outer, lambda: (_x((3,), 5) + 1, _x((5,), 6)), (("hx.outer", 1),)),
     "matmul_r1_v1": Case(lambda x, c, r: hx.matmul_r1(x, hx.outer(c, r)),
                          lambda: (_x((2, 3), 7), _x((3,), 8) + 1, _x((4,), 9)),
