@@ -11,8 +11,8 @@ descriptor schema, and its data::
 Quantized types (:mod:`hxmlir.formats`) are named by their printed prefix: ``q8``
 (int8), ``q4`` (int4), ``f8`` (float8 e4m3fn), with an optional ``group`` (elements
 per scale; absent: one scale per row). ``q8`` per row is still written as schema
-version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it). The formats
-of issue 26: ``u4o`` (uint4 with an offset) and ``q8o`` (int8 with an offset), and
+version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it). The f16-scale and offset
+formats: ``u4o`` (uint4 with an offset) and ``q8o`` (int8 with an offset), and
 ``"scale": "f16"`` for f16 scales (and offsets), which makes ``q8`` version 3 and ``q4``
 version 2 (``{"type":"q4","v":2,"group":32,"scale":"f16",...}``: GGUF's Q4_0).
 

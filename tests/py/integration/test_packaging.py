@@ -1,4 +1,4 @@
-"""The built package holds every module of the source tree (issue 25, item 1).
+"""The built package holds every module of the source tree.
 
 The wheel once lacked ``hxmlir.export`` because ``pyproject.toml`` listed the packages
 by hand. ``setup.py`` now finds them; this test copies the packaging files and the

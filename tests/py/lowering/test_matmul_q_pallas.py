@@ -1,4 +1,4 @@
-"""The Pallas ``hx.matmul_q`` kernel on every quantization format (issue 15).
+"""The Pallas ``hx.matmul_q`` kernel on every quantization format.
 
 ``lowering/matmul_q/pallas.py`` in Pallas interpret mode (both flavours: Triton's
 masked loads, Mosaic's unmasked edge blocks, which interpret mode fills with NaN

@@ -194,7 +194,7 @@ def test_exported_int8_encoder_reloads_in_fresh_process(model, embeddings, tmp_p
 
 @needs_model
 @pytest.mark.parametrize("dtype, group_size, method, min_cos", [
-    ("int4", 32, "mse", 0.95),          # issue 15's bound; measured 0.9532 (absmax 0.9523)
+    ("int4", 32, "mse", 0.95),          # the int4 bound; measured 0.9532 (absmax 0.9523)
     ("float8_e4m3fn", None, "absmax", 0.99),  # measured 0.9977
 ])
 def test_format_encoder_close_to_f32(embeddings, model, golden, dtype, group_size, method,

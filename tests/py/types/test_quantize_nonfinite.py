@@ -96,7 +96,7 @@ def test_quantize_needs_no_extra_buffer():
   assert temp < 512 * 4096 * 4 // 16
 
 
-# --- rows near zero (issue 25, item 10) ------------------------------------------------
+# --- rows near zero ------------------------------------------------
 # A row of absmax below qmax * 2**-126 (~1.5e-36 for int8) had a denormal scale, which
 # XLA CPU flushes to zero: the row dequantized to zeros (f8: to NaN, 0/0). Its scale is now
 # the smallest normal f32, so the row dequantizes within half a step of 2**-126 of each
