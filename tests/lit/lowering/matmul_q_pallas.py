@@ -1,7 +1,7 @@
 # RUN: %python %s | filecheck %s
 # hx.matmul_q exported for cuda and tpu while hxmlir is installed: the composite's
 # decomposition calls the registered Pallas kernel hx_matmul_q_v1
-# (lowering/matmul_q/pallas.py); without install, the reference decomposition.
+# (lowering/matmul_q/pallas/); without install, the reference decomposition.
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -1,6 +1,6 @@
 """The Pallas kernel of the checkpoint layout ``W[out, in]`` on GPU/TPU.
 
-``matmul_q_nk_pallas`` (``lowering/matmul_q/pallas.py``, kernel ``hx_matmul_q_nk_v1``):
+``matmul_q_nk_pallas`` (``lowering/matmul_q/pallas/``, kernel ``hx_matmul_q_nk_v1``):
 ``hx.einsum("...k,nk->...n", x, w)`` with groups along the contraction ``k``, every
 format of :data:`hxmlir.formats.FORMATS` (int8, int4 and uint4 pairs, fp8; f32 or f16
 scales; offsets). Numbers: Pallas interpret mode (both flavours: Triton's masked loads,

@@ -151,7 +151,7 @@ CASES: dict[str, Case] = {
         lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25),
         lambda: (_x((3, 2, 3, 8), 80), _x((2, 16, 8), 81), _x((2, 8, 16), 82), np.int32(5)),
         (("hx.attention", 1),)),
-    # hxmlir's registered kernels (lowering/matmul_q/pallas.py), one case per platform
+    # hxmlir's registered kernels (lowering/matmul_q/pallas/), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
         (("hx.matmul_q", 1),), platforms=(p,),
