@@ -3,7 +3,7 @@
 XLA CPU's vectorised row maximum drops NaN from about 1000 columns on (as
 ``jnp.max(jnp.abs(w), -1)`` does there), so a quantize that found non-finite
 rows through the maximum gave those rows a finite scale and finite garbage.
-The rule (README, "They reach StableHLO"): a row holding NaN or +-inf
+The rule (docs/ir.md, "Numerics of `hx.quantize`"): a row holding NaN or +-inf
 dequantizes to NaN, the whole row; every other row is quantized as usual
 (within half a quantization step of the input). Checked eagerly, under ``jit``
 and under ``vmap`` over a leading dim, with NaN, -NaN, +inf and -inf at random
