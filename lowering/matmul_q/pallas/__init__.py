@@ -13,7 +13,7 @@ Pallas for
   config), with the Triton compiler parameters given explicitly,
 - any platform: Pallas interpret mode (``interpret=True``) runs either flavour
   (with the Triton flavour's masked loads) as plain XLA, which is how the
-  kernel is tested on CPU. No GPU or TPU has been lent to this project: the
+  kernel is tested on CPU. The
   kernel has run in interpret mode only, and the Triton and Mosaic flavours are
   checked by lowering for ``cuda`` and ``tpu`` from CPU (Mosaic's own compiler,
   which runs on a TPU host, has not seen them).
