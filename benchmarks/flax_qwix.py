@@ -22,7 +22,7 @@ C++ dispatch path with the 24 ``q8`` weights as with arrays) at 1
 and 128 tokens: the median (``--stat min``: the minimum) over ``--rounds`` interleaved rounds (each round calls every
 variant once, in a seeded random order), with the time of each against qwix's
 (``/qwix``) and against f32's. Everything runs while ``hxmlir.install()`` is active.
-Targets (issue 29): error ``<= 1.5x`` qwix's, bytes ``<= `` qwix's, time ``<= 0.6x`` qwix's.
+Targets: error ``<= 1.5x`` qwix's, bytes ``<= `` qwix's, time ``<= 0.6x`` qwix's.
 
 Usage::
 

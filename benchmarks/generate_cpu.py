@@ -1,6 +1,6 @@
 """Prefill and decode tok/s on CPU: hxmlir's SmolLM2, llama.cpp on the same GGUF file, a JAX f32 decoder.
 
-Three engines run the same prompt token ids side by side in one process (issue 28):
+Three engines run the same prompt token ids side by side in one process:
 
 - ``hxmlir``: :class:`hxmlir.models.llama.Llama` on the GGUF file, every weight in its
   stored format (Q4_1 layers as ``u4o[out, in:g32,f16]``, the Q8_0 embedding/head as

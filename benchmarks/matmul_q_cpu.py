@@ -26,13 +26,13 @@ variant starts as a layer of a real model does: weights in DRAM, nothing dirty
 left by the previous call (``--warm`` skips it). ``temp`` is XLA's compiled
 ``memory_analysis().temp_size_in_bytes`` (the kernel's own per-call buffers,
 ``x * s`` and for ``m <= 4`` a few ``f32[m, n]`` partial sums, are not in it).
-Targets (issue 16), marked in the last column: ``native/f32 <= 0.50`` at
+Targets, marked in the last column: ``native/f32 <= 0.50`` at
 ``m = 1, 4`` (4096 x 4096), ``<= 0.75`` at ``m = 16``, ``<= 1.00`` at ``m =
 64, 256`` and on the small layers (512 x 2048, 384 x 1536 at ``m = 16, 128``);
 ``temp <= 1/8`` of the f32 weight's bytes at every ``m`` (native column).
 
-``--formats [FORMAT ...]`` prints, instead, one row per weight format (issue 15;
-``int8``, ``int4``, ``int4:g128``, ``int4:g32``, ``float8_e4m3fn``, ``int8:g128`` by
+``--formats [FORMAT ...]`` prints, instead, one row per weight format
+(``int8``, ``int4``, ``int4:g128``, ``int4:g32``, ``float8_e4m3fn``, ``int8:g128`` by
 default; ``:gG`` is the group size, none is one scale per row) at each ``--m`` (default 1 and 16 there) on
 ``k x n``: the ``format`` column, ``hx.matmul_q`` compiled while installed on a
 weight assembled inside jit from its stored components (``hx.make_qarray``, as a
@@ -44,7 +44,7 @@ against f32's::
 
   python benchmarks/matmul_q_cpu.py --formats --m 1 16
 
-``--nk`` prints the checkpoint layout's table instead (issue 26: ``W[out, in]`` quantized
+``--nk`` prints the checkpoint layout's table instead (``W[out, in]`` quantized
 along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
 ``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
 (the native kernel ``hx_matmul_q_cpu_v3``), for Q8_0-like ``q8[..:g32,f16]``, Q4_0-like
@@ -175,7 +175,7 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0, warm: bool = Fal
 
 
 TARGETS = {(1, 4096, 4096): 0.50, (4, 4096, 4096): 0.50, (16, 4096, 4096): 0.75}
-"""native / f32 targets of issue 16; every other case: 1.00."""
+"""native / f32 targets; every other case: 1.00."""
 
 
 def _mib(b: int) -> str:

@@ -23,7 +23,7 @@ fraction of the device's peak. Two weight layouts (``--layout``):
   (``int4:g128``: one f32 scale per 128 elements, ``hxmlir/formats.py``);
 - ``pallas``: ``matmul_q_pallas(x, q, s, backend="triton")`` on the weight's
   components, dequantized tile by tile (kernel ``hx_matmul_q_v1`` for int8 per
-  row, ``hx_matmul_q_v2`` otherwise; ``lowering/matmul_q/pallas.py``);
+  row, ``hx_matmul_q_v2`` otherwise; ``lowering/matmul_q/pallas/``);
 - ``hx``: ``jax.jit(hx.matmul_q)`` while hxmlir is installed (the cuda lowering
   rule picks the same kernel; a check that the rule is wired);
 - ``bf16``: XLA's ``x.astype(bf16) @ w_bf16`` (2 bytes per weight element), and

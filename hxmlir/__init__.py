@@ -7,6 +7,7 @@ explicit sharding and ``shard_map``. They lower to ``stablehlo.composite`` ops
 named ``hx.*``.
 """
 
+from hxmlir._version import __version__ as __version__
 from hxmlir.integration.dispatch import jit as jit
 from hxmlir.types.einsum import einsum as einsum
 from hxmlir.types.gather import take_rows as take_rows
@@ -89,8 +90,6 @@ from hxmlir.lowering.matmul_q.cpu import (  # noqa: E402
     keep_native_cpu_calls as keep_native_cpu_calls,
 )
 from hxmlir.types import control_flow as _control_flow  # noqa: E402,F401  (vmap of lax control flow)
-
-__version__ = "0.1.0"
 
 # isort: split
 from hxmlir.integration.installation import VerificationError as VerificationError  # noqa: E402

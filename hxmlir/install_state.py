@@ -1,7 +1,7 @@
 """What ``hx.install()`` installed, as a JAX config state that every layer may read.
 
 The setting lives here, below the lowering, because lowering rules ask whether
-hxmlir is installed (``lowering/matmul_q/pallas.py`` picks a kernel by it) and
+hxmlir is installed (``lowering/matmul_q/pallas/`` picks a kernel by it) and
 :mod:`hxmlir.integration.installation`, which sets it, sits above the lowering. Like
 ``jax_enable_x64``, it is part of JAX's trace context and jit cache key, so every
 JAX cache keys on it: a lowering rule may read it, and what it returned is

@@ -52,7 +52,9 @@ ones like ``func.func(sdy-drop-sharding-rules)``."""
 
 def _split_top(text: str, sep: str) -> list[str]:
   """Splits ``text`` at ``sep`` outside ``{}``/``()``/quotes; raises on unbalanced brackets."""
-  parts, depth, cur, quote = [], 0, [], False
+  parts: list[str] = []
+  cur: list[str] = []
+  depth, quote = 0, False
   for ch in text:
     if ch == '"':
       quote = not quote

@@ -39,7 +39,7 @@ from hxmlir.types import shardings as type_shardings
 # sharding (JAX emits sharding constraints; Shardy's propagation pipeline turns
 # constants into ``sdy.constant`` so they are not deduplicated across shardings, and
 # its export pipeline turns them back), and the per-shard computation of a kernel in a
-# program over several devices (``sdy.manual_computation``, ``lowering/matmul_q/pallas.py``).
+# program over several devices (``sdy.manual_computation``, ``lowering/matmul_q/pallas/``).
 _PLAIN_OTHER = ("func.return", "func.call", "sdy.sharding_constraint", "sdy.constant",
                 "sdy.manual_computation", "sdy.return")
 

@@ -28,7 +28,7 @@ import sentence_transformers  # noqa: E402
 import torch  # noqa: E402
 from sentence_transformers import SentenceTransformer  # noqa: E402
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "py" / "data" / "minilm_golden.json"
+OUT = Path(__file__).resolve().parent.parent / "tests" / "py" / "models" / "data" / "minilm_golden.json"
 
 # Pairs of near-paraphrases, related and unrelated sentences, punctuation,
 # digits, accents, casing and one long sentence, so the tokenizer and the

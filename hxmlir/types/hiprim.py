@@ -346,7 +346,7 @@ def _spec_expr(spec) -> str:
 _jax.patch_matchaxis(_matchaxis)
 
 
-# --- hi values are not arrays: numpy conversion, ==, hash (issue 14) ------------
+# --- hi values are not arrays: numpy conversion, ==, hash ------------
 #
 # The value classes (``QArray``, ``Rank1``, ``HiTup``) are frozen dataclasses holding
 # arrays. Without these, ``np.asarray(q)`` silently makes a 0-d object array,
@@ -511,6 +511,6 @@ def refuse_array_api(value_cls: type, type_cls: type, kind: str, uses: str) -> N
   value_cls.__jax_array__ = jax_array
   type_cls.__jax_array__ = aval_method(jax_array)
 
-# --- JAX's placement, sharding and debugging APIs take hi values (issue 14) -------
+# --- JAX's placement, sharding and debugging APIs take hi values -------
 jax_apis.install()
 _jax.install_jnp_array_check()

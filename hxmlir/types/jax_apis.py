@@ -1,7 +1,7 @@
 """JAX's own APIs on hi values: the typing and lowering rules that make ``jax.device_put``,
 ``jax.lax.with_sharding_constraint``, ``jax.jit``'s ``in_shardings``/``out_shardings``,
-``jax.debug.print``/``jax.debug.callback`` and ``jax.lax.stop_gradient`` take hi values
-(issue 14). The seam (:mod:`hxmlir._jax.jax_apis`, :mod:`hxmlir._jax.batching`) installs
+``jax.debug.print``/``jax.debug.callback`` and ``jax.lax.stop_gradient`` take hi values.
+The seam (:mod:`hxmlir._jax.jax_apis`, :mod:`hxmlir._jax.batching`) installs
 them into JAX's primitives and keeps JAX's own rules for arrays; :func:`install` does
 that, once, when :mod:`hxmlir.types.hiprim` is imported.
 

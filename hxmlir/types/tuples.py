@@ -203,7 +203,7 @@ class TupTy(HiType):
     return self.str_short()
 
   # Pallas: a Tup operand or result of pl.pallas_call (hxmlir.pallas; its methods
-  # are added by hx_pallas.register_type below the class). Pallas'
+  # are added by hx_pallas.register_tuple_type below the class). Pallas'
   # BlockSpec is written over one dense shape: a Tup whose elements share theirs
   # has it, and its block spec applies to every element.
   @property
@@ -242,7 +242,7 @@ class TupTy(HiType):
 register_hitype(HiTup, lambda t: t.ty if t.ty is not None else
                 TupTy(tuple(jax.typeof(e) for e in t.elts)))
 refuse_array_api(HiTup, TupTy, "tuple", "call hx.get_tuple_element(t, i) for element i")
-hx_pallas.register_type(TupTy)
+hx_pallas.register_tuple_type(TupTy)
 
 
 def _add(ty, a, b):

@@ -100,16 +100,16 @@ def _parse_sharding(d, where: str) -> NamedSharding:
                           f"{d.get('axis_types')!r}: {e}") from None
   if len(types) != len(names):
     raise DescriptorError(f"{where}: {len(names)} mesh axes but {len(types)} axis types")
-  entries = []
-  for e in d["spec"]:
-    if e is None or isinstance(e, str):
-      entries.append(e)
-    elif isinstance(e, list) and all(isinstance(a, str) for a in e):
-      entries.append(tuple(e))
+  entries: list[str | tuple[str, ...] | None] = []
+  for entry in d["spec"]:
+    if entry is None or isinstance(entry, str):
+      entries.append(entry)
+    elif isinstance(entry, list) and all(isinstance(a, str) for a in entry):
+      entries.append(tuple(entry))
     else:
-      raise DescriptorError(f"{where}: bad partition spec entry {e!r}")
-  for e in entries:
-    for a in (e,) if isinstance(e, str) else (e or ()):
+      raise DescriptorError(f"{where}: bad partition spec entry {entry!r}")
+  for entry in entries:
+    for a in (entry,) if isinstance(entry, str) else (entry or ()):
       if a not in names:
         raise DescriptorError(f"{where}: spec axis {a!r} is not a mesh axis {list(names)}")
   mesh = AbstractMesh(sizes, names, axis_types=types)

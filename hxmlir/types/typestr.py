@@ -35,7 +35,7 @@ import functools
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
@@ -93,7 +93,7 @@ class _Parser:
   def peek(self) -> tuple[str, str, int]:
     return self.toks[self.i]
 
-  def fail(self, expected: str, at: tuple[str, str, int] | None = None):
+  def fail(self, expected: str, at: tuple[str, str, int] | None = None) -> NoReturn:
     kind, val, pos = at or self.peek()
     got = "the end of the text" if kind == "end" else repr(val)
     raise TypeStrError(f"{self.what} {self.text!r}: column {pos + 1}: expected {expected}, "
@@ -113,7 +113,7 @@ class _Parser:
     return False
 
   def seq(self, close: str, item, expected: str) -> list:
-    out = []
+    out: list = []
     if self.accept(close):
       return out
     while True:
@@ -188,6 +188,7 @@ class _Parser:
                                                           hi.options else ""))
     d: dict[str, Any] = {"shape": shape, "sharding": self.sharding(spec)}
     if hi is None:
+      assert dtype is not None  # refused above
       d.update(type="array", v=typedesc.SCHEMA_VERSIONS["array"], dtype=dtype.name)
     else:
       d.update(type=hi.descriptor, v=typedesc.SCHEMA_VERSIONS[hi.descriptor])
@@ -226,6 +227,7 @@ class _Parser:
     holds the options read so far (key -> text): one given twice is an error."""
     tok = self.peek()
     kind, val, _ = tok
+    value: int | str
     if val == "f16" and "g" in hi.options:  # a quantized type's f16 scales
       key, value = "scale", "f16"
     else:

@@ -73,3 +73,29 @@ def pytest_runtest_makereport(item, call):
     report.outcome = "failed"
     report.longrepr = (f"{REQUIRE_NATIVE_ENV}=1 and this test was skipped: {reason} (build the "
                        "extension: pip install -e . or python setup.py build_ext --inplace)")
+# --- the fast tier: `scripts/test.sh --fast` runs `pytest -m "not slow"` ------------------
+# Marked here, in one place, rather than in each module (pyproject.toml registers the
+# marker). Slow: what compiles a real model (SmolLM2's 30 layers, all-MiniLM-L6-v2) or runs
+# the whole demo, and single tests measured above ~5 s on 2 cores.
+SLOW_MODULES = {"test_llama.py", "test_llama_sharding.py", "test_minilm.py"}
+SLOW_FIXTURES = {"test_demo.py": {"run", "format_run"}}
+SLOW_WORDS = ("smollm2", "minilm")  # in a test's name or parameters: it loads the real model
+SLOW_TESTS: set[str] = set()  # "module.py::test_name" (any parameters)
+
+
+def _is_slow(item) -> bool:
+  name = item.path.name
+  if name in SLOW_MODULES or f"{name}::{item.originalname}" in SLOW_TESTS:
+    return True
+  if SLOW_FIXTURES.get(name, set()) & set(getattr(item, "fixturenames", ())):
+    return True
+  words = (item.originalname or item.name).lower()
+  if hasattr(item, "callspec"):
+    words += " " + item.callspec.id.lower()
+  return any(w in words for w in SLOW_WORDS) and "missing" not in words
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if _is_slow(item):
+      item.add_marker(pytest.mark.slow)

@@ -1,7 +1,7 @@
 # RUN: %python %s | filecheck %s
 # hx.matmul_q exported for cuda and tpu while hxmlir is installed: the composite's
 # decomposition calls the registered Pallas kernel hx_matmul_q_v1
-# (lowering/matmul_q/pallas.py); without install, the reference decomposition.
+# (lowering/matmul_q/pallas/); without install, the reference decomposition.
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +45,7 @@ print_exported("matmul_q_not_installed",
 # CHECK: stablehlo.dot_general
 # CHECK-NOT: custom_call
 
-# Every other format (issue 15) uses the kernel too, under the name hx_matmul_q_v2:
+# Every other format uses the kernel too, under the name hx_matmul_q_v2:
 # int4 pairs (ui8, half the columns), fp8, and group scales f32[k, n/g] passed whole
 # (not padded: the kernel masks or selects rows past k).
 xs = np.ones((3, 64), np.float32)

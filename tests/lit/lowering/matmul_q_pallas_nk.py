@@ -2,7 +2,7 @@
 # hx.einsum("...k,nk->...n") of a weight in the checkpoint layout W[out, in] (GGUF's Q4_1:
 # u4o g32 with f16 scales and offsets), exported for cuda and tpu while hxmlir is
 # installed: the composite's decomposition calls the registered Pallas kernel
-# hx_matmul_q_nk_v1 (lowering/matmul_q/pallas.py) on x, the packed values, the f16 scales
+# hx_matmul_q_nk_v1 (lowering/matmul_q/pallas/) on x, the packed values, the f16 scales
 # and the f16 offsets as stored; without install, the reference decomposition.
 import jax
 import jax.numpy as jnp

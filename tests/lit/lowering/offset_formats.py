@@ -1,5 +1,5 @@
 # RUN: %python %s | filecheck %s
-# Formats with an offset or f16 scales (hxmlir/formats.py, issue 26): hx.quantize v3,
+# Formats with an offset or f16 scales (hxmlir/formats.py): hx.quantize v3,
 # hx.dequantize v3 and hx.matmul_q v4 carry scale_dtype and offset; the offsets follow
 # the scales (one more result or operand); the formats of before keep their versions.
 import jax.numpy as jnp

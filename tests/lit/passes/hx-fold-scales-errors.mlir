@@ -5,7 +5,7 @@
 // hx-fold-scales reads an hx.dequantize's format from its composite_attributes (and its
 // version); where they disagree with the operand types it reports an error at the
 // dequantize and leaves it and its dot alone, so nothing inconsistent is copied into an
-// hx.matmul_q, even without hx-verify (issue 25).
+// hx.matmul_q, even without hx-verify.
 
 // EXIT: hx-fold-scales: 1 problem found
 // EXIT-NEXT: hx-fold-scales-errors.mlir:14:8: error: 'hx.dequantize' operand: composite_attributes say dtype = 'int4', group_size = 16, layout = 'int4_pairs_v1' but the types ui8[64,16], f32[64,1] are dtype = 'int4', group_size = 32, layout = 'int4_pairs_v1'; hx-fold-scales reads the format from these attributes

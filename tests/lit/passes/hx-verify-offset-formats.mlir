@@ -1,5 +1,5 @@
 // RUN: hxmlir-opt %s -p hx-verify --split-input-file --verify-diagnostics | filecheck %s
-// hx-verify on the formats of issue 26 (f16 scales, offsets): hx.dequantize v3 and
+// hx-verify on the formats with f16 scales or offsets: hx.dequantize v3 and
 // hx.matmul_q v4 say scale_dtype and offset; the offsets follow the scales and have
 // their type; the older versions cannot hold these formats.
 

@@ -62,7 +62,7 @@ def test_plain_jax_export_loses_the_hi_signature(data):
 
 
 def test_plain_jax_export_calling_convention_is_the_readmes(data):
-  # README, "Known limits": one list of lo components per argument (dense ones too),
+  # docs/limits.md: one list of lo components per argument (dense ones too),
   # a hi result as the list of its components
   x, w, qw = data
   exp = jax.export.export(jax.jit(hx.matmul_q))(x, qw)

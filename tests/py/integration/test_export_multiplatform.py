@@ -74,7 +74,7 @@ def test_export_for_three_platforms_keeps_every_composite():
   names = {n for n, _, _ in found}
   assert names == set(schema.SCHEMAS)
   for name, version, nops in found:
-    # the formats of before issue 26 keep the version that holds them (legacy_version)
+    # the formats with f32 scales and no offset keep the version that holds them (legacy_version)
     spec = schema.SCHEMAS[name]
     assert version == (spec.legacy_version or spec.version)
     assert nops == schema.SCHEMAS[name].num_operands

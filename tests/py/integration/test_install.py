@@ -202,7 +202,7 @@ def test_uninstall_restores_the_export_allow_list():
 
 
 def test_import_patches_vmap_matchaxis_for_good_and_hands_arrays_to_jax(monkeypatch):
-  """What importing hxmlir changes in JAX for good (README, "Install"): ``vmap``'s
+  """What importing hxmlir changes in JAX for good (docs/passes.md): ``vmap``'s
   ``matchaxis`` is hxmlir's wrapper, before install and after uninstall, since hi types
   map under vmap without install. Every call on arrays reaches JAX's own rule with the
   same arguments and gives its result or its error."""

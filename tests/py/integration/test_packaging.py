@@ -1,4 +1,4 @@
-"""The built package holds every module of the source tree (issue 25, item 1).
+"""The built package holds every module of the source tree.
 
 The wheel once lacked ``hxmlir.export`` because ``pyproject.toml`` listed the packages
 by hand. ``setup.py`` now finds them; this test copies the packaging files and the
@@ -80,3 +80,37 @@ def test_a_new_sub_package_is_found_without_listing_it(tmp_path):
           "hxmlir/passes/nsdir/p.py"} <= want
   built = _built(tree, tmp_path / "lib")
   assert want - built == set(), f"missing from the wheel: {sorted(want - built)}"
+
+
+MSVC_BUILD = """
+import runpy
+import setuptools
+from setuptools import Distribution, Extension
+
+setuptools.setup = lambda **kw: None  # setup.py ends with setup(...): load its classes only
+ns = runpy.run_path("setup.py")
+
+
+class Msvc:
+  compiler_type = "msvc"
+
+
+cmd = ns["BuildExt"](Distribution({"name": "hxmlir"}))
+cmd.ensure_finalized()
+cmd.compiler = Msvc()
+cmd.extensions = [Extension("hxmlir._matmul_q_cpu", sources=["csrc/matmul_q_ffi.cc"],
+                            optional=True)]
+cmd.build_extensions()
+print("built the rest")
+"""
+
+
+def test_msvc_skips_the_optional_kernel_instead_of_failing_the_install():
+  # setuptools turns a CompileError of an optional extension into a warning (pip install
+  # goes on, hxmlir falls back to StableHLO); any other exception would end the build
+  p = subprocess.run([sys.executable, "-c", MSVC_BUILD], cwd=ROOT, capture_output=True,
+                     text=True, timeout=120)
+  out = p.stdout + p.stderr
+  assert p.returncode == 0, out
+  assert "built the rest" in out
+  assert "hxmlir's CPU kernel builds with GCC or Clang only" in out, out

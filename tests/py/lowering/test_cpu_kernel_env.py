@@ -96,7 +96,7 @@ def test_accepted_values_do_not_warn(env):
     assert info.startswith("native CPU kernel hx_matmul_q_cpu_v1 ("), info
 
 
-# --- the kernel's choices against the machine (issue 28: kernels that hold on any x86-64) ---
+# --- the kernel's choices against the machine (kernels that hold on any x86-64) ---
 
 # The CPU features each native build needs, as csrc/matmul_q_ffi.cc asks
 # __builtin_cpu_supports for them; spelled as Linux's /proc/cpuinfo "flags" line spells them.
@@ -150,10 +150,10 @@ def _kernel_threads(env: dict) -> tuple[int, int]:
 @pytest.mark.skipif(ext is None, reason="the native extension is not built")
 @pytest.mark.skipif(not hasattr(native.CpuKernelInfo, "threads"),
                     reason="the kernel does not report its thread count yet "
-                           "(CpuKernelInfo.threads, issue 28)")
+                           "(CpuKernelInfo.threads)")
 def test_thread_count_is_at_most_the_cores_whatever_the_host_device_count():
   # XLA's intra-op pool has max(cores, devices) threads: with
-  # --xla_force_host_platform_device_count=8 on 2 cores, 8 (issue 28: the int8 demo model
+  # --xla_force_host_platform_device_count=8 on 2 cores, 8 (the int8 demo model
   # went from 0.6x to 1.2-1.7x f32 with that flag). The kernel must put no more busy
   # threads on the cores than there are cores, whatever the number of host devices.
   flags = os.environ.get("XLA_FLAGS", "")

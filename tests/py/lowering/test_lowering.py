@@ -208,7 +208,7 @@ def test_composite_follows_the_schema(name):
     module = _parse(_lower(fn, *args))
     (comp,) = _composites(module)
     spec = schema.lookup(name)
-    # the formats of before issue 26 keep the version that holds them (legacy_version)
+    # the formats with f32 scales and no offset keep the version that holds them (legacy_version)
     assert comp["version"] == spec.version_for(comp["attributes"])
     assert set(comp["attributes"]) == set(spec.attributes_of(comp["version"]))
     problems = spec.check_types([_tensor_type(t) for t in comp["operand_types"]],

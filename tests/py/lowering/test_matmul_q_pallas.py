@@ -1,6 +1,6 @@
-"""The Pallas ``hx.matmul_q`` kernel on every quantization format (issue 15).
+"""The Pallas ``hx.matmul_q`` kernel on every quantization format.
 
-``lowering/matmul_q/pallas.py`` in Pallas interpret mode (both flavours: Triton's
+``lowering/matmul_q/pallas/`` in Pallas interpret mode (both flavours: Triton's
 masked loads, Mosaic's unmasked edge blocks, which interpret mode fills with NaN
 for floats, so a stale fp8 value or group scale that reached the sum would show),
 against the float64 product of ``x`` and the dequantized weight (``_dense64``: int4

@@ -1,6 +1,6 @@
-"""The Pallas kernel of the checkpoint layout ``W[out, in]`` (issue 26, item 3 on GPU/TPU).
+"""The Pallas kernel of the checkpoint layout ``W[out, in]`` on GPU/TPU.
 
-``matmul_q_nk_pallas`` (``lowering/matmul_q/pallas.py``, kernel ``hx_matmul_q_nk_v1``):
+``matmul_q_nk_pallas`` (``lowering/matmul_q/pallas/``, kernel ``hx_matmul_q_nk_v1``):
 ``hx.einsum("...k,nk->...n", x, w)`` with groups along the contraction ``k``, every
 format of :data:`hxmlir.formats.FORMATS` (int8, int4 and uint4 pairs, fp8; f32 or f16
 scales; offsets). Numbers: Pallas interpret mode (both flavours: Triton's masked loads,
@@ -237,7 +237,7 @@ def test_batched_weights_and_rank_1_x_call_the_kernel():
     assert _custom_calls(kn(np.ones((64, 2), np.float32), w).mlir_module()) == []
 
 
-def test_kn_layout_of_issue_26_formats_keeps_the_reference():
+def test_kn_layout_of_offset_and_f16_scale_formats_keeps_the_reference():
   # Format.pallas: f16 scales and offsets have the [out, in] kernel only
   w = _weight("uint4", 32, (), 64, 64, seed=13)  # used as Q[k, n] (quantized along n)
   with hx.installed():

@@ -1,4 +1,4 @@
-"""hxmlir.flax: an NNX model's weights as hx quantized values (issue 29).
+"""hxmlir.flax: an NNX model's weights as hx quantized values.
 
 Every number is checked against float64 numpy computed from the same f32 operands (the
 dequantized weights), within the error bounds of tests/py/numerics.py; quantized values

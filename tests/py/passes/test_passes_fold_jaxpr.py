@@ -162,7 +162,7 @@ def test_half_precision_x_folds_with_a_convert(dtype):
 @pytest.mark.parametrize("xspec, wspec", [(P(), P("i")), (P(None, "i"), P())])
 def test_dots_with_a_sharded_contraction_fold_and_compute_the_same(on_mesh, xspec, wspec):
   # a dot JAX accepts with a sharded contraction (its result replicated, the partial
-  # sums added) is an hx.matmul_q of the same type (issue 25: install never turns a
+  # sums added) is an hx.matmul_q of the same type (install never turns a
   # working program into a failing one)
   x, qw = _data(m=8, k=16, n=8)
   args = jax.device_put(x, xspec), hx.quantize(jax.device_put(hx.dequantize(qw), wspec))

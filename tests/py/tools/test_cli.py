@@ -113,7 +113,7 @@ def test_run_says_when_inputs_are_not_an_npz(files, capsys, tmp_path, content):
   assert cli.main(["run", str(art), "--inputs", str(tmp_path / "in.npz")]) == 1
   err = _err(capsys)
   assert f"--inputs {tmp_path / 'in.npz'}: not an .npz file" in err
-  # what it suggests works for an artifact of a function (issue 25: it named `hxmlir export
+  # what it suggests works for an artifact of a function (it named `hxmlir export
   # --inputs-out`, which export refuses without --model)
   assert err.endswith("(write one with numpy.savez, keyed as `hxmlir inspect ARTIFACT` lists; "
                       "for a built-in model, `hxmlir export --model M --inputs-out NPZ` writes "

@@ -1,4 +1,4 @@
-"""Multi-device artifacts on the command line (issue 25, item 6): ``hxmlir inspect`` says how
+"""Multi-device artifacts on the command line: ``hxmlir inspect`` says how
 many devices an artifact needs and on which mesh; ``hxmlir run`` runs it on a mesh of that
 shape, inputs placed by the artifact's input shardings, ``--host-devices`` making the CPU
 devices first; a clear error (naming the flag) when the devices are not there.

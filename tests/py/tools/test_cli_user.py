@@ -187,7 +187,7 @@ def test_lower_errors_are_one_line(user, capsys, argv, message):
     ("mylayer.py", "expected MODULE:FUNCTION"),
     ("nowhere.py:f", "ImportError: nowhere.py: no such file"),
     ("nowhere/x:f", "ImportError: nowhere/x: no such file"),
-    # a directory is said to be one (issue 25: "/tmp:dense" said "no such file")
+    # a directory is said to be one ("/tmp:dense" said "no such file")
     ("{d}:dense", "IsADirectoryError: {d}: is a directory; give a .py file in it "
                   "({d}/FILE.py:dense) or an importable module (MODULE:dense)"),
     ("{d}/:dense", "IsADirectoryError: {d}/: is a directory; give a .py file in it "
@@ -321,7 +321,7 @@ def test_inspect_a_flipped_byte(block_files, capsys, tmp_path):
   assert rc == 1 and "ArtifactError" in err and "corrupted" in err
 
 
-# --- Tup and r1 results (issue 13): components under documented keys -------------------------
+# --- Tup and r1 results: components under documented keys -------------------------
 
 def test_run_writes_tup_results_as_components(user, capsys, tmp_path):
   art = tmp_path / "swap.hxa"

@@ -110,7 +110,7 @@ def test_timing_and_weights(run):
   q = _step(report, "timing")["relative_to_f32_quartiles"]
   assert set(q) == set(ms) - {"f32"} and all(0 < lo <= hi for lo, hi in q.values())
   rel = _step(report, "timing")["relative_to_f32"]
-  assert all(q[k][0] <= rel[k] <= q[k][1] for k in q), (rel, q)  # issue 25, item 9
+  assert all(q[k][0] <= rel[k] <= q[k][1] for k in q), (rel, q)
   kernel = next(s for s in report["steps"] if s["name"] == "kernel")
   assert kernel["line"] == f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}"
   b = _step(report, "weights")["bytes"]
@@ -135,7 +135,7 @@ def test_export_step_reloads_identically(run):
   assert json.loads((out / "report.json").read_text()) == report
 
 
-# --- timing: the headline ratio is the median of the per-round ratios (issue 25, item 9) -------
+# --- timing: the headline ratio is the median of the per-round ratios -------
 
 # Per-round seconds whose ratio of medians (3 / 3 = 1.00x) lies outside the quartiles of the
 # per-round ratios (1.25-1.50): what the demo printed before ("0.91x, 0.96-1.04").
@@ -311,7 +311,7 @@ def test_minilm_comparison_checks_cosine_and_pair_ranking():
   assert not ok and "CHANGED" in line and data["pair_ranking_quantized"][0] == 0
 
 
-# --- formats (issue 15): the whole demo on other weight formats ------------------------
+# --- formats: the whole demo on other weight formats ------------------------
 
 @pytest.fixture(scope="module", params=[("int4", 32, "mse"), ("float8_e4m3fn", None, "absmax")],
                 ids=["int4-g32-mse", "fp8"])

@@ -311,7 +311,7 @@ def test_blocked_layouts_match_the_reference_decomposition(monkeypatch):
     jax.clear_caches()
 
 
-# --- bf16/f16 activations (issue 25, item 7) -----------------------------------------
+# --- bf16/f16 activations -----------------------------------------
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("subscripts, xs, qs, fmt, group", [

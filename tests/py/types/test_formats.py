@@ -1,4 +1,4 @@
-"""Quantization formats (issue 15): int8, int4 (two per byte), fp8 e4m3fn, per row or per
+"""Quantization formats: int8, int4 (two per byte), fp8 e4m3fn, per row or per
 group, through quantize, dequantize, matmul_q, einsum, make_qarray/qarray_parts, grad,
 vmap, scan, explicit sharding and shard_map.
 

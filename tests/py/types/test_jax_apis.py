@@ -1,4 +1,4 @@
-"""JAX's everyday placement, sharding and debugging APIs on hi values (issue 14, item 2).
+"""JAX's everyday placement, sharding and debugging APIs on hi values.
 
 Every hi type (q8, r1, Tup), eagerly and under ``jit``: ``jax.device_put``,
 ``jax.lax.with_sharding_constraint``, ``jit(in_shardings=, out_shardings=)``,

@@ -1,4 +1,4 @@
-"""Formats with f16 scales and formats with an offset (hxmlir/formats.py, issue 26):
+"""Formats with f16 scales and formats with an offset (hxmlir/formats.py):
 ``u4o`` (uint4 values, ``x = q·s + o`` per group), ``q8``/``q4``/``u4o`` with f16 scales.
 
 Numbers are checked against float64 NumPy computed from the stored components (nibbles
@@ -354,7 +354,7 @@ def test_verify_and_decompose_the_new_versions():
     ("u4o[8,64:g32]", "uint4", 1), ("u4o[8,64:g32,f16]", "uint4_f16", 1),
     ("q8[8,64:g32,f16]", "int8_f16", 3), ("q4[8,64:g32,f16]", "int4_f16", 2),
     ("q8o[8,64:g32,f16]", "int8_offset_f16", 1), ("q8o[8,64:g32]", "int8_offset", 1),
-    ("q8[8,64:g32]", "int8", 2), ("q4[8,64:g32]", "int4", 1),  # as before issue 26
+    ("q8[8,64:g32]", "int8", 2), ("q4[8,64:g32]", "int4", 1),  # f32 scales, no offset
 ])
 def test_type_text_and_descriptor_round_trip(text, fmt, v):
   from hxmlir.types import typedesc, typestr

@@ -529,7 +529,7 @@ def test_installed_interpret_mode_and_tup_aliasing():
   np.testing.assert_array_equal(np.asarray(hx.get_tuple_element(got, 1).qvalue), q)
 
 
-# --- every format and group size (issue 25): operands, results, slices -----------------
+# --- every format and group size: operands, results, slices -----------------
 
 FORMATS = [(jnp.int8, None), (jnp.int8, 64), (jnp.int4, None), (jnp.int4, 32),
            (jnp.float8_e4m3fn, None), (jnp.float8_e4m3fn, 128)]

@@ -286,7 +286,7 @@ def test_round_half_to_even():
     (jnp.float32(1.), "got f32[]"),
 ])
 def test_quantize_rejects_bad_operand(arg, msg):
-  # the message says what it takes: f32, and bf16/f16 converted (issue 25, item 10)
+  # the message says what it takes: f32, and bf16/f16 converted
   with pytest.raises(TypeError, match=r"hx\.quantize expects a dense float array of rank >= 1 "
                      r"\(f32\[\.\.\., n\]; bf16 and f16 are converted to f32 first, exactly\), "
                      + msg.replace("[", r"\[").replace("]", r"\]")):
@@ -345,7 +345,7 @@ def test_errors_fire_at_trace_time_not_in_xla(w):
   assert traced == [True]  # raised while tracing, before any lowering or compilation
 
 
-# --- bf16/f16 activations (issue 25, item 7) -----------------------------------------
+# --- bf16/f16 activations -----------------------------------------
 
 _HALF = [jnp.bfloat16, jnp.float16]
 _FORMATS = [(jnp.int8, None), (jnp.int8, 32), (jnp.int4, None), (jnp.int4, 32),

@@ -3,7 +3,7 @@
 XLA CPU's vectorised row maximum drops NaN from about 1000 columns on (as
 ``jnp.max(jnp.abs(w), -1)`` does there), so a quantize that found non-finite
 rows through the maximum gave those rows a finite scale and finite garbage.
-The rule (README, "They reach StableHLO"): a row holding NaN or +-inf
+The rule (docs/ir.md, "Numerics of `hx.quantize`"): a row holding NaN or +-inf
 dequantizes to NaN, the whole row; every other row is quantized as usual
 (within half a quantization step of the input). Checked eagerly, under ``jit``
 and under ``vmap`` over a leading dim, with NaN, -NaN, +inf and -inf at random
@@ -96,7 +96,7 @@ def test_quantize_needs_no_extra_buffer():
   assert temp < 512 * 4096 * 4 // 16
 
 
-# --- rows near zero (issue 25, item 10) ------------------------------------------------
+# --- rows near zero ------------------------------------------------
 # A row of absmax below qmax * 2**-126 (~1.5e-36 for int8) had a denormal scale, which
 # XLA CPU flushes to zero: the row dequantized to zeros (f8: to NaN, 0/0). Its scale is now
 # the smallest normal f32, so the row dequantizes within half a step of 2**-126 of each

@@ -663,7 +663,7 @@ def test_tuples_mixing_values_from_outside_the_mesh_differentiate(on_mesh, first
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
-# --- Auto mesh axes: a sharded contraction is partial sums, all-reduced (issue 25) -------
+# --- Auto mesh axes: a sharded contraction is partial sums, all-reduced -------
 
 @pytest.fixture(scope="module")
 def auto_mesh():

@@ -1,7 +1,7 @@
 """``vmap`` of ``lax.scan`` / ``while_loop`` / ``fori_loop`` / ``cond`` / ``switch`` with hi values.
 
 Every case is checked, eagerly and under ``jit``, against a Python loop over the
-batch running the same function on one example at a time (issue 14, item 3).
+batch running the same function on one example at a time.
 Batched q8 values are stacked from their per-example components, so the loop and
 the ``vmap`` see bitwise the same inputs.
 """

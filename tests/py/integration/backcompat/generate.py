@@ -109,7 +109,7 @@ CASES: dict[str, Case] = {
                         lambda: (_x((2, 3, 4), 12), hx.quantize(_x((4, 5), 13)),
                                  hx.quantize(_x((6, 4), 14))),
                         (("hx.matmul_q", 2),)),
-    # issue 15's formats: hx.quantize v2, hx.dequantize v2, hx.matmul_q v3 carry dtype,
+    # The int4/fp8/group formats: hx.quantize v2, hx.dequantize v2, hx.matmul_q v3 carry dtype,
     # group_size and layout (int4 pairs two per byte) in composite_attributes
     "quantize_v2": Case(
         lambda x: (hx.quantize(x, method="mse"), hx.quantize(x, jnp.int4, group_size=4),
@@ -130,7 +130,7 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((5, 8), 28), jnp.int4, group_size=4),
                  hx.quantize(_x((8, 6), 29), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 3),)),
-    # issue 26's formats: hx.quantize v3, hx.dequantize v3, hx.matmul_q v4 add scale_dtype
+    # The f16-scale and offset formats: hx.quantize v3, hx.dequantize v3, hx.matmul_q v4 add scale_dtype
     # and offset (the offsets one more result or operand): u4o (uint4 pairs with an
     # offset), f16 scales (GGUF's Q8_0, Q4_0, Q4_1), q8o (int8 with an offset)
     "quantize_v3": Case(
@@ -177,13 +177,13 @@ CASES: dict[str, Case] = {
         lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25),
         lambda: (_x((3, 2, 3, 8), 80), _x((2, 16, 8), 81), _x((2, 8, 16), 82), np.int32(5)),
         (("hx.attention", 1),)),
-    # hxmlir's registered kernels (lowering/matmul_q/pallas.py), one case per platform
+    # hxmlir's registered kernels (lowering/matmul_q/pallas/), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
         (("hx.matmul_q", 1),), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v1"),))
       for p in ("cuda", "rocm", "tpu")},
-    # version 2 of the Pallas kernel: int4 pairs, fp8 and group scales (issue 15)
+    # version 2 of the Pallas kernel: int4 pairs, fp8 and group scales
     **{f"hx_matmul_q_v2_{p}": Case(
         lambda x, a, b, c: (hx.matmul_q(x, a), hx.matmul_q(x, b), hx.matmul_q(x, c)),
         lambda: (_x((3, 40), 15), hx.quantize(_x((40, 64), 16), jnp.int4),
@@ -192,7 +192,7 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 3),), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_v2"),))
       for p in ("cuda", "rocm", "tpu")},
-    # the [out, in] Pallas kernel (issue 26): hx.einsum("...k,nk->...n") with groups along
+    # the [out, in] Pallas kernel: hx.einsum("...k,nk->...n") with groups along
     # the contraction -- GGUF's Q4_1 (u4o, f16 scales and offsets, ragged k chunk), Q8_0
     # (q8 g32 f16) and fp8 per row, x of rank 3
     **{f"hx_matmul_q_nk_v1_{p}": Case(
@@ -223,7 +223,7 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((300, 256), 34), jnp.int8, group_size=8)),
         (("hx.matmul_q", 3),), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v2", "hx_matmul_q_cpu_v2"),)),
-    # its version 3 (the [out, in] layout, issue 26): Q4_1-like u4o with f16 scales and
+    # its version 3 (the [out, in] layout): Q4_1-like u4o with f16 scales and
     # offsets ("dot" regime, m <= 8, rank-3 x), Q8_0-like q8 f16 per group and q8o
     # ("blocks", m > 8), fp8 per row (a legacy format: hx.matmul_q version 3)
     "hx_matmul_q_cpu_v3_cpu": Case(
@@ -238,7 +238,7 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
-    # the opt-in integer activations (issue 28): x (here 20 rows) quantized to int8 per block
+    # the opt-in integer activations: x (here 20 rows) quantized to int8 per block
     # at run time; Q4_1-like u4o with f16 scales and offsets, int4 per row (one block per
     # 32 of k), int8 per group of 16 (blocks narrower than 32)
     "hx_matmul_q_cpu_i8x_v1_cpu": Case(

@@ -1,0 +1,142 @@
+"""What hxmlir's two Pallas ``hx.matmul_q`` kernels share: backends and their compiler
+parameters, block arithmetic and checks, and the ``pl.pallas_call`` skeleton.
+
+Both kernels (:mod:`.kn`, ``Q[k, n]``; :mod:`.nk`, ``W[n, k]``) take ``x: f32[*b, m, k]``,
+collapse the batch dims into one grid axis, zero-pad ``x`` to whole ``block_m x block_k``
+blocks, run the grid ``(batch, mp / block_m, np / block_n)`` (all parallel) with ``x``'s
+row block and one output tile per program, and slice the result ``f32[B, mp, np]`` back to
+``f32[*b, m, n]``; they differ in the weight's operands and their block specs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from hxmlir import formats
+
+BACKENDS = ("triton", "mosaic_tpu")
+PLATFORM_BACKEND = {"cuda": "triton", "rocm": "triton", "tpu": "mosaic_tpu"}
+
+TRITON_NUM_WARPS = 4
+TRITON_NUM_STAGES = 3
+"""Triton compiler parameters, passed explicitly (Pallas' defaults could change)."""
+
+
+def compiler_params(backend: str):
+  """The Pallas compiler parameters of ``backend`` (they also select Pallas' lowering)."""
+  if backend == "triton":
+    from jax.experimental.pallas import triton as pltriton
+    return pltriton.CompilerParams(num_warps=TRITON_NUM_WARPS, num_stages=TRITON_NUM_STAGES)
+  from jax.experimental.pallas import tpu as pltpu
+  return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
+
+
+def round_up(v: int, mult: int) -> int:
+  return -(-v // mult) * mult
+
+
+def pow2_at_least(v: int) -> int:
+  p = 1
+  while p < v:
+    p *= 2
+  return p
+
+
+MOSAIC_MAX_BLOCK_N = 2048
+"""The widest tile :func:`default_blocks` takes on Mosaic to hold whole groups."""
+
+
+def fits_group(block_n: int, group: int | None) -> bool:
+  """Whether a ``block_n``-column tile holds whole groups of ``group`` or lies in one."""
+  return group is None or block_n % group == 0 or group % block_n == 0
+
+
+def check_backend(fn: str, backend: str) -> None:
+  """``ValueError`` naming ``fn`` for a backend not in :data:`BACKENDS`."""
+  if backend not in BACKENDS:
+    raise ValueError(f"{fn}: unknown backend {backend!r}; expected one of {BACKENDS}")
+
+
+def check_blocks(fn: str, backend: str, chosen: Sequence[int], axis: str, f: formats.Format,
+                 group: int | None) -> None:
+  """Checks ``chosen = (block_m, block_n, block_k)`` against ``backend`` and the weight's
+  format ``f`` and ``group``: Triton's blocks are powers of two >= 16, and the tile's axis
+  along the groups (``axis``: ``"n"`` or ``"k"``) holds whole groups or lies inside one, and
+  whole stored bytes. Raises ``ValueError`` naming ``fn`` and the block otherwise."""
+  if backend == "triton" and any(b < 16 or b & (b - 1) for b in chosen):
+    raise ValueError(f"{fn}: Triton blocks must be powers of two >= 16, got "
+                     f"(block_m, block_n, block_k) = {tuple(chosen)}")
+  size = chosen[1] if axis == "n" else chosen[2]
+  if not fits_group(size, group) or size % f.pack:
+    raise ValueError(f"{fn}: block_{axis} = {size} must be a multiple or a divisor of the "
+                     f"group size {group} (and a multiple of {f.pack} for {f.name})")
+
+
+@dataclass(frozen=True)
+class Grid:
+  """The blocked problem: ``x: f32[*batch, m, k]``, ``n`` outputs, the blocks, and the padded
+  sizes ``mp``, ``kp``, ``np_`` (whole blocks); ``nb``: the batch dims' product."""
+  batch: tuple[int, ...]
+  m: int
+  k: int
+  n: int
+  block_m: int
+  block_n: int
+  block_k: int
+
+  @property
+  def nb(self) -> int:
+    return math.prod(self.batch)
+
+  @property
+  def mp(self) -> int:
+    return round_up(self.m, self.block_m)
+
+  @property
+  def kp(self) -> int:
+    return round_up(self.k, self.block_k)
+
+  @property
+  def np_(self) -> int:
+    return round_up(self.n, self.block_n)
+
+
+def grid_of(x, n: int, blocks: Sequence[int]) -> Grid:
+  """The :class:`Grid` of ``x: f32[*b, m, k]`` with ``n`` outputs in ``blocks``."""
+  *batch, m, k = x.shape
+  return Grid(tuple(batch), m, k, n, *blocks)
+
+
+def padded_x(x, g: Grid):
+  """``x: f32[*b, m, k]`` as ``f32[nb, mp, kp]``, zero-padded to whole blocks."""
+  return jnp.pad(x.reshape(g.nb, g.m, g.k), ((0, 0), (0, g.mp - g.m), (0, g.kp - g.k)))
+
+
+def call_blocked(kernel, g: Grid, x3, operands: Sequence, specs: Sequence, *, backend: str,
+                 interpret: bool, name: str):
+  """``pl.pallas_call`` of ``kernel`` over ``(x3, *operands)``: ``x3 = padded_x(x, g)`` in
+  row blocks of ``block_m`` (all of ``kp``), ``operands`` in ``specs`` over the grid
+  ``(nb, mp / block_m, np / block_n)``, one ``block_m x block_n`` output tile per program
+  -> ``f32[*b, m, n]`` (the padding sliced away). ``name``: the custom call's kernel name."""
+  from jax.experimental import pallas as pl  # imported late: it is slow to import
+  sq = pl.squeezed
+  call = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((g.nb, g.mp, g.np_), jnp.float32),
+      grid=(g.nb, g.mp // g.block_m, g.np_ // g.block_n),
+      in_specs=[pl.BlockSpec((sq, g.block_m, g.kp), lambda b, i, j: (b, i, 0)), *specs],
+      out_specs=pl.BlockSpec((sq, g.block_m, g.block_n), lambda b, i, j: (b, i, j)),
+      compiler_params=None if interpret else compiler_params(backend),
+      interpret=interpret,
+      name=name,
+  )
+  # lower_composite traces references under jax.disable_jit(), which would run
+  # the kernel's fori_loop as a Python loop (unrolled, with constant offsets).
+  with jax.disable_jit(False):
+    y = call(x3, *operands)
+  return y[:, :g.m, :g.n].reshape(*g.batch, g.m, g.n)
