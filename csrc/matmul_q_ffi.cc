@@ -178,6 +178,36 @@ PyObject* PyI8xIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
 
+// Every (dtype, layout, weight layout, scale dtype, offset) the kernels decode, from the
+// format table (matmul_q_format_table.h): "kn" (hx_matmul_q_cpu_v2) with f32 scales and no
+// offset, "nk" (hx_matmul_q_cpu_v3) with f32 or f16 scales, with or without offsets.
+PyObject* PyNativeFormats(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  auto add = [&](const hxmlir::ValueFormatInfo& f, const char* wl, const char* sd, bool off) {
+    PyObject* t = Py_BuildValue("(ssssO)", f.dtype, f.layout, wl, sd, off ? Py_True : Py_False);
+    PyList_Append(out, t);
+    Py_DECREF(t);
+  };
+  for (const hxmlir::ValueFormatInfo& f : hxmlir::kValueFormats) {
+    if (f.kn) add(f, "kn", "f32", false);
+    for (const char* sd : {"f32", "f16"})
+      for (bool off : {false, true}) add(f, "nk", sd, off);
+  }
+  return out;
+}
+
+// The dtypes with an integer-activation kernel (hx_matmul_q_cpu_i8x_v1).
+PyObject* PyI8xFormats(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  for (const hxmlir::ValueFormatInfo& f : hxmlir::kValueFormats) {
+    if (!f.i8x) continue;
+    PyObject* name = PyUnicode_FromString(f.dtype);
+    PyList_Append(out, name);
+    Py_DECREF(name);
+  }
+  return out;
+}
+
 PyObject* PyCompiledIsas(PyObject*, PyObject*) {
   PyObject* out = PyList_New(0);
   for (const Isa& isa : kIsas) {
@@ -254,6 +284,11 @@ PyMethodDef kMethods[] = {
      "PyCapsule of hx_attention_cpu_v1's XLA FFI handler (hx.attention; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
      "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
+    {"native_formats", PyNativeFormats, METH_NOARGS,
+     "Every (dtype, layout, weight layout, scale dtype, offset) the kernels decode "
+     "(weight layout 'kn': hx_matmul_q_cpu_v2, 'nk': hx_matmul_q_cpu_v3)."},
+    {"i8x_formats", PyI8xFormats, METH_NOARGS,
+     "The dtypes hx_matmul_q_cpu_i8x_v1 takes (integer activations)."},
     {"compiled_isas", PyCompiledIsas, METH_NOARGS,
      "Names of the kernel sets compiled in, best first."},
     {"supported_isas", PySupportedIsas, METH_NOARGS,

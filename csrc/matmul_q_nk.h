@@ -37,13 +37,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "matmul_q_format_table.h"
+
 namespace hxmlir {
-
-enum class NkValues : int { kInt8 = 0, kInt4 = 1, kUInt4 = 2, kFp8E4M3Fn = 3 };
-
-constexpr int64_t NkPackOf(NkValues v) {
-  return v == NkValues::kInt4 || v == NkValues::kUInt4 ? 2 : 1;
-}
 
 struct NkProblem {
   const float* x;      // f32[m, k]

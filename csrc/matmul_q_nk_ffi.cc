@@ -47,11 +47,12 @@ struct NkSpec {
   NkValues values;
 };
 
+// Every format of the table (matmul_q_format_table.h) is taken in [out, in].
 constexpr NkSpec kNkSpecs[] = {
-    {"int8", "plain", "s8", ffi::DataType::S8, NkValues::kInt8},
-    {"int4", "int4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kInt4},
-    {"uint4", "uint4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kUInt4},
-    {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, NkValues::kFp8E4M3Fn},
+#define HX_X(id, D, dtype, layout, storage, type, ...) \
+  {dtype, layout, storage, ffi::DataType::type, ValueFormat::id},
+    HX_VALUE_FORMATS(HX_X)
+#undef HX_X
 };
 
 // The L2 cache's bytes as this CPU reports them (256 KiB when it does not say).
@@ -131,8 +132,8 @@ ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   for (const NkSpec& c : kNkSpecs)
     if (c.dtype == dtype) spec = &c;
   if (spec == nullptr)
-    return Invalid("unknown dtype attribute '" + std::string(dtype) +
-                   "' (expected int8, int4, uint4 or float8_e4m3fn)");
+    return Invalid("unknown dtype attribute '" + std::string(dtype) + "' (expected " +
+                   DtypeList([](const ValueFormatInfo&) { return true; }) + ")");
   if (layout != spec->layout)
     return Invalid("dtype " + std::string(dtype) + " is stored in layout '" +
                    std::string(spec->layout) + "', got layout '" + std::string(layout) + "'");
