@@ -42,8 +42,8 @@ Layout (``LAYOUTS``; a versioned part of the IR contract: the composites'
   XLA's own ``s4`` packing). ``n`` must be even; groups (``g``) must be even too,
   so a packed byte never straddles a group or a shard.
 
-Formats with f16 scales and formats with an offset (issue 26: GGUF's block types,
-GPTQ/AWQ zero points). A format also says its scale dtype (``scale_dtype``: ``f32``, or
+Formats with f16 scales and formats with an offset (hxmlir 0.4's composites' version 4:
+GGUF's legacy blocks, GPTQ/AWQ zero points). A format also says its scale dtype (``scale_dtype``: ``f32``, or
 ``f16`` for GGUF's legacy blocks, whose bytes then stay the file's; decodes widen them
 to f32 on the fly) and whether it has an *offset* per row or group
 (``x = values * scale + offset``, the offset of the scale's dtype and shape):
@@ -80,6 +80,47 @@ the platform's rule emits the StableHLO decomposition (the formats of issue 26 h
 kernels in the checkpoints' ``"nk"`` layout only: ``hx_matmul_q_cpu_v3`` on CPU,
 ``hx_matmul_q_nk_v1`` in Pallas).
 
+Block formats (GGUF's block types at the file's bytes; :data:`BLOCK_FORMATS`). Each holds
+one GGUF type exactly: a tensor ``[*lead, n]`` is ``n // B`` blocks of ``B`` elements along
+its last axis, and a block is llama.cpp's ``block_*`` struct (``ggml-common.h``) split into
+three components: the block's f16 ``d`` (the **scale**, ``f16[*lead, n // B]``: one group
+per block, the type's group size is ``B``), its f16 ``dmin`` (the **offset**, like the scale,
+where the format has one: Q4_K, Q5_K, Q2_K; Q5_1's ``m``) and the block's other bytes, in
+the file's order (the **values**, ``ui16[*lead, n // B, W]``: the bytes as little-endian
+16-bit words, byte ``2i`` the low byte of word ``i``; ``W`` words per block). The values
+hold the sub-block factors (the second level of the scales: 6-bit for Q4_K, Q5_K, Q3_K,
+IQ4_XS, int8 for Q6_K, 4-bit for Q2_K) and the quantized values packed at their bit width
+in the file's bit planes (4 + 1 bits for 5-bit values, 4 + 2 for 6-bit, 2 + 1 for 3-bit, 2
+for 2-bit; IQ4's 4-bit indices into the fixed table :data:`hxmlir.block_decode.IQ4_VALUES`).
+No byte is added: device bytes equal the file's. The dense value is
+``x = d · sc · q − dmin · m`` (K-quants with mins), ``d · sc · q`` (Q6_K, Q3_K), ``d · sc ·
+T[i]`` (IQ4_XS), ``d · q (+ m)`` (Q5_0, Q5_1), ``d · T[i]`` (IQ4_NL), as llama.cpp's
+``dequantize_row_*`` (``ggml-quants.c``) computes it; :mod:`hxmlir.block_decode` decodes
+them (bit for bit ``gguf.quants.dequantize``'s result).
+
+=============  ===========  =====  ===  ==============  ==============  =================================
+format         GGUF         B      W    bytes / block   bits / value    fields of the values (bytes)
+=============  ===========  =====  ===  ==============  ==============  =================================
+``q5_0``       Q5_0         32     10   22              5.5             qh 4, qs 16; ``q - 16``
+``q5_1``       Q5_1         32     10   24 (offset m)   6               qh 4, qs 16; ``d·q + m``
+``iq4_nl``     IQ4_NL       32     8    18              4.5             qs 16: table indices
+``q4_k``       Q4_K         256    70   144 (dmin)      4.5             scales 12, qs 128
+``q5_k``       Q5_K         256    86   176 (dmin)      5.5             scales 12, qh 32, qs 128
+``q6_k``       Q6_K         256    104  210             6.5625          ql 128, qh 64, scales 16 (int8)
+``q2_k``       Q2_K         256    40   84 (dmin)       2.625           scales 16 (4+4 bit), qs 64
+``q3_k``       Q3_K         256    54   110             3.4375          hmask 32, qs 64, scales 12
+``iq4_xs``     IQ4_XS       256    67   136             4.25            scales_h 2, scales_l 4, qs 128
+=============  ===========  =====  ===  ==============  ==============  =================================
+
+Each :class:`Format`'s ``fields`` spells its values' fields (name, bytes, meaning: which
+bits of which byte hold which element). Their types print ``q4_k[576,1536:g256,f16]`` (the
+format's name, the block as the group size, the f16 scales). A block format is identified
+by its components like every format (:func:`of_components`): ``ui16`` values, which no
+other format has, and their words per block ``W`` (with the offset, Q5_0 and Q5_1 differ
+by it). A sharding of the last axis must keep whole blocks (:func:`split_problem`).
+``hx.quantize`` does not make them (:func:`check_method`). Kernels: none yet
+(``native_cpu = pallas = ()``): every platform emits the StableHLO decomposition.
+
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
 """
@@ -93,6 +134,8 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from hxmlir import block_decode
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
@@ -119,7 +162,10 @@ class Format:
   ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
   ``pallas`` (the weight layouts of :data:`WEIGHT_LAYOUTS` the native CPU kernel and the
   Pallas kernels take it in; elsewhere the platform's rule emits the StableHLO
-  decomposition)."""
+  decomposition). A *block format* (``block > 0``: GGUF's blocks at the file's bytes) stores
+  each block of ``block`` elements as ``fields`` (``(name, bytes, meaning)`` in order, the
+  module docstring's table) in ``ui16`` words, its scale (and offset) one f16 per block;
+  ``gguf`` names the GGUF type it holds."""
   name: str
   prefix: str
   value_dtype: np.dtype
@@ -133,6 +179,19 @@ class Format:
   value_range: tuple[float, float] = (-127, 127)
   native_cpu: tuple[str, ...] = ("kn", "nk")
   pallas: tuple[str, ...] = ("kn", "nk")
+  block: int = 0
+  fields: tuple[tuple[str, int, str], ...] = ()
+  gguf: str = ""
+
+  @property
+  def block_bytes(self) -> int:
+    """A block format's stored bytes per block (its :attr:`fields`' sum; 0 for the others)."""
+    return sum(b for _, b, _ in self.fields)
+
+  @property
+  def block_words(self) -> int:
+    """A block format's stored ``ui16`` words per block (the values' last axis)."""
+    return self.block_bytes // 2
 
   @property
   def integer(self) -> bool:
@@ -156,12 +215,26 @@ class Format:
     return self.scale_dtype == F32 and not self.offset
 
   def storage_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-    """The stored values' shape for dense ``shape`` (``n // pack`` along the last axis)."""
+    """The stored values' shape for dense ``shape`` (``n // pack`` along the last axis; a
+    block format's ``[*lead, n // block, block_words]``)."""
+    if self.block:
+      return (*shape[:-1], shape[-1] // self.block, self.block_words)
     return (*shape[:-1], shape[-1] // self.pack)
 
   def dense_shape(self, storage_shape: Sequence[int]) -> tuple[int, ...]:
     """The dense shape of stored values of ``storage_shape``."""
+    if self.block:
+      return (*storage_shape[:-2], storage_shape[-2] * self.block)
     return (*storage_shape[:-1], storage_shape[-1] * self.pack)
+
+  def value_parts(self, parts: Sequence) -> tuple:
+    """The stored values' per-axis entries (partition entries, shardings) from the dense
+    value's ``parts``: the same, and ``None`` for a block format's block axis."""
+    return (*parts, None) if self.block else tuple(parts)
+
+  def dense_parts(self, value_parts: Sequence) -> tuple:
+    """:meth:`value_parts`' inverse: the dense value's entries from the stored values'."""
+    return tuple(value_parts)[:-1] if self.block else tuple(value_parts)
 
 
 INT8 = Format("int8", "q8", np.dtype(jnp.int8), np.dtype(jnp.int8), "i8", 1, 127, "plain",
@@ -182,8 +255,66 @@ INT8_OFFSET = dataclasses.replace(INT8, name="int8_offset", prefix="q8o", offset
                                   **_NO_KERNELS)
 INT8_OFFSET_F16 = dataclasses.replace(INT8_OFFSET, name="int8_offset_f16", scale_dtype=F16)
 
+
+UI16 = np.dtype(np.uint16)
+
+
+def _block_format(gguf: str, block: int, fields, value_range, offset: bool = False) -> Format:
+  """A block format (module docstring, "Block formats"): GGUF type ``gguf``'s blocks of
+  ``block`` elements, stored as ``fields`` in ``ui16`` words with an f16 scale (and
+  offset) per block; StableHLO decompositions on every platform."""
+  name = gguf.lower()
+  return Format(name, name, UI16, UI16, "ui16", 1, 0, f"gguf_{name}_v1", scale_dtype=F16,
+                offset=offset, value_range=value_range, native_cpu=(), pallas=(), block=block,
+                fields=tuple(fields), gguf=gguf)
+
+
+_NIBBLES_32 = ("qs", 16, "low 4 bits: element j in the low nibble of byte j, j + 16 in its "
+               "high nibble")
+_QH_32 = ("qh", 4, "fifth bits: element j's is bit j of qh as a little-endian u32")
+_K_SCALES = ("scales", 12, "6-bit factors of the 8 sub-blocks of 32: scales sc and mins m "
+             "(llama.cpp's get_scale_min_k4: sub-blocks 0-3 bits 0-5 of bytes 0-3 (sc) and "
+             "4-7 (m); 4-7 the nibbles of bytes 8-11 (sc low, m high) with bits 6-7 of "
+             "bytes 0-7 on top)")
+_K_QS = ("qs", 128, "low 4 bits: per 64 elements 32 bytes, element l in the low nibble of "
+         "byte l, 32 + l in its high nibble")
+Q5_0 = _block_format("Q5_0", 32, [_QH_32, _NIBBLES_32], (-16, 15))
+Q5_1 = _block_format("Q5_1", 32, [_QH_32, _NIBBLES_32], (0, 31), offset=True)
+IQ4_NL = _block_format("IQ4_NL", 32, [("qs", 16, "4-bit indices i into IQ4_VALUES, "
+                                                 "ordered as Q4_0's nibbles")], (-127, 113))
+Q4_K = _block_format("Q4_K", 256, [_K_SCALES, _K_QS], (0, 15), offset=True)
+Q5_K = _block_format("Q5_K", 256, [_K_SCALES, ("qh", 32, "fifth bits: element 32c + l's is "
+                                               "bit c of byte l"), _K_QS], (0, 31), offset=True)
+Q6_K = _block_format("Q6_K", 256, [
+    ("ql", 128, "low 4 bits: per 128 elements 64 bytes, element l (l < 64) the low nibble "
+                "of byte l, 64 + l its high nibble"),
+    ("qh", 64, "high 2 bits: per 128 elements 32 bytes, element 32s + l's are bits 2s, "
+               "2s + 1 of byte l"),
+    ("scales", 16, "int8 factor of each sub-block of 16")], (-32, 31))
+Q2_K = _block_format("Q2_K", 256, [
+    ("scales", 16, "per sub-block of 16: the 4-bit factor of d (low nibble) and of dmin "
+                   "(high nibble)"),
+    ("qs", 64, "2-bit values: per 128 elements 32 bytes, element 32s + l's are bits 2s, "
+               "2s + 1 of byte l")], (0, 3), offset=True)
+Q3_K = _block_format("Q3_K", 256, [
+    ("hmask", 32, "third bits: element 32c + l's is bit c of byte l; a clear bit "
+                  "subtracts 4"),
+    ("qs", 64, "low 2 bits, as Q2_K's"),
+    ("scales", 12, "6-bit factors - 32 of the 16 sub-blocks of 16: low 4 bits the nibbles "
+                   "of bytes 0-7 (sub-block 8n + b: nibble n of byte b), high 2 bits "
+                   "bits 2s, 2s + 1 of bytes 8-11 (sub-block 4s + b)")], (-4, 3))
+IQ4_XS = _block_format("IQ4_XS", 256, [
+    ("scales_h", 2, "high 2 bits of the 8 sub-blocks' 6-bit factors - 32: bits 2j, 2j + 1 "
+                    "of a little-endian u16"),
+    ("scales_l", 4, "low 4 bits of those factors: sub-block 2b + n in nibble n of byte b"),
+    ("qs", 128, "4-bit indices i into IQ4_VALUES: per sub-block of 32, 16 bytes, element "
+                "l in the low nibble of byte l, 16 + l in its high nibble")], (-127, 113))
+BLOCK_FORMATS = (Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS)
+"""The block formats (GGUF's blocks at the file's bytes), in :data:`FORMATS`' order."""
+
 FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT4_F16, UINT4,
-                                                  UINT4_F16, INT8_OFFSET, INT8_OFFSET_F16)}
+                                                  UINT4_F16, INT8_OFFSET, INT8_OFFSET_F16,
+                                                  *BLOCK_FORMATS)}
 """Every format by name (``hx.quantize``'s ``dtype``; the composites' ``dtype`` attribute)."""
 
 LAYOUTS = frozenset(f.layout for f in FORMATS.values())
@@ -212,7 +343,15 @@ def components_text(lead: str = "*l", dtype_name=None, where=None, axis: str = "
   pass JAX's short names); ``where`` (a predicate on :class:`Format`) keeps the formats a
   kernel takes."""
   kinds: dict = {}
+  blocks = []
   for f in FORMATS.values():
+    if f.block:
+      if where is None or where(f):
+        blocks.append(f"{f.prefix}: {dtype_name(f.storage_dtype) if dtype_name else f.mlir}"
+                      f"[{lead}, {axis}/{f.block}, {f.block_words}] {f.gguf} blocks, "
+                      f"{dtype_name(f.scale_dtype) if dtype_name else f.scale_mlir} "
+                      f"scales{' and offsets' if f.offset else ''} [{lead}, {axis}/{f.block}]")
+      continue
     if where is None or where(f):
       kinds.setdefault((f.prefix, f.storage_dtype, f.offset), []).append(f)
   out = []
@@ -224,7 +363,9 @@ def components_text(lead: str = "*l", dtype_name=None, where=None, axis: str = "
     scales = " or ".join(dict.fromkeys(dtype_name(g.scale_dtype) if dtype_name else g.scale_mlir
                                        for g in fs))
     out.append(f"{prefix}: {values}, {scales} scales{' and offsets' if offset else ''}")
-  return "; ".join(out) + (f"; scales [{lead}] per row or [{lead}, {axis}/g] per group of g")
+  if out:
+    out[-1] += f"; scales [{lead}] per row or [{lead}, {axis}/g] per group of g"
+  return "; ".join(out + blocks)
 
 
 METHODS = ("absmax", "mse", "minmax")
@@ -235,7 +376,7 @@ METHODS = ("absmax", "mse", "minmax")
 def _by_components() -> dict:
   out = {}
   for f in FORMATS.values():
-    key = (f.storage_dtype, f.scale_dtype, f.offset)
+    key = (f.storage_dtype, f.scale_dtype, f.offset, f.block_words)
     assert key not in out, f"formats {out.get(key)} and {f.name} have the same components"
     out[key] = f.name
   return out
@@ -263,14 +404,20 @@ def lookup(dtype) -> Format:
   return FORMATS[name]
 
 
-def of_storage(dtype) -> Format | None:
-  """The format whose lo values have numpy ``dtype`` or MLIR element type name, else ``None``."""
+def of_storage(dtype, shape: Sequence[int] | None = None) -> Format | None:
+  """The format whose lo values have numpy ``dtype`` or MLIR element type name, else ``None``.
+  Block formats (``ui16`` values) need the values' ``shape``: its last axis (words per
+  block) names the block format (Q5_0's and Q5_1's values are alike: the first is
+  returned; :func:`of_components` tells them apart by the offset)."""
+  if shape is not None and _np_dtype(dtype) == UI16:
+    return _BLOCK_OF_WORDS.get(int(shape[-1])) if len(shape) >= 2 else None
   try:
     return _OF_STORAGE[dtype]
   except (KeyError, TypeError):  # TypeError: an unhashable argument
     pass
   key = str(dtype)
-  found = next((f for f in FORMATS.values() if key in (f.storage_dtype.name, f.mlir)), None)
+  found = next((f for f in FORMATS.values()
+                if not f.block and key in (f.storage_dtype.name, f.mlir)), None)
   try:
     _OF_STORAGE[dtype] = found
   except TypeError:
@@ -279,6 +426,9 @@ def of_storage(dtype) -> Format | None:
 
 
 _OF_STORAGE: dict = {}  # of_storage's answers by argument (str(dtype) is slow on numpy dtypes)
+_BLOCK_OF_WORDS: dict = {}
+for _f in reversed(BLOCK_FORMATS):  # the first of equal words wins
+  _BLOCK_OF_WORDS[_f.block_words] = _f
 
 
 def _np_dtype(dtype) -> np.dtype | None:
@@ -288,6 +438,8 @@ def _np_dtype(dtype) -> np.dtype | None:
     f = of_storage(dtype)
     if f is not None:
       return f.storage_dtype
+    if dtype == "ui16":
+      return UI16
     if dtype in _MLIR_FLOATS:
       return _MLIR_FLOATS[dtype]
   try:
@@ -303,15 +455,24 @@ def dense_shape_of(storage_dtype, storage_shape: Sequence[int]) -> tuple[int, ..
   """The dense shape of stored values of ``storage_dtype`` (numpy dtype or MLIR element type
   name) and ``storage_shape``: the format's (:func:`of_storage`) unpacking, or the shape
   itself for a dtype no format stores (a dense array, or an operand to be refused later)."""
-  f = of_storage(storage_dtype)
+  f = of_storage(storage_dtype, storage_shape)
   return f.dense_shape(storage_shape) if f is not None else tuple(storage_shape)
 
 
-def of_components(values_dtype, scale_dtype, offset: bool) -> Format | None:
+def of_components(values_dtype, scale_dtype, offset: bool,
+                  values_shape: Sequence[int] | None = None) -> Format | None:
   """The format whose components are values of ``values_dtype``, scales of ``scale_dtype``
   and, when ``offset``, offsets of the scale's dtype (numpy dtypes or MLIR element type
-  names), else ``None``. The one place that reads a format off lo types."""
-  key = (_np_dtype(values_dtype), _np_dtype(scale_dtype), bool(offset))
+  names), else ``None``. The one place that reads a format off lo types. A block format's
+  values (``ui16``) also need their shape ``values_shape``: its last axis, the words per
+  block, names the format (without it: ``None``)."""
+  vd = _np_dtype(values_dtype)
+  words = 0
+  if vd == UI16:
+    if values_shape is None or len(values_shape) < 2:
+      return None
+    words = int(values_shape[-1])
+  key = (vd, _np_dtype(scale_dtype), bool(offset), words)
   try:
     name = _COMPONENTS.get(key)
   except TypeError:  # an unhashable dtype
@@ -319,10 +480,20 @@ def of_components(values_dtype, scale_dtype, offset: bool) -> Format | None:
   return FORMATS[name] if name is not None else None
 
 
+def of_avals(q, s, o=None) -> Format | None:
+  """:func:`of_components` of components ``q``, ``s`` and ``o`` (``None``, or a falsy
+  sequence: no offset): arrays, avals or anything with ``dtype`` and ``shape``."""
+  return of_components(q.dtype, s.dtype, bool(o) if not hasattr(o, "dtype") else True,
+                       tuple(q.shape))
+
+
 def check_method(fmt: Format, method: str) -> str | None:
   """Why ``hx.quantize(..., dtype=fmt.name, method=method)`` cannot be, else ``None``."""
   if method not in METHODS:
     return f"method must be one of {METHODS}, got {method!r}"
+  if fmt.block:
+    return (f"hx.quantize does not make {fmt.name} (GGUF's {fmt.gguf} blocks come from "
+            "checkpoints: hxmlir.gguf.load, or hx.make_qarray of the blocks' components)")
   if fmt.scale_dtype != F32:
     base = fmt.name.removesuffix("_f16")
     return (f"{fmt.name} has f16 scales, which come from checkpoints (hxmlir.gguf, "
@@ -383,6 +554,13 @@ def group_of(shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
 def check(fmt: Format, shape: Sequence[int], group: int | None) -> str | None:
   """Why dense ``shape`` cannot hold format ``fmt`` with ``group``, else ``None``."""
   n = shape[-1] if shape else 0
+  if fmt.block:
+    if group != fmt.block:
+      return (f"{fmt.name} has one scale per block of {fmt.block}: its group size is "
+              f"{fmt.block}, got {'one per row' if group is None else group}")
+    if n % fmt.block:
+      return f"the last axis ({n}) is not a multiple of {fmt.name}'s block of {fmt.block}"
+    return None
   if group is not None:
     if not isinstance(group, (int, np.integer)) or isinstance(group, bool) or group < 1:
       return f"group_size must be a positive int or None, got {group!r}"
@@ -401,6 +579,10 @@ def split_problem(fmt: Format, n: int, group: int | None, ways: int,
   per row) cannot be sharded ``ways`` ways, else ``None``: a shard would split a group, or
   a stored element (``stored_name``: its dtype as the caller prints it). The one rule of
   the types' check (``hxmlir.types.qarray``) and ``hx-verify``'s."""
+  if fmt.block and (n // fmt.block) % ways:
+    return (f"its {n // fmt.block} blocks of {fmt.block} ({fmt.name} super-blocks) cannot be "
+            f"split {ways} ways (a shard would split a block); shard another axis, or "
+            f"split it into a divisor of {n // fmt.block} parts")
   if group is not None and (n // group) % ways:
     return (f"{n // group} groups of {group} cannot be split {ways} ways (a shard would "
             f"split a group); shard another axis, or use a group size that divides "
@@ -452,8 +634,12 @@ def unpack_int4(p, signed: bool = True):
 
 def values_f32(q, fmt: Format | None = None):
   """Stored values ``q`` of any format (``fmt``; default the symmetric format of ``q``'s
-  dtype, :func:`of_storage`) as ``f32`` of the dense shape."""
-  f = fmt or of_storage(q.dtype)
+  dtype, :func:`of_storage`) as ``f32`` of the dense shape: what multiplies the scale (a
+  block format's sub-block factor times its value: the dense value's derivative in the
+  block's scale, :mod:`hxmlir.block_decode`)."""
+  f = fmt or of_storage(q.dtype, q.shape)
+  if f is not None and f.block:
+    return block_decode.units(q, f.name)[0]
   if f is not None and f.pack == 2:
     q = unpack_int4(q, f.signed)
   return q.astype(jnp.float32)
@@ -465,10 +651,14 @@ def decode(q, s, o=None):
   ``values * s + o`` per row or group, scales and offsets widened to f32 first (finite
   where ``values * s`` alone overflows but the sum does not). The
   format is :func:`of_components`' (a dtype no format has raises ``TypeError``)."""
-  f = of_components(q.dtype, s.dtype, o is not None)
+  f = of_components(q.dtype, s.dtype, o is not None, q.shape)
   if f is None:
-    raise TypeError(f"no quantization format has values {q.dtype}, scales {s.dtype}"
-                    f"{' and offsets' if o is not None else ''}")
+    raise TypeError(f"no quantization format has values {q.dtype}{list(q.shape)}, scales "
+                    f"{s.dtype}{' and offsets' if o is not None else ''}")
+  if f.block:  # x = u * d + v * dmin per block: each product exact or rounded once
+    u, v = block_decode.units(q, f.name)
+    y = apply_scale(u, s.astype(jnp.float32))
+    return y if o is None else y + apply_scale(v, o.astype(jnp.float32))
   v, s = values_f32(q, f), s.astype(jnp.float32)
   y = apply_scale(v, s)
   if o is None:
@@ -480,6 +670,21 @@ def decode(q, s, o=None):
   wide = apply_offset(apply_scale(v, s * 0.5), o * 0.5) * 2
   return jnp.where(jnp.isinf(out) & jnp.isfinite(apply_offset(apply_scale(v * 0, s), o)),
                    wide, out)
+
+
+def offset_units(q, fmt: Format):
+  """What multiplies the offset for stored values ``q`` of a format with one: ``None`` for
+  the elementwise formats (the offset is added as it is: :func:`apply_offset`), a block
+  format's ``f32`` dense derivative in its offset (``-m``: K-quants' sub-block mins)."""
+  if not fmt.block:
+    return None
+  return block_decode.units(q, fmt.name)[1]
+
+
+def add_offset(y, o, units=None):
+  """``y`` plus offsets ``o`` per row or group, each times ``units`` (:func:`offset_units`;
+  ``None``: once)."""
+  return apply_offset(y, o) if units is None else y + apply_scale(units, o)
 
 
 def apply_offset(y, o):

@@ -72,8 +72,8 @@ DENSE = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
          "I16": np.int16, "I32": np.int32, "I64": np.int64}
 """The GGUF types held as NumPy arrays of their own dtype (BF16 too, as ml_dtypes')."""
 
-SUPPORTED = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
-             "Q6_K")
+SUPPORTED = ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
+             "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 """The GGUF tensor types :func:`load` holds exactly."""
 
 
@@ -246,12 +246,18 @@ def hx_type_name(kind: str, shape: tuple[int, ...]) -> str:
       else "unsupported"
 
 
-_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16", "Q5_0": "int8_f16",
-            "Q5_1": "int8_offset_f16", "Q4_K": "uint4", "Q5_K": "int8_offset", "Q6_K": "int8"}
-_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144,
-                "Q5_K": 176, "Q6_K": 210}
-_BLOCK_SIZES = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # elements per block (else BLOCK)
-_GROUPS = {"Q6_K": 16}  # elements per group of the loaded value (else BLOCK)
+_FORMATS = {"Q8_0": "int8_f16", "Q4_0": "int4_f16", "Q4_1": "uint4_f16",
+            **{f.gguf: f.name for f in formats.BLOCK_FORMATS}}
+_BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "IQ4_NL": 18,
+                "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "Q2_K": 84, "Q3_K": 110, "IQ4_XS": 136}
+_BLOCK_SIZES = {f.gguf: f.block for f in formats.BLOCK_FORMATS}  # elements per block (else BLOCK)
+_GROUPS = {f.gguf: f.block for f in formats.BLOCK_FORMATS}  # elements per group (else BLOCK)
+_HEADERS = {"Q5_0": (0, None, 2), "Q5_1": (0, 2, 4), "IQ4_NL": (0, None, 2), "Q4_K": (0, 2, 4),
+            "Q5_K": (0, 2, 4), "Q6_K": (208, None, 0), "Q2_K": (80, 82, 0), "Q3_K": (108, None, 0),
+            "IQ4_XS": (0, None, 2)}
+"""Where a block format's file block (``ggml-common.h``'s ``block_*``) keeps its f16 ``d``,
+its f16 ``dmin`` (``m`` for Q5_1; ``None``: none) and the rest, the format's stored fields
+(:data:`hxmlir.formats.FORMATS`), as byte offsets in the block."""
 
 
 def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str = "tensor"):
@@ -272,10 +278,8 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     raise GGUFError(f"{where}: {kind} bytes {list(np.shape(data))} do not hold shape "
                     f"{list(shape)} in blocks of {elems} ({size} bytes each)")
   raw = np.asarray(data).reshape(*shape[:-1], n // elems, size)
-  if kind in ("Q4_K", "Q5_K"):
-    return _q45_k(raw, shape, five=kind == "Q5_K")
-  if kind == "Q6_K":
-    return _q6_k(raw, shape)
+  if kind in _HEADERS:
+    return block_parts(raw, kind)
   d = raw[..., :2].copy().view(np.float16)[..., 0]  # [*lead, n / 32] f16: the file's bytes
   if kind == "Q8_0":
     return raw[..., 2:].copy().view(np.int8).reshape(shape), d
@@ -284,64 +288,20 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
     return _pairs(_block_nibbles(raw[..., 4:])).reshape(*shape[:-1], n // 2), d, m
   if kind == "Q4_0":  # q - 8 as a two's-complement nibble: q ^ 8
     return _pairs(_block_nibbles(raw[..., 2:]) ^ np.uint8(8)).reshape(*shape[:-1], n // 2), d
-  # Q5_0 (Q5_1: after d, m): 4 bytes of fifth bits (little-endian uint32), then the nibbles
-  at = 4 if kind == "Q5_1" else 2
-  qh = raw[..., at:at + 4].copy().view("<u4")[..., 0]
-  bits = ((qh[..., None] >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8)
-  q = (_block_nibbles(raw[..., at + 4:]) | (bits << np.uint8(4))).view(np.int8)
-  if kind == "Q5_1":
-    return q.reshape(shape), d, raw[..., 2:4].copy().view(np.float16)[..., 0]
-  return (q - np.int8(16)).reshape(shape), d
+  raise AssertionError(kind)  # every other block type is in _HEADERS
 
 
-def _q45_k(raw: np.ndarray, shape, five: bool):
-  """Q4_K blocks ``uint8[*lead, nb, 144]`` (f16 ``d``, f16 ``dmin``, 12 bytes of 6-bit
-  scales and mins, 128 bytes of nibbles) -> ``uint4`` pairs, f32 ``d·sc``, f32 ``-dmin·m``
-  per 32 elements. In each 64 elements, 32 bytes: elements ``l`` in the low nibbles,
-  ``32 + l`` in the high ones (llama.cpp's ``dequantize_row_q4_K``). Q5_K (``five``,
-  176 bytes: 32 bytes ``qh`` before the nibbles): chunk ``c`` of 64 takes its fifth bits
-  from ``qh[l]``'s bit ``2c`` (low half) and ``2c + 1`` (high half); int8 values in
-  [0, 31] (``dequantize_row_q5_K``)."""
-  lead, nb = raw.shape[:-2], raw.shape[-2]
-  d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-  dmin = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-  sc = raw[..., 4:16]
-  # get_scale_min_k4: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7
-  # (mins); 4-7 in the nibbles of bytes 8-11 with their top bits in bytes 0-7's bits 6-7
-  lo, hi = sc[..., 0:4], sc[..., 4:8]
-  scales = np.concatenate([lo & 63, (sc[..., 8:12] & 0xF) | ((lo >> 6) << 4)], -1)
-  mins = np.concatenate([hi & 63, (sc[..., 8:12] >> 4) | ((hi >> 6) << 4)], -1)
-  qs = raw[..., 48 if five else 16:].reshape(*lead, nb, 4, 32)
-  vals = np.stack([qs & np.uint8(0xF), qs >> np.uint8(4)], -2)  # [.., nb, 4, 2, 32]
-  if five:
-    qh = raw[..., 16:48].reshape(*lead, nb, 1, 1, 32)
-    shift = np.arange(8, dtype=np.uint8).reshape(4, 2, 1)  # bit 2c + half
-    vals = vals | (((qh >> shift) & np.uint8(1)) << np.uint8(4))
-    values = vals.view(np.int8).reshape(shape)
-  else:
-    values = _pairs(vals.reshape(*lead, nb * 256)).reshape(*shape[:-1], shape[-1] // 2)
-  s = (d[..., None] * scales.astype(np.float32)).reshape(*shape[:-1], -1)
-  o = -(dmin[..., None] * mins.astype(np.float32)).reshape(*shape[:-1], -1)
-  return values, s, o
-
-
-def _q6_k(raw: np.ndarray, shape):
-  """Q6_K blocks ``uint8[*lead, nb, 210]`` (128 bytes of low nibbles ``ql``, 64 of 2-bit
-  high parts ``qh``, 16 int8 scales, f16 ``d``) -> int8 ``q - 32`` and f32 ``d·sc`` per 16
-  elements. In each 128 elements (``ql`` 64 bytes, ``qh`` 32): element ``l`` (``l < 32``)
-  is ``ql[l]``'s low nibble with ``qh[l]`` bits 0-1, ``32 + l`` ``ql[32 + l]``'s low
-  nibble with bits 2-3, ``64 + l`` ``ql[l]``'s high nibble with bits 4-5, ``96 + l``
-  ``ql[32 + l]``'s high nibble with bits 6-7 (llama.cpp's ``dequantize_row_q6_K``)."""
-  lead, nb = raw.shape[:-2], raw.shape[-2]
-  ql = raw[..., :128].reshape(*lead, nb, 2, 2, 32)  # [half, ql[0:32] / ql[32:64], l]
-  qh = raw[..., 128:192].reshape(*lead, nb, 2, 1, 32)
-  low = np.concatenate([ql & np.uint8(0xF), ql >> np.uint8(4)], -2)  # [half, 4, l]
-  shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
-  high = (qh >> shifts) & np.uint8(3)
-  q = (low | (high << np.uint8(4))).view(np.int8) - np.int8(32)
-  sc = raw[..., 192:208].copy().view(np.int8).astype(np.float32)
-  d = raw[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-  return q.reshape(shape), (d[..., None] * sc).reshape(*shape[:-1], -1)
+def block_parts(raw: np.ndarray, kind: str):
+  """A block format's components from its GGUF blocks ``raw: uint8[*lead, nb, bytes]``:
+  ``(ui16[*lead, nb, words] stored fields, f16 d[*lead, nb][, f16 dmin])``, the file's
+  bytes (:data:`_HEADERS` says where each is; a copy of the fields, no decoding)."""
+  d_at, m_at, at = _HEADERS[kind]
+  f = formats.FORMATS[_FORMATS[kind]]
+  values = np.ascontiguousarray(raw[..., at:at + f.block_bytes]).view("<u2")
+  d = np.ascontiguousarray(raw[..., d_at:d_at + 2]).view("<f2")[..., 0]
+  if m_at is None:
+    return values, d
+  return values, d, np.ascontiguousarray(raw[..., m_at:m_at + 2]).view("<f2")[..., 0]
 
 
 def _block_nibbles(qs: np.ndarray) -> np.ndarray:
@@ -389,6 +349,8 @@ def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
     return None
   f = formats.FORMATS[_FORMATS[kind]]
   groups = count // _GROUPS.get(kind, BLOCK)
+  if f.block:
+    return groups * (f.block_bytes + f.scale_dtype.itemsize * (2 if f.offset else 1))
   return (count // f.pack * f.storage_dtype.itemsize
           + groups * f.scale_dtype.itemsize * (2 if f.offset else 1))
 

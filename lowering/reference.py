@@ -184,12 +184,15 @@ def matmul_q_offset(x, q, s, o, dimension_numbers=None):
   """:func:`matmul_q` of the values and scales, plus, for a format with an offset ``o``
   (``None``: none), the offset term (:func:`matmul_offset`):
   ``Σ x·(q·s + o) = Σ_g s·Σ x·q + Σ_g o·Σ x``. ``s`` and ``o`` may be f16 (widened)."""
-  f = formats.of_components(q.dtype, s.dtype, o is not None)
+  f = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
   dims = dimension_numbers or dotdims.v1_dims(x.ndim)
   qf = formats.values_f32(q, f)
   y = _matmul_symmetric(x, qf, s.astype(jnp.float32), dims)
   if o is None:
     return y
+  units = formats.offset_units(q, f)  # a block format's -m per element (K-quants' mins)
+  if units is not None:
+    return y + _matmul_symmetric(x, units, o.astype(jnp.float32), dims)
   return y + matmul_offset(x, qf.shape, o.astype(jnp.float32), dims)
 
 

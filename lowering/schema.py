@@ -12,7 +12,7 @@ Bump an op's ``version`` whenever its semantics or attributes change, keep the
 old version in ``accepted_versions`` while artifacts that use it may exist, and
 add a back-compat artifact for the new version (tests/py/integration/backcompat).
 
-Quantization formats (:mod:`hxmlir.formats`, issue 15): every op over quantized
+Quantization formats (:mod:`hxmlir.formats`): every op over quantized
 values says its format in ``composite_attributes`` (:data:`FORMAT_ATTRIBUTES`):
 ``dtype`` (``"int8"``, ``"int4"``, ``"float8_e4m3fn"``), ``group_size`` (``0``: one
 scale per row, else ``g``) and ``layout`` (the storage layout, ``"plain"`` or
@@ -23,14 +23,22 @@ with the operand types (``hx-verify`` checks both). Older versions (``hx.quantiz
 v1, ``hx.dequantize`` v1, ``hx.matmul_q`` v1 and v2) have no format attributes and
 mean int8 values with per-row scales only.
 
-Formats with f16 scales or an offset (issue 26; ``x = q·s + o`` per row or group):
+Formats with f16 scales or an offset (``x = q·s + o`` per row or group):
 ``hx.quantize`` v3, ``hx.dequantize`` v3 and ``hx.matmul_q`` v4 add ``scale_dtype``
 (``"f32"``, ``"f16"``) and ``offset`` (bool) to the format attributes
 (:data:`OFFSET_FORMAT_ATTRIBUTES`); with ``offset = true`` the offsets (the scales'
 type) follow the scales: one more result of ``hx.quantize`` (``method = "minmax"``),
 one more operand of ``hx.dequantize`` and ``hx.matmul_q``. Each op is emitted at the
 oldest version that holds its format (:meth:`OpSchema.version_for`): the formats of
-before keep their versions and IR, those of issue 26 take the new one.
+before keep their versions and IR, those with f16 scales or offsets take these.
+
+Block formats (GGUF's blocks at the file's bytes, :data:`hxmlir.formats.BLOCK_FORMATS`:
+``q5_0`` ... ``iq4_xs``): ``hx.dequantize`` v4 and ``hx.matmul_q`` v5, the same attribute
+keys as v3 and v4, whose ``dtype`` names the block format (``"q4_k"``), ``layout`` its
+storage (``"gguf_q4_k_v1"``), ``group_size`` its block, ``scale_dtype = "f16"``; the values
+are ``ui16[*l, n // B, W]`` (each block's fields as 16-bit words), the scales (and
+offsets) ``f16[*l, n // B]``. Older versions refuse a block format
+(:meth:`OpSchema.format_problem`). ``hx.quantize`` does not make them.
 """
 
 from __future__ import annotations
@@ -64,7 +72,7 @@ class TensorType:
     return cls(tuple(value.shape), _DTYPE_NAMES.get(str(value.dtype), str(value.dtype)))
 
 
-_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8", "int32": "i32",
+_DTYPE_NAMES = {"float32": "f32", "int8": "i8", "uint8": "ui8", "uint16": "ui16", "int32": "i32",
                 "float8_e4m3fn": "f8E4M3FN", "float16": "f16",
                 "bfloat16": "bf16"}  # numpy -> MLIR spelling
 _NUMPY_NAMES = {v: k for k, v in _DTYPE_NAMES.items()}
@@ -117,9 +125,12 @@ class OpSchema:
   # which count a format's offset adds one to, from the version that has the
   # ``offset`` attribute on: "operands" or "results"
   offset_adds: str | None = None
-  # the version still emitted for the formats of before issue 26 (f32 scales, no
-  # offset: FORMAT_ATTRIBUTES), whose IR stays as it was
+  # the version still emitted for the first formats (f32 scales, no offset:
+  # FORMAT_ATTRIBUTES), whose IR stays as it was
   legacy_version: int | None = None
+  # the version still emitted for the other formats that are not block formats (f16
+  # scales, offsets: OFFSET_FORMAT_ATTRIBUTES); the block formats take the current one
+  offset_version: int | None = None
   # The op's quantized value, if any: (what diagnostics call it -- "result", "operand",
   # "weight" --, index of its stored values, index of its scales), among the results
   # for "result", else among the operands.
@@ -139,12 +150,25 @@ class OpSchema:
 
   def version_for(self, attrs: dict | None) -> int:
     """What an emitter that names no version emits for ``composite_attributes`` ``attrs``:
-    ``legacy_version`` when they are its keys (a format of before issue 26, whose IR
-    stays as it was), else the current version (module docstring)."""
+    ``legacy_version`` when they are its keys (f32 scales, no offset: the IR stays as it
+    was), ``offset_version`` for the other formats but the block formats, else the current
+    version (module docstring)."""
     if self.legacy_version is not None and \
        set(attrs or {}) == set(self.attributes_of(self.legacy_version)):
       return self.legacy_version
+    if self.offset_version is not None and not is_block_format(attrs):
+      return self.offset_version
     return self.version
+
+  def format_problem(self, version: int, attrs: dict | None) -> str | None:
+    """Why an op of ``version`` cannot hold the format its ``composite_attributes`` ``attrs``
+    name (a block format before the version that introduced them), else ``None``."""
+    if self.offset_version is not None and version <= self.offset_version and \
+       is_block_format(attrs):
+      return (f"dtype {attrs['dtype']!r} is a block format (GGUF's {attrs['dtype'].upper()}), "
+              f"which {self.name} holds from version {self.offset_version + 1} on, not in "
+              f"version {version}")
+    return None
 
   def attributes_of(self, version: int | None = None) -> dict[str, type]:
     """The ``composite_attributes`` keys and Python types of ``version`` (default: current)."""
@@ -167,7 +191,7 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   """``(format, group, dense shape)`` of stored values ``q``, scales ``s`` and offsets
   ``o`` (``None``: a format without) (:mod:`hxmlir.formats`), or a string saying what is
   wrong."""
-  f = formats.of_storage(q.dtype)
+  f = formats.of_storage(q.dtype, q.shape)
   if f is None or not _rank_at_least(q, 1):
     return (f"quantized values must be i8[..., n], got {q} (formats: "
             f"{formats.components_text('...')})")
@@ -176,7 +200,7 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
   if isinstance(group, str):
     return (f"scale shape must be the value shape without its last axis: values {q}, "
             f"scale {s} (per group of g: with n // g last; dense shape {list(dense)})")
-  full = formats.of_components(q.dtype, s.dtype, o is not None)
+  full = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
   if full is None or (o is not None and (o.shape, o.dtype) != (s.shape, s.dtype)):
     offsets = "" if o is None else f", offsets {o}"
     return (f"values {q}, scale {s}{offsets}: no quantization format has these components "
@@ -191,8 +215,16 @@ FORMAT_ATTRIBUTES = {"dtype": str, "group_size": int, "layout": str}
 """The ``composite_attributes`` that say a quantized operand's or result's format."""
 
 OFFSET_FORMAT_ATTRIBUTES = {**FORMAT_ATTRIBUTES, "scale_dtype": str, "offset": bool}
-"""The format attributes of the versions of issue 26: also the scales' (and offsets')
+"""The format attributes of the versions for f16 scales and offsets (``hx.quantize`` v3,
+``hx.dequantize`` v3, ``hx.matmul_q`` v4, and the block formats' versions after them): also the scales' (and offsets')
 dtype, ``"f32"`` or ``"f16"``, and whether offsets follow the scales."""
+
+
+def is_block_format(attrs: dict | None) -> bool:
+  """Whether ``composite_attributes`` ``attrs`` name a block format (:mod:`hxmlir.formats`:
+  GGUF's blocks at the file's bytes)."""
+  f = formats.FORMATS.get((attrs or {}).get("dtype"))
+  return bool(f is not None and f.block)
 
 
 def format_attributes(fmt, group: int | None) -> dict[str, object]:
@@ -218,7 +250,7 @@ def _quantized_pair(q: TensorType, s: TensorType, what: str, attrs=None,
                     o: TensorType | None = None) -> list[str]:
   errs = []
   if s.dtype != "f32" and not (attrs and "scale_dtype" in attrs and s.dtype == "f16"):
-    # (the versions before issue 26 hold f32 scales only)
+    # (the versions before the f16-scale formats hold f32 scales only)
     return [f"{what}: scale must be f32, got {s}"]
   got = quantized_format(q, s, o)
   if isinstance(got, str):
@@ -535,22 +567,26 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              offset_adds="results", legacy_version=2,
              quantized_pair=("result", 0, 1),
              check_types=_check_quantize, check_shardings=_shard_quantize),
-    OpSchema("hx.dequantize", 3, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
+    OpSchema("hx.dequantize", 4, 2, 1, "(i8[*l, n], f32[*l]) -> f32[*l, n]",
              primitive="hx_dequantize", attributes=dict(OFFSET_FORMAT_ATTRIBUTES),
-             accepted_versions=(1, 2), old_attributes={1: {}, 2: dict(FORMAT_ATTRIBUTES)},
-             offset_adds="operands", legacy_version=2, quantized_pair=("operand", 0, 1),
+             accepted_versions=(1, 2, 3), old_attributes={1: {}, 2: dict(FORMAT_ATTRIBUTES),
+                                                          3: dict(OFFSET_FORMAT_ATTRIBUTES)},
+             offset_adds="operands", legacy_version=2, offset_version=3,
+             quantized_pair=("operand", 0, 1),
              check_types=_check_dequantize, check_shardings=_shard_dequantize),
-    OpSchema("hx.matmul_q", 4, 3, 1,
+    OpSchema("hx.matmul_q", 5, 3, 1,
              "(f32[...], i8[..., n], f32[...]) -> f32[...]: dot_general(x, q * s[..., None]) "
              "with the composite's dimension numbers (version 1: f32[*b, m, k], i8[*b, k, n], "
              "f32[*b, k] -> f32[*b, m, n])",
              primitive="hx_matmul_q",
              attributes={**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple), **OFFSET_FORMAT_ATTRIBUTES},
-             accepted_versions=(1, 2, 3),
+             accepted_versions=(1, 2, 3, 4),
              old_attributes={1: {}, 2: dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
                              3: {**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
-                                 **FORMAT_ATTRIBUTES}},
-             offset_adds="operands", legacy_version=3,
+                                 **FORMAT_ATTRIBUTES},
+                             4: {**dict.fromkeys(MATMUL_Q_ATTRIBUTES, tuple),
+                                 **OFFSET_FORMAT_ATTRIBUTES}},
+             offset_adds="operands", legacy_version=3, offset_version=4,
              check_types=_check_matmul_q,
              check_shardings=_shard_matmul_q, check_operands=_matmul_q_operands,
              quantized_pair=("weight", 1, 2)),

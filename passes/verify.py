@@ -132,6 +132,11 @@ def _check_composite(op: ir.Operation, funcs, plain_cache) -> list[str]:
   attr_errs = _check_attributes(op, spec, version) if version in spec.versions else []
   errs += attr_errs
   attrs = composite.read_attributes(ops.attr_or_none(op, "composite_attributes"))
+  if not attr_errs and version in spec.versions:
+    problem = spec.format_problem(version, attrs)
+    if problem:
+      attr_errs.append(problem)
+      errs.append(problem)
   operands, results = list(op.operands), list(op.results)
   n_ops, n_res = spec.counts(attrs)  # a format's offset is one more operand or result
   if len(operands) != n_ops or len(results) != n_res:

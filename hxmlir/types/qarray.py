@@ -97,8 +97,7 @@ class QArray(DenseValue):
   @property
   def shape(self) -> tuple[int, ...]:
     """The dense shape ``(*lead, n)`` (twice the stored last axis for packed int4)."""
-    f = formats.of_storage(self.qvalue.dtype)
-    return f.dense_shape(self.qvalue.shape) if f is not None else tuple(self.qvalue.shape)
+    return formats.dense_shape_of(self.qvalue.dtype, self.qvalue.shape)
 
   # not an array: np.asarray(q), q1 == q2, hash(q), bool(q) raise TypeError
   __array__, __eq__, __ne__, __hash__, __bool__ = value_refusals(
@@ -231,18 +230,18 @@ class QArrayTy(DenseValuedType, HiType):
   # vmap / scan
   def dec_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
     if self.shape[0] != size:
-      raise ValueError(f"mapped axis of q8[{self._dims()}] has size {self.shape[0]}, "
+      raise ValueError(f"mapped axis of {self} has size {self.shape[0]}, "
                        f"but the mapped size is {size}")
     if len(self.shape) < 2:
-      raise TypeError(f"cannot map over the only (quantized) axis of q8[{self._dims()}]")
+      raise TypeError(f"cannot map over the only (quantized) axis of {self}")
     return self._with(shape=self.shape[1:],
                       sharding=shd.with_partitions(self.sharding, self._parts()[1:]))
 
   def inc_rank(self, size, spec) -> QArrayTy:
     if not isinstance(spec, QArraySpec):
-      raise TypeError(f"a q8[{self._dims()}] is mapped with hx.QArraySpec(), got {spec!r}")
+      raise TypeError(f"a {self} is mapped with hx.QArraySpec(), got {spec!r}")
     return self._with(shape=(size, *self.shape),
                       sharding=shd.with_partitions(self.sharding, (None, *self._parts())))
 
@@ -258,11 +257,11 @@ class QArrayTy(DenseValuedType, HiType):
   # shard_map
   def _check_pspec(self, spec) -> PartitionSpec:
     if not isinstance(spec, QArrayP):
-      raise TypeError(f"a q8[{self._dims()}] crosses shard_map with hx.QArrayP(P(...)), "
+      raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...)), "
                       f"got {spec!r}{shard_map_spec_hint(spec)}")
     if len(spec.spec) > len(self.shape) - 1:
       raise TypeError(f"hx.QArrayP({spec.spec}) partitions the quantized (last) axis of "
-                      f"q8[{self._dims()}]; only the leading axes may be partitioned")
+                      f"{self}; only the leading axes may be partitioned")
     if spec.offset != self.format.offset:
       raise TypeError(f"a {self} crosses shard_map with hx.QArrayP(P(...), offset="
                       f"{self.format.offset}) (its format has "
@@ -307,6 +306,10 @@ class QArrayTy(DenseValuedType, HiType):
     # scale every axis but the quantized one (per row: that axis is structural) or all of
     # them, one entry per group; the offset (u4o, q8o) as the scale; a BlockSpec has the
     # array's rank (a block type lacks its squeezed axes)
+    if self.format.block:
+      raise TypeError(f"{self}: Pallas kernels do not take the block formats "
+                      f"({self.format.name}'s values are {self.format.gguf} blocks); "
+                      "hx.dequantize it, or use hx.matmul_q / hx.einsum outside the kernel")
     r = len(self.shape) if rank is None else rank
     scale_axes = formats.scale_parts(range(r), self.group)
     # a format with an offset (u4o, q8o): the offsets are blocked exactly like the scale
@@ -337,7 +340,8 @@ class QArrayTy(DenseValuedType, HiType):
     # the one rule: the values take the dense spec, the scales drop its last entry
     # (per row) or shard their group axis like the last axis (per group)
     parts = tuple(spec) + (None,) * (self.ndim - len(spec))
-    return shd.spec_like(spec, parts), shd.spec_like(spec, formats.scale_parts(parts, self.group))
+    return (shd.spec_like(spec, self.format.value_parts(parts)),
+            shd.spec_like(spec, formats.scale_parts(parts, self.group)))
 
   def hx_update_sharding(self, sharding: NamedSharding) -> QArrayTy:
     """This type with dense sharding ``sharding`` (as JAX computed it for the dense array)."""
@@ -634,7 +638,7 @@ def _format_of(q_aval, s_aval, o_aval=None) -> tuple[formats.Format, int | None]
   comps = [c for c in (q_aval, s_aval, o_aval) if c is not None]
   if not all(isinstance(c, ShapedArray) for c in comps) or q_aval.ndim < 1:
     return None
-  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None)
+  fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None, q_aval.shape)
   if fmt is None:
     return None
   group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
@@ -666,7 +670,7 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
   known = formats.components_text("*l", _dtype_name)
   if o_aval is not None:
     if found is None and (not all(isinstance(c, ShapedArray) for c in comps) or
-                          formats.of_components(q_aval.dtype, s_aval.dtype, True) is None):
+                          formats.of_components(q_aval.dtype, s_aval.dtype, True, q_aval.shape) is None):
       raise TypeError(f"{who}: no quantization format has components {got}; formats: {known}")
     if (o_aval.shape, o_aval.dtype) != (s_aval.shape, s_aval.dtype):
       raise TypeError(f"{who} expects the offset of the scale's type ({shd.short(s_aval)}), "
@@ -678,7 +682,11 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
     raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}"
                     f"{_components_hint(q_aval, s_aval)} (formats: {known})")
   fmt, group = found
-  qp = shd.partitions(q_aval.sharding, q_aval.ndim)
+  if fmt.block and shd.partitions(q_aval.sharding, q_aval.ndim)[-1] is not None:
+    raise TypeError(f"{who}: {got}: the last axis of {fmt.name}'s values holds each "
+                    "block's words and cannot be sharded; shard the blocks' axis (the one "
+                    "before it) or a leading axis")
+  qp = fmt.dense_parts(shd.partitions(q_aval.sharding, q_aval.ndim))
   sp = shd.partitions(s_aval.sharding, s_aval.ndim)
   want_sp = formats.scale_parts(qp, group)
   sharded = any(p is not None for p in want_sp)
@@ -688,8 +696,8 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
     raise TypeError(f"{who} expects the scale sharded like qvalue's leading axes "
                     f"({shd.short(want)} for {shd.short(q_aval)}), got {got}; reshard the "
                     "scale (jax.sharding.reshard) or the qvalue")
-  return QArrayTy(fmt.dense_shape(q_aval.shape), q_aval.sharding, shd.join_mat(*comps),
-                  fmt.name, group)
+  return QArrayTy(fmt.dense_shape(q_aval.shape), shd.with_partitions(q_aval.sharding, qp),
+                  shd.join_mat(*comps), fmt.name, group)
 
 
 def _components_hint(q_aval, s_aval) -> str:
@@ -701,7 +709,7 @@ def _components_hint(q_aval, s_aval) -> str:
   if formats.of_storage(q_aval.dtype) is None and jnp.issubdtype(q_aval.dtype, jnp.integer):
     return ("; convert the values with .astype(jnp.int8) (a Python list or numpy "
             "integers become int32/int64 arrays)")
-  if (formats.of_components(q_aval.dtype, s_aval.dtype, False) is None
+  if (formats.of_components(q_aval.dtype, s_aval.dtype, False, q_aval.shape) is None
       and s_aval.dtype != F32 and jnp.issubdtype(s_aval.dtype, jnp.floating)):
     return "; convert the scale with .astype(jnp.float32)"  # a bf16/f64 scale
   return ""

@@ -12,9 +12,12 @@ Quantized types (:mod:`hxmlir.formats`) are named by their printed prefix: ``q8`
 (int8), ``q4`` (int4), ``f8`` (float8 e4m3fn), with an optional ``group`` (elements
 per scale; absent: one scale per row). ``q8`` per row is still written as schema
 version 1; a grouped ``q8`` is version 2 (a reader of version 1 refuses it). The formats
-of issue 26: ``u4o`` (uint4 with an offset) and ``q8o`` (int8 with an offset), and
+with offsets, ``u4o`` (uint4 with an offset) and ``q8o`` (int8 with an offset), and
 ``"scale": "f16"`` for f16 scales (and offsets), which makes ``q8`` version 3 and ``q4``
-version 2 (``{"type":"q4","v":2,"group":32,"scale":"f16",...}``: GGUF's Q4_0).
+version 2 (``{"type":"q4","v":2,"group":32,"scale":"f16",...}``: GGUF's Q4_0). The block
+formats (GGUF's blocks at the file's bytes: ``q5_0`` ... ``iq4_xs``) are version 1 of their
+names, always with their block as ``group`` and ``"scale": "f16"``
+(``{"type":"q4_k","v":1,"group":256,"scale":"f16",...}``).
 
 ``sharding`` holds the mesh axes as ``[[name, size], ...]``, their
 ``axis_types`` (``"Explicit"``, ``"Auto"``, ``"Manual"``), the partition spec
@@ -41,13 +44,13 @@ import numpy as np
 from jax.experimental.hijax import HiType, ShapedArray
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-from hxmlir.formats import FORMATS
+from hxmlir.formats import BLOCK_FORMATS, FORMATS
 from hxmlir.types.qarray import QArrayTy
 from hxmlir.types.rank1 import Rank1Ty
 from hxmlir.types.tuples import TupTy
 
 SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 3, "q4": 2, "f8": 1, "u4o": 1, "q8o": 1,
-                                   "r1": 1, "tup": 1}
+                                   **{f.prefix: 1 for f in BLOCK_FORMATS}, "r1": 1, "tup": 1}
 """The newest descriptor schema version this hxmlir reads, per type name."""
 
 # (descriptor name, scale dtype) -> format
@@ -197,7 +200,7 @@ def from_json(d, where: str = "descriptor"):
       return TupTy(tuple(from_json(e, f"{where} element {i}") for i, e in enumerate(elts)))
     shape = _shape(d, where)
     sharding = _parse_sharding(d.get("sharding"), where)
-    if (name, "f32") in _QUANTIZED:
+    if any(n == name for n, _ in _QUANTIZED):
       group = d.get("group")
       if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
         raise DescriptorError(f"{where}: 'group' must be an int, got {group!r}")

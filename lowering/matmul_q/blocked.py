@@ -80,21 +80,24 @@ def matmul_q_blocked(x, q, s, *o, dimension_numbers, axis: int, block: int):
   count dense elements)."""
   dims = dimension_numbers
   (lc, rc), (lb, rb) = dims
-  fmt = formats.of_components(q.dtype, s.dtype, bool(o))
+  fmt = formats.of_components(q.dtype, s.dtype, bool(o), q.shape)
   dense = fmt.dense_shape(q.shape)
   group = formats.group_of_scale(dense, s)
   out_shape = dotdims.result_shape(x.shape, dense, dims)
-  q_free = dotdims.free_dims(q.ndim, rc, rb)
+  q_free = dotdims.free_dims(len(dense), rc, rb)
   r_axis = len(out_shape) - len(q_free) + q_free.index(axis)
-  last = axis == q.ndim - 1
+  last = axis == len(dense) - 1
   stored = q.dtype
-  if stored != np.int8 and not fmt.pack > 1:
+  if jnp.issubdtype(stored, jnp.floating):
     # XLA CPU has no fp8 arithmetic: it widens fp8 values to f16 where they are used,
     # which would be the whole weight; slice the bytes and reinterpret each block
     q = lax.bitcast_convert_type(q, jnp.uint8)
 
   def part(start, size):
-    if last:  # the quantized axis: stored bytes and group scales in step
+    if last and fmt.block:  # whole blocks: the values' block axis and the scales in step
+      qb = lax.dynamic_slice_in_dim(q, start // fmt.block, size // fmt.block, axis)
+      sb = [lax.dynamic_slice_in_dim(c, start // group, size // group, axis) for c in (s, *o)]
+    elif last:  # the quantized axis: stored bytes and group scales in step
       qb = lax.dynamic_slice_in_dim(q, start // fmt.pack, size // fmt.pack, axis)
       sb = [c if group is None else lax.dynamic_slice_in_dim(c, start // group, size // group,
                                                               axis) for c in (s, *o)]

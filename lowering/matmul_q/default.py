@@ -35,7 +35,7 @@ def matmul_q_attributes(ctx: mlir.LoweringRuleContext, dims) -> dict:
 def weight_format(ctx: mlir.LoweringRuleContext) -> formats.Format:
   """The format of an ``hx_matmul_q`` rule's weight (operands ``x, q, s[, o]``)."""
   q, s, *o = ctx.avals_in[1:]
-  return formats.of_components(q.dtype, s.dtype, bool(o))
+  return formats.of_components(q.dtype, s.dtype, bool(o), q.shape)
 
 
 def lower_matmul_q(ctx: mlir.LoweringRuleContext, x, q, s, *o, dimension_numbers=None):

@@ -406,7 +406,8 @@ def test_messages_name_the_format(fmt, g, prefix):
   q = hx.quantize(_w((64, 32)), fmt, group_size=g)
   with pytest.raises(TypeError, match=rf"sums the quantized axis 'k' of the {prefix} operand"):
     hx.einsum("ij,jk->i", _w((3, 64)), q)
-  with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4, f8, u4o or q8o\)"):
+  with pytest.raises(TypeError, match=r"one quantized operand \(q8, q4, f8, u4o, q8o, q5_0, "
+                                      r"q5_1, iq4_nl, q4_k, q5_k, q6_k, q2_k, q3_k or iq4_xs\)"):
     hx.einsum("ij,jk->ik", _w((3, 64)), _w((64, 32)))
 
 
@@ -460,17 +461,22 @@ def test_messages_list_the_formats_of_the_table(monkeypatch):
   assert "q8: i8[*l, n] values, f32 or f16 scales;" in text
   assert "q4: ui8[*l, n/2] int4 pairs, f32 or f16 scales;" in text
   assert "u4o: ui8[*l, n/2] uint4 pairs, f32 or f16 scales and offsets;" in text
-  assert text.endswith("; scales [*l] per row or [*l, n/g] per group of g")
+  assert "; scales [*l] per row or [*l, n/g] per group of g; " in text
+  # then the block formats, each with its words per block and its per-block scales
+  assert text.endswith("; iq4_xs: ui16[*l, n/256, 67] IQ4_XS blocks, f16 scales [*l, n/256]")
+  assert "q4_k: ui16[*l, n/256, 70] Q4_K blocks, f16 scales and offsets [*l, n/256]" in text
   assert formats.components_text("*b, k", where=lambda f: "kn" in f.pallas) == (
       "q8: i8[*b, k, n] values, f32 scales; q4: ui8[*b, k, n/2] int4 pairs, f32 scales; "
       "f8: f8E4M3FN[*b, k, n] values, f32 scales; scales [*b, k] per row or [*b, k, n/g] "
       "per group of g")
-  assert formats.prefix_names(lambda f: f.offset) == ["u4o", "q8o"]
+  assert formats.prefix_names(lambda f: f.offset) == ["u4o", "q8o", "q5_1", "q4_k", "q5_k",
+                                                       "q2_k"]
   int2 = dataclasses.replace(formats.INT4, name="int2", prefix="q2", value_dtype=np.dtype(
       ml_dtypes.int2), pack=4, qmax=1, layout="int2_quads_v1")
   monkeypatch.setitem(formats.FORMATS, "int2", int2)
   assert "q2: ui8[*l, n/4] int2 values, 4 per byte, f32 scales" in formats.components_text()
-  assert formats.prefixes() == "q8, q4, f8, u4o, q8o or q2"
+  assert formats.prefixes() == ("q8, q4, f8, u4o, q8o, q5_0, q5_1, iq4_nl, q4_k, q5_k, "
+                                "q6_k, q2_k, q3_k, iq4_xs or q2")
   with pytest.raises(TypeError, match=r"hx\.make_qarray expects .* got i32\[2,8\], f32\[2\]; "
                      r"convert the values .* q2: u8\[\*l, n/4\] int2 values, 4 per byte"):
     hx.make_qarray(np.zeros((2, 8), np.int32), np.ones(2, np.float32))
