@@ -27,7 +27,47 @@
   X(kUInt4, UInt4Fmt, "uint4", "uint4_pairs_v1", "u8", U8, 2, false, true)                   \
   X(kFp8E4M3Fn, Fp8Fmt, "float8_e4m3fn", "plain", "f8E4M3FN", F8E4M3FN, 1, true, false)
 
+// GGUF's block formats at the file's bytes (hx_matmul_q_cpu_v4, [out, in] only; decoders in
+// formats/gguf_blocks.inc):
+//
+//   X(id, Decoder, dtype, layout, block, bytes, offset)
+//
+// dtype, layout: the composites' attributes (Format.name, Format.layout); block: elements
+// per block (the group size); bytes: the values' bytes per block (the d and dmin of a block
+// are the f16 scale and offset operands); offset: whether the format has dmin (or m).
+#define HX_BLOCK_FORMATS(X)                                   \
+  X(kQ5_0, Q5_0Fmt, "q5_0", "gguf_q5_0_v1", 32, 20, false)    \
+  X(kQ5_1, Q5_1Fmt, "q5_1", "gguf_q5_1_v1", 32, 20, true)     \
+  X(kIq4Nl, Iq4NlFmt, "iq4_nl", "gguf_iq4_nl_v1", 32, 16, false) \
+  X(kQ4_K, Q4_KFmt, "q4_k", "gguf_q4_k_v1", 256, 140, true)   \
+  X(kQ5_K, Q5_KFmt, "q5_k", "gguf_q5_k_v1", 256, 172, true)   \
+  X(kQ6_K, Q6_KFmt, "q6_k", "gguf_q6_k_v1", 256, 208, false)  \
+  X(kQ2_K, Q2_KFmt, "q2_k", "gguf_q2_k_v1", 256, 80, true)    \
+  X(kQ3_K, Q3_KFmt, "q3_k", "gguf_q3_k_v1", 256, 108, false)  \
+  X(kIq4Xs, Iq4XsFmt, "iq4_xs", "gguf_iq4_xs_v1", 256, 134, false)
+
 namespace hxmlir {
+
+enum class BlockFormat : int {
+#define HX_X(id, ...) id,
+  HX_BLOCK_FORMATS(HX_X)
+#undef HX_X
+};
+
+struct BlockFormatInfo {
+  const char* dtype;
+  const char* layout;
+  int64_t block, bytes;
+  bool offset;
+};
+
+inline constexpr BlockFormatInfo kBlockFormats[] = {
+#define HX_X(id, D, dtype, layout, block, bytes, offset) {dtype, layout, block, bytes, offset},
+    HX_BLOCK_FORMATS(HX_X)
+#undef HX_X
+};
+
+constexpr const BlockFormatInfo& InfoOf(BlockFormat f) { return kBlockFormats[static_cast<int>(f)]; }
 
 enum class ValueFormat : int {
 #define HX_X(id, ...) id,
