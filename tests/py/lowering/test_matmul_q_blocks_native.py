@@ -15,6 +15,8 @@ hxmlir), and float64 NumPy products.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -102,7 +104,12 @@ def test_einsum_installed_calls_v4(kind):
   with hx.installed():
     hlo = f.lower(x, *parts).as_text()
     y = f(x, *parts)
-  assert native.TARGET_V4 in hlo
+  fmt = formats.FORMATS[kind.lower()]
+  calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*mhlo\.backend_config = \{([^}]*)\}", hlo)
+  assert calls == [(native.TARGET_V4,
+                    f'dtype = "{fmt.name}", group_size = {fmt.block} : i64, '
+                    f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
+                    'scale_dtype = "f16"')]
   np.testing.assert_array_equal(np.asarray(y), np.asarray(V4(x, *parts)))
 
 
