@@ -303,6 +303,11 @@ def cpu_model() -> str:
   return platform.processor() or "unknown CPU"
 
 
+def _gguf_block(kind: str) -> int:
+  from hxmlir import gguf as hg
+  return hg._BLOCK_SIZES[kind]
+
+
 def _nk_weight(w, dtype: str):
   """Components of ``w: f32[n, k]`` quantized along ``k`` in groups of 32 with f16 scales
   (and offsets): ``hx.quantize`` (``method="minmax"`` for uint4), scales cast to f16; for a
@@ -344,6 +349,8 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
   bytes_ = {"f32": 4 * n * k}
   checks = {}
   for label, dtype in nk_formats or NK_FORMATS:
+    if dtype.isupper() and k % _gguf_block(dtype):
+      continue  # the block does not divide k (llama.cpp stores such a tensor otherwise)
     parts = _nk_weight(w, dtype)
     with hx.installed():
       c = jax.jit(_nk_einsum).lower(x, *parts).compile()
@@ -389,12 +396,16 @@ def main_nk(args) -> None:
       tf = r["f32"][0]
       cells, marks = [], []
       for label, dtype in chosen:
+        if label not in r:
+          cells.append(f"{'-':>19} {'':>6} {'':>6}")
+          continue
         t = r[label][0]
         cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {r[label][1] / t / 1e9:>6.2f}")
         target = (0.5 if dtype == "int8" else 0.35) if m <= 4 else 1.0 if m >= 64 else None
         if target is not None:
           marks.append(f"{label.split()[0]}<={target:.2f}{'+' if t / tf <= target else '-'}")
-      mib = " ".join(f"{r[lab][1] / 2**20:>5.2f}" for lab in ["f32", *labels])
+      mib = " ".join(f"{r[lab][1] / 2**20:>5.2f}" if lab in r else f"{'-':>5}"
+                     for lab in ["f32", *labels])
       print(f"{n:>6} {k:>5} {m:>4} | {tf * 1e3:>8.3f} | " + " | ".join(cells)
             + f" | {mib:>10} | {' '.join(marks)}", flush=True)
 
