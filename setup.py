@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from pathlib import Path
 
 from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -92,10 +93,8 @@ setup(
         include_dirs=["csrc"],
         define_macros=[("HXMLIR_HAVE_X86_ISAS", "1")] if X86 else [],
         extra_compile_args=[*COMMON, "-isystem", "csrc/third_party"],
-        depends=["csrc/matmul_q_cpu.h", "csrc/matmul_q_kernels.inc", "csrc/matmul_q_formats.h",
-                 "csrc/matmul_q_formats.inc", "csrc/matmul_q_parallel.h", "csrc/matmul_q_nk.h",
-                 "csrc/matmul_q_nk.inc", "csrc/matmul_q_nk_ffi.h", "csrc/matmul_q_i8x.h",
-                 "csrc/matmul_q_i8x.inc", "csrc/attention.h", "csrc/attention.inc"],
+        depends=sorted(str(p) for p in Path("csrc").glob("**/*")
+                       if p.suffix in (".h", ".inc") and "third_party" not in p.parts),
         language="c++",
         optional=True,
     )],

@@ -44,7 +44,12 @@ against f32's::
 
   python benchmarks/matmul_q_cpu.py --formats --m 1 16
 
-``--nk`` prints the checkpoint layout's table instead (``W[out, in]`` quantized
+``--nk`` prints the checkpoint layout's table instead, after the machine's plain read
+bandwidth (a ``numpy`` sum over 512 MiB on one thread and on all), with each format's
+weight bytes per second (GB/s) at each ``m``; GGUF's block formats (Q4_K, Q6_K, Q5_0, ...;
+``hx_matmul_q_cpu_v4``) are random blocks at the file's bytes; ``--nk-formats`` and
+``--nk-shapes`` pick some.
+The table (``W[out, in]`` quantized
 along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
 ``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
 (the native kernel ``hx_matmul_q_cpu_v3``), for Q8_0-like ``q8[..:g32,f16]``, Q4_0-like
@@ -58,7 +63,7 @@ on 4096 x 4096 and SmolLM2-135M's projections (out x in: 576x576, 192x576, 1536x
 
 Usage::
 
-  python benchmarks/matmul_q_cpu.py                 # the issue's table
+  python benchmarks/matmul_q_cpu.py                 # the int8 table
   python benchmarks/matmul_q_cpu.py --m 1 16 --rounds 50
   python benchmarks/matmul_q_cpu.py --shape 2048 8192
   python benchmarks/matmul_q_cpu.py --inside-jit    # QArray built inside jit
@@ -175,7 +180,7 @@ def measure(m: int, k: int, n: int, rounds: int, seed: int = 0, warm: bool = Fal
 
 
 TARGETS = {(1, 4096, 4096): 0.50, (4, 4096, 4096): 0.50, (16, 4096, 4096): 0.75}
-"""native / f32 targets; every other case: 1.00."""
+"""native / f32 targets of the int8 kernel; every other case: 1.00."""
 
 
 def _mib(b: int) -> str:
@@ -251,13 +256,38 @@ def main_formats(args) -> None:
             f"{4 * k * n / r['bytes']:>10.2f} | {_mib(r['temp']):>8}", flush=True)
 
 
-NK_SHAPES = ((4096, 4096), (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))
-"""``--nk``'s weights, out x in: 4096 x 4096 and SmolLM2-135M's projections (q/o, k/v,
-gate/up, down, the tied head)."""
+NK_SHAPES = ((4096, 4096), (576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576),
+             (1024, 640), (256, 640), (640, 1024), (2048, 640), (640, 2048))
+"""``--nk``'s weights, out x in: 4096 x 4096, SmolLM2-135M's projections (q/o, k/v,
+gate/up, down, the tied head) and Gemma 3 270M's (q, k/v, o, gate/up, down; its tied head,
+262144 x 640, is left out: 0.7 GB as f32)."""
 NK_FORMATS = (("Q8_0 q8 g32,f16", "int8"), ("Q4_0 q4 g32,f16", "int4"),
-              ("Q4_1 u4o g32,f16", "uint4"))
+              ("Q4_1 u4o g32,f16", "uint4"), ("Q4_K", "Q4_K"), ("Q6_K", "Q6_K"),
+              ("Q5_0", "Q5_0"), ("Q5_K", "Q5_K"), ("Q3_K", "Q3_K"), ("Q2_K", "Q2_K"),
+              ("IQ4_XS", "IQ4_XS"), ("IQ4_NL", "IQ4_NL"), ("Q5_1", "Q5_1"))
 """``--nk``'s formats: (label, ``hx.quantize`` dtype of the f32-scale format whose scales
-(and offsets) are then cast to f16)."""
+(and offsets) are then cast to f16, or a GGUF block type: random blocks at the file's
+bytes, ``hx_matmul_q_cpu_v4``). ``--nk-formats`` picks some by label's first word."""
+
+
+def read_bandwidth(mib: int = 512, rounds: int = 5) -> tuple[float, float]:
+  """The machine's plain read bandwidth in GB/s (10^9 bytes/s), median of ``rounds``:
+  ``numpy`` sums of an f32 array of ``mib`` MiB on one thread, and on all threads
+  (``os.cpu_count()`` slices summed at once; NumPy releases the GIL in the reduction)."""
+  from concurrent.futures import ThreadPoolExecutor
+  a = np.ones(mib * 2**20 // 4, np.float32)
+  threads = os.cpu_count() or 1
+  parts = np.array_split(a, threads)
+  one, every = [], []
+  with ThreadPoolExecutor(threads) as pool:
+    for _ in range(rounds):
+      t = time.perf_counter()
+      a.sum()
+      one.append(a.nbytes / (time.perf_counter() - t) / 1e9)
+      t = time.perf_counter()
+      list(pool.map(np.sum, parts))
+      every.append(a.nbytes / (time.perf_counter() - t) / 1e9)
+  return statistics.median(one), statistics.median(every)
 
 
 def cpu_model() -> str:
@@ -273,9 +303,26 @@ def cpu_model() -> str:
   return platform.processor() or "unknown CPU"
 
 
+def _gguf_block(kind: str) -> int:
+  from hxmlir import gguf as hg
+  return hg._BLOCK_SIZES[kind]
+
+
 def _nk_weight(w, dtype: str):
   """Components of ``w: f32[n, k]`` quantized along ``k`` in groups of 32 with f16 scales
-  (and offsets): ``hx.quantize`` (``method="minmax"`` for uint4), scales cast to f16."""
+  (and offsets): ``hx.quantize`` (``method="minmax"`` for uint4), scales cast to f16; for a
+  GGUF block type (upper case), random blocks of ``w``'s shape (finite f16 ``d``, ``dmin``:
+  the kernel's time does not depend on the values)."""
+  if dtype.isupper():
+    from hxmlir import gguf as hg
+    n, k = w.shape
+    rs = np.random.RandomState(0)
+    raw = rs.randint(0, 256, size=(n, k // hg._BLOCK_SIZES[dtype], hg._BLOCK_BYTES[dtype]))
+    raw = raw.astype(np.uint8)
+    d_at, m_at, _ = hg._HEADERS[dtype]
+    for at in (d_at,) if m_at is None else (d_at, m_at):
+      raw[..., at:at + 2] = (rs.randn(*raw.shape[:2], 1) * 0.001).astype(np.float16).view(np.uint8)
+    return tuple(jnp.asarray(c) for c in hg.block_parts(raw, dtype))
   qw = hx.quantize(w, dtype, group_size=32, method="minmax" if dtype == "uint4" else "absmax")
   parts = (qw.qvalue, qw.scale.astype(jnp.float16))
   return parts + ((qw.offset.astype(jnp.float16),) if dtype == "uint4" else ())
@@ -286,7 +333,7 @@ def _nk_einsum(x, *parts):
 
 
 def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
-               warm: bool = False) -> dict[str, tuple[float, int]]:
+               warm: bool = False, nk_formats=None) -> dict[str, tuple[float, int]]:
   """``{label: (median seconds per call, weight bytes)}`` for ``f32`` and each of
   :data:`NK_FORMATS` on ``x: f32[m, k]``, ``W[n, k]``, interleaved in one set of rounds.
   Raises ``AssertionError`` when a format's result differs from the f32 dot on its own
@@ -301,7 +348,9 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
   compiled = {"f32": (f32.lower(x, wt).compile(), (x, wt))}
   bytes_ = {"f32": 4 * n * k}
   checks = {}
-  for label, dtype in NK_FORMATS:
+  for label, dtype in nk_formats or NK_FORMATS:
+    if dtype.isupper() and k % _gguf_block(dtype):
+      continue  # the block does not divide k (llama.cpp stores such a tensor otherwise)
     parts = _nk_weight(w, dtype)
     with hx.installed():
       c = jax.jit(_nk_einsum).lower(x, *parts).compile()
@@ -322,30 +371,41 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
 def main_nk(args) -> None:
   """The ``--nk`` table (see the module docstring)."""
   ms, info = args.m, hx.cpu_kernel_info()
+  chosen = NK_FORMATS
+  if args.nk_formats:
+    chosen = tuple(f for f in NK_FORMATS if f[0].split()[0] in args.nk_formats)
+  one, every = read_bandwidth()
+  print(f"read bandwidth (numpy sum of 512 MiB): {one:.1f} GB/s one thread, {every:.1f} GB/s "
+        f"all {os.cpu_count()} threads")
   print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs, median of "
         f"{args.rounds} interleaved rounds, "
         f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
         f"hx.einsum('mk,nk->mn') installed, weight assembled inside jit; "
-        + (f"native hx_matmul_q_cpu_v3 ({info.isa})" if info.active
-           else f"StableHLO lowering ({info.reason})"))
-  labels = [label for label, _ in NK_FORMATS]
+        + (f"native hx_matmul_q_cpu_v3/_v4 ({info.isa})" if info.active
+           else f"StableHLO lowering ({info.reason})") + "; GB/s: weight bytes per second")
+  labels = [label for label, _ in chosen]
   head = (f"{'out':>6} {'in':>5} {'m':>4} | {'f32 ms':>8} | "
-          + " | ".join(f"{label:>16} ms {'x f32':>6}" for label in labels) + " | weight MiB "
+          + " | ".join(f"{label:>16} ms {'x f32':>6} {'GB/s':>6}" for label in labels)
+          + " | weight MiB "
           + " ".join(f"{label.split()[0]:>5}" for label in ["f32 "] + labels) + " | targets")
   print(head)
   print("-" * len(head))
-  for n, k in NK_SHAPES:
+  for n, k in args.nk_shapes or NK_SHAPES:
     for m in ms:
-      r = measure_nk(m, n, k, args.rounds, warm=args.warm)
+      r = measure_nk(m, n, k, args.rounds, warm=args.warm, nk_formats=chosen)
       tf = r["f32"][0]
       cells, marks = [], []
-      for label, dtype in NK_FORMATS:
+      for label, dtype in chosen:
+        if label not in r:
+          cells.append(f"{'-':>19} {'':>6} {'':>6}")
+          continue
         t = r[label][0]
-        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f}")
+        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {r[label][1] / t / 1e9:>6.2f}")
         target = (0.5 if dtype == "int8" else 0.35) if m <= 4 else 1.0 if m >= 64 else None
         if target is not None:
           marks.append(f"{label.split()[0]}<={target:.2f}{'+' if t / tf <= target else '-'}")
-      mib = " ".join(f"{r[lab][1] / 2**20:>5.2f}" for lab in ["f32", *labels])
+      mib = " ".join(f"{r[lab][1] / 2**20:>5.2f}" if lab in r else f"{'-':>5}"
+                     for lab in ["f32", *labels])
       print(f"{n:>6} {k:>5} {m:>4} | {tf * 1e3:>8.3f} | " + " | ".join(cells)
             + f" | {mib:>10} | {' '.join(marks)}", flush=True)
 
@@ -365,6 +425,11 @@ def main(argv=None) -> None:
   ap.add_argument("--nk", action="store_true",
                   help="print the [out, in] layout's table instead (hx_matmul_q_cpu_v3: Q8_0-, "
                        "Q4_0-, Q4_1-like weights against f32, 4096x4096 and SmolLM2's shapes)")
+  ap.add_argument("--nk-formats", nargs="+", metavar="LABEL",
+                  help="--nk: only these formats (first word of the label: Q8_0, Q4_0, Q4_1, "
+                       "Q4_K, Q6_K, Q5_0, Q5_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL, Q5_1)")
+  ap.add_argument("--nk-shapes", type=int, nargs=2, metavar=("OUT", "IN"), action="append",
+                  help="--nk: only these weight shapes (default: all of NK_SHAPES)")
   ap.add_argument("--rounds", type=int, default=30)
   ap.add_argument("--warm", action="store_true",
                   help="do not evict the caches between calls")

@@ -166,6 +166,10 @@ PyObject* PyHandlerV3(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuV3), nullptr, nullptr);
 }
 
+PyObject* PyHandlerV4(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuV4), nullptr, nullptr);
+}
+
 PyObject* PyHandlerI8xV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV1), nullptr, nullptr);
 }
@@ -178,25 +182,53 @@ PyObject* PyI8xIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
 
-PyObject* PyCompiledIsas(PyObject*, PyObject*) {
+// A list of name(item) for the items whose name is not null.
+template <class Items, class Name>
+PyObject* NameList(const Items& items, Name name) {
   PyObject* out = PyList_New(0);
-  for (const Isa& isa : kIsas) {
-    PyObject* name = PyUnicode_FromString(isa.name);
-    PyList_Append(out, name);
-    Py_DECREF(name);
+  for (const auto& item : items) {
+    const char* n = name(item);
+    if (n == nullptr) continue;
+    PyObject* str = PyUnicode_FromString(n);
+    PyList_Append(out, str);
+    Py_DECREF(str);
   }
   return out;
 }
 
-PyObject* PySupportedIsas(PyObject*, PyObject*) {
+// Every (dtype, layout, weight layout, scale dtype, offset) the kernels decode, from the
+// format table (matmul_q_format_table.h): "kn" (hx_matmul_q_cpu_v2) with f32 scales and no
+// offset, "nk" (hx_matmul_q_cpu_v3) with f32 or f16 scales, with or without offsets; the
+// block formats (hx_matmul_q_cpu_v4: dtype the format's name) in "nk" with f16 scales.
+PyObject* PyNativeFormats(PyObject*, PyObject*) {
   PyObject* out = PyList_New(0);
-  for (const Isa& isa : kIsas) {
-    if (!isa.supported()) continue;
-    PyObject* name = PyUnicode_FromString(isa.name);
-    PyList_Append(out, name);
-    Py_DECREF(name);
+  auto add = [&](const auto& f, const char* wl, const char* sd, bool off) {
+    PyObject* t = Py_BuildValue("(ssssO)", f.dtype, f.layout, wl, sd, off ? Py_True : Py_False);
+    PyList_Append(out, t);
+    Py_DECREF(t);
+  };
+  for (const hxmlir::ValueFormatInfo& f : hxmlir::kValueFormats) {
+    if (f.kn) add(f, "kn", "f32", false);
+    for (const char* sd : {"f32", "f16"})
+      for (bool off : {false, true}) add(f, "nk", sd, off);
   }
+  for (const hxmlir::BlockFormatInfo& f : hxmlir::kBlockFormats) add(f, "nk", "f16", f.offset);
   return out;
+}
+
+// The dtypes with an integer-activation kernel (hx_matmul_q_cpu_i8x_v1).
+PyObject* PyI8xFormats(PyObject*, PyObject*) {
+  return NameList(hxmlir::kValueFormats, [](const hxmlir::ValueFormatInfo& f) {
+    return f.i8x ? f.dtype : nullptr;
+  });
+}
+
+PyObject* PyCompiledIsas(PyObject*, PyObject*) {
+  return NameList(kIsas, [](const Isa& isa) { return isa.name; });
+}
+
+PyObject* PySupportedIsas(PyObject*, PyObject*) {
+  return NameList(kIsas, [](const Isa& isa) { return isa.supported() ? isa.name : nullptr; });
 }
 
 PyObject* PySelectIsa(PyObject*, PyObject* arg) {
@@ -247,6 +279,9 @@ PyMethodDef kMethods[] = {
      "PyCapsule of hx_matmul_q_cpu_v2's XLA FFI handler (every format; api_version=1)."},
     {"handler_v3", PyHandlerV3, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_v3's XLA FFI handler (the [out, in] layout; api_version=1)."},
+    {"handler_v4", PyHandlerV4, METH_NOARGS,
+     "PyCapsule of hx_matmul_q_cpu_v4's XLA FFI handler (GGUF block formats in [out, in]; "
+     "api_version=1)."},
     {"handler_i8x_v1", PyHandlerI8xV1, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_i8x_v1's XLA FFI handler (integer activations; "
      "api_version=1)."},
@@ -254,6 +289,11 @@ PyMethodDef kMethods[] = {
      "PyCapsule of hx_attention_cpu_v1's XLA FFI handler (hx.attention; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
      "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
+    {"native_formats", PyNativeFormats, METH_NOARGS,
+     "Every (dtype, layout, weight layout, scale dtype, offset) the kernels decode "
+     "(weight layout 'kn': hx_matmul_q_cpu_v2, 'nk': hx_matmul_q_cpu_v3)."},
+    {"i8x_formats", PyI8xFormats, METH_NOARGS,
+     "The dtypes hx_matmul_q_cpu_i8x_v1 takes (integer activations)."},
     {"compiled_isas", PyCompiledIsas, METH_NOARGS,
      "Names of the kernel sets compiled in, best first."},
     {"supported_isas", PySupportedIsas, METH_NOARGS,

@@ -26,12 +26,9 @@
 
 #include <cstdint>
 
+#include "matmul_q_format_table.h"
+
 namespace hxmlir {
-
-enum class QFormat : int { kInt8 = 0, kInt4Pairs = 1, kFp8E4M3Fn = 2 };
-
-// Dense values per stored byte.
-constexpr int64_t PackOf(QFormat f) { return f == QFormat::kInt4Pairs ? 2 : 1; }
 
 struct FormatProblem {
   const float* x;    // f32[nb, m, k]

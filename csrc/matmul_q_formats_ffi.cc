@@ -48,12 +48,15 @@ struct Spec {
   std::string_view dtype, layout, storage;
   ffi::DataType type;
   QFormat fmt;
+  bool kn;
 };
 
-constexpr Spec kSpecs[] = {
-    {"int8", "plain", "s8", ffi::DataType::S8, QFormat::kInt8},
-    {"int4", "int4_pairs_v1", "u8", ffi::DataType::U8, QFormat::kInt4Pairs},
-    {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, QFormat::kFp8E4M3Fn},
+// The formats of the table (matmul_q_format_table.h) taken in the [in, out] layout.
+constexpr Spec kAllSpecs[] = {
+#define HX_X(id, D, dtype, layout, storage, type, pack, kn, i8x) \
+  {dtype, layout, storage, ffi::DataType::type, ValueFormat::id, kn},
+    HX_VALUE_FORMATS(HX_X)
+#undef HX_X
 };
 
 struct FormatJob : BlockedJob {
@@ -72,7 +75,7 @@ struct FormatJob : BlockedJob {
 };
 
 std::string TypeName(ffi::DataType t) {
-  for (const Spec& s : kSpecs)
+  for (const Spec& s : kAllSpecs)
     if (s.type == t) return std::string(s.storage);
   if (t == ffi::DataType::F32) return "f32";
   return "dtype#" + std::to_string(static_cast<int>(t));
@@ -86,11 +89,11 @@ ffi::Error MatmulQV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
                      ffi::Buffer<ffi::F32> s, ffi::ResultBuffer<ffi::F32> y,
                      std::string_view dtype, std::string_view layout, int64_t group_size) {
   const Spec* spec = nullptr;
-  for (const Spec& c : kSpecs)
-    if (c.dtype == dtype) spec = &c;
+  for (const Spec& c : kAllSpecs)
+    if (c.kn && c.dtype == dtype) spec = &c;
   if (spec == nullptr)
-    return Invalid("unknown dtype attribute '" + std::string(dtype) +
-                   "' (expected int8, int4 or float8_e4m3fn)");
+    return Invalid("unknown dtype attribute '" + std::string(dtype) + "' (expected " +
+                   DtypeList([](const ValueFormatInfo& f) { return f.kn; }) + ")");
   if (layout != spec->layout)
     return Invalid("dtype " + std::string(dtype) + " is stored in layout '" +
                    std::string(spec->layout) + "', got layout '" + std::string(layout) + "'");

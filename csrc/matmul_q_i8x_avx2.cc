@@ -2,6 +2,7 @@
 // run time on CPUs with AVX2 and without AVX-512 VNNI).
 #define HX_NS i8x_avx2
 #define HX_ISA_NAME "avx2"
+#define HX_W 8
 #define HX_I8X_MR 2
 #define HX_I8X_NR 2
 #include "matmul_q_i8x.inc"

@@ -2,6 +2,7 @@
 // -mavx512vl -mavx512vnni; chosen at run time only on CPUs that have them).
 #define HX_NS avx512_vnni
 #define HX_ISA_NAME "avx512_vnni"
+#define HX_W 16
 #define HX_I8X_MR 4
 #define HX_I8X_NR 3
 #include "matmul_q_i8x.inc"

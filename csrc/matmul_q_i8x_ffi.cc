@@ -83,10 +83,12 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
                             offset, &nk);
       e.failure())
     return e;
-  if (nk.values == NkValues::kFp8E4M3Fn)
+  if (!InfoOf(nk.values).i8x)
     return ffi::Error::InvalidArgument(
-        std::string(kTarget) + ": dtype float8_e4m3fn has no integer-activation kernel "
-        "(int8, int4 and uint4 weights only; hx_matmul_q_cpu_v3 takes it)");
+        std::string(kTarget) + ": dtype " + std::string(dtype) +
+        " has no integer-activation kernel (" +
+        DtypeList([](const ValueFormatInfo& f) { return f.i8x; }, "and") +
+        " weights only; hx_matmul_q_cpu_v3 takes it)");
   const int64_t b = I8xBlock(group_size);
   if (b > kI8xMaxBlock)
     return ffi::Error::InvalidArgument(

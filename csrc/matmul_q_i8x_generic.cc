@@ -2,6 +2,7 @@
 // when no ISA-specific copy fits.
 #define HX_NS i8x_generic
 #define HX_ISA_NAME "generic"
+#define HX_W 4
 #define HX_I8X_MR 1
 #define HX_I8X_NR 2
 #include "matmul_q_i8x.inc"

@@ -37,13 +37,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "matmul_q_format_table.h"
+
 namespace hxmlir {
-
-enum class NkValues : int { kInt8 = 0, kInt4 = 1, kUInt4 = 2, kFp8E4M3Fn = 3 };
-
-constexpr int64_t NkPackOf(NkValues v) {
-  return v == NkValues::kInt4 || v == NkValues::kUInt4 ? 2 : 1;
-}
 
 struct NkProblem {
   const float* x;      // f32[m, k]
@@ -64,6 +60,26 @@ struct NkProblem {
   NkValues values;
 };
 
+// hx_matmul_q_cpu_v4: a GGUF block format in [out, in] (matmul_q_format_table.h):
+//   x: f32[m, k]   q: the blocks' bytes [n, k / B, bytes]   d, dmin: f16[n, k / B]
+//   y[i, j] = sum_kk x[i, kk] * w[j, kk], w the block's decode (formats/gguf_blocks.inc),
+// the f32 operations of llama.cpp's dequantize_row_*, so w is hx.dequantize's value
+// bit for bit. "dot" (m <= dot_max_m): each row of W decoded a block at a time into
+// registers' reach (a B-float buffer), then f32 products in W lanes, per row of x one
+// vector accumulator over the whole row, its lanes summed at the end; "blocks": rows of W
+// decoded whole, then NkTile (as v3's "blocks"). Both within gamma_{k/W + 5} * |x| |w|
+// of the exact dot of x with w (Higham, section 3.1).
+struct BlockProblem {
+  const float* x;
+  const uint8_t* q;
+  const uint16_t* d;
+  const uint16_t* dmin = nullptr;  // null without an offset
+  float* y;
+  int64_t m, k, n, nb;  // nb: blocks per row, k / B
+  int64_t kc = 512;     // "blocks": elements of k per block of the tiles
+  BlockFormat fmt;
+};
+
 struct NkKernels {
   const char* isa;
   int64_t w;            // f32 lanes per vector
@@ -75,6 +91,9 @@ struct NkKernels {
   void (*dot)(const NkProblem& p, int64_t j0, int64_t j1);
   // y[:, j0:j1]; scratch: at least (j1 - j0) * k floats (the decoded rows).
   void (*blocks)(const NkProblem& p, int64_t j0, int64_t j1, float* scratch);
+  // hx_matmul_q_cpu_v4's "dot" and "blocks" (scratch: (j1 - j0) * k floats).
+  void (*block_dot)(const BlockProblem& p, int64_t j0, int64_t j1);
+  void (*block_tiles)(const BlockProblem& p, int64_t j0, int64_t j1, float* scratch);
 };
 
 // The exact f32 value of the f16 with bits h (every f16 is an f32; no step is subnormal
@@ -115,5 +134,7 @@ struct XLA_FFI_Error;
 struct XLA_FFI_CallFrame;
 // The FFI handler of "hx_matmul_q_cpu_v3" (matmul_q_nk_ffi.cc).
 extern "C" XLA_FFI_Error* HxMatmulQCpuV3(XLA_FFI_CallFrame* call_frame);
+// The FFI handler of "hx_matmul_q_cpu_v4" (matmul_q_nk_ffi.cc).
+extern "C" XLA_FFI_Error* HxMatmulQCpuV4(XLA_FFI_CallFrame* call_frame);
 
 #endif  // HXMLIR_CSRC_MATMUL_Q_NK_H_

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -47,11 +48,12 @@ struct NkSpec {
   NkValues values;
 };
 
+// Every format of the table (matmul_q_format_table.h) is taken in [out, in].
 constexpr NkSpec kNkSpecs[] = {
-    {"int8", "plain", "s8", ffi::DataType::S8, NkValues::kInt8},
-    {"int4", "int4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kInt4},
-    {"uint4", "uint4_pairs_v1", "u8", ffi::DataType::U8, NkValues::kUInt4},
-    {"float8_e4m3fn", "plain", "f8E4M3FN", ffi::DataType::F8E4M3FN, NkValues::kFp8E4M3Fn},
+#define HX_X(id, D, dtype, layout, storage, type, ...) \
+  {dtype, layout, storage, ffi::DataType::type, ValueFormat::id},
+    HX_VALUE_FORMATS(HX_X)
+#undef HX_X
 };
 
 // The L2 cache's bytes as this CPU reports them (256 KiB when it does not say).
@@ -95,6 +97,7 @@ std::string NkTypeName(ffi::DataType t) {
     if (s.type == t) return std::string(s.storage);
   if (t == ffi::DataType::F32) return "f32";
   if (t == ffi::DataType::F16) return "f16";
+  if (t == ffi::DataType::U16) return "u16";
   return "dtype#" + std::to_string(static_cast<int>(t));
 }
 
@@ -131,8 +134,8 @@ ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   for (const NkSpec& c : kNkSpecs)
     if (c.dtype == dtype) spec = &c;
   if (spec == nullptr)
-    return Invalid("unknown dtype attribute '" + std::string(dtype) +
-                   "' (expected int8, int4, uint4 or float8_e4m3fn)");
+    return Invalid("unknown dtype attribute '" + std::string(dtype) + "' (expected " +
+                   DtypeList([](const ValueFormatInfo&) { return true; }) + ")");
   if (layout != spec->layout)
     return Invalid("dtype " + std::string(dtype) + " is stored in layout '" +
                    std::string(spec->layout) + "', got layout '" + std::string(layout) + "'");
@@ -252,4 +255,114 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
 }  // namespace
 }  // namespace hxmlir
 
+namespace hxmlir {
+namespace {
+
+struct BlockJob : BlockedJob {
+  BlockProblem p;
+  const NkKernels* kern;
+  bool tiles = false;
+
+  void Run(int64_t t) {
+    const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
+    if (!tiles) return kern->block_dot(p, j0, j1);
+    kern->block_tiles(p, j0, j1, ThreadBuffer(kScratch, block_len * p.k));
+  }
+};
+
+// hx_matmul_q_cpu_v4: x: f32[*b, k], q: u16[n, k / B, bytes / 2] (the blocks' bytes, as
+// 16-bit words), d: f16[n, k / B] (, dmin: f16[n, k / B]) -> f32[*b, n] for the block
+// format named by dtype and layout (matmul_q_format_table.h), group_size B, scale_dtype
+// f16, offset as the format has one.
+ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                     std::string_view dtype, std::string_view layout, int64_t group_size,
+                     std::string_view scale_dtype, bool offset) {
+  auto Invalid = [&](std::string msg) {
+    return ffi::Error::InvalidArgument("hx_matmul_q_cpu_v4: " + msg);
+  };
+  int fi = -1;
+  std::string names;
+  for (int i = 0; i < static_cast<int>(std::size(kBlockFormats)); ++i) {
+    if (kBlockFormats[i].dtype == dtype) fi = i;
+    names += (i ? ", " : "") + std::string(kBlockFormats[i].dtype);
+  }
+  if (fi < 0)
+    return Invalid("unknown dtype attribute '" + std::string(dtype) + "' (expected one of " +
+                   names + ")");
+  const BlockFormatInfo& f = kBlockFormats[fi];
+  if (layout != f.layout)
+    return Invalid("dtype " + std::string(dtype) + " is stored in layout '" + f.layout +
+                   "', got layout '" + std::string(layout) + "'");
+  if (group_size != f.block || scale_dtype != "f16" || offset != f.offset)
+    return Invalid("dtype " + std::string(dtype) + " has group_size " +
+                   std::to_string(f.block) + ", scale_dtype f16, offset " +
+                   (f.offset ? "true" : "false") + "; got group_size " +
+                   std::to_string(group_size) + ", scale_dtype " + std::string(scale_dtype) +
+                   ", offset " + (offset ? "true" : "false"));
+  if (rest.size() != (offset ? 1u : 0u))
+    return Invalid(std::string(offset ? "offset=true expects the operand dmin after d"
+                                      : "offset=false expects no operand after d") +
+                   ", got " + std::to_string(3 + rest.size()) + " operands");
+  const auto xd = x.dimensions(), qd = q.dimensions(), sd = s.dimensions(), yd = y->dimensions();
+  std::string got = ", got f32" + ShapeText(xd) + ", " + NkTypeName(q.element_type()) +
+                    ShapeText(qd) + ", " + NkTypeName(s.element_type()) + ShapeText(sd);
+  const uint16_t* dmin = nullptr;
+  bool o_ok = true;
+  if (offset) {
+    auto o = rest.get<ffi::AnyBuffer>(0);
+    if (!o.has_value()) return Invalid("cannot read the operand dmin");
+    got += ", " + NkTypeName(o->element_type()) + ShapeText(o->dimensions());
+    o_ok = o->element_type() == ffi::DataType::F16 && o->dimensions() == sd;
+    dmin = static_cast<const uint16_t*>(o->untyped_data());
+  }
+  got += " -> f32" + ShapeText(yd);
+  const std::string blk = std::to_string(f.block);
+  const std::string want = "expects f32[*b, k], u16[n, k / " + blk + ", " +
+                           std::to_string(f.bytes / 2) + "], f16[n, k / " + blk + "]" +
+                           (offset ? ", f16[n, k / " + blk + "]" : "") + " -> f32[*b, n] for dtype " +
+                           std::string(dtype);
+  const size_t r = xd.size();
+  bool ok = q.element_type() == ffi::DataType::U16 && s.element_type() == ffi::DataType::F16 &&
+            o_ok && r >= 1 && qd.size() == 3 && sd.size() == 2 && yd.size() == r;
+  const int64_t k = ok ? xd[r - 1] : 0, n = ok ? qd[0] : 0;
+  ok = ok && k % f.block == 0 && qd[1] == k / f.block && qd[2] * 2 == f.bytes && sd[0] == n &&
+       sd[1] == k / f.block && yd[r - 1] == n;
+  for (size_t i = 0; ok && i + 1 < r; ++i) ok = yd[i] == xd[i];
+  if (!ok) return Invalid(want + got);
+
+  auto job = std::make_shared<BlockJob>();
+  BlockProblem& p = job->p;
+  p.x = x.typed_data();
+  p.q = static_cast<const uint8_t*>(q.untyped_data());
+  p.d = static_cast<const uint16_t*>(s.untyped_data());
+  p.dmin = dmin;
+  p.y = y->typed_data();
+  p.m = 1;
+  for (size_t i = 0; i + 1 < r; ++i) p.m *= xd[i];
+  p.k = k;
+  p.n = n;
+  p.nb = k / f.block;
+  p.fmt = static_cast<BlockFormat>(fi);
+  const NkKernels* kern = g_nk_kernels.load(std::memory_order_acquire);
+  if (kern == nullptr) kern = NkKernelsGeneric();
+  if (NothingToCompute(1, p.m, p.k, p.n, p.y)) return ffi::Error::Success();
+  job->kern = kern;
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  job->tiles = p.m > kern->dot_max_m;
+  if (job->tiles) {
+    const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
+    p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
+    job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, 4 * p.k));
+  } else {
+    job->Plan(1, ColumnBlocks(p.n, 1, 4, threads));
+  }
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hxmlir
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV3, hxmlir::MatmulQV3, HX_NK_FFI_BINDING());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuV4, hxmlir::MatmulQV4, HX_NK_FFI_BINDING());

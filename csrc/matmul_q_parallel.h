@@ -28,7 +28,7 @@
 namespace hxmlir {
 
 // Regime bounds and block plans shared by both handlers (hx_matmul_q_cpu_v1 and
-// _v2), from the study in issue 16.
+// _v2), from the study of the int8 kernel's regimes.
 constexpr int64_t kRowsMaxM = 4;  // "rows" regime (chunks of k) for m <= this
 // "rows": at least this many rows of q per chunk of the contraction axis, and at
 // most this many chunks (enough blocks for the threads of a bandwidth-bound loop).
@@ -85,7 +85,7 @@ inline int64_t UsableCores() {
 // Threads for a problem of `macs` multiply-adds: the calling thread alone when small,
 // else one per usable core and no more than the pool's threads plus the caller's.
 // XLA's intra-op pool has max(cores, host devices) threads: with
-// --xla_force_host_platform_device_count=8 on 2 cores, 8 (issue 28: 8 busy threads on
+// --xla_force_host_platform_device_count=8 on 2 cores, 8 (measured: 8 busy threads on
 // 2 cores, 1.4 -> 8.4 context switches per call); the blocks are planned for this count.
 inline int64_t ThreadsFor(xla::ffi::ThreadPool& pool, int64_t macs) {
   if (macs < kSerialMacs) return 1;
@@ -282,7 +282,7 @@ void WorkOn(Job& job, AfterTask after_task) {
 // A decode step calls the kernels ~180 times, 5-30 us apart (SmolLM2-135M: five
 // matmul calls and one attention call per layer, XLA's small ops between them), each
 // call 10-150 us long. XLA's pool
-// threads fall asleep between calls and take 50-300 us to wake on a VM (issue 28:
+// threads fall asleep between calls and take 50-300 us to wake on a VM (measured:
 // SmolLM2's o projection took 73 us a call inside the step, 24 us on one thread
 // alone), so a helper scheduled on the pool came late or not at all. Instead, a helper
 // that has done its part of a call stays on its pool thread for up to Linger() (50 us

@@ -118,8 +118,10 @@ format's name, the block as the group size, the f16 scales). A block format is i
 by its components like every format (:func:`of_components`): ``ui16`` values, which no
 other format has, and their words per block ``W`` (with the offset, Q5_0 and Q5_1 differ
 by it). A sharding of the last axis must keep whole blocks (:func:`split_problem`).
-``hx.quantize`` does not make them (:func:`check_method`). Kernels: none yet
-(``native_cpu = pallas = ()``): every platform emits the StableHLO decomposition.
+``hx.quantize`` does not make them (:func:`check_method`). Kernels: the native CPU kernel
+``hx_matmul_q_cpu_v4`` in the checkpoints' ``"nk"`` layout (``native_cpu = ("nk",)``,
+``docs/kernels.md``); no Pallas kernel yet (``pallas = ()``): other platforms and layouts
+emit the StableHLO decomposition.
 
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
@@ -262,10 +264,11 @@ UI16 = np.dtype(np.uint16)
 def _block_format(gguf: str, block: int, fields, value_range, offset: bool = False) -> Format:
   """A block format (module docstring, "Block formats"): GGUF type ``gguf``'s blocks of
   ``block`` elements, stored as ``fields`` in ``ui16`` words with an f16 scale (and
-  offset) per block; StableHLO decompositions on every platform."""
+  offset) per block; the native CPU kernel ``hx_matmul_q_cpu_v4`` in ``[out, in]``, StableHLO
+  decompositions elsewhere."""
   name = gguf.lower()
   return Format(name, name, UI16, UI16, "ui16", 1, 0, f"gguf_{name}_v1", scale_dtype=F16,
-                offset=offset, value_range=value_range, native_cpu=(), pallas=(), block=block,
+                offset=offset, value_range=value_range, native_cpu=("nk",), pallas=(), block=block,
                 fields=tuple(fields), gguf=gguf)
 
 

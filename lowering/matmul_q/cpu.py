@@ -2,7 +2,7 @@
 policy) and the CPU lowering rule of ``hx_matmul_q_p`` (:func:`lower_matmul_q_cpu`).
 
 The kernels (``csrc/``, built by ``pip install`` into the extension module
-``hxmlir._matmul_q_cpu``) are registered with XLA's FFI as two custom-call
+``hxmlir._matmul_q_cpu``) are registered with XLA's FFI as custom-call
 targets (the version is part of the name: a change of semantics or calling
 convention gets a new target), both with f32 accumulation on XLA's intra-op
 thread pool:
@@ -27,6 +27,11 @@ thread pool:
   ``group_size``, ``scale_dtype`` (``f32``/``f16``) and ``offset`` (``csrc/matmul_q_nk_ffi.cc``,
   ``csrc/matmul_q_nk.h``): row dot products at small ``m`` (a GEMV streaming the weight at
   ``m = 1``), a block of rows decoded once to f32 under a register-tiled loop above.
+- ``hx_matmul_q_cpu_v4`` (:data:`TARGET_V4`): GGUF's block formats (``Format.block``: Q5_0,
+  Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS) at the file's bytes in the ``[out, in]`` layout: ``q:
+  ui16[n, k / B, words]``, ``s`` (``d``) and for the formats with one ``o`` (``dmin``)
+  ``f16[n, k / B]``, the attributes of ``_v3`` with ``dtype`` the format's name
+  (:func:`matmul_q_native_v4`; ``docs/kernels.md``).
 
 At import this module picks the kernel's ISA (the best of ``avx512``, ``avx2``
 this CPU runs; ``$HXMLIR_CPU_ISA`` forces one, ``generic`` included) and
@@ -72,10 +77,13 @@ TARGET_V2 = f"{KERNEL_NAME}_v2"
 """The FFI custom-call target of every format (:mod:`hxmlir.formats`)."""
 TARGET_V3 = f"{KERNEL_NAME}_v3"
 """The FFI custom-call target of the ``[out, in]`` layout, every format."""
+TARGET_V4 = f"{KERNEL_NAME}_v4"
+"""The FFI custom-call target of GGUF's block formats (``Format.block``) in the ``[out, in]``
+layout (``csrc/matmul_q_nk.h``, ``BlockProblem``)."""
 TARGET_I8X = f"{KERNEL_NAME}_i8x_v1"
 """The FFI custom-call target of the ``[out, in]`` layout with integer activations (opt-in:
 ``hx.install(activations="int8")``; ``csrc/matmul_q_i8x.h``)."""
-TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_I8X)
+TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_V4, TARGET_I8X)
 """Every version of the kernel this hxmlir has, oldest first (the integer-activation
 variant last)."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
@@ -105,9 +113,10 @@ CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu"
                                      owner="hxmlir")
 CPU_KERNEL_V2 = targets.register_kernel(TARGET_V2, KERNEL_NAME, 2, ("cpu",), owner="hxmlir")
 CPU_KERNEL_V3 = targets.register_kernel(TARGET_V3, KERNEL_NAME, 3, ("cpu",), owner="hxmlir")
+CPU_KERNEL_V4 = targets.register_kernel(TARGET_V4, KERNEL_NAME, 4, ("cpu",), owner="hxmlir")
 CPU_KERNEL_I8X = targets.register_kernel(TARGET_I8X, f"{KERNEL_NAME}_i8x", 1, ("cpu",),
                                          owner="hxmlir")
-assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name,
+assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name, CPU_KERNEL_V4.ir_name,
         CPU_KERNEL_I8X.ir_name) == TARGETS
 
 
@@ -149,7 +158,7 @@ class CpuKernelInfo:
       return f"StableHLO lowering (the native kernel takes {dtype} in layouts " \
              f"{', '.join(formats.FORMATS[dtype].native_cpu)} only)"
     if layout == "nk":
-      target = TARGET_V3
+      target = TARGET_V4 if formats.FORMATS[dtype].block else TARGET_V3
     else:
       target = self.target if dtype == "int8" and group_size is None else TARGET_V2
     return f"native CPU kernel {target} ({self.isa}; {self.reason})"
@@ -211,6 +220,7 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET, ext.handler(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V2, ext.handler_v2(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_V4, ext.handler_v4(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_I8X, ext.handler_i8x_v1(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
@@ -235,7 +245,7 @@ def _linger_us(warn) -> int:
 
 
 EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
-                 "handler_i8x_v1", "i8x_isa", "max_threads", "set_linger_us", "linger_us")
+                 "handler_v4", "handler_i8x_v1", "i8x_isa", "max_threads", "set_linger_us", "linger_us")
 """What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
 sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
 an import error."""
@@ -362,6 +372,35 @@ def matmul_q_native_v3(x, q, s, o=None, *, target: str = TARGET_V3):
       offset=bool(fmt.offset))
 
 
+def matmul_q_native_v4(x, q, s, o=None):
+  """``x @ dequantize(q, s, o).T`` through the custom call ``hx_matmul_q_cpu_v4``: a GGUF
+  block format (``Format.block``: Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS) in the checkpoint
+  layout ``[out, in]``.
+
+  ``x: f32[*b, k]``; ``q: ui16[n, k // B, words]`` (the blocks' bytes), ``s: f16[n, k // B]``
+  (each block's ``d``), ``o``: ``f16[n, k // B]`` (``dmin``, or Q5_1's ``m``) for the formats
+  with an offset, else ``None`` -> ``f32[*b, n]``, the dot of ``x`` with each row of the
+  weight decoded as llama.cpp's ``dequantize_row_*`` decodes it (``csrc/formats/gguf_blocks.inc``).
+  The format is read from the operands and passed as the attributes ``dtype`` (its name),
+  ``layout``, ``group_size`` (``B``), ``scale_dtype`` (``f16``) and ``offset``. Raises
+  ``TypeError`` naming the operand types when they are no block format's [n, k] weight;
+  runs only where the target is registered (:func:`cpu_kernel_info`).
+  """
+  fmt = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
+  if fmt is None or not fmt.block or q.ndim != 3 or s.shape != q.shape[:2]:
+    offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
+    raise TypeError(f"{TARGET_V4}: no block format of a weight [n, k] for values "
+                    f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}; it "
+                    "takes ui16[n, k / B, words] with f16[n, k / B] scales (and offsets) of "
+                    + ", ".join(f.name for f in formats.FORMATS.values() if f.block))
+  n, k = fmt.dense_shape(q.shape)
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
+  operands = (x, q, s) if o is None else (x, q, s, o)
+  return jax.ffi.ffi_call(TARGET_V4, out)(
+      *operands, dtype=fmt.name, layout=fmt.layout, group_size=np.int64(fmt.block),
+      scale_dtype="f16", offset=bool(fmt.offset))
+
+
 I8X_DTYPES = ("int8", "int4", "uint4")
 """The weights' value dtypes :data:`TARGET_I8X` takes."""
 I8X_MAX_BLOCK = 65536
@@ -435,11 +474,16 @@ def _collapsed(native):
   return call
 
 
-def _kernel_layout(x_aval, q_aval, dims) -> str | None:
+def _kernel_layout(x_aval, q_aval, dims, dense_ndim: int | None = None) -> str | None:
   """``"batched"`` (version 1's dims: ``f32[*b, m, k] x Q[*b, k, n]``), ``"collapsed"``
   (``f32[..., k] x Q[k, n]``), ``"nk"`` (the checkpoint layout ``f32[..., k] x W[n, k]``,
   ``"...k,nk->...n"``: ``hx_matmul_q_cpu_v3``), or ``None``: the layouts the native kernels
-  and the int8 streaming builders know."""
+  and the int8 streaming builders know. ``dense_ndim``: the dense weight's rank where it is
+  not the stored values' (a block format's values have a block axis more)."""
+  if dense_ndim is not None and dense_ndim != q_aval.ndim:
+    if dense_ndim == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (1,)), ((), ())):
+      return "nk"
+    return None
   if x_aval.ndim == q_aval.ndim and dims == dotdims.v1_dims(x_aval.ndim):
     return "batched"
   if q_aval.ndim == 2 and dims == dotdims.matmul_dims(x_aval.ndim, 2):
@@ -489,6 +533,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     but the next;
   - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
     ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
+    (``hx_matmul_q_cpu_v4`` for GGUF's block formats)
     under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
     for int8/int4/uint4 values and ``x``'s block of 32 (any number of rows: decode and
     prefill) or ``x`` of at least ``I8X_MIN_ROWS`` rows where
@@ -497,12 +542,12 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   fmt = default.weight_format(ctx)
   dims = dimension_numbers or dotdims.v1_dims(x_aval.ndim)
-  if _kernel_layout(x_aval, q_aval, dims) == "nk":
+  if _kernel_layout(x_aval, q_aval, dims, len(fmt.dense_shape(q_aval.shape))) == "nk":
     n, k = fmt.dense_shape(q_aval.shape)
     if "nk" in fmt.native_cpu and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
-      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o,
-                             reference=_nk_kernel(fmt, (n, k), s_aval,
-                                                  int(np.prod(x_aval.shape[:-1]))),
+      kernel = matmul_q_native_v4 if fmt.block else _nk_kernel(
+          fmt, (n, k), s_aval, int(np.prod(x_aval.shape[:-1])))
+      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,
                              attributes=default.matmul_q_attributes(ctx, dims))
     return _lower_blocked(ctx, (x, q, s, *o), dims)
   if "kn" not in fmt.native_cpu:

@@ -95,6 +95,16 @@ def _blocks(name: str, rows: int, blocks: int, seed: int):
   scales = [(rng.integers(-64, 65, size=(rows, blocks)) / 1024).astype(np.float16)
             for _ in range(2 if f.offset else 1)]
   return hx.make_qarray(words, *scales)
+def _gguf_blocks(kind: str, n: int, blocks: int, seed: int):
+  """A weight ``[n, blocks * B]`` of GGUF block format ``kind`` (random bytes, finite f16
+  ``d``/``dmin``) from its components (hxmlir.gguf.block_parts)."""
+  from hxmlir import gguf as hg
+  rs = np.random.RandomState(seed)
+  raw = rs.randint(0, 256, size=(n, blocks, hg._BLOCK_BYTES[kind])).astype(np.uint8)
+  d_at, m_at, _ = hg._HEADERS[kind]
+  for at in (d_at,) if m_at is None else (d_at, m_at):
+    raw[..., at:at + 2] = (rs.randn(n, blocks, 1) * 0.02).astype(np.float16).view(np.uint8)
+  return hx.make_qarray(*hg.block_parts(raw, kind))
 
 
 CASES: dict[str, Case] = {
@@ -251,6 +261,16 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 73), jnp.int8, group_size=16)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_i8x_v1", "hx_matmul_q_cpu_i8x_v1"),), activations="int8"),
+    # its version 4 (GGUF's block formats at the file's bytes, [out, in]): Q4_K at m = 1 (the
+    # "dot" regime's GEMV), Q5_0 at m = 3, Q6_K at m = 20 (tiles)
+    "hx_matmul_q_cpu_v4_cpu": Case(
+        lambda x1, x3, x20, a, b, c: (hx.einsum("mk,nk->mn", x1, a), hx.einsum("mk,nk->mn", x3, b),
+                                      hx.einsum("mk,nk->mn", x20, c)),
+        lambda: (_x((1, 512), 80), _x((3, 512), 81), _x((20, 512), 82),
+                 _gguf_blocks("Q4_K", 260, 2, 83), _gguf_blocks("Q5_0", 260, 16, 84),
+                 _gguf_blocks("Q6_K", 260, 2, 85)),
+        (("hx.matmul_q", 5),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
     # hx.attention's native CPU kernel (lowering/attention/cpu.py): prefill (T = 5 from
     # position 0) and a decode step (T = 1 at position 40, head_dim 24: a vector and a tail)
     # over a cache of 48 positions
