@@ -24,6 +24,7 @@ from jaxlib.mlir import ir
 from hxmlir import targets
 from hxmlir.install_state import use_kernels
 from hxmlir.lowering import reference
+from hxmlir.lowering.attention.primitive import composite_attributes
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
 
@@ -91,11 +92,13 @@ def _native_for(scale: float):
 
 
 def lower_attention_cpu(ctx, q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, *,
-                        scale: float) -> list[ir.Value]:
+                        scale: float, window: int = 0, softcap: float = 0.0) -> list[ir.Value]:
   """CPU lowering rule of ``hx_attention_p``: the composite the default rule emits, whose
   decomposition calls ``hx_attention_cpu_v1`` where :data:`ACTIVE` and
   :func:`~hxmlir.lowering.matmul_q.cpu.use_native` (the reference StableHLO otherwise)."""
-  native = ACTIVE and matmul_q_cpu.use_native(ctx, use_kernels())
-  ref = _native_for(scale) if native else reference.attention_for(scale)
+  native = ACTIVE and matmul_q_cpu.use_native(ctx, use_kernels()) and not window \
+      and not softcap  # (the kernel has neither a window nor a soft cap yet)
+  ref = _native_for(scale) if native else reference.attention_for(scale, window, softcap)
+  attrs, version = composite_attributes(scale, window, softcap)
   return lower_composite(ctx, "hx.attention", q, k, v, start, reference=ref,
-                         attributes={"scale": scale})
+                         attributes=attrs, version=version)
