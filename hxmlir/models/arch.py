@@ -49,7 +49,7 @@ decoder does not implement (another rope scaling, an unknown key or tensor) is a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from hxmlir.gguf import GGUFError
@@ -149,6 +149,12 @@ class Config:
       set_("windows", (0,) * self.layers)
     if not self.attn_scale:
       set_("attn_scale", 1.0 / math.sqrt(self.head_dim))
+
+  def first_layers(self, n: int) -> Config:
+    """This description cut to its first ``n`` layers (the per-layer tuples too): a decoder
+    of the file's first ``n`` blocks, for tests and timing."""
+    return replace(self, layers=n, rope_bases=self.rope_bases[:n],
+                   rope_scales=self.rope_scales[:n], windows=self.windows[:n])
 
   def describe(self) -> str:
     """The description as ``key: value`` lines, per-layer tuples run-length folded
