@@ -377,3 +377,36 @@ def test_gemma3_270m_past_the_window_matches_float64_reference():
   print(f"gemma3 270M: top-1 {top1:.4f}, max rel err {rel:.2e}, greedy {new}")
   assert top1 >= 0.99 and rel <= 1e-3
   assert new == np.argmax(ref[599:599 + len(new)], -1).tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "qwen3moe", "olmo2"])
+def test_family_on_a_mesh_of_two_devices_matches_float64_reference(files, family):
+  # tensor parallel (conftest.py makes 8 host CPU devices): weights the sharding rules know
+  # split, the others (norms, biases, expert stacks, router) replicated; same bars
+  import jax
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+  mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+  path = files[family + "-q8"]
+  m = from_gguf(path, max_context=32, mesh=mesh)
+  ids = _ids(4, 16)
+  top1, rel = figures(m.logits(ids), reference_logits(path, ids))
+  assert top1 >= 0.99 and rel <= 1e-3, (top1, rel)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "qwen3moe"])
+def test_exported_decode_step_runs_as_the_models(files, family):
+  # the decode step of every family exports with hi-typed weights and cache, and the
+  # artifact's step gives the model's logits at a position past the window
+  import jax
+  import jax.numpy as jnp
+  path = files[family + "-q8"]
+  m = from_gguf(path, max_context=16)
+  exp = m.export_step()
+  ids = _ids(6, 12)
+  k, v = m.new_cache()
+  _, k, v = m._prefill(m.params, np.asarray(ids[:-1], np.int32), np.int32(0), k, v)
+  got, _, _ = exp.call(m.params, jnp.asarray(ids[-1:], jnp.int32), jnp.int32(len(ids) - 1), k, v)
+  want = reference_logits(path, ids)[-1:]
+  top1, rel = figures(np.asarray(jax.device_get(got)), want)
+  assert top1 == 1.0 and rel <= 1e-3, (top1, rel)
