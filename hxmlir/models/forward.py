@@ -27,7 +27,8 @@ head_dim]``, values ``f32[kv_heads, head_dim, C]`` (both products then read them
 or both ``q8[kv_heads, C, head_dim]`` (one int8 row and one f32 scale per position); written
 in place at ``start + [0, T)``. On the f32 cache attention is one ``hx.attention`` (whose
 CPU kernel reads only positions in the causal window); on ``q8`` rows both products are
-``hx.einsum`` on the int8 values over the positions up to the last query's.
+``hx.einsum`` on the int8 values of the shortest prefix of :func:`cache_buckets` that
+holds the positions up to the last query's (a ``lax.switch`` over the prefix lengths).
 """
 
 from __future__ import annotations
@@ -122,17 +123,45 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
 
   On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``; its CPU kernel
   reads only the window's positions). On ``q8`` rows both products are
-  :func:`hxmlir.types.einsum` on the int8 values: the scores contract the quantized axis
+  :func:`hxmlir.types.einsum` on the int8 values of a prefix of the cache
+  (:func:`cache_buckets`: at most twice the positions written, never the unwritten rest):
+  the scores contract the quantized axis
   (each key row's scale multiplies the result); ``P . V`` contracts positions (each value
   row's scale multiplies the probabilities first)."""
   if not _quantized(k):
     return hx_attention(q, k, v, start, scale=scale, window=window, softcap=softcap)
-  s = einsum("tkgd,kcd->tkgc", q, k) * np.float32(scale)
-  if softcap:
-    s = np.float32(softcap) * jnp.tanh(s / np.float32(softcap))
-  s = jnp.where(window_mask(start, q.shape[0], k.shape[1], window), s,
-                jnp.finfo(jnp.float32).min)
-  return einsum("tkgc,kcd->tkgd", jax.nn.softmax(s, axis=-1), v)
+  # q8 rows: only a prefix of the cache is read, the shortest of cache_buckets(C) holding
+  # the positions up to the last query's (lax.switch: one branch per prefix length)
+  sizes = cache_buckets(k.shape[1])
+  end = start + q.shape[0]
+  branch = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < end).astype(jnp.int32)
+  parts = (q, start, *qarray_parts(k), *qarray_parts(v))
+  nk = len(qarray_parts(k))
+
+  def prefix(b):
+    def run(q, start, *cs):
+      ks = make_qarray(*(c[:, :b] for c in cs[:nk]))
+      vs = make_qarray(*(c[:, :b] for c in cs[nk:]))
+      sc = einsum("tkgd,kcd->tkgc", q, ks) * np.float32(scale)
+      if softcap:
+        sc = np.float32(softcap) * jnp.tanh(sc / np.float32(softcap))
+      sc = jnp.where(window_mask(start, q.shape[0], b, window), sc, jnp.finfo(jnp.float32).min)
+      return einsum("tkgc,kcd->tkgd", jax.nn.softmax(sc, axis=-1), vs)
+    return run
+  if len(sizes) == 1:
+    return prefix(sizes[0])(*parts)
+  return jax.lax.switch(branch, [prefix(b) for b in sizes], *parts)
+
+
+def cache_buckets(c: int, smallest: int = 64) -> tuple[int, ...]:
+  """The prefix lengths an ``int8`` cache of ``c`` positions is read in: ``64, 128, ...``
+  (powers of two below ``c``) and ``c``; a step reads the shortest holding its positions,
+  so at most twice the positions written (at least 64)."""
+  sizes, b = [], smallest
+  while b < c:
+    sizes.append(b)
+    b *= 2
+  return (*sizes, c)
 
 
 def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=proj) -> list:

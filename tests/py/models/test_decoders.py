@@ -21,7 +21,7 @@ from hxmlir.models import from_gguf
 
 gguf = pytest.importorskip("gguf")
 
-D, H, KV, FFN, VOCAB, CTX = 64, 4, 2, 96, 160, 64
+D, H, KV, FFN, VOCAB, CTX = 64, 4, 2, 96, 160, 256
 T = 24  # positions per test, past the sliding window of 8
 
 # family -> the reference's reading of llama.cpp (independent of hxmlir.models.arch)
@@ -410,3 +410,35 @@ def test_exported_decode_step_runs_as_the_models(files, family):
   want = reference_logits(path, ids)[-1:]
   top1, rel = figures(np.asarray(jax.device_get(got)), want)
   assert top1 == 1.0 and rel <= 1e-3, (top1, rel)
+
+
+def test_int8_cache_reads_only_a_prefix_of_written_positions(files):
+  # a q8 cache of 200 positions is read in prefixes of 64, 128 or 200 (forward.cache_buckets):
+  # NaN in every row past 64 changes nothing for a step at position 12 (the whole cache,
+  # masked, would give NaN: 0 * NaN in P . V); the gemma3 file slides (window 8)
+  import jax.numpy as jnp
+
+  from hxmlir.models.forward import cache_buckets
+  from hxmlir.types.qarray import make_qarray, qarray_parts
+  assert cache_buckets(200) == (64, 128, 200) and cache_buckets(64) == (64,)
+  m = from_gguf(files["gemma3-q8"], max_context=200, kv_cache="int8")
+  ids = _ids(7, 13)
+  k, v = m.new_cache()
+  _, k, v = m._prefill(m.params, np.asarray(ids[:-1], np.int32), np.int32(0), k, v)
+  def poison(cache):
+    out = []
+    for layer in cache:
+      vals, scales = qarray_parts(layer)
+      out.append(make_qarray(vals, scales.at[:, 64:].set(jnp.nan)))
+    return tuple(out)
+  step = lambda k, v: np.asarray(m._step(m.params, np.asarray(ids[-1:], np.int32),
+                                         np.int32(len(ids) - 1), k, v)[0])
+  copy = lambda cache: tuple(make_qarray(*(c.copy() for c in qarray_parts(x))) for x in cache)
+  clean = step(copy(k), copy(v))
+  dirty = step(poison(k), poison(v))
+  assert np.isfinite(dirty).all()
+  np.testing.assert_array_equal(dirty, clean)
+  # and the int8 cache's step agrees with the float64 reference to int8 rounding's order
+  top1, rel = figures(clean, reference_logits(files["gemma3-q8"], ids)[-1:])
+  assert top1 == 1.0 and rel <= 2e-2, (top1, rel)
+
