@@ -442,3 +442,19 @@ def test_int8_cache_reads_only_a_prefix_of_written_positions(files):
   top1, rel = figures(clean, reference_logits(files["gemma3-q8"], ids)[-1:])
   assert top1 == 1.0 and rel <= 2e-2, (top1, rel)
 
+
+
+def test_architecture_is_checked_before_the_header_is_read(tmp_path, monkeypatch):
+  # another architecture fails on the first keys of the header: the vocabulary (Gemma 3's
+  # 262k pieces) is never parsed
+  w = gguf.GGUFWriter(os.fspath(tmp_path / "m.gguf"), "mamba")
+  w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(1000)])
+  w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  monkeypatch.setattr(hg, "read_header", lambda p: pytest.fail("the header was read"))
+  with pytest.raises(harch.UnsupportedModelError,
+                     match=r"m\.gguf: GGUF architecture 'mamba' is not supported"):
+    from_gguf(tmp_path / "m.gguf")
