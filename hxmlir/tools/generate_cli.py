@@ -94,7 +94,11 @@ def run(args, out=None, err=None) -> int:
   m = llama.Llama.from_gguf(path, max_context=args.max_context,
                             kv_cache=getattr(args, "kv_cache", "f32"),
                             kernels=not getattr(args, "no_kernels", False))
-  text = chat_prompt(m.metadata, args.prompt) if args.chat else args.prompt
+  if m.tokenizer is None:
+    raise ValueError(f"{path}: this GGUF file has no tokenizer (tokenizer.ggml.*): it runs "
+                     "on token ids only (hxmlir.models.from_gguf)")
+  text = m.tokenizer.chat([{"role": "user", "content": args.prompt}]) if args.chat \
+      else args.prompt
   ids = m.tokenizer.encode(text)
   t0 = time.perf_counter()
   t_first = None
