@@ -1,13 +1,16 @@
-// hx.attention on CPU (custom call target "hx_attention_cpu_v1"): grouped-query attention
-// of T queries over one layer's KV cache with a causal position bound.
+// hx.attention on CPU (custom call targets "hx_attention_cpu_v1" and "_v2"): grouped-query
+// attention of T queries over one layer's KV cache with a causal position bound, and (v2) a
+// sliding window and a soft cap on the scores.
 //
 //   q: f32[T, kv, g, d]   k: f32[kv, C, d]   v: f32[kv, d, C]   start: s32[]
 //     -> out: f32[T, kv, g, d]
 //   n(t) = clamp(start + t + 1, 0, C)           (positions query t may read)
-//   s[t, h, j, c] = scale * (q[t, h, j, :] . k[h, c, :])          c in [0, n(t))
+//   l(t) = window > 0 ? clamp(start + t + 1 - window, 0, n(t)) : 0      (v2: the first)
+//   s[t, h, j, c] = scale * (q[t, h, j, :] . k[h, c, :])          c in [l(t), n(t))
+//   s = softcap * tanh(s / softcap)                               (v2, softcap > 0)
 //   out[t, h, j, :] = sum_c softmax_c(s[t, h, j, :]) * v[h, :, c]
 //
-// Positions c >= n(t) are never read, so the cache beyond start + t may hold anything
+// Positions outside [l(t), n(t)) are never read, so the cache beyond start + t may hold anything
 // (NaN included). start + t >= C reads all C positions (clamped: never out of bounds). A
 // query with no position (start + t < 0) gets the mean of v[h, :, c] over all C positions,
 // which is what the reference (lowering/reference.py: attention, a where-mask filling
@@ -30,6 +33,8 @@ struct AttentionProblem {
   int64_t t, kv, g, d, c;
   int64_t start;
   float scale;
+  int64_t window = 0;   // 0: no window (v1)
+  float softcap = 0.f;  // 0: no cap (v1)
 };
 
 // The kernels of one ISA.
@@ -59,7 +64,8 @@ const AttentionKernels* SelectedAttentionKernels();
 
 struct XLA_FFI_Error;
 struct XLA_FFI_CallFrame;
-// The FFI handler of "hx_attention_cpu_v1" (attention_ffi.cc).
+// The FFI handlers of "hx_attention_cpu_v1" and "hx_attention_cpu_v2" (attention_ffi.cc).
 extern "C" XLA_FFI_Error* HxAttentionCpuV1(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* HxAttentionCpuV2(XLA_FFI_CallFrame* call_frame);
 
 #endif  // HXMLIR_CSRC_ATTENTION_H_

@@ -1,8 +1,8 @@
-// The XLA FFI handler of hx.attention on CPU (custom call target "hx_attention_cpu_v1";
-// semantics in attention.h) and the choice of its ISA copy.
+// The XLA FFI handlers of hx.attention on CPU (custom call targets "hx_attention_cpu_v1"
+// and "hx_attention_cpu_v2"; semantics in attention.h) and the choice of its ISA copy.
 //
-//   q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], start: s32[]  (attribute
-//   scale: f32)  ->  f32[T, kv, g, d]
+//   q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], start: s32[]  (attributes
+//   scale: f32; v2 also window: s64 >= 0, softcap: f32 >= 0)  ->  f32[T, kv, g, d]
 //
 // Operands of other types or shapes are refused with InvalidArgument naming them. The
 // work is one block per (query t, KV head h). A call of fewer than kSerialMacs
@@ -11,6 +11,7 @@
 // blocks are shared with XLA's intra-op pool (RunBlocks, matmul_q_parallel.h). Each output
 // is computed by one thread in an order fixed by the shapes alone.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -29,7 +30,8 @@ namespace {
 
 std::atomic<const AttentionKernels*> g_attention_kernels{nullptr};
 
-constexpr char kTarget[] = "hx_attention_cpu_v1";
+constexpr char kTargetV1[] = "hx_attention_cpu_v1";
+constexpr char kTargetV2[] = "hx_attention_cpu_v2";
 
 // Calls of fewer blocks than this many per usable core run on the calling thread.
 constexpr int64_t kMinBlocksPerThread = 4;
@@ -64,8 +66,14 @@ std::string TypeText(const ffi::AnyBuffer& b) {
   return ElementTypeName(b.element_type()) + ShapeText(b.dimensions());
 }
 
-ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                     ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out, float scale) {
+// Both versions' work; `target` names the caller's target in errors.
+ffi::Error Run(const char* target, ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+               ffi::AnyBuffer v, ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out,
+               float scale, int64_t window, float softcap) {
+  if (window < 0 || !(softcap >= 0.f) || std::isinf(softcap))
+    return ffi::Error::InvalidArgument(
+        std::string(target) + " expects window >= 0 and a finite softcap >= 0, got window " +
+        std::to_string(window) + ", softcap " + std::to_string(softcap));
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              od = out->dimensions();
   const auto f32 = ffi::DataType::F32;
@@ -77,7 +85,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
        vd[2] == kd[1] && std::equal(od.begin(), od.end(), qd.begin());
   if (!ok)
     return ffi::Error::InvalidArgument(
-        std::string(kTarget) + " expects q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], "
+        std::string(target) + " expects q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], "
         "start: s32[] -> f32[T, kv, g, d], got " + TypeText(q) + ", " + TypeText(k) + ", " +
         TypeText(v) + ", " + TypeText(start) + " -> " + TypeText(*out));
   auto job = std::make_shared<AttentionJob>();
@@ -91,6 +99,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   std::memcpy(&s0, start.untyped_data(), sizeof s0);
   p.start = s0;
   p.scale = scale;
+  p.window = window;
+  p.softcap = softcap;
   const int64_t blocks = p.t * p.kv;
   if (blocks == 0 || p.g == 0 || p.d == 0) return ffi::Error::Success();
   if (p.c == 0) {  // no position at all: the reference's sum over no position is 0
@@ -101,7 +111,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   // multiply-adds over the positions read: both products, every query
   int64_t macs = 0;
   for (int64_t t = 0; t < p.t; ++t)
-    macs += 2 * p.kv * p.g * p.d * std::clamp<int64_t>(p.start + t + 1, 1, p.c);
+    macs += 2 * p.kv * p.g * p.d *
+            std::clamp<int64_t>(p.start + t + 1, 1, p.window > 0 ? std::min(p.c, p.window) : p.c);
   // the pool only with a few blocks per core: a decode step's kv blocks (T = 1) are fewer
   // than that, and shared they run slower than on the calling thread alone (SmolLM2, 3
   // heads at 512 positions, 2 cores: 74 us a call against 36)
@@ -115,6 +126,18 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   job->total = blocks;
   RunBlocks(pool, threads, job);
   return ffi::Error::Success();
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                     ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out, float scale) {
+  return Run(kTargetV1, pool, q, k, v, start, out, scale, 0, 0.f);
+}
+
+ffi::Error AttentionWindowed(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                             ffi::AnyBuffer v, ffi::AnyBuffer start,
+                             ffi::Result<ffi::AnyBuffer> out, float scale, int64_t window,
+                             float softcap) {
+  return Run(kTargetV2, pool, q, k, v, start, out, scale, window, softcap);
 }
 
 }  // namespace
@@ -155,3 +178,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV1, hxmlir::Attention,
                                   .Arg<ffi::AnyBuffer>()  // start
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Attr<float>("scale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV2, hxmlir::AttentionWindowed,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // start
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("window")
+                                  .Attr<float>("softcap"));

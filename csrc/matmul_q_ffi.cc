@@ -178,6 +178,10 @@ PyObject* PyHandlerAttentionV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV1), nullptr, nullptr);
 }
 
+PyObject* PyHandlerAttentionV2(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV2), nullptr, nullptr);
+}
+
 PyObject* PyI8xIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
@@ -287,6 +291,9 @@ PyMethodDef kMethods[] = {
      "api_version=1)."},
     {"handler_attention_v1", PyHandlerAttentionV1, METH_NOARGS,
      "PyCapsule of hx_attention_cpu_v1's XLA FFI handler (hx.attention; api_version=1)."},
+    {"handler_attention_v2", PyHandlerAttentionV2, METH_NOARGS,
+     "PyCapsule of hx_attention_cpu_v2's XLA FFI handler (hx.attention with a window and "
+     "a soft cap; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
      "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
     {"native_formats", PyNativeFormats, METH_NOARGS,

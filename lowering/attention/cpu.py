@@ -24,6 +24,7 @@ from jaxlib.mlir import ir
 from hxmlir import targets
 from hxmlir.install_state import use_kernels
 from hxmlir.lowering import reference
+from hxmlir.lowering.attention.primitive import composite_attributes
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.matmul_q import cpu as matmul_q_cpu
 
@@ -35,6 +36,10 @@ TARGET = f"{KERNEL_NAME}_v{KERNEL_VERSION}"
 CPU_KERNEL = targets.register_kernel(TARGET, KERNEL_NAME, KERNEL_VERSION, ("cpu",),
                                      owner="hxmlir")
 assert CPU_KERNEL.ir_name == TARGET
+TARGET_V2 = f"{KERNEL_NAME}_v2"
+"""The target of ``hx.attention`` version 2 (a sliding window, a soft cap): the same kernel
+with two more attributes, ``window`` (i64) and ``softcap`` (f32)."""
+CPU_KERNEL_V2 = targets.register_kernel(TARGET_V2, KERNEL_NAME, 2, ("cpu",), owner="hxmlir")
 
 
 def _register() -> tuple[bool, str]:
@@ -42,11 +47,13 @@ def _register() -> tuple[bool, str]:
   if not info.active:
     return False, info.reason
   from hxmlir import _matmul_q_cpu as ext  # loaded: the matmul_q kernel is active
-  if not hasattr(ext, "handler_attention_v1"):
+  if not hasattr(ext, "handler_attention_v2"):
     return False, (f"the extension hxmlir._matmul_q_cpu ({ext.__file__}) is older than this "
-                   "hxmlir (it lacks handler_attention_v1); rebuild it: pip install -e . (or "
+                   "hxmlir (it lacks handler_attention_v2); rebuild it: pip install -e . (or "
                    "reinstall hxmlir)")
   jax.ffi.register_ffi_target(TARGET, ext.handler_attention_v1(), platform="cpu",
+                              api_version=1)
+  jax.ffi.register_ffi_target(TARGET_V2, ext.handler_attention_v2(), platform="cpu",
                               api_version=1)
   return True, info.reason
 
@@ -55,14 +62,19 @@ ACTIVE, REASON = _register()
 """Whether ``hx_attention_cpu_v1`` is registered (decided at import), and why (not)."""
 
 
-def attention_native(q, k, v, start, *, scale: float):
+def attention_native(q, k, v, start, *, scale: float, window: int = 0, softcap: float = 0.0):
   """:func:`hxmlir.lowering.reference.attention` through the custom call
   ``hx_attention_cpu_v1``: same operands (``q: f32[T, kv, g, d]``, ``k: f32[kv, C, d]``,
   ``v: f32[kv, d, C]``, ``start: i32[]``; types already checked by the lo primitive) and
   result, ``scale`` an f32 attribute. Reads only positions ``c <= start + t`` (clamped to
-  ``C``). Runs only where :data:`ACTIVE`."""
+  ``C``), and with ``window > 0`` only ``c > start + t - window``; ``softcap > 0`` caps the
+  scores. Without either it calls ``hx_attention_cpu_v1``, else ``hx_attention_cpu_v2``
+  (``window`` an i64 attribute, ``softcap`` an f32). Runs only where :data:`ACTIVE`."""
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-  return jax.ffi.ffi_call(TARGET, out)(q, k, v, start, scale=np.float32(scale))
+  if not window and not softcap:
+    return jax.ffi.ffi_call(TARGET, out)(q, k, v, start, scale=np.float32(scale))
+  return jax.ffi.ffi_call(TARGET_V2, out)(q, k, v, start, scale=np.float32(scale),
+                                          window=np.int64(window), softcap=np.float32(softcap))
 
 
 def native_call_problem(call_targets) -> str | None:
@@ -71,7 +83,7 @@ def native_call_problem(call_targets) -> str | None:
   needed = sorted({t for t in call_targets if t.startswith(f"{KERNEL_NAME}_v")})
   if not needed:
     return None
-  other = [t for t in needed if t != TARGET]
+  other = [t for t in needed if t not in (TARGET, TARGET_V2)]
   if other:
     return (f"it calls the native CPU kernel {', '.join(other)}, which this hxmlir does not "
             f"have (it has {TARGET}): upgrade hxmlir, or re-export without "
@@ -84,18 +96,19 @@ def native_call_problem(call_targets) -> str | None:
 
 
 @functools.cache
-def _native_for(scale: float):
-  """:func:`attention_native` with ``scale`` bound, one function per scale (a stable key
-  for sharing decompositions within a module)."""
-  return functools.partial(attention_native, scale=scale)
+def _native_for(scale: float, window: int = 0, softcap: float = 0.0):
+  """:func:`attention_native` with its parameters bound, one function per setting (a stable
+  key for sharing decompositions within a module)."""
+  return functools.partial(attention_native, scale=scale, window=window, softcap=softcap)
 
 
 def lower_attention_cpu(ctx, q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, *,
-                        scale: float) -> list[ir.Value]:
+                        scale: float, window: int = 0, softcap: float = 0.0) -> list[ir.Value]:
   """CPU lowering rule of ``hx_attention_p``: the composite the default rule emits, whose
   decomposition calls ``hx_attention_cpu_v1`` where :data:`ACTIVE` and
   :func:`~hxmlir.lowering.matmul_q.cpu.use_native` (the reference StableHLO otherwise)."""
   native = ACTIVE and matmul_q_cpu.use_native(ctx, use_kernels())
-  ref = _native_for(scale) if native else reference.attention_for(scale)
+  ref = (_native_for if native else reference.attention_for)(scale, window, softcap)
+  attrs, version = composite_attributes(scale, window, softcap)
   return lower_composite(ctx, "hx.attention", q, k, v, start, reference=ref,
-                         attributes={"scale": scale})
+                         attributes=attrs, version=version)

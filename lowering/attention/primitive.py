@@ -31,7 +31,7 @@ hx_attention_p.def_impl(functools.partial(apply_primitive, hx_attention_p))
 
 
 @hx_attention_p.def_abstract_eval
-def _attention_abstract_eval(q, k, v, start, *, scale):
+def _attention_abstract_eval(q, k, v, start, *, scale, window=0, softcap=0.0):
   problems = schema.attention_problems(*(schema.TensorType.of(a) for a in (q, k, v, start)))
   if problems:
     raise TypeError(f"hx.attention {problems[0]}")
@@ -39,26 +39,37 @@ def _attention_abstract_eval(q, k, v, start, *, scale):
                      manual_axis_type=shd.join_mat(q, k, v, start))
 
 
-def _batch_attention(args, dims, *, scale):
+def _batch_attention(args, dims, *, scale, window=0, softcap=0.0):
   # dims: the mapped axis of each operand, None where it is not mapped (jax.vmap's in_axes)
-  return jax.vmap(reference.attention_for(scale), in_axes=tuple(dims))(*args), 0
+  return jax.vmap(reference.attention_for(scale, window, softcap),
+                  in_axes=tuple(dims))(*args), 0
 
 
 batching.primitive_batchers[hx_attention_p] = _batch_attention
 
 
-def _attention_jvp(primals, tangents, *, scale):
+def _attention_jvp(primals, tangents, *, scale, window=0, softcap=0.0):
   q, k, v, start = primals
   tq, tk, tv = (ad.instantiate_zeros(t) for t in tangents[:3])
-  _, out_dot = jax.jvp(lambda q, k, v: reference.attention(q, k, v, start, scale=scale),
-                       (q, k, v), (tq, tk, tv))
-  return hx_attention_p.bind(q, k, v, start, scale=scale), out_dot
+  ref = reference.attention_for(scale, window, softcap)
+  _, out_dot = jax.jvp(lambda q, k, v: ref(q, k, v, start), (q, k, v), (tq, tk, tv))
+  return hx_attention_p.bind(q, k, v, start, scale=scale, window=window,
+                             softcap=softcap), out_dot
 
 
 ad.primitive_jvps[hx_attention_p] = _attention_jvp
 
 
-def attention(q, k, v, start, *, scale: float):
+def composite_attributes(scale: float, window: int, softcap: float) -> tuple[dict, int]:
+  """``hx.attention``'s ``composite_attributes`` and version for these parameters: version 1
+  with ``scale`` alone when there is neither a window nor a soft cap (the IR of before
+  both existed), else version 2 with ``window`` and ``softcap`` too."""
+  if not window and not softcap:
+    return {"scale": scale}, 1
+  return {"scale": scale, "window": window, "softcap": softcap}, 2
+
+
+def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float = 0.0):
   """Grouped-query attention over a KV cache with a causal position bound, as one
   ``hx.attention`` composite (:func:`hxmlir.lowering.reference.attention` is its meaning).
 
@@ -68,11 +79,26 @@ def attention(q, k, v, start, *, scale: float):
   ``scale``: multiplies each score ``q . k`` (``1 / sqrt(d)`` in LLaMA), rounded to f32.
   On CPU while hxmlir is installed the composite calls the native kernel
   ``hx_attention_cpu_v1``, which reads only positions ``c <= start + t``
-  (:mod:`hxmlir.lowering.attention.cpu`). Raises ``TypeError`` naming the operand types
-  when they do not fit, and when ``scale`` is not a static number.
+  (:mod:`hxmlir.lowering.attention.cpu`). ``window > 0``: query ``t`` reads only the last
+  ``window`` positions ``start + t - window < c <= start + t`` (a sliding window; the
+  kernel reads only those); ``softcap > 0``: each score ``s`` becomes ``softcap * tanh(s /
+  softcap)`` before the softmax (Gemma 2's attention logit soft-capping). Either makes the
+  composite version 2 (with ``window`` and ``softcap`` among its attributes); without them
+  it is version 1, as before. Raises ``TypeError`` naming the operand types when they do
+  not fit, and when ``scale``, ``window`` (an int >= 0) or ``softcap`` (a finite number >=
+  0) is not static and in range.
   """
-  if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)):
+  number = (int, float, np.integer, np.floating)
+  if isinstance(scale, bool) or not isinstance(scale, number):
     raise TypeError(f"hx.attention: scale must be a static float (a Python or NumPy number), "
                     f"got {type(scale).__name__}")
+  if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
+    raise TypeError(f"hx.attention: window must be a static int >= 0 (0: no window), got "
+                    f"{window!r}")
+  if isinstance(softcap, bool) or not isinstance(softcap, number) or not (
+      np.isfinite(softcap) and softcap >= 0):
+    raise TypeError(f"hx.attention: softcap must be a static finite number >= 0 (0: none), "
+                    f"got {softcap!r}")
   start = np.int32(start) if isinstance(start, (int, np.integer)) else start
-  return hx_attention_p.bind(q, k, v, start, scale=float(np.float32(scale)))
+  return hx_attention_p.bind(q, k, v, start, scale=float(np.float32(scale)),
+                             window=int(window), softcap=float(np.float32(softcap)))

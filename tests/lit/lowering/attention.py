@@ -54,3 +54,28 @@ print_exported("attention_export_default", portable.lo)
 print_exported("attention_export_kept", kept.lo)
 # CHECK-LABEL: TEST: attention_export_kept cpu
 # CHECK: stablehlo.custom_call @hx_attention_cpu_v1
+
+
+# version 2: a sliding window and a soft cap (Gemma's layers). The decomposition caps the
+# scaled scores with tanh and masks c <= start + t - window as well; installed, the native
+# kernel's version 2 target takes both as attributes.
+def g(q, k, v, start):
+  return hx.attention(q, k, v, start, scale=0.125, window=4, softcap=0.5)
+
+
+print_ir("attention_window_softcap", g, q, k, v, start)
+# CHECK-LABEL: TEST: attention_window_softcap f32[2,3,3,64] f32[3,16,64] f32[3,64,16] i32[]
+# CHECK: stablehlo.composite "hx.attention" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {scale = 1.250000e-01 : f32, softcap = 5.000000e-01 : f32, window = 4 : i64}, decomposition = @[[D:hx.attention.impl[_0-9]*]], version = 2 : i32}
+# CHECK: func.func private @[[D]](
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.tanh
+# CHECK: stablehlo.compare LE
+# CHECK: stablehlo.compare GT
+# CHECK: stablehlo.and
+# CHECK: stablehlo.exponential
+
+with hx.installed():
+  print_ir("attention_window_softcap_cpu_installed", g, q, k, v, start)
+# CHECK-LABEL: TEST: attention_window_softcap_cpu_installed
+# CHECK: stablehlo.composite "hx.attention" {{.*}}version = 2 : i32
+# CHECK: stablehlo.custom_call @hx_attention_cpu_v2({{.*}}mhlo.backend_config = {scale = 1.250000e-01 : f32, softcap = 5.000000e-01 : f32, window = 4 : i64}

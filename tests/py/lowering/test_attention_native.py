@@ -260,3 +260,91 @@ def test_vmap_and_jvp_are_the_references():
     np.testing.assert_array_equal(g, w)
   want, bound = attention64(q, k, v, 7, SCALE, KERNEL_EXP_ULPS)
   assert_within(out, want, bound)
+
+
+def attention64_windowed(q, k, v, start: int, scale: float, window: int, softcap: float,
+                         exp_ulps: int):
+  """(float64 ``hx.attention`` version 2, its f32 error bound): positions ``start + t -
+  window < c <= start + t`` (``window > 0``), scores capped to ``softcap tanh(s / softcap)``
+  (``softcap > 0``). The bound is :func:`attention64`'s with each score's error ``a_c``
+  carried through the cap (whose slope is at most 1) plus the cap's own roundings (the
+  division, tanh within 2 ulp, the product: ``4 eps |s'|``). Queries with a position only."""
+  q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+  t_len, kv, g, d = q.shape
+  out, bound = np.zeros(q.shape), np.zeros(q.shape)
+  for t in range(t_len):
+    n = int(np.clip(start + t + 1, 0, k.shape[1]))
+    lo = max(0, start + t + 1 - window) if window else 0
+    for h in range(kv):
+      kh, vh = k64[h, lo:n], v64[h, :, lo:n]
+      for j in range(g):
+        s = scale * (kh @ q64[t, h, j])
+        a = gamma(d + 1) * scale * (np.abs(kh) @ np.abs(q64[t, h, j])) + d * TINY
+        if softcap:
+          s = softcap * np.tanh(s / softcap)
+          a = a + 4 * EPS * np.abs(s)
+        m = s.max()
+        w = np.exp(s - m)
+        w /= w.sum()
+        out[t, h, j] = vh @ w
+        e = np.max(a + EPS * np.abs(s - m)) + exp_ulps * EPS
+        bound[t, h, j] = ((2 * e + 2 * gamma(len(s) + 2) + 2 * EPS) * (np.abs(vh) @ w)
+                          + len(s) * TINY * np.abs(vh).max())
+  return out, bound
+
+
+WINDOWED = [(t, start, window, cap) for t in (1, 5) for start in (0, 3, 40)
+            for window in (0, 1, 8) for cap in (0.0, 0.5) if window or cap]
+
+
+@needs_native
+@pytest.mark.parametrize("case", WINDOWED, ids=lambda c: "T{}-start{}-window{}-cap{}".format(*c))
+def test_windowed_and_capped_kernel_and_reference_match_float64(case):
+  # hx.attention version 2 (hx_attention_cpu_v2 and the reference decomposition): the
+  # kernel reads only the window's positions (NaN before and after it never reaches the
+  # result); the cap of 0.5 binds (scores of q, k ~ N(0, 1) reach several units)
+  t, start, window, cap = case
+  rng = np.random.default_rng(sum(map(int, (t, start, window, cap * 10))))
+  q, k, v = _operands(rng, t, 3, 2, 24, 64)
+  kernel = jax.jit(lambda q, k, v, s: attention_cpu.attention_native(
+      q, k, v, s, scale=SCALE, window=window, softcap=cap))
+  decomposition = jax.jit(lambda q, k, v, s: hx.attention(q, k, v, s, scale=SCALE,
+                                                          window=window, softcap=cap))
+  want, bound = attention64_windowed(q, k, v, start, SCALE, window, cap, KERNEL_EXP_ULPS)
+  k_nan, v_nan = k.copy(), v.copy()
+  k_nan[:, start + t:, :] = np.nan
+  v_nan[:, :, start + t:] = np.nan
+  if window and start + 1 - window > 0:  # before every query's window
+    k_nan[:, :start + 1 - window, :] = np.nan
+    v_nan[:, :, :start + 1 - window] = np.nan
+  for isa in INFO.supported_isas:
+    got = _with_isa(isa, kernel, q, k_nan, v_nan, np.int32(start))
+    assert_within(got, want, bound, f"{isa}: ")
+  want, bound = attention64_windowed(q, k, v, start, SCALE, window, cap, XLA_EXP_ULPS)
+  assert_within(decomposition(q, k, v, np.int32(start)), want, bound)
+
+
+@needs_native
+def test_window_bound_catches_one_position_too_many():
+  rng = np.random.default_rng(9)
+  q, k, v = _operands(rng, 5, 3, 2, 24, 64)
+  got = np.asarray(attention_cpu.attention_native(q, k, v, np.int32(30), scale=SCALE, window=8))
+  assert_within(got, *attention64_windowed(q, k, v, 30, SCALE, 8, 0.0, KERNEL_EXP_ULPS))
+  for wrong in (7, 9):
+    with pytest.raises(AssertionError, match="error .* > bound"):
+      assert_within(got, *attention64_windowed(q, k, v, 30, SCALE, wrong, 0.0, KERNEL_EXP_ULPS))
+
+
+def test_window_and_softcap_make_version_2_and_bad_values_are_type_errors():
+  q, k, v = (np.zeros(s, np.float32) for s in ((1, 1, 1, 8), (1, 4, 8), (1, 8, 4)))
+  text = lambda **kw: jax.jit(lambda q, k, v: hx.attention(q, k, v, 0, scale=1.0, **kw)).lower(
+      q, k, v).as_text()
+  assert ("composite_attributes = {scale = 1.000000e+00 : f32, softcap = 0.000000e+00 : f32, "
+          "window = 2 : i64}, decomposition = @hx.attention.impl, version = 2 : i32") in text(
+              window=2)
+  assert ("composite_attributes = {scale = 1.000000e+00 : f32}, decomposition = "
+          "@hx.attention.impl, version = 1 : i32") in text()  # as before either existed
+  for kw, msg in [(dict(window=-1), "window must be a static int >= 0"),
+                  (dict(softcap=float("nan")), "softcap must be a static finite number")]:
+    with pytest.raises(TypeError, match=msg):
+      hx.attention(q, k, v, 0, scale=1.0, **kw)

@@ -148,7 +148,7 @@ def test_max_context_above_the_files_limit(capsys):
 ])
 def test_chat_template_errors_say_they_come_from_the_files_template(
     cli_model, capsys, monkeypatch, template, what):
-  monkeypatch.setitem(cli_model.metadata, "tokenizer.chat_template", template)
+  monkeypatch.setattr(cli_model.tokenizer, "chat_template", template)
   rc, out, err = _main(capsys, "generate", "--gguf", "x.gguf", "--prompt", "hi", "--chat")
   assert rc == 1 and out == ""
   assert err == (f"hxmlir generate: error: ChatTemplateError: --chat: {cli_model.path}'s chat "

@@ -187,6 +187,12 @@ CASES: dict[str, Case] = {
         lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25),
         lambda: (_x((3, 2, 3, 8), 80), _x((2, 16, 8), 81), _x((2, 8, 16), 82), np.int32(5)),
         (("hx.attention", 1),)),
+    # version 2: a sliding window of 4 and a soft cap of 0.5 (Gemma's local layers), T = 3
+    # queries at positions 9..11 of a cache of 16
+    "attention_v2": Case(
+        lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25, window=4, softcap=0.5),
+        lambda: (_x((3, 2, 3, 8), 83), _x((2, 16, 8), 84), _x((2, 8, 16), 85), np.int32(9)),
+        (("hx.attention", 2),)),
     # hxmlir's registered kernels (lowering/matmul_q/pallas/), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
@@ -281,6 +287,16 @@ CASES: dict[str, Case] = {
                  _x((2, 64, 48), 93), _x((3, 48, 24), 94), _x((3, 24, 48), 95)),
         (("hx.attention", 1),), platforms=("cpu",),
         kernels=(("hx_attention_cpu_v1", "hx_attention_cpu_v1"),)),
+    # its version 2 (a sliding window and a soft cap): prefill of T = 5 from position 20 with
+    # a window of 8, a decode step at position 40 with a window of 16 and a cap of 0.5
+    "hx_attention_cpu_v2_cpu": Case(
+        lambda q1, q2, k, v, k2, v2: (
+            hx.attention(q1, k, v, np.int32(20), scale=0.125, window=8),
+            hx.attention(q2, k2, v2, np.int32(40), scale=0.2, window=16, softcap=0.5)),
+        lambda: (_x((5, 2, 3, 64), 96), _x((1, 3, 1, 24), 97), _x((2, 48, 64), 98),
+                 _x((2, 64, 48), 99), _x((3, 48, 24), 100), _x((3, 24, 48), 101)),
+        (("hx.attention", 2),), platforms=("cpu",),
+        kernels=(("hx_attention_cpu_v2", "hx_attention_cpu_v2"),)),
 }
 
 

@@ -1,0 +1,262 @@
+"""The forward pass of every GGUF decoder family, driven by its :class:`~hxmlir.models.arch.Config`.
+
+One block, per layer ``i`` (llama.cpp's ``src/models/*.cpp``; each step present when the
+description says so)::
+
+  x = embed[ids] * embed_scale
+  h = rms(x, attn_norm)                                   # attn_pre
+  q, k, v = h @ Wq.T (+ bq), h @ Wk.T (+ bk), h @ Wv.T (+ bv)
+  q, k = rms(q, q_norm), rms(k, k_norm)                   # qk_norm: per head or over the projection
+  q, k = rope(q, k; rope_style, rope_bases[i], rope_scales[i], rope_factors)
+  a = attention(q, k, v; attn_scale, windows[i], attn_softcap) @ Wo.T
+  x = x + rms(a, attn_post_norm)                          # attn_post
+  h = rms(x, ffn_norm)                                    # ffn_pre
+  f = (act(h @ Wgate.T) * (h @ Wup.T)) @ Wdown.T          # or the routed experts' mixture
+  x = x + rms(f, ffn_post_norm)                           # ffn_post
+  logits = softcap(rms(x, output_norm) @ Wout.T; final_softcap)
+
+Weights stay in their stored hx formats (:func:`hxmlir.types.einsum` for every projection,
+:func:`hxmlir.take_rows` for the embedding); :func:`hxmlir.models.params.dequantized`
+params run the same function with ``jnp.einsum``. Rotary embeddings: ``"norm"`` rotates
+consecutive pairs ``(2i, 2i+1)`` (llama.cpp's converter permutes llama's Q/K rows so that
+HF's ``rotate_half`` becomes this), ``"neox"`` pairs ``(i, i + d/2)``; the angle of pair
+``i`` at position ``p`` is ``p * scale * base^(-2i/d) / factor[i]``.
+
+KV cache. ``k`` and ``v`` are tuples of one array per layer: keys ``f32[kv_heads, C,
+head_dim]``, values ``f32[kv_heads, head_dim, C]`` (both products then read them as stored),
+or both ``q8[kv_heads, C, head_dim]`` (one int8 row and one f32 scale per position); written
+in place at ``start + [0, T)``. On the f32 cache attention is one ``hx.attention`` (whose
+CPU kernel reads only positions in the causal window); on ``q8`` rows both products are
+``hx.einsum`` on the int8 values of the shortest prefix of :func:`cache_buckets` that
+holds the positions up to the last query's (a ``lax.switch`` over the prefix lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hxmlir.lowering.attention import attention as hx_attention
+from hxmlir.models.arch import Config
+from hxmlir.models.params import FUSED
+from hxmlir.types.einsum import einsum
+from hxmlir.types.gather import take_rows
+from hxmlir.types.qarray import QArrayTy, make_qarray, qarray_parts, quantize
+
+
+def _quantized(w) -> bool:
+  return isinstance(jax.typeof(w), QArrayTy)
+
+
+def rms_norm(x, w, eps: float):
+  """``x / sqrt(mean(x^2) + eps) * w`` over the last axis (Zhang & Sennrich 2019)."""
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, base: float, *, style: str = "norm", scale: float = 1.0,
+         factors=None):
+  """Rotary embeddings (Su et al. 2021) on ``x: f32[T, heads, d]`` at ``positions:
+  i32[T]``: pair ``i`` (``(2i, 2i+1)`` for ``style="norm"``, ``(i, i + d/2)`` for
+  ``"neox"``) rotated by ``pos * scale * base^(-2i/d) / factors[i]`` (``factors:
+  f32[d/2]`` or ``None``)."""
+  d = x.shape[-1]
+  inv = jnp.asarray(base, jnp.float32) ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+  if factors is not None:
+    inv = inv / factors
+  ang = (positions.astype(jnp.float32) * np.float32(scale))[:, None] * inv[None]  # [T, d/2]
+  cos, sin = jnp.cos(ang)[:, None], jnp.sin(ang)[:, None]
+  if style == "neox":
+    x0, x1 = x[..., :d // 2], x[..., d // 2:]
+    return jnp.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1)
+  x0, x1 = x[..., 0::2], x[..., 1::2]
+  return jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).reshape(x.shape)
+
+
+def proj(x, w, name=None):
+  """``x @ w.T`` for a weight ``w[out, in]`` (``name``: the weight's key, read by a mesh's
+  projection, :func:`hxmlir.models.llama_sharding.projection`): :func:`hxmlir.types.einsum`
+  (one ``hx.matmul_q``) on a quantized ``w``, ``jnp.einsum`` on a dense one."""
+  if _quantized(w):
+    return einsum("...k,nk->...n", x, w)
+  return jnp.einsum("...k,nk->...n", x, w)
+
+
+def _ein(spec: str, x, w):
+  return einsum(spec, x, w) if _quantized(w) else jnp.einsum(spec, x, w)
+
+
+def cache_write(cache, start, x, *, keys: bool):
+  """One layer's ``cache`` with ``x: f32[T, kv, d]`` written at positions ``start + [0,
+  T)``: keys ``f32[kv, C, d]``, values ``f32[kv, d, C]``, or either as ``q8[kv, C, d]`` with
+  ``x`` quantized per (head, position) row."""
+  zero = jnp.zeros((), jnp.int32)
+  x = jnp.swapaxes(x, 0, 1)  # [kv, T, d]
+  if _quantized(cache):
+    return make_qarray(*(jax.lax.dynamic_update_slice(c, p, (zero, start, zero)[:p.ndim])
+                         for c, p in zip(qarray_parts(cache), qarray_parts(quantize(x)))))
+  if keys:
+    return jax.lax.dynamic_update_slice(cache, x, (zero, start, zero))
+  return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(x, 1, 2), (zero, zero, start))
+
+
+def window_mask(start, t: int, c: int, window: int = 0):
+  """``bool[t, 1, 1, c]``: query ``i`` (at position ``start + i``) reads position ``c`` when
+  ``c <= start + i`` and, for ``window > 0``, ``start + i - c < window``."""
+  pos = start + jnp.arange(t, dtype=jnp.int32)
+  cs = jnp.arange(c, dtype=jnp.int32)[None, :]
+  ok = cs <= pos[:, None]
+  if window:
+    ok = ok & (pos[:, None] - cs < window)
+  return ok[:, None, None, :]
+
+
+def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float = 0.0):
+  """Grouped-query attention of ``q: f32[T, kv, g, d]`` at positions ``start + [0, T)``
+  over one layer's cache (keys ``f32[kv, C, d]`` and values ``f32[kv, d, C]``, or both
+  ``q8[kv, C, d]``) -> ``f32[T, kv, g, d]``: scores ``s = scale * q . k``, soft-capped to
+  ``softcap * tanh(s / softcap)`` when ``softcap > 0``, over positions ``c <= start + t``
+  within the last ``window`` (0: all).
+
+  On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``; its CPU kernel
+  reads only the window's positions). On ``q8`` rows both products are
+  :func:`hxmlir.types.einsum` on the int8 values of a prefix of the cache
+  (:func:`cache_buckets`: at most twice the positions written, never the unwritten rest):
+  the scores contract the quantized axis
+  (each key row's scale multiplies the result); ``P . V`` contracts positions (each value
+  row's scale multiplies the probabilities first)."""
+  if not _quantized(k):
+    return hx_attention(q, k, v, start, scale=scale, window=window, softcap=softcap)
+  # q8 rows: only a prefix of the cache is read, the shortest of cache_buckets(C) holding
+  # the positions up to the last query's (lax.switch: one branch per prefix length)
+  sizes = cache_buckets(k.shape[1])
+  end = start + q.shape[0]
+  branch = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < end).astype(jnp.int32)
+  parts = (q, start, *qarray_parts(k), *qarray_parts(v))
+  nk = len(qarray_parts(k))
+
+  def prefix(b):
+    def run(q, start, *cs):
+      ks = make_qarray(*(c[:, :b] for c in cs[:nk]))
+      vs = make_qarray(*(c[:, :b] for c in cs[nk:]))
+      sc = einsum("tkgd,kcd->tkgc", q, ks) * np.float32(scale)
+      if softcap:
+        sc = np.float32(softcap) * jnp.tanh(sc / np.float32(softcap))
+      sc = jnp.where(window_mask(start, q.shape[0], b, window), sc, jnp.finfo(jnp.float32).min)
+      return einsum("tkgc,kcd->tkgd", jax.nn.softmax(sc, axis=-1), vs)
+    return run
+  if len(sizes) == 1:
+    return prefix(sizes[0])(*parts)
+  return jax.lax.switch(branch, [prefix(b) for b in sizes], *parts)
+
+
+def cache_buckets(c: int, smallest: int = 64) -> tuple[int, ...]:
+  """The prefix lengths an ``int8`` cache of ``c`` positions is read in: ``64, 128, ...``
+  (powers of two below ``c``) and ``c``; a step reads the shortest holding its positions,
+  so at most twice the positions written (at least 64)."""
+  sizes, b = [], smallest
+  while b < c:
+    sizes.append(b)
+    b *= 2
+  return (*sizes, c)
+
+
+def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=proj) -> list:
+  """The projections ``FUSED[fused]`` of ``x`` (``out`` sizes ``sizes``) by layer ``p``'s
+  weights: one call on the fused weight, split along ``out``, or one call per part."""
+  if fused not in p:
+    return [proj(x, p[k], k) for k in FUSED[fused]]
+  return jnp.split(proj(x, p[fused], fused), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+
+
+def embed(table, ids):
+  """Rows ``ids`` of the token embedding ``table[vocab, d]``, quantized or dense."""
+  if _quantized(table):
+    return take_rows(table, ids)
+  return jnp.take(table, ids, axis=0, mode="clip")
+
+
+def _act(cfg: Config, g):
+  return jax.nn.gelu(g, approximate=True) if cfg.activation == "gelu_tanh" else jax.nn.silu(g)
+
+
+def _take(w, idx):
+  """Experts ``idx: i32[k]`` of a stack ``w[E, out, in]`` (quantized: each component's
+  slices, so only those experts' bytes are read)."""
+  if _quantized(w):
+    return make_qarray(*(jnp.take(c, idx, axis=0) for c in qarray_parts(w)))
+  return jnp.take(w, idx, axis=0)
+
+
+def moe(h, p: dict[str, Any], cfg: Config):
+  """The mixture of experts of ``h: f32[T, d]`` (llama.cpp's ``build_moe_ffn`` with softmax
+  gating and normalised weights): router probabilities ``softmax(h @ router.T)``, the
+  ``experts_used`` largest per token, their weights divided by their sum, each chosen
+  expert's SwiGLU FFN weighted -> ``f32[T, d]``. One token (decode): only the chosen
+  experts' weights are gathered and read; several (prefill): every expert runs on every
+  token and the unchosen get weight 0 (the weights are read once)."""
+  probs = jax.nn.softmax(proj(h, p["router"]), axis=-1)  # [T, E]
+  w, idx = jax.lax.top_k(probs, cfg.experts_used)
+  w = w / jnp.sum(w, axis=-1, keepdims=True)
+  if h.shape[0] == 1:
+    gate, up, down = (_take(p[k], idx[0]) for k in ("gate_exps", "up_exps", "down_exps"))
+    a = _act(cfg, _ein("td,efd->tef", h, gate)) * _ein("td,efd->tef", h, up)
+    return jnp.einsum("ted,te->td", _ein("tef,edf->ted", a, down), w)
+  dense_w = jnp.sum(jax.nn.one_hot(idx, cfg.experts, dtype=jnp.float32) * w[..., None], 1)
+  a = _act(cfg, _ein("td,efd->tef", h, p["gate_exps"])) * _ein("td,efd->tef", h, p["up_exps"])
+  return jnp.einsum("ted,te->td", _ein("tef,edf->ted", a, p["down_exps"]), dense_w)
+
+
+def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
+  """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
+  cache and to each other causally (the module docstring's block) -> ``(f32[T, vocab],
+  k_cache, v_cache)``, the caches returned with positions ``start + [0, T)`` written.
+  ``params``: :func:`hxmlir.models.params.params_of`'s tree (or its
+  :func:`~hxmlir.models.params.dequantized` copy). ``start`` is an i32 scalar (traced: one
+  compilation per ``T`` and ``C``); the caller keeps ``start + T <= C``. ``proj(x, w,
+  name)``: ``x @ w.T`` for the weight of key ``name``; on a mesh,
+  :func:`hxmlir.models.llama_sharding.projection`."""
+  t = ids.shape[0]
+  hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
+  eps = cfg.rms_eps
+  positions = start + jnp.arange(t, dtype=jnp.int32)
+  factors = params.get("rope_freqs")
+  k_out, v_out = [], []
+  x = embed(params["embed"], ids)
+  if cfg.embed_scale != 1.0:
+    x = x * np.float32(cfg.embed_scale)
+  for i, p in enumerate(params["layers"]):
+    h = rms_norm(x, p["attn_norm"], eps) if "attn_norm" in p else x
+    q, k, v = _projs(h, p, "qkv", (cfg.heads * hd, cfg.kv_heads * hd, cfg.kv_heads * hd), proj)
+    if cfg.qkv_bias:
+      q, k, v = q + p["q_bias"], k + p["k_bias"], v + p["v_bias"]
+    if cfg.qk_norm == "proj":
+      q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+    q, k = q.reshape(t, cfg.heads, hd), k.reshape(t, cfg.kv_heads, hd)
+    if cfg.qk_norm == "head":
+      q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+    rot = dict(style=cfg.rope_style, scale=cfg.rope_scales[i], factors=factors)
+    q = rope(q, positions, cfg.rope_bases[i], **rot)
+    k = rope(k, positions, cfg.rope_bases[i], **rot)
+    k_out.append(cache_write(k_cache[i], start, k, keys=True))
+    v_out.append(cache_write(v_cache[i], start, v.reshape(t, cfg.kv_heads, hd), keys=False))
+    a = attention(q.reshape(t, cfg.kv_heads, g, hd), k_out[i], v_out[i], start,
+                  scale=cfg.attn_scale, window=cfg.windows[i], softcap=cfg.attn_softcap)
+    a = proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
+    x = x + (rms_norm(a, p["attn_post_norm"], eps) if "attn_post_norm" in p else a)
+    h = rms_norm(x, p["ffn_norm"], eps) if "ffn_norm" in p else x
+    if cfg.experts:
+      f = moe(h, p, cfg)
+    else:
+      gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)
+      f = proj(_act(cfg, gate) * up, p["down"], "down")
+    x = x + (rms_norm(f, p["ffn_post_norm"], eps) if "ffn_post_norm" in p else f)
+  x = rms_norm(x, params["norm"], eps)
+  logits = proj(x, params.get("output", params["embed"]), "output")
+  if cfg.final_softcap:
+    c = np.float32(cfg.final_softcap)
+    logits = c * jnp.tanh(logits / c)
+  return logits, tuple(k_out), tuple(v_out)
