@@ -179,8 +179,9 @@ def make_parser() -> argparse.ArgumentParser:
   ins.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's "
                    "serialize(), or a GGUF checkpoint (its tensors, GGUF and hx types, bytes)")
   ins.add_argument("--json", action="store_true", help="print the report as JSON")
-  from hxmlir.tools import generate_cli
+  from hxmlir.tools import finetune_cli, generate_cli
   generate_cli.add_parser(sub)
+  finetune_cli.add_parser(sub)
   return p
 
 
@@ -670,8 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = make_parser().parse_args(argv)
   cmd = {"demo": _cmd_demo, "lower": _cmd_lower, "export": _cmd_export, "run": _cmd_run,
          "inspect": _cmd_inspect}
-  from hxmlir.tools import generate_cli
+  from hxmlir.tools import finetune_cli, generate_cli
   cmd["generate"] = generate_cli.run
+  cmd["finetune"] = finetune_cli.run
   try:
     return cmd[args.command](args)
   except KeyboardInterrupt:

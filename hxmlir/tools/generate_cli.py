@@ -47,6 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
   g.add_argument("--json", action="store_true",
                  help="print one JSON object (text, token ids, stats) when done instead of "
                  "streaming")
+  from hxmlir.tools.finetune_cli import add_generate_args
+  add_generate_args(g)
   return g
 
 
@@ -92,6 +94,8 @@ def run(args, out=None, err=None) -> int:
   m = llama.Llama.from_gguf(path, max_context=args.max_context,
                             kv_cache=getattr(args, "kv_cache", "f32"),
                             kernels=not getattr(args, "no_kernels", False))
+  from hxmlir.tools.finetune_cli import apply_generate_args
+  apply_generate_args(m, args)
   text = chat_prompt(m.metadata, args.prompt) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
   t0 = time.perf_counter()
