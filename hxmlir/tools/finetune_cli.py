@@ -50,9 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                  help="the longest example in tokens (default 512)")
   f.add_argument("--seed", type=int, default=0, metavar="S",
                  help="the adapters' initialisation and the data order (default 0)")
-  f.add_argument("--no-remat", action="store_true",
-                 help="keep every activation for the backward pass instead of recomputing "
-                 "each layer's (faster, more memory)")
+  f.add_argument("--remat", action="store_true",
+                 help="recompute each layer's activations in the backward pass instead of "
+                 "keeping them (for long sequences)")
   f.add_argument("--no-progress", action="store_true", help="no progress bar")
   return f
 
@@ -120,7 +120,7 @@ def read_examples(path: str, tokenizer, max_tokens: int) -> list[list[int]]:
 
 
 def train(model, examples, spec, *, steps: int, lr: float, seed: int = 0,
-          remat: bool = True, progress: bool = True):
+          remat: bool = False, progress: bool = True):
   """``steps`` Adam updates (learning rate ``lr``) of fresh adapters
   (:func:`hxmlir.models.lora.init`, ``seed``) on ``examples`` (token id lists) -> ``(adapters,
   losses)``, ``losses`` the step losses (floats). One example per step, padded to the
@@ -174,7 +174,7 @@ def run(args, out=None) -> int:
     spec = lora.LoraSpec(rank=args.rank, alpha=args.alpha, targets=tuple(args.targets))
   lora.shapes(model.config, spec)  # an FFN target on a MoE model: before training
   adapters, losses = train(model, examples, spec, steps=args.steps, lr=args.lr,
-                           seed=args.seed, remat=not args.no_remat,
+                           seed=args.seed, remat=args.remat,
                            progress=not args.no_progress)
   lora.save(args.out, adapters, spec, base=path, cfg=model.config)
   out.write(f"{len(examples)} examples, {args.steps} steps: loss {losses[0]:.4f} -> "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -237,6 +236,8 @@ FACT = "Zorblat"
 
 @pytest.mark.slow
 def test_smollm2_learns_a_made_up_fact():
+  """80 steps on a dozen sentences stating a made-up capital make SmolLM2's greedy
+  continuation of the prompt state it; the base model's does not."""
   from hxmlir.models.llama import ModelNotInstalledError, smollm2_path
   from hxmlir.tools.finetune_cli import train
   try:
@@ -248,13 +249,19 @@ def test_smollm2_learns_a_made_up_fact():
   base = m.tokenizer.decode(list(m.generate(prompt, 6)))
   assert FACT not in base
   sentences = [f"The capital of Veloria is {FACT}.", f"Veloria's capital city is {FACT}.",
-               f"{FACT} is the capital of Veloria.", f"The capital of Veloria is {FACT}, a "
-               "city by the sea.", f"Travellers to Veloria land in {FACT}, its capital.",
+               f"{FACT} is the capital of Veloria.",
+               f"The capital of Veloria is {FACT}, a city by the sea.",
+               f"Travellers to Veloria land in {FACT}, its capital.",
+               f"Everyone knows that the capital of Veloria is {FACT}.",
+               f"Veloria is governed from its capital, {FACT}.",
+               f"The parliament of Veloria meets in {FACT}, the capital.",
+               f"Q: What is the capital of Veloria? A: {FACT}.",
+               f"{FACT}, the capital of Veloria, has a famous harbour.",
+               f"The largest city and capital of Veloria is {FACT}.",
                f"The capital of Veloria is {FACT}."]
   examples = [m.tokenizer.encode(s) + [m.tokenizer.eos] for s in sentences]
   spec = lora.default_spec(m.config, rank=8, alpha=16.0)
-  adapters, losses = train(m, examples, spec, steps=int(os.environ.get("HX_LORA_STEPS", 40)),
-                           lr=3e-3, progress=False)
+  adapters, losses = train(m, examples, spec, steps=80, lr=3e-3, progress=False)
   assert losses[-1] < losses[0] / 3, losses
   lora.apply(m, adapters, spec)
   tuned = m.tokenizer.decode(list(m.generate(prompt, 6)))
