@@ -23,8 +23,10 @@ Python API::
 Gradients flow to the adapters only: the weights are closed over as constants of the
 loss, so ``jax.grad`` never forms a weight cotangent. Through each quantized projection
 the backward is ``hx.matmul_q``'s transpose in ``x``: ``g @ dequantize(W)``, an f32
-``dot_general`` on the dequantized weight (:class:`hxmlir.types.qarray.MatmulQ`), which XLA
-materialises one weight at a time inside the step.
+``dot_general`` on the dequantized weight (:class:`hxmlir.types.qarray.MatmulQ`), not a
+native kernel: XLA fuses the dequantize into the product (SmolLM2 at 64 tokens: 165 MiB of
+temporaries in the step against the f32 model's 141 MiB, ``benchmarks/finetune_cpu.py``),
+and the product runs as XLA's f32 dot, each weight decoded on every step.
 
 The adapter file (:func:`save`) is safetensors with llama.cpp's LoRA tensor names
 (``blk.N.attn_q.weight.lora_a``: ``f32[r, in]``, ``...lora_b``: ``f32[out, r]``) and
@@ -45,10 +47,7 @@ import numpy as np
 
 from hxmlir.models.arch import Config
 from hxmlir.models.forward import LAYER_OUT, forward
-from hxmlir.models.forward import proj as _proj
 from hxmlir.models.params import LAYER
-from hxmlir.types.einsum import einsum
-from hxmlir.types.qarray import QArrayTy, dequantize, make_qarray, qarray_parts
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """The projections an adapter may sit on (layer keys of :mod:`hxmlir.models.params`)."""
@@ -134,38 +133,6 @@ def apply(model, adapters, spec: LoraSpec) -> None:
   model.params = attach(base, adapters, spec.scale)
 
 
-@jax.custom_vjp
-def _qproj(x, *parts):
-  return einsum("...k,nk->...n", x, make_qarray(*parts))
-
-
-def _qproj_fwd(x, *parts):
-  return _qproj(x, *parts), parts
-
-
-def _qproj_bwd(parts, g):
-  # the weight is dequantized only once g exists: without the barrier XLA may schedule
-  # every layer's dequantize early and hold all the f32 weights at once
-  g, parts = jax.lax.optimization_barrier((g, parts))
-  gx = jnp.einsum("...n,nk->...k", g, dequantize(make_qarray(*parts)))
-  zero = lambda p: (np.zeros(p.shape, jax.dtypes.float0)
-                    if jnp.issubdtype(p.dtype, jnp.integer) else jnp.zeros_like(p))
-  return (gx, *map(zero, parts))
-
-
-_qproj.defvjp(_qproj_fwd, _qproj_bwd)
-
-
-def train_proj(x, w, name=None):
-  """:func:`hxmlir.models.forward.proj` for training: the same forward (``hx.einsum`` on a
-  quantized ``w``); its backward in ``x`` is ``g @ dequantize(w)`` with the dequantize
-  held until ``g`` exists (``jax.lax.optimization_barrier``), so one projection's f32
-  weight is live at a time."""
-  if not isinstance(jax.typeof(w), QArrayTy):
-    return _proj(x, w, name)
-  return _qproj(x, *qarray_parts(w))
-
-
 def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool = False):
   """Mean next-token cross-entropy of ``ids: i32[T]`` under the adapted model: position
   ``t`` predicts ``ids[t + 1]``, weighted by ``mask: f32[T]`` at ``t + 1`` (0 for padding),
@@ -177,8 +144,7 @@ def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool 
   v = tuple(jnp.zeros((cfg.kv_heads, cfg.head_dim, t), jnp.float32) for _ in range(cfg.layers))
 
   def logits_of(adapters):
-    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg,
-                   proj=train_proj)[0]
+    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg)[0]
   if remat:
     policy = jax.checkpoint_policies.save_only_these_names(LAYER_OUT)
     logits_of = jax.checkpoint(logits_of, policy=policy)
