@@ -11,7 +11,7 @@ if [ "${1:-}" = "--fast" ]; then
   FAST=(-m "not slow")
   shift
 fi
-source scripts/venv.sh "test,minilm,llama,flax,docs"
+source scripts/venv.sh "test,minilm,llama,flax,train,docs"
 export PATH="$PWD/$VENV/bin:$PATH"
 echo "== ruff"
 ruff check .

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from hxmlir.lowering.attention import attention as hx_attention
 from hxmlir.models.arch import Config
@@ -46,6 +47,10 @@ from hxmlir.models.params import FUSED
 from hxmlir.types.einsum import einsum
 from hxmlir.types.gather import take_rows
 from hxmlir.types.qarray import QArrayTy, make_qarray, qarray_parts, quantize
+
+LAYER_OUT = "decoder_layer"
+"""The ``checkpoint_name`` of each layer's output ``x`` (a ``jax.checkpoint`` policy saving
+only it recomputes the rest of the layer in the backward pass)."""
 
 
 def _quantized(w) -> bool:
@@ -168,8 +173,21 @@ def _projs(x, p: dict[str, Any], fused: str, sizes: Sequence[int], proj=proj) ->
   """The projections ``FUSED[fused]`` of ``x`` (``out`` sizes ``sizes``) by layer ``p``'s
   weights: one call on the fused weight, split along ``out``, or one call per part."""
   if fused not in p:
-    return [proj(x, p[k], k) for k in FUSED[fused]]
-  return jnp.split(proj(x, p[fused], fused), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+    ys = [proj(x, p[k], k) for k in FUSED[fused]]
+  else:
+    ys = jnp.split(proj(x, p[fused], fused), np.cumsum(sizes)[:-1].tolist(), axis=-1)
+  return [adapted(x, y, p, k) for y, k in zip(ys, FUSED[fused])]
+
+
+def adapted(x, y, p: dict[str, Any], name: str):
+  """``y`` (the projection ``name`` of ``x``) plus layer ``p``'s low-rank adapter of it when
+  ``p["lora"]`` holds one (:mod:`hxmlir.models.lora`): ``y + scale * (x @ a.T) @ b.T`` with
+  ``a: f32[r, in]``, ``b: f32[out, r]``, ``scale: f32[]``; the weight stays untouched."""
+  ad = p.get("lora", {}).get(name)
+  if ad is None:
+    return y
+  return y + jnp.einsum("...r,nr->...n", jnp.einsum("...k,rk->...r", x, ad["a"]),
+                        ad["b"]) * ad["scale"]
 
 
 def embed(table, ids):
@@ -245,15 +263,18 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
     v_out.append(cache_write(v_cache[i], start, v.reshape(t, cfg.kv_heads, hd), keys=False))
     a = attention(q.reshape(t, cfg.kv_heads, g, hd), k_out[i], v_out[i], start,
                   scale=cfg.attn_scale, window=cfg.windows[i], softcap=cfg.attn_softcap)
-    a = proj(a.reshape(t, cfg.heads * hd), p["o"], "o")
+    a = a.reshape(t, cfg.heads * hd)
+    a = adapted(a, proj(a, p["o"], "o"), p, "o")
     x = x + (rms_norm(a, p["attn_post_norm"], eps) if "attn_post_norm" in p else a)
     h = rms_norm(x, p["ffn_norm"], eps) if "ffn_norm" in p else x
     if cfg.experts:
       f = moe(h, p, cfg)
     else:
       gate, up = _projs(h, p, "gate_up", (cfg.ffn, cfg.ffn), proj)
-      f = proj(_act(cfg, gate) * up, p["down"], "down")
+      f = _act(cfg, gate) * up
+      f = adapted(f, proj(f, p["down"], "down"), p, "down")
     x = x + (rms_norm(f, p["ffn_post_norm"], eps) if "ffn_post_norm" in p else f)
+    x = checkpoint_name(x, LAYER_OUT)
   x = rms_norm(x, params["norm"], eps)
   logits = proj(x, params.get("output", params["embed"]), "output")
   if cfg.final_softcap:

@@ -182,8 +182,9 @@ def make_parser() -> argparse.ArgumentParser:
   ins.add_argument("artifact", help="file written by `hxmlir export` or hxmlir.export's "
                    "serialize(), or a GGUF checkpoint (its tensors, GGUF and hx types, bytes)")
   ins.add_argument("--json", action="store_true", help="print the report as JSON")
-  from hxmlir.tools import generate_cli
+  from hxmlir.tools import finetune_cli, generate_cli
   generate_cli.add_parser(sub)
+  finetune_cli.add_parser(sub)
   return p
 
 
@@ -684,8 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = make_parser().parse_args(argv)
   cmd = {"demo": _cmd_demo, "lower": _cmd_lower, "export": _cmd_export, "run": _cmd_run,
          "inspect": _cmd_inspect}
-  from hxmlir.tools import generate_cli
+  from hxmlir.tools import finetune_cli, generate_cli
   cmd["generate"] = generate_cli.run
+  cmd["finetune"] = finetune_cli.run
   try:
     rc = cmd[args.command](args)
     sys.stdout.flush()  # a closed pipe shows here, not in Python's flush at exit

