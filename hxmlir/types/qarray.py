@@ -48,6 +48,10 @@ from hxmlir.types.qarray_type import (  # noqa: F401  (re-exported: the type)
   make_qarray_type,
 )
 
+# the public classes keep the module users import them from (reprs, messages, pickles)
+for _cls in (QArray, QArrayP, QArraySpec, QArrayTy):
+  _cls.__module__ = __name__
+
 # --- user functions ----------------------------------------------------------
 
 def quantize(x, dtype=jnp.int8, *, group_size: int | None = None,

@@ -53,7 +53,13 @@ def test_same_results_as_jax_jit_for_every_format(dtype, group):
 def _table_qarray(f, shape=(64, 32), group=16):
   """A concrete ``hx.QArray`` of format ``f`` (``hxmlir.formats.FORMATS``) built from its
   components by ``hx.make_qarray``: values over ``f.value_range``, scales (and offsets)
-  of ``f.scale_dtype``, one per group of ``group``."""
+  of ``f.scale_dtype``, one per group of ``group``; a block format's are ``shape[0]`` rows of
+  one block (random words, small f16 scales)."""
+  if f.block:
+    words = RNG.integers(0, 1 << 16, size=(shape[0], 1, f.block_words)).astype(np.uint16)
+    scales = [jnp.asarray(RNG.uniform(0.001, 0.01, (shape[0], 1)).astype(np.float16))
+              for _ in range(2 if f.offset else 1)]
+    return hx.make_qarray(jnp.asarray(words), *scales)
   lo, hi = f.value_range
   vals = RNG.integers(int(lo), int(hi) + 1, size=shape)
   if f.integer:

@@ -379,7 +379,7 @@ def test_newer_composite_version(mm_blob):
       return ir.WalkResult.ADVANCE
     m.operation.walk(visit)
   with pytest.raises(hxe.ArtifactError, match=r"uses composite hx.matmul_q version 99 at .* "
-                     r"does not accept \(accepted versions \[1, 2, 3, 4\]\): upgrade hxmlir"):
+                     r"does not accept \(accepted versions \[1, 2, 3, 4, 5\]\): upgrade hxmlir"):
     hxe.deserialize(_reseal(mm_blob, edit))
 
 
