@@ -111,6 +111,8 @@ def test_einsum_installed_calls_v4(kind):
                     f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
                     'scale_dtype = "f16"')]
   np.testing.assert_array_equal(np.asarray(y), np.asarray(V4(x, *parts)))
+  with hx.installed(activations="int8"):  # no integer-activation kernel for blocks: v4
+    assert re.findall(r"custom_call @(\w+)\(", f.lower(x, *parts).as_text()) == [native.TARGET_V4]
 
 
 @needs_native
