@@ -80,7 +80,11 @@ def pytest_runtest_makereport(item, call):
 SLOW_MODULES = {"test_llama.py", "test_llama_sharding.py", "test_minilm.py"}
 SLOW_FIXTURES = {"test_demo.py": {"run", "format_run"}}
 SLOW_WORDS = ("smollm2", "minilm")  # in a test's name or parameters: it loads the real model
-SLOW_TESTS: set[str] = set()  # "module.py::test_name" (any parameters)
+SLOW_TESTS = {  # "module.py::test_name" (any parameters): measured above ~10 s
+    "test_opt.py::test_corrupted_bytecode_corpus_never_kills_the_process",
+    "test_cli_user.py::test_the_three_commands_as_subprocesses",
+    "test_cli_devices.py::test_one_device_process_needs_host_devices",
+}
 
 
 def _is_slow(item) -> bool:
