@@ -236,8 +236,9 @@ FACT = "Zorblat"
 
 @pytest.mark.slow
 def test_smollm2_learns_a_made_up_fact():
-  """80 steps on a dozen sentences stating a made-up capital make SmolLM2's greedy
-  continuation of the prompt state it; the base model's does not."""
+  """40 steps on six sentences stating a made-up capital make SmolLM2's greedy
+  continuation of the prompt state it; the base model's does not. (The full dozen and 80
+  steps pass too, in ~4 minutes on a loaded 2-core machine against ~1.5 for this size.)"""
   from hxmlir.models.llama import ModelNotInstalledError, smollm2_path
   from hxmlir.tools.finetune_cli import train
   try:
@@ -259,9 +260,10 @@ def test_smollm2_learns_a_made_up_fact():
                f"{FACT}, the capital of Veloria, has a famous harbour.",
                f"The largest city and capital of Veloria is {FACT}.",
                f"The capital of Veloria is {FACT}."]
+  sentences = sentences[:5] + sentences[-1:]
   examples = [m.tokenizer.encode(s) + [m.tokenizer.eos] for s in sentences]
   spec = lora.default_spec(m.config, rank=8, alpha=16.0)
-  adapters, losses = train(m, examples, spec, steps=80, lr=3e-3, progress=False)
+  adapters, losses = train(m, examples, spec, steps=40, lr=3e-3, progress=False)
   assert losses[-1] < losses[0] / 3, losses
   lora.apply(m, adapters, spec)
   tuned = m.tokenizer.decode(list(m.generate(prompt, 6)))
