@@ -76,7 +76,8 @@ def test_export_for_three_platforms_keeps_every_composite():
   for name, version, nops in found:
     # the formats with f32 scales and no offset keep the version that holds them (legacy_version)
     spec = schema.SCHEMAS[name]
-    assert version == (spec.legacy_version or spec.version)
+    # hx.attention without a window or a soft cap keeps version 1 (version 2 adds those)
+    assert version == (1 if name == "hx.attention" else spec.legacy_version or spec.version)
     assert nops == schema.SCHEMAS[name].num_operands
 
 

@@ -249,13 +249,17 @@ def test_inspect_lists_types_and_bytes(tmp_path, capsys):
   assert cli.main(["inspect", os.fspath(path)]) == 0
   out = capsys.readouterr().out.splitlines()
   assert out[0] == f"{path}: GGUF, architecture llama, 4 tensors"
-  rows = {line.split()[0]: line.split() for line in out[2:-1]}
+  total = next(i for i, line in enumerate(out) if line.startswith("total: "))
+  rows = {line.split()[0]: line.split() for line in out[2:total]}
   assert rows["Q4_1"] == ["Q4_1", "Q4_1", "u4o[8,256:g32,f16]", "1,280", "1,280"]
   assert rows["Q8_0"] == ["Q8_0", "Q8_0", "q8[8,256:g32,f16]", "2,176", "2,176"]
   assert rows["F32"] == ["F32", "F32", "f32[8,256]", "8,192", "8,192"]
   assert rows["IQ2_XXS"] == ["IQ2_XXS", "IQ2_XXS", "unsupported", "528", "-"]
-  assert out[-1] == ("total: 12,176 file bytes, 11,648 hx bytes (1 unsupported tensor not "
-                     "counted)")
+  assert out[total] == ("total: 12,176 file bytes, 11,648 hx bytes (1 unsupported tensor not "
+                        "counted)")
+  # not a decoder file (no hyperparameters): the description says why, naming the key
+  assert out[total + 1:] == ["decoder:", f"  unsupported: {path}: metadata key "
+                             "'llama.block_count' is missing"]
   assert cli.main(["inspect", os.fspath(path), "--json"]) == 0
   info = json.loads(capsys.readouterr().out)
   assert info["metadata"]["general.name"] == "synthetic"
