@@ -296,6 +296,8 @@ class Decoder:
     return self._generate(ids, max_tokens, temperature, top_k, top_p, seed)
 
   def _generate(self, ids, max_tokens, temperature, top_k, top_p, seed):
+    # the file's EOS, and the tokenizer's end of turn (Gemma's <end_of_turn>) where it has one
+    stops = {t for t in (self.config.eos, getattr(self.tokenizer, "eot", None)) if t is not None}
     rng = np.random.default_rng(seed)
     k, v = self.new_cache()
     logits, k, v = self._prefill(self.params, ids, np.int32(0), k, v)
@@ -305,12 +307,12 @@ class Decoder:
       steps = max(0, min(max_tokens - 1, self.max_context - pos))
       toks = itertools.chain([tok], self._greedy_tokens(tok, pos, k, v, steps))
       for tok in itertools.islice(toks, max_tokens):
-        if tok == self.config.eos:
+        if tok in stops:
           return
         yield tok
       return
     for n in range(max_tokens):
-      if tok == self.config.eos:
+      if tok in stops:
         return
       yield tok
       if n + 1 == max_tokens or pos >= self.max_context:

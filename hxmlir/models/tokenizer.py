@@ -242,12 +242,14 @@ class Tokenizer:
 
   ``encode(text) -> list[int]``: llama.cpp's ids for the text; ``decode(ids) -> str``;
   ``chat(messages) -> str``: the chat template rendered. Attributes: ``bos``, ``eos``
-  (ids or ``None``), ``add_bos``, ``kind`` (``"llama"`` or ``"gpt2"``), ``pre``,
+  (ids or ``None``), ``eot`` (the end-of-turn id, or ``None``: ``tokenizer.ggml.eot_token_id``,
+  else Gemma's ``<end_of_turn>``; generation stops there too), ``add_bos``, ``kind`` (``"llama"`` or ``"gpt2"``), ``pre``,
   ``vocab_size``, ``chat_template`` (the Jinja2 source, or ``None``)."""
 
   def __init__(self, tok, *, kind: str, pre: str | None, bos: int | None, eos: int | None,
-               add_bos: bool, chat_template: str | None, tokens: Sequence[str]):
-    self._tok, self.kind, self.pre = tok, kind, pre
+               add_bos: bool, chat_template: str | None, tokens: Sequence[str],
+               eot: int | None = None):
+    self._tok, self.kind, self.pre, self.eot = tok, kind, pre, eot
     self.bos, self.eos, self.add_bos = bos, eos, add_bos
     self.chat_template, self.vocab_size = chat_template, len(tokens)
     self._bos_text = tokens[bos] if bos is not None and 0 <= bos < len(tokens) else None
@@ -292,10 +294,13 @@ class Tokenizer:
     template = meta.get("tokenizer.chat_template")
     if template is None and "<start_of_turn>" in tokens:
       template = GEMMA_TEMPLATE
+    eot = tid("tokenizer.ggml.eot_token_id")
+    if eot is None and "<end_of_turn>" in tokens:  # Gemma's turns end there (llama.cpp's EOT)
+      eot = tokens.index("<end_of_turn>")
     return cls(tok, kind=kind, pre=pre, bos=tid("tokenizer.ggml.bos_token_id"),
                eos=tid("tokenizer.ggml.eos_token_id"),
                add_bos=bool(add_bos_default if add_bos is None else add_bos),
-               chat_template=template, tokens=tokens)
+               chat_template=template, tokens=tokens, eot=eot)
 
   def encode(self, text: str, *, add_bos: bool | None = None,
              special: bool = True) -> list[int]:

@@ -137,6 +137,13 @@ def test_gemma_chat_is_its_turn_format(gemma3):
       [2] + ref["ids"]
 
 
+def test_end_of_turn_is_the_files_or_gemmas_marker(smollm2, gemma3):
+  # Gemma's turns end at <end_of_turn> (id 106, llama.cpp's EOT for the file); generation stops
+  # there as at EOS. SmolLM2's file names no end of turn: its EOS (<|im_end|>) is the one stop.
+  assert gemma3.eot == 106 and gemma3.encode("<end_of_turn>", add_bos=False) == [106]
+  assert smollm2.eot is None
+
+
 def test_smollm2_chat_uses_the_files_template(smollm2):
   assert smollm2.chat([{"role": "user", "content": "Hi"}]) == (
       "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
