@@ -37,10 +37,12 @@ def compiler_params(backend: str):
 
 
 def round_up(v: int, mult: int) -> int:
+  """``v`` rounded up to a multiple of ``mult`` (both positive ints): a padded extent."""
   return -(-v // mult) * mult
 
 
 def pow2_at_least(v: int) -> int:
+  """The smallest power of two ``>= v`` (1 for ``v <= 1``): a block size."""
   p = 1
   while p < v:
     p *= 2
