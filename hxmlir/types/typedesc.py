@@ -55,6 +55,8 @@ SCHEMA_VERSIONS: dict[str, int] = {"array": 1, "q8": 3, "q4": 2, "f8": 1, "u4o":
 
 # (descriptor name, scale dtype) -> format
 _QUANTIZED = {(f.prefix, f.scale_mlir): f.name for f in FORMATS.values()}
+# the scale dtype a descriptor without "scale" means: f32, or a block format's only scale (f16)
+_DEFAULT_SCALE = {n: "f32" if (n, "f32") in _QUANTIZED else s for n, s in _QUANTIZED}
 _F16_VERSIONS = {"q8": 3, "q4": 2}  # the first schema version with "scale": "f16"
 
 
@@ -200,16 +202,19 @@ def from_json(d, where: str = "descriptor"):
       return TupTy(tuple(from_json(e, f"{where} element {i}") for i, e in enumerate(elts)))
     shape = _shape(d, where)
     sharding = _parse_sharding(d.get("sharding"), where)
-    if any(n == name for n, _ in _QUANTIZED):
+    if name in _DEFAULT_SCALE:
       group = d.get("group")
       if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
         raise DescriptorError(f"{where}: 'group' must be an int, got {group!r}")
-      scale = d.get("scale", "f32")
+      scale = d.get("scale", _DEFAULT_SCALE[name])
       if (name, scale) not in _QUANTIZED:
         raise DescriptorError(f"{where}: 'scale' must be "
                               f"{' or '.join(repr(s) for n, s in _QUANTIZED if n == name)}, "
                               f"got {scale!r}")
-      return QArrayTy(shape, sharding, fmt=_QUANTIZED[(name, scale)], group=group)
+      fmt = _QUANTIZED[(name, scale)]
+      if group is None and FORMATS[fmt].block:  # a block format's one group: its block
+        group = FORMATS[fmt].block
+      return QArrayTy(shape, sharding, fmt=fmt, group=group)
     if name == "r1":
       return Rank1Ty(shape, sharding)
     try:

@@ -90,6 +90,9 @@ def any_format(rng, shape, name, group):
   error (a rounding of the product and one of the sum, or one fused: ``eps`` each
   relative to the value rounded), and the f32 data."""
   f = formats.FORMATS[name]
+  if f.block:
+    raise ValueError(f"any_format builds the elementwise formats; {name} is a block format "
+                     "(build it from GGUF blocks: hxmlir.gguf.block_parts)")
   base = formats.FORMATS[name.removesuffix("_f16")]
   x = jnp.asarray(rng.standard_normal(shape).astype(np.float32))
   method = "minmax" if f.offset else "absmax"

@@ -310,8 +310,10 @@ def _meta_shapes(path):
      r"'qwen3\.attention\.head_count' must be >= 1, got 0"),
     (dict(extra_kv={"attention.head_count_kv": 3}),
      r"'qwen3\.attention\.head_count_kv' = 3 must divide the 4 heads"),
-    (dict(extra_kv={"rope.freq_base": float("inf")}),
-     r"'qwen3\.rope\.freq_base' must be a finite number > 0, got inf"),
+    (dict(extra_kv={"rope.freq_base": float("inf")}),  # the header check finds it first
+     r"metadata key 'qwen3\.rope\.freq_base' is inf: expected a finite number"),
+    (dict(extra_kv={"rope.freq_base": -1.0}),
+     r"'qwen3\.rope\.freq_base' must be a finite number > 0, got -1\.0"),
     (dict(extra_kv={"rope.scaling.type": "yarn"}),
      r"'qwen3\.rope\.scaling\.type' = 'yarn' is not implemented"),
     (dict(extra_kv={"expert_gating_func": 2}),

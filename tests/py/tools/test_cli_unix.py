@@ -76,11 +76,13 @@ class _ClosedPipe(io.StringIO):
 def test_a_closed_pipe_ends_inspect_quietly(tmp_path, flags):
   """A real pipe whose reader has gone: ``hxmlir inspect`` exits 0 and writes no error."""
   path = write_small(tmp_path / "s.gguf")
-  p = subprocess.Popen([sys.executable, "-m", "hxmlir.tools.cli", "inspect", *flags,
-                        os.fspath(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  p.stdout.close()  # the reader is gone before the first write
-  err = p.stderr.read().decode()
-  assert p.wait(timeout=120) == 0, err
+  # the context manager closes stderr too: an unclosed pipe is a ResourceWarning under -W error
+  with subprocess.Popen([sys.executable, "-m", "hxmlir.tools.cli", "inspect", *flags,
+                         os.fspath(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+    p.stdout.close()  # the reader is gone before the first write
+    err = p.stderr.read().decode()
+    rc = p.wait(timeout=120)
+  assert rc == 0, err
   assert err == "", err
 
 

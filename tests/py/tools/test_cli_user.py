@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import hxmlir as hx
+from hxmlir import formats
 from hxmlir.lowering import schema
 from hxmlir.tools import cli, npzio
 from hxmlir.types import typestr
@@ -146,10 +147,11 @@ def test_lower_every_hi_type(user, capsys, fn, args, want):
 def test_lower_every_format(user, capsys, tmp_path, fmt):
   """Each hi array type of the TYPE table (each quantized format) lowers as an argument."""
   (tmp_path / "ident.py").write_text("def ident(w):\n  return w\n")
-  rc, out, err = _run(capsys, "lower", f"{tmp_path}/ident.py:ident", "--arg", f"{fmt}[4,6]",
+  n = max((f.block for f in formats.FORMATS.values() if f.prefix == fmt), default=0) or 6
+  rc, out, err = _run(capsys, "lower", f"{tmp_path}/ident.py:ident", "--arg", f"{fmt}[4,{n}]",
                       "--no-passes")
   assert rc == 0, err
-  los = typestr.parse_type(f"{fmt}[4,6]").lo_ty()
+  los = typestr.parse_type(f"{fmt}[4,{n}]").lo_ty()
   sig = ", ".join(f"%arg{i}: tensor<{'x'.join(map(str, a.shape))}x"
                   f"{schema.TensorType.of(a).dtype}>" for i, a in enumerate(los))
   assert f"@main({sig})" in out, out

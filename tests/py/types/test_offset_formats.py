@@ -77,12 +77,13 @@ def test_components_name_one_format_each():
     assert (formats.of_components(f.storage_dtype, f.scale_dtype, f.offset) is f) != \
         bool(f.block)  # without the shape: the elementwise formats only
   assert formats.of_components("i8", "f64", False) is None
-  # the formats with f16 scales or offsets have no native CPU or Pallas kernel in the
-  # [in, out] layout, the block formats none yet: the rules ask the table
+  # the formats with f16 scales or offsets (the block formats among them) have no native CPU
+  # kernel in the [in, out] layout: the rules ask the table
   assert [f.name for f in formats.FORMATS.values() if "kn" not in f.native_cpu] == \
       ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16",
        *(f.name for f in formats.BLOCK_FORMATS)]
-  assert all(f.native_cpu == f.pallas == () for f in formats.BLOCK_FORMATS)
+  # block formats: the native CPU kernel in [out, in] (hx_matmul_q_cpu_v4), no Pallas kernel
+  assert all(f.native_cpu == ("nk",) and f.pallas == () for f in formats.BLOCK_FORMATS)
 
 
 @pytest.mark.parametrize("fmt, shape, want", [

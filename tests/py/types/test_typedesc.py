@@ -73,7 +73,8 @@ def test_weak_type_is_kept():
 
 def test_unknown_type_name_is_refused():
   with pytest.raises(td.DescriptorError, match=r"unknown type name 'q2'; this hxmlir knows "
-                     r"array, f8, q4, q8, q8o, r1, tup, u4o"):
+                     r"array, f8, iq4_nl, iq4_xs, q2_k, q3_k, q4, q4_k, q5_0, q5_1, q5_k, q6_k, "
+                     r"q8, q8o, r1, tup, u4o"):
     td.parse('{"type":"q2","v":1,"shape":[3,4]}')
 
 

@@ -11,6 +11,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import hxmlir as hx
+from hxmlir import formats
 from hxmlir.types import typedesc, typestr
 from hxmlir.types.typestr import TypeStrError, parse_arg, parse_mesh, parse_type
 
@@ -29,11 +30,15 @@ def test_printed_types_parse_back_to_themselves(text):
 
 @pytest.mark.parametrize("name", sorted(typestr.HI_TYPES))
 def test_every_hi_array_type_of_the_table_parses_to_its_descriptor(name):
-  """Each entry (each quantized format: today q8) builds the type typedesc builds."""
+  """Each entry (each quantized format) builds the type typedesc builds; a block format's
+  group and f16 scales are implied by its name, and printed."""
   entry = typestr.HI_TYPES[name]
-  ty = parse_type(f"{name}[4,6]")
+  block = max((f.block for f in formats.FORMATS.values() if f.prefix == name), default=0)
+  n = block or 6
+  ty = parse_type(f"{name}[4,{n}]")
   assert typedesc.to_json(ty)["type"] == entry.descriptor
-  assert typestr.type_str(ty) == f"{name}[4,6]"
+  assert typestr.type_str(ty) == (f"{name}[4,{n}:g{block},f16]" if block else f"{name}[4,6]")
+  assert parse_type(typestr.type_str(ty)) == ty
 
 
 def test_types_are_the_types_of_real_values():
@@ -99,7 +104,9 @@ def test_json_arguments():
 @pytest.mark.parametrize("text, message", [
     ("f32[8,x]", "column 7: expected a dimension size (an integer), got 'x'"),
     ("x32[4]", "column 1: expected a type (a dtype such as f32[8,512], q8[...], q4[...], "
-               "f8[...], u4o[...], q8o[...], r1[...] or Tup{...}); 'x32' is not a dtype"),
+               "f8[...], u4o[...], q8o[...], q5_0[...], q5_1[...], iq4_nl[...], q4_k[...], "
+               "q5_k[...], q6_k[...], q2_k[...], q3_k[...], iq4_xs[...], r1[...] or Tup{...}); "
+               "'x32' is not a dtype"),
     ("f32[4", "column 6: expected ',' or ']' after a dimension, got the end of the text"),
     ("f32(4)", "column 4: expected '[' after f32, got '('"),
     ("f32[4]]", "column 7: expected the end of the text, got ']'"),
