@@ -32,7 +32,7 @@ primitives' sub-jaxprs (a Pallas kernel body, say) are lowered by their own
 rules and left alone.
 
 Numerics: ``hx_matmul_q`` computes ``(x * s) @ q``: the same products
-reassociated, as the MLIR stage's rewrite (see ``fold_scales.py``).
+reassociated, as the MLIR stage's rewrite (see ``fold_scales/__init__.py``).
 """
 
 from __future__ import annotations

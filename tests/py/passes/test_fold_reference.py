@@ -1,6 +1,6 @@
 """``hx.matmul_q``'s reference semantics exist twice: in JAX (``lowering/reference.py``,
 the composite's decomposition when JAX lowers) and built with MLIR's builders by
-``hx-fold-scales`` (``passes/fold_scales.py``: passes read IR and never trace JAX code,
+``hx-fold-scales`` (``passes/fold_scales/reference.py``: passes read IR and never trace JAX code,
 so the decomposition of a composite the pass creates is built op by op). This test
 holds the two to one meaning: for every format the MLIR stage folds (f32 scales, no
 offset), per row and per group, and every layout the schema accepts (``[in, out]``,
@@ -23,7 +23,7 @@ from numerics import assert_within, dot_bound
 import hxmlir as hx
 from hxmlir import _jax, formats
 from hxmlir.lowering import reference
-from hxmlir.passes import fold_scales
+from hxmlir.passes.fold_scales import reference as fold_reference
 
 # (x shape, dense weight shape, dimension numbers, einsum spec of the same product)
 LAYOUTS = {
@@ -51,7 +51,7 @@ def _mlir_reference(x, q, s, dims, y_shape) -> str:
                                 [ir.RankedTensorType.get(list(y_shape), ir.F32Type.get())]))
       block = fn.add_entry_block()
       with ir.InsertionPoint(block):
-        func.ReturnOp([fold_scales._reference_matmul_q(*block.arguments, dims)])
+        func.ReturnOp([fold_reference.matmul_q(*block.arguments, dims)])
     return str(module)
 
 
