@@ -80,48 +80,17 @@ the platform's rule emits the StableHLO decomposition (the formats with f16 scal
 kernels in the checkpoints' ``"nk"`` layout only: ``hx_matmul_q_cpu_v3`` on CPU,
 ``hx_matmul_q_nk_v1`` in Pallas).
 
-Block formats (GGUF's block types at the file's bytes; :data:`BLOCK_FORMATS`). Each holds
-one GGUF type exactly: a tensor ``[*lead, n]`` is ``n // B`` blocks of ``B`` elements along
-its last axis, and a block is llama.cpp's ``block_*`` struct (``ggml-common.h``) split into
-three components: the block's f16 ``d`` (the **scale**, ``f16[*lead, n // B]``: one group
-per block, the type's group size is ``B``), its f16 ``dmin`` (the **offset**, like the scale,
-where the format has one: Q4_K, Q5_K, Q2_K; Q5_1's ``m``) and the block's other bytes, in
-the file's order (the **values**, ``ui16[*lead, n // B, W]``: the bytes as little-endian
-16-bit words, byte ``2i`` the low byte of word ``i``; ``W`` words per block). The values
-hold the sub-block factors (the second level of the scales: 6-bit for Q4_K, Q5_K, Q3_K,
-IQ4_XS, int8 for Q6_K, 4-bit for Q2_K) and the quantized values packed at their bit width
-in the file's bit planes (4 + 1 bits for 5-bit values, 4 + 2 for 6-bit, 2 + 1 for 3-bit, 2
-for 2-bit; IQ4's 4-bit indices into the fixed table :data:`hxmlir.block_decode.IQ4_VALUES`).
-No byte is added: device bytes equal the file's. The dense value is
-``x = d · sc · q − dmin · m`` (K-quants with mins), ``d · sc · q`` (Q6_K, Q3_K), ``d · sc ·
-T[i]`` (IQ4_XS), ``d · q (+ m)`` (Q5_0, Q5_1), ``d · T[i]`` (IQ4_NL), as llama.cpp's
-``dequantize_row_*`` (``ggml-quants.c``) computes it; :mod:`hxmlir.block_decode` decodes
-them (bit for bit ``gguf.quants.dequantize``'s result).
+Block formats (GGUF's block types at the file's bytes; :data:`BLOCK_FORMATS`, Q5_0 ... IQ4_XS):
+each holds one GGUF type exactly, a block of ``B`` elements stored as the file's bytes in
+``ui16`` words (``ui16[*lead, n // B, W]``) with one f16 scale (and offset) per block; they
+print ``q4_k[576,1536:g256,f16]``. :mod:`hxmlir.block_formats` defines them, their fields and
+their table; :mod:`hxmlir.block_decode` decodes them. ``hx.quantize`` does not make them
+(:func:`check_method`); a sharding of the last axis must keep whole blocks
+(:func:`split_problem`).
 
-=============  ===========  =====  ===  ==============  ==============  =================================
-format         GGUF         B      W    bytes / block   bits / value    fields of the values (bytes)
-=============  ===========  =====  ===  ==============  ==============  =================================
-``q5_0``       Q5_0         32     10   22              5.5             qh 4, qs 16; ``q - 16``
-``q5_1``       Q5_1         32     10   24 (offset m)   6               qh 4, qs 16; ``d·q + m``
-``iq4_nl``     IQ4_NL       32     8    18              4.5             qs 16: table indices
-``q4_k``       Q4_K         256    70   144 (dmin)      4.5             scales 12, qs 128
-``q5_k``       Q5_K         256    86   176 (dmin)      5.5             scales 12, qh 32, qs 128
-``q6_k``       Q6_K         256    104  210             6.5625          ql 128, qh 64, scales 16 (int8)
-``q2_k``       Q2_K         256    40   84 (dmin)       2.625           scales 16 (4+4 bit), qs 64
-``q3_k``       Q3_K         256    54   110             3.4375          hmask 32, qs 64, scales 12
-``iq4_xs``     IQ4_XS       256    67   136             4.25            scales_h 2, scales_l 4, qs 128
-=============  ===========  =====  ===  ==============  ==============  =================================
-
-Each :class:`Format`'s ``fields`` spells its values' fields (name, bytes, meaning: which
-bits of which byte hold which element). Their types print ``q4_k[576,1536:g256,f16]`` (the
-format's name, the block as the group size, the f16 scales). A block format is identified
-by its components like every format (:func:`of_components`): ``ui16`` values, which no
-other format has, and their words per block ``W`` (with the offset, Q5_0 and Q5_1 differ
-by it). A sharding of the last axis must keep whole blocks (:func:`split_problem`).
-``hx.quantize`` does not make them (:func:`check_method`). Kernels: the native CPU kernel
-``hx_matmul_q_cpu_v4`` in the checkpoints' ``"nk"`` layout (``native_cpu = ("nk",)``,
-``docs/kernels.md``); no Pallas kernel yet (``pallas = ()``): other platforms and layouts
-emit the StableHLO decomposition.
+The record of a format (:class:`Format`, :data:`WEIGHT_LAYOUTS`, :data:`F32`, :data:`F16`) is
+:mod:`hxmlir.format_spec`'s; this module re-exports it and the block formats, so every format
+is read from here.
 
 The packing helpers here are plain JAX code (they run traced, in decompositions and
 in the types' rules); quantization itself is :mod:`hxmlir.lowering.reference`'s.
@@ -131,113 +100,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from hxmlir import block_decode
-
-F32 = np.dtype(np.float32)
-F16 = np.dtype(np.float16)
-
-
-WEIGHT_LAYOUTS = {
-    "kn": "W[in, out] = Q[*b, k, n], quantized along the free axis n: x @ w, "
-          "CPU kernels hx_matmul_q_cpu_v1/v2, Pallas kernels hx_matmul_q_v1/v2",
-    "nk": "W[out, in] = Q[*b, n, k], groups along the contraction k: "
-          "hx.einsum('...k,nk->...n', x, w), CPU kernel hx_matmul_q_cpu_v3, Pallas kernel hx_matmul_q_nk_v1",
-}
-"""The weight layouts of the ``hx.matmul_q`` kernels (``Format.native_cpu`` and ``Format.pallas``
-name them)."""
-
-
-@dataclass(frozen=True)
-class Format:
-  """One value format: ``name`` (``hx.quantize``'s ``dtype``: ``"int4"``), ``prefix``
-  (the type's printed name: ``q4``), ``value_dtype`` (the values' own dtype),
-  ``storage_dtype`` (the lo component's dtype), ``mlir`` (that dtype as MLIR spells it),
-  ``pack`` (values per stored element), ``qmax`` (largest magnitude produced),
-  ``layout`` (the storage layout's name, see the module docstring), ``scale_dtype``
-  (the scales' dtype, and the offsets'), ``offset`` (whether ``x = q * s + o``),
-  ``value_range`` (the values the storage holds, ``(lo, hi)``), ``native_cpu`` and
-  ``pallas`` (the weight layouts of :data:`WEIGHT_LAYOUTS` the native CPU kernel and the
-  Pallas kernels take it in; elsewhere the platform's rule emits the StableHLO
-  decomposition). A *block format* (``block > 0``: GGUF's blocks at the file's bytes) stores
-  each block of ``block`` elements as ``fields`` (``(name, bytes, meaning)`` in order, the
-  module docstring's table) in ``ui16`` words, its scale (and offset) one f16 per block;
-  ``gguf`` names the GGUF type it holds."""
-  name: str
-  prefix: str
-  value_dtype: np.dtype
-  storage_dtype: np.dtype
-  mlir: str
-  pack: int
-  qmax: float
-  layout: str
-  scale_dtype: np.dtype = F32
-  offset: bool = False
-  value_range: tuple[float, float] = (-127, 127)
-  native_cpu: tuple[str, ...] = ("kn", "nk")
-  pallas: tuple[str, ...] = ("kn", "nk")
-  block: int = 0
-  fields: tuple[tuple[str, int, str], ...] = ()
-  gguf: str = ""
-
-  @property
-  def block_bytes(self) -> int:
-    """A block format's stored bytes per block (its :attr:`fields`' sum; 0 for the others)."""
-    return sum(b for _, b, _ in self.fields)
-
-  @property
-  def block_words(self) -> int:
-    """A block format's stored ``ui16`` words per block (the values' last axis)."""
-    return self.block_bytes // 2
-
-  @property
-  def integer(self) -> bool:
-    """Whether values are integers (rounded) rather than floats (cast)."""
-    return jnp.issubdtype(self.value_dtype, jnp.integer)
-
-  @property
-  def signed(self) -> bool:
-    """Whether stored values are signed (packed nibbles sign-extended when decoded)."""
-    return self.value_range[0] < 0
-
-  @property
-  def scale_mlir(self) -> str:
-    """The scale's (and offset's) element type as MLIR spells it: ``f32``, ``f16``."""
-    return {F32: "f32", F16: "f16"}[self.scale_dtype]
-
-  @property
-  def legacy(self) -> bool:
-    """Whether the composites' format attributes of their first versions (f32 scales, no
-    offset: ``dtype``, ``group_size``, ``layout``) say this format."""
-    return self.scale_dtype == F32 and not self.offset
-
-  def storage_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-    """The stored values' shape for dense ``shape`` (``n // pack`` along the last axis; a
-    block format's ``[*lead, n // block, block_words]``)."""
-    if self.block:
-      return (*shape[:-1], shape[-1] // self.block, self.block_words)
-    return (*shape[:-1], shape[-1] // self.pack)
-
-  def dense_shape(self, storage_shape: Sequence[int]) -> tuple[int, ...]:
-    """The dense shape of stored values of ``storage_shape``."""
-    if self.block:
-      return (*storage_shape[:-2], storage_shape[-2] * self.block)
-    return (*storage_shape[:-1], storage_shape[-1] * self.pack)
-
-  def value_parts(self, parts: Sequence) -> tuple:
-    """The stored values' per-axis entries (partition entries, shardings) from the dense
-    value's ``parts``: the same, and ``None`` for a block format's block axis."""
-    return (*parts, None) if self.block else tuple(parts)
-
-  def dense_parts(self, value_parts: Sequence) -> tuple:
-    """:meth:`value_parts`' inverse: the dense value's entries from the stored values'."""
-    return tuple(value_parts)[:-1] if self.block else tuple(value_parts)
-
+from hxmlir.block_formats import BLOCK_FORMATS as BLOCK_FORMATS
+from hxmlir.block_formats import IQ4_NL as IQ4_NL
+from hxmlir.block_formats import IQ4_XS as IQ4_XS
+from hxmlir.block_formats import Q2_K as Q2_K
+from hxmlir.block_formats import Q3_K as Q3_K
+from hxmlir.block_formats import Q4_K as Q4_K
+from hxmlir.block_formats import Q5_0 as Q5_0
+from hxmlir.block_formats import Q5_1 as Q5_1
+from hxmlir.block_formats import Q5_K as Q5_K
+from hxmlir.block_formats import Q6_K as Q6_K
+from hxmlir.block_formats import UI16 as UI16
+from hxmlir.format_spec import F16 as F16
+from hxmlir.format_spec import F32 as F32
+from hxmlir.format_spec import WEIGHT_LAYOUTS as WEIGHT_LAYOUTS
+from hxmlir.format_spec import Format as Format
 
 INT8 = Format("int8", "q8", np.dtype(jnp.int8), np.dtype(jnp.int8), "i8", 1, 127, "plain",
               value_range=(-128, 127))
@@ -257,63 +140,6 @@ INT8_OFFSET = dataclasses.replace(INT8, name="int8_offset", prefix="q8o", offset
                                   **_NO_KERNELS)
 INT8_OFFSET_F16 = dataclasses.replace(INT8_OFFSET, name="int8_offset_f16", scale_dtype=F16)
 
-
-UI16 = np.dtype(np.uint16)
-
-
-def _block_format(gguf: str, block: int, fields, value_range, offset: bool = False) -> Format:
-  """A block format (module docstring, "Block formats"): GGUF type ``gguf``'s blocks of
-  ``block`` elements, stored as ``fields`` in ``ui16`` words with an f16 scale (and
-  offset) per block; the native CPU kernel ``hx_matmul_q_cpu_v4`` in ``[out, in]``, StableHLO
-  decompositions elsewhere."""
-  name = gguf.lower()
-  return Format(name, name, UI16, UI16, "ui16", 1, 0, f"gguf_{name}_v1", scale_dtype=F16,
-                offset=offset, value_range=value_range, native_cpu=("nk",), pallas=(), block=block,
-                fields=tuple(fields), gguf=gguf)
-
-
-_NIBBLES_32 = ("qs", 16, "low 4 bits: element j in the low nibble of byte j, j + 16 in its "
-               "high nibble")
-_QH_32 = ("qh", 4, "fifth bits: element j's is bit j of qh as a little-endian u32")
-_K_SCALES = ("scales", 12, "6-bit factors of the 8 sub-blocks of 32: scales sc and mins m "
-             "(llama.cpp's get_scale_min_k4: sub-blocks 0-3 bits 0-5 of bytes 0-3 (sc) and "
-             "4-7 (m); 4-7 the nibbles of bytes 8-11 (sc low, m high) with bits 6-7 of "
-             "bytes 0-7 on top)")
-_K_QS = ("qs", 128, "low 4 bits: per 64 elements 32 bytes, element l in the low nibble of "
-         "byte l, 32 + l in its high nibble")
-Q5_0 = _block_format("Q5_0", 32, [_QH_32, _NIBBLES_32], (-16, 15))
-Q5_1 = _block_format("Q5_1", 32, [_QH_32, _NIBBLES_32], (0, 31), offset=True)
-IQ4_NL = _block_format("IQ4_NL", 32, [("qs", 16, "4-bit indices i into IQ4_VALUES, "
-                                                 "ordered as Q4_0's nibbles")], (-127, 113))
-Q4_K = _block_format("Q4_K", 256, [_K_SCALES, _K_QS], (0, 15), offset=True)
-Q5_K = _block_format("Q5_K", 256, [_K_SCALES, ("qh", 32, "fifth bits: element 32c + l's is "
-                                               "bit c of byte l"), _K_QS], (0, 31), offset=True)
-Q6_K = _block_format("Q6_K", 256, [
-    ("ql", 128, "low 4 bits: per 128 elements 64 bytes, element l (l < 64) the low nibble "
-                "of byte l, 64 + l its high nibble"),
-    ("qh", 64, "high 2 bits: per 128 elements 32 bytes, element 32s + l's are bits 2s, "
-               "2s + 1 of byte l"),
-    ("scales", 16, "int8 factor of each sub-block of 16")], (-32, 31))
-Q2_K = _block_format("Q2_K", 256, [
-    ("scales", 16, "per sub-block of 16: the 4-bit factor of d (low nibble) and of dmin "
-                   "(high nibble)"),
-    ("qs", 64, "2-bit values: per 128 elements 32 bytes, element 32s + l's are bits 2s, "
-               "2s + 1 of byte l")], (0, 3), offset=True)
-Q3_K = _block_format("Q3_K", 256, [
-    ("hmask", 32, "third bits: element 32c + l's is bit c of byte l; a clear bit "
-                  "subtracts 4"),
-    ("qs", 64, "low 2 bits, as Q2_K's"),
-    ("scales", 12, "6-bit factors - 32 of the 16 sub-blocks of 16: low 4 bits the nibbles "
-                   "of bytes 0-7 (sub-block 8n + b: nibble n of byte b), high 2 bits "
-                   "bits 2s, 2s + 1 of bytes 8-11 (sub-block 4s + b)")], (-4, 3))
-IQ4_XS = _block_format("IQ4_XS", 256, [
-    ("scales_h", 2, "high 2 bits of the 8 sub-blocks' 6-bit factors - 32: bits 2j, 2j + 1 "
-                    "of a little-endian u16"),
-    ("scales_l", 4, "low 4 bits of those factors: sub-block 2b + n in nibble n of byte b"),
-    ("qs", 128, "4-bit indices i into IQ4_VALUES: per sub-block of 32, 16 bytes, element "
-                "l in the low nibble of byte l, 16 + l in its high nibble")], (-127, 113))
-BLOCK_FORMATS = (Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS)
-"""The block formats (GGUF's blocks at the file's bytes), in :data:`FORMATS`' order."""
 
 FORMATS: dict[str, Format] = {f.name: f for f in (INT8, INT4, FP8, INT8_F16, INT4_F16, UINT4,
                                                   UINT4_F16, INT8_OFFSET, INT8_OFFSET_F16,
