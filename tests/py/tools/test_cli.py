@@ -18,7 +18,7 @@ import pytest
 import hxmlir as hx
 from hxmlir import export as hxe
 from hxmlir import formats
-from hxmlir.tools import cli, demo, npzio
+from hxmlir.tools import cli, cli_common, demo, npzio
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +69,10 @@ def test_run_refuses_a_directory_as_output(files, capsys, tmp_path):
 
 
 def test_npz_path_appends_like_numpy_savez(tmp_path):
-  assert cli._npz_path(str(tmp_path / "a"), "--inputs-out") == str(tmp_path / "a.npz")
-  assert cli._npz_path(str(tmp_path / "a.npz"), "--inputs-out") == str(tmp_path / "a.npz")
+  assert cli_common.npz_path(str(tmp_path / "a"), "--inputs-out") == str(tmp_path / "a.npz")
+  assert cli_common.npz_path(str(tmp_path / "a.npz"), "--inputs-out") == str(tmp_path / "a.npz")
   with pytest.raises(IsADirectoryError, match="--inputs-out .*: is a directory"):
-    cli._npz_path(str(tmp_path), "--inputs-out")
+    cli_common.npz_path(str(tmp_path), "--inputs-out")
 
 
 # --- inputs that do not match the artifact -------------------------------------------------------

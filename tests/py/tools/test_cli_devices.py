@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from numerics import assert_matmul_close
 
 from hxmlir.export import deserialize
-from hxmlir.tools import cli
+from hxmlir.tools import cli, run_cli
 
 MODULE = textwrap.dedent('''\
     import hxmlir as hx
@@ -95,7 +95,7 @@ def test_run_places_inputs_by_the_artifacts_shardings(arts):
   exp = deserialize((arts / "mm4.hxa").read_bytes())
   mesh = cli.run_mesh(exp)
   assert (mesh.axis_names, mesh.axis_sizes, mesh.size) == (("i",), (4,), 4)
-  (x, qw), _ = cli._load_inputs(str(arts / "mm_in8.npz"), exp, mesh)
+  (x, qw), _ = run_cli.load_inputs(str(arts / "mm_in8.npz"), exp, mesh)
   assert x.sharding.mesh == mesh and x.sharding.spec == P("i", None)
   assert sorted(s.index[0].start for s in x.addressable_shards) == [0, 2, 4, 6]  # 2 rows each
   assert len(qw.qvalue.sharding.device_set) == 4 and qw.qvalue.sharding.is_fully_replicated
