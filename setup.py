@@ -57,6 +57,10 @@ ISA_SOURCES = {
     "csrc/matmul_q_i8x_avx512vnni.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
                                         "-mavx2", "-mfma", "-mprefer-vector-width=512"],
     "csrc/matmul_q_i8x_avx2.cc": ["-mavx2", "-mfma", "-mf16c"],
+    # the transposed product of the [out, in] layout (csrc/matmul_q_nkt.inc)
+    "csrc/matmul_q_nkt_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+                                    "-mavx2", "-mfma", "-mprefer-vector-width=512"],
+    "csrc/matmul_q_nkt_avx2.cc": ["-mavx2", "-mfma", "-mf16c"],
     # hx.attention's kernels (csrc/attention.inc): vector extensions, a*b+c fused where the ISA has FMA
     "csrc/attention_avx512.cc": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2",
                                  "-mfma", "-mprefer-vector-width=512", "-ffp-contract=fast"],
@@ -88,8 +92,9 @@ setup(
     ext_modules=[Extension(
         "hxmlir._matmul_q_cpu",
         sources=["csrc/matmul_q_ffi.cc", "csrc/matmul_q_formats_ffi.cc", "csrc/matmul_q_nk_ffi.cc",
-                 "csrc/matmul_q_i8x_ffi.cc", "csrc/matmul_q_generic.cc",
-                 "csrc/matmul_q_i8x_generic.cc", "csrc/attention_ffi.cc"],
+                 "csrc/matmul_q_i8x_ffi.cc", "csrc/matmul_q_nkt_ffi.cc", "csrc/matmul_q_generic.cc",
+                 "csrc/matmul_q_i8x_generic.cc", "csrc/matmul_q_nkt_generic.cc",
+                 "csrc/attention_ffi.cc"],
         include_dirs=["csrc"],
         define_macros=[("HXMLIR_HAVE_X86_ISAS", "1")] if X86 else [],
         extra_compile_args=[*COMMON, "-isystem", "csrc/third_party"],

@@ -31,6 +31,7 @@
 #include "matmul_q_formats.h"
 #include "matmul_q_i8x.h"
 #include "matmul_q_nk.h"
+#include "matmul_q_nkt.h"
 #include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -174,6 +175,10 @@ PyObject* PyHandlerI8xV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV1), nullptr, nullptr);
 }
 
+PyObject* PyHandlerNktV1(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuNktV1), nullptr, nullptr);
+}
+
 PyObject* PyHandlerAttentionV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV1), nullptr, nullptr);
 }
@@ -249,6 +254,7 @@ PyObject* PySelectIsa(PyObject*, PyObject* arg) {
     hxmlir::SelectNkKernels(isa.nk_kernels());
     hxmlir::SelectI8xKernels(isa.i8x_kernels());
     hxmlir::SelectAttentionIsa(isa.name);
+    hxmlir::SelectNktIsa(isa.name);
     Py_RETURN_NONE;
   }
   PyErr_Format(PyExc_ValueError, "no %s kernels were compiled into hxmlir._matmul_q_cpu", want);
@@ -289,6 +295,9 @@ PyMethodDef kMethods[] = {
     {"handler_i8x_v1", PyHandlerI8xV1, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_i8x_v1's XLA FFI handler (integer activations; "
      "api_version=1)."},
+    {"handler_nkt_v1", PyHandlerNktV1, METH_NOARGS,
+     "PyCapsule of hx_matmul_q_cpu_nkt_v1's XLA FFI handler (x @ W for a weight W[out, in] "
+     "of any [out, in] format: the backward of the [out, in] layout; api_version=1)."},
     {"handler_attention_v1", PyHandlerAttentionV1, METH_NOARGS,
      "PyCapsule of hx_attention_cpu_v1's XLA FFI handler (hx.attention; api_version=1)."},
     {"handler_attention_v2", PyHandlerAttentionV2, METH_NOARGS,

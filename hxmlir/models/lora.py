@@ -22,11 +22,9 @@ Python API::
 
 Gradients flow to the adapters only: the weights are closed over as constants of the
 loss, so ``jax.grad`` never forms a weight cotangent. Through each quantized projection
-the backward is ``hx.matmul_q``'s transpose in ``x``: ``g @ dequantize(W)``, an f32
-``dot_general`` on the dequantized weight (:class:`hxmlir.types.qarray.MatmulQ`), not a
-native kernel: XLA fuses the dequantize into the product (SmolLM2 at 64 tokens: 165 MiB of
-temporaries in the step against the f32 model's 141 MiB, ``benchmarks/finetune_cpu.py``),
-and the product runs as XLA's f32 dot, each weight decoded on every step.
+the backward is ``hx.matmul_q``'s transpose in ``x``: ``g @ W`` as ``hx.einsum("...n,nk->...k",
+g, W)`` on the weight as stored (:class:`hxmlir.types.qarray.MatmulQ`), on CPU the native
+kernel ``hx_matmul_q_cpu_nkt_v1`` (no dequantized f32 weight is formed).
 
 The adapter file (:func:`save`) is safetensors with llama.cpp's LoRA tensor names
 (``blk.N.attn_q.weight.lora_a``: ``f32[r, in]``, ``...lora_b``: ``f32[out, r]``) and
@@ -133,18 +131,21 @@ def apply(model, adapters, spec: LoraSpec) -> None:
   model.params = attach(base, adapters, spec.scale)
 
 
-def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool = False):
+def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool = False,
+         proj=None):
   """Mean next-token cross-entropy of ``ids: i32[T]`` under the adapted model: position
   ``t`` predicts ``ids[t + 1]``, weighted by ``mask: f32[T]`` at ``t + 1`` (0 for padding),
   divided by the weight's sum -> ``f32[]``. ``remat``: keep only each layer's output for
   the backward pass (``jax.checkpoint`` with :data:`LAYER_OUT` saved), recomputing the
-  rest layer by layer."""
+  rest layer by layer. ``proj``: the decoder's projection (:func:`hxmlir.models.forward.forward`'s;
+  on a mesh :func:`hxmlir.models.llama_sharding.projection`), ``None`` for one device."""
   t = ids.shape[0]
+  kw = {} if proj is None else {"proj": proj}
   k = tuple(jnp.zeros((cfg.kv_heads, t, cfg.head_dim), jnp.float32) for _ in range(cfg.layers))
   v = tuple(jnp.zeros((cfg.kv_heads, cfg.head_dim, t), jnp.float32) for _ in range(cfg.layers))
 
   def logits_of(adapters):
-    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg)[0]
+    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg, **kw)[0]
   if remat:
     policy = jax.checkpoint_policies.save_only_these_names(LAYER_OUT)
     logits_of = jax.checkpoint(logits_of, policy=policy)
@@ -166,7 +167,11 @@ class Trainer:
   with the model's kernels setting (:class:`hxmlir.models.Decoder`'s ``kernels``).
   ``remat``: :func:`loss`'s; off by default: on SmolLM2 and Gemma 3 270M at 64 tokens it
   raised XLA's temporary memory (``benchmarks/finetune_cpu.py``), the activations being small
-  beside the weights."""
+  beside the weights.
+
+  On a mesh (a model made with ``mesh=``, its own weights: ``params`` ``None``) the step runs
+  tensor-parallel: each projection by :func:`hxmlir.models.llama_sharding.projection` (the
+  weights' shards on their devices), the adapters and the optimizer's state replicated."""
 
   def __init__(self, model, spec: LoraSpec, optimizer, *, seq_len: int, remat: bool = False,
                params=None):
@@ -178,19 +183,34 @@ class Trainer:
                                              for p in self.params["layers"]]}
     self.traces = 0
     cfg, scale = model.config, spec.scale
+    mesh = getattr(model, "mesh", None) if params is None else None
+    proj, placed, self._rep = None, {}, None
+    if mesh is not None:
+      from hxmlir.models import llama_sharding
+      proj = llama_sharding.projection(self.params, mesh)
+      rep = self._rep = llama_sharding.replicated(mesh)
+      placed = {"in_shardings": (rep, rep, llama_sharding.param_shardings(self.params, mesh),
+                                 rep, rep), "out_shardings": rep}
 
     def step(adapters, opt_state, params, ids, mask):
       self.traces += 1
       val, grads = jax.value_and_grad(loss)(adapters, params, ids, mask, cfg=cfg, scale=scale,
-                                            remat=remat)
+                                            remat=remat, proj=proj)
       updates, opt_state = optimizer.update(grads, opt_state, adapters)
       return jax.tree.map(jnp.add, adapters, updates), opt_state, val
-    self._jitted = hx_jit(step, donate_argnums=(0, 1))
+    # a mesh: jax.jit (the weights' shardings come with them; hx.jit is for one device)
+    self._jitted = (jax.jit if mesh is not None else hx_jit)(step, donate_argnums=(0, 1),
+                                                             **placed)
     self._step = _installed_for(model.kernels, self._jitted, model.activations)
 
   def init(self, adapters):
     """The optimizer's state for ``adapters``."""
-    return self.optimizer.init(adapters)
+    return self._placed(self.optimizer.init(adapters))
+
+  def _placed(self, tree):
+    """``tree`` replicated on the mesh (every step's inputs placed alike: one trace), or
+    itself on one device."""
+    return tree if self._rep is None else jax.device_put(tree, self._rep)
 
   def _args(self, ids, mask):
     ids = np.asarray(ids, np.int32)
@@ -202,11 +222,13 @@ class Trainer:
 
   def step(self, adapters, opt_state, ids, mask=None):
     """One update (class docstring); ``mask`` defaults to all ones."""
-    return self._step(adapters, opt_state, self.params, *self._args(ids, mask))
+    return self._step(self._placed(adapters), self._placed(opt_state), self.params,
+                      *self._args(ids, mask))
 
   def lower(self, adapters, opt_state, ids, mask=None):
     """The step's ``jax.stages.Lowered`` (for ``.compile().memory_analysis()``)."""
-    return self._step.lower(adapters, opt_state, self.params, *self._args(ids, mask))
+    return self._step.lower(self._placed(adapters), self._placed(opt_state), self.params,
+                            *self._args(ids, mask))
 
 
 # --- the adapter file ---------------------------------------------------------------------

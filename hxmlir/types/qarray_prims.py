@@ -203,8 +203,32 @@ class MatmulQ(HxPrimitive):
     """The transpose of ``x -> dot_general(x, dequantize(qw))`` at ``g``, placed and varying
     like ``x`` (rules are traced code: primitives, not attributes)."""
     x_aval = self.in_avals[0]
-    gx = _dot_transpose(g, _dequantize(qw), self.dims, x_aval, False)
+    gx = self._x_cotangent_quantized(g, qw)
+    if gx is None:
+      gx = _dot_transpose(g, _dequantize(qw), self.dims, x_aval, False)
     return shd.match_vma(gx.astype(x_aval.dtype), x_aval)  # a bf16 x: a bf16 cotangent
+
+  def _x_cotangent_quantized(self, g, qw):
+    """The transpose in ``x`` as ``matmul_q(g, qw)`` with the transposed dims (the weight
+    stays quantized: for the checkpoint layout ``"...k,nk->...n"`` it is
+    ``"...n,nk->...k"``, which the CPU lowering gives a native kernel), or ``None`` where
+    the types do not allow it: shardings in the types (explicit mode, where the result
+    must be placed like ``x``), or dims whose transpose ``matmul_q``'s typing rule refuses.
+    """
+    x_aval, q_aval = self.in_avals
+    g = g if jax.typeof(g).dtype == F32 else g.astype(F32)
+    g_aval = jax.typeof(g)
+    if any(any(p is not None for p in shd.partitions(a.sharding, a.ndim))
+           for a in (x_aval, q_aval, g_aval)):
+      return None
+    dims2, order = dotdims.transpose_lhs(self.dims, x_aval.ndim, q_aval.ndim, False)
+    try:
+      prim = MatmulQ(g_aval, q_aval, dims2)
+    except TypeError:
+      return None
+    t = prim(g, qw)
+    perm = tuple(sorted(range(len(order)), key=order.__getitem__))
+    return t if perm == tuple(range(len(perm))) else jnp.transpose(t, perm)
 
   def transpose(self, ct, x, qw):
     # the jvp rule applies matmul_q to tangents of x only (a q8's tangent is dense)

@@ -32,6 +32,11 @@ thread pool:
   ui16[n, k / B, words]``, ``s`` (``d``) and for the formats with one ``o`` (``dmin``)
   ``f16[n, k / B]``, the attributes of ``_v3`` with ``dtype`` the format's name
   (:func:`matmul_q_native_v4`; ``docs/kernels.md``).
+- ``hx_matmul_q_cpu_nkt_v1`` (:data:`TARGET_NKT`): the transposed product of the checkpoint
+  layout, ``x @ W`` for ``W[n, k]`` quantized along ``k`` (``hx.einsum("...n,nk->...k")``:
+  the backward of ``hx.einsum("...k,nk->...n", x, W)`` in ``x``), ``x: f32[*b, n]`` and
+  ``W``'s components and attributes as ``_v3`` (a value format) or ``_v4`` (a block format)
+  take them -> ``f32[*b, k]`` (:func:`matmul_q_native_nkt`; ``csrc/matmul_q_nkt.h``).
 
 At import this module picks the kernel's ISA (the best of ``avx512``, ``avx2``
 this CPU runs; ``$HXMLIR_CPU_ISA`` forces one, ``generic`` included) and
@@ -80,12 +85,15 @@ TARGET_V3 = f"{KERNEL_NAME}_v3"
 TARGET_V4 = f"{KERNEL_NAME}_v4"
 """The FFI custom-call target of GGUF's block formats (``Format.block``) in the ``[out, in]``
 layout (``csrc/matmul_q_nk.h``, ``BlockProblem``)."""
+TARGET_NKT = f"{KERNEL_NAME}_nkt_v1"
+"""The FFI custom-call target of the transposed product of the ``[out, in]`` layout, every
+format that layout takes (``csrc/matmul_q_nkt.h``): ``x @ W`` for ``W[n, k]``."""
 TARGET_I8X = f"{KERNEL_NAME}_i8x_v1"
 """The FFI custom-call target of the ``[out, in]`` layout with integer activations (opt-in:
 ``hx.install(activations="int8")``; ``csrc/matmul_q_i8x.h``)."""
-TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_V4, TARGET_I8X)
-"""Every version of the kernel this hxmlir has, oldest first (the integer-activation
-variant last)."""
+TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_V4, TARGET_I8X, TARGET_NKT)
+"""Every version of the kernel this hxmlir has, oldest first (then the integer-activation
+variant and the transposed product of the ``[out, in]`` layout)."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
 """A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
 flags (``jax._src.config.bool_env``): :data:`TRUE_VALUES` / :data:`FALSE_VALUES`, any
@@ -116,8 +124,10 @@ CPU_KERNEL_V3 = targets.register_kernel(TARGET_V3, KERNEL_NAME, 3, ("cpu",), own
 CPU_KERNEL_V4 = targets.register_kernel(TARGET_V4, KERNEL_NAME, 4, ("cpu",), owner="hxmlir")
 CPU_KERNEL_I8X = targets.register_kernel(TARGET_I8X, f"{KERNEL_NAME}_i8x", 1, ("cpu",),
                                          owner="hxmlir")
+CPU_KERNEL_NKT = targets.register_kernel(TARGET_NKT, f"{KERNEL_NAME}_nkt", 1, ("cpu",),
+                                         owner="hxmlir")
 assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name, CPU_KERNEL_V4.ir_name,
-        CPU_KERNEL_I8X.ir_name) == TARGETS
+        CPU_KERNEL_I8X.ir_name, CPU_KERNEL_NKT.ir_name) == TARGETS
 
 
 @dataclass(frozen=True)
@@ -222,6 +232,7 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET_V3, ext.handler_v3(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_V4, ext.handler_v4(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_I8X, ext.handler_i8x_v1(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_NKT, ext.handler_nkt_v1(), platform="cpu", api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
 
@@ -245,7 +256,8 @@ def _linger_us(warn) -> int:
 
 
 EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
-                 "handler_v4", "handler_i8x_v1", "i8x_isa", "max_threads", "set_linger_us", "linger_us")
+                 "handler_v4", "handler_i8x_v1", "handler_nkt_v1", "i8x_isa", "max_threads",
+                 "set_linger_us", "linger_us")
 """What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
 sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
 an import error."""
@@ -401,6 +413,40 @@ def matmul_q_native_v4(x, q, s, o=None):
       scale_dtype="f16", offset=bool(fmt.offset))
 
 
+def matmul_q_native_nkt(x, q, s, o=None):
+  """``x @ dequantize(q, s, o)`` through the custom call ``hx_matmul_q_cpu_nkt_v1``: the
+  transposed product of the checkpoint layout ``[out, in]`` (the backward in ``x`` of
+  :func:`matmul_q_native_v3` and :func:`matmul_q_native_v4`), any format they take.
+
+  ``x: f32[*b, n]``; ``q``, ``s``, ``o``: a weight ``W[n, k]`` quantized along ``k``, as
+  :func:`matmul_q_native_v3` (a value format) or :func:`matmul_q_native_v4` (a GGUF block
+  format) take it -> ``f32[*b, k]``, ``y[..., i] = sum_j x[..., j] * w[j, i]`` with ``w`` the
+  weight decoded as ``hx.dequantize`` decodes it. Raises ``TypeError`` naming the operand
+  types when no format has these components; runs only where the target is registered
+  (:func:`cpu_kernel_info`).
+  """
+  fmt = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
+  if fmt is not None and fmt.block and q.ndim == 3 and s.shape == q.shape[:2]:
+    attrs = dict(dtype=fmt.name, group_size=np.int64(fmt.block))
+  else:
+    dense = None if fmt is None or fmt.block or q.ndim != 2 else fmt.dense_shape(q.shape)
+    group = None if dense is None else formats.group_of(dense, s.shape)
+    if dense is None or isinstance(group, str):
+      offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
+      raise TypeError(f"{TARGET_NKT}: no quantization format of a weight [n, k] for values "
+                      f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
+                      + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
+                      + formats.components_text("n", where=lambda f: "nk" in f.native_cpu,
+                                                axis="k"))
+    attrs = dict(dtype=fmt.value_dtype.name, group_size=np.int64(formats.group_attribute(group)))
+  n, k = fmt.dense_shape(q.shape)
+  out = jax.ShapeDtypeStruct((*x.shape[:-1], k), jnp.float32)
+  operands = (x, q, s) if o is None else (x, q, s, o)
+  return jax.ffi.ffi_call(TARGET_NKT, out)(*operands, layout=fmt.layout,
+                                           scale_dtype=fmt.scale_mlir, offset=bool(fmt.offset),
+                                           **attrs)
+
+
 I8X_DTYPES = ("int8", "int4", "uint4")
 """The weights' value dtypes :data:`TARGET_I8X` takes."""
 I8X_MAX_BLOCK = 65536
@@ -447,7 +493,8 @@ def native_call_problem(call_targets: Iterable[str]) -> str | None:
   ``hxmlir.export.deserialize``.
   """
   needed = sorted({t for t in call_targets
-                   if t.startswith((f"{KERNEL_NAME}_v", f"{KERNEL_NAME}_i8x_v"))})
+                   if t.startswith((f"{KERNEL_NAME}_v", f"{KERNEL_NAME}_i8x_v",
+                                      f"{KERNEL_NAME}_nkt_v"))})
   if not needed:
     return None
   other = [t for t in needed if t not in TARGETS]
@@ -491,6 +538,12 @@ def _kernel_layout(x_aval, q_aval, dims, dense_ndim: int | None = None) -> str |
   if q_aval.ndim == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (1,)), ((), ())):
     return "nk"
   return None
+
+
+def _transposed_nk(x_aval, dense: tuple[int, ...], dims) -> bool:
+  """Whether ``dims`` contract ``x``'s last axis with the first of a dense weight ``[n, k]``
+  (``"...n,nk->...k"``: the transpose of the checkpoint layout, ``hx_matmul_q_cpu_nkt_v1``)."""
+  return len(dense) == 2 and x_aval.ndim >= 1 and dims == (((x_aval.ndim - 1,), (0,)), ((), ()))
 
 
 def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval, rows: int):
@@ -537,7 +590,13 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
     for int8/int4/uint4 values and ``x``'s block of 32 (any number of rows: decode and
     prefill) or ``x`` of at least ``I8X_MIN_ROWS`` rows where
-    ``hx.install(activations="int8")`` opted in), else the blocked path.
+    ``hx.install(activations="int8")`` opted in), else the blocked path;
+  - its transpose ``f32[..., n] x W[n, k]`` (``"...n,nk->...k"``: the backward of the
+    checkpoint layout in ``x``, :meth:`hxmlir.types.qarray_prims.MatmulQ.transpose`) for the
+    formats with ``"nk"`` but not ``"kn"`` in ``Format.native_cpu`` (f16 scales, offsets,
+    uint4, GGUF's block formats): a call of ``hx_matmul_q_cpu_nkt_v1`` under the same policy
+    and size bound (the other formats' take ``hx_matmul_q_cpu_v1`` / ``_v2`` there, as for
+    any ``f32[..., k] x Q[k, n]``), else the blocked path.
   """
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   fmt = default.weight_format(ctx)
@@ -550,6 +609,11 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,
                              attributes=default.matmul_q_attributes(ctx, dims))
     return _lower_blocked(ctx, (x, q, s, *o), dims)
+  if _transposed_nk(x_aval, fmt.dense_shape(q_aval.shape), dims) and "kn" not in fmt.native_cpu:
+    n, k = fmt.dense_shape(q_aval.shape)
+    if "nk" in fmt.native_cpu and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
+      return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=matmul_q_native_nkt,
+                             attributes=default.matmul_q_attributes(ctx, dims))
   if "kn" not in fmt.native_cpu:
     return _lower_blocked(ctx, (x, q, s, *o), dims)
   attrs = default.matmul_q_attributes(ctx, dims)

@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 from families_reference import logits as reference_logits  # noqa: E402
 from gguf_families import spec as family_spec  # noqa: E402
 from gguf_families import write  # noqa: E402
-from numerics import gamma  # noqa: E402
+from numerics import EPS, assert_within, gamma  # noqa: E402
 
 import hxmlir  # noqa: E402
 from hxmlir.models import from_gguf, lora  # noqa: E402
@@ -151,6 +151,48 @@ def test_training_curve_matches_the_f32_dequantized_model(files):
   n = _path_length(m.config, T)
   np.testing.assert_allclose(quant, dense, rtol=steps * gamma(n), atol=0)
   assert quant[-1] < quant[0] - 0.5 and dense[-1] < dense[0] - 0.5, (quant, dense)
+
+
+def test_mesh_training_gives_the_one_device_adapters(files):
+  # tensor-parallel on a 2-device host mesh (conftest's forced host devices): each projection
+  # on its weight's shards (llama_sharding.projection), the adapters replicated
+  if jax.device_count() < 2:
+    pytest.skip("needs 2 devices (XLA_FLAGS=--xla_force_host_platform_device_count=2)")
+  path, _ = files["llama"]
+  mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+  one, two = from_gguf(path, max_context=T), from_gguf(path, max_context=T, mesh=mesh)
+  values = hxmlir.qarray_parts(two.params["layers"][0]["down"])[0]
+  assert len(values.sharding.device_set) == 2 and not values.sharding.is_fully_replicated
+  spec = lora.default_spec(one.config, rank=4)
+  steps, lr = 3, 0.05
+  data = [lora.pad(_ids(s, T - 2 * s), T) for s in range(steps)]
+
+  def run(m):
+    tr = lora.Trainer(m, spec, optax.sgd(lr), seq_len=T)
+    ad = _random_adapters(m.config, spec, 3)
+    leaves = lambda ad: [np.asarray(x, np.float64) for x in jax.tree.leaves(ad)]
+    st, path, losses = tr.init(ad), [leaves(ad)], []  # (a step donates its adapters)
+    for i in range(steps):
+      ad, st, loss = tr.step(ad, st, *data[i])
+      path.append(leaves(ad))
+      losses.append(float(loss))
+    assert tr.traces == 1
+    return path, losses
+  (p1, l1), (p2, l2) = run(one), run(two)
+  # the same sums in other orders (shards, partial sums all-reduced): each step's gradient
+  # component within gamma_n of its magnitude in either run (n the longest chain of
+  # roundings, _path_length), i.e. within gamma_n * |a_t - a_{t-1}| after SGD's step of lr;
+  # earlier differences carried through steps whose map is smooth (a factor of steps), and
+  # one rounding of a per update
+  n = _path_length(one.config, T)
+  np.testing.assert_allclose(l2, l1, rtol=steps * gamma(n), atol=0)
+  for leaf in range(len(p1[0])):
+    motion = sum(np.abs(p1[t + 1][leaf] - p1[t][leaf]) for t in range(steps))
+    size = np.max([np.abs(p1[t][leaf]) for t in range(steps + 1)], axis=0)
+    bound = 2 * steps * (gamma(n) * motion + EPS * size)
+    assert_within(p2[-1][leaf], p1[-1][leaf], bound, f"leaf {leaf}: ")
+    # the adapters moved, and a 1% error in the steps would show
+    assert np.max(motion) > 0 and np.max(bound) < 0.01 * np.max(motion), leaf
 
 
 def test_zero_b_generates_the_base_tokens_and_adapters_round_trip(files, tmp_path):

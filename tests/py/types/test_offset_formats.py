@@ -320,12 +320,14 @@ def test_shard_map_takes_the_offset_component(mesh):
 
 # --- lowering, hx-verify, hx-decompose ---------------------------------------------
 
-def test_cpu_rule_calls_the_native_kernel_for_offset_formats_in_the_out_in_layout_only():
+def test_cpu_rule_calls_the_native_kernels_for_offset_formats_in_both_layouts():
   # [out, in] (quantized along the contraction): hx_matmul_q_cpu_v3 ("nk" in native_cpu); the
-  # Q[k, n] layout has no native kernel for offset formats (native_cpu): blocked StableHLO
+  # Q[k, n] layout (2-D: the transposed product of [out, in], the backward in x):
+  # hx_matmul_q_cpu_nkt_v1
   _, q = _u4o((512, 512), 32)  # big enough for the native kernel
   x = np.ones((2, 512), np.float32)
-  for spec, target in (("...k,nk->...n", "hx_matmul_q_cpu_v3"), ("...k,kn->...n", None)):
+  for spec, target in (("...k,nk->...n", "hx_matmul_q_cpu_v3"),
+                       ("...k,kn->...n", "hx_matmul_q_cpu_nkt_v1")):
     with hx.installed():
       text = jax.jit(lambda x, q, spec=spec: hx.einsum(spec, x, q)).lower(x, q).as_text()
     calls = re.findall(r"custom_call @(hx_matmul_q_cpu\w*)", text)

@@ -277,6 +277,20 @@ CASES: dict[str, Case] = {
                  _gguf_blocks("Q6_K", 260, 2, 85)),
         (("hx.matmul_q", 5),), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
+    # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
+    # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
+    # gradient in x of a Q8_0-like q8 f16 product at m = 20 (k = 320: a panel and a part)
+    "hx_matmul_q_cpu_nkt_v1_cpu": Case(
+        lambda g3, g1, x, a, b, c: (
+            hx.einsum("mn,nk->mk", g3, a), hx.einsum("mn,nk->mk", g1, b),
+            jax.grad(lambda x: jnp.sum(jnp.sin(hx.einsum("mk,nk->mn", x, c))))(x)),
+        lambda: (_x((3, 230), 110), _x((1, 260), 111), _x((20, 320), 112),
+                 _f16_scales(hx.quantize(_x((230, 320), 113), jnp.uint4, group_size=32,
+                                         method="minmax")),
+                 _gguf_blocks("Q4_K", 260, 2, 114),
+                 _f16_scales(hx.quantize(_x((230, 320), 115), jnp.int8, group_size=32))),
+        (("hx.matmul_q", 4), ("hx.matmul_q", 5)), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_nkt_v1", "hx_matmul_q_cpu_nkt_v1"),)),
     # hx.attention's native CPU kernel (lowering/attention/cpu.py): prefill (T = 5 from
     # position 0) and a decode step (T = 1 at position 40, head_dim 24: a vector and a tail)
     # over a cache of 48 positions
