@@ -149,8 +149,10 @@ def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool 
   if remat:
     policy = jax.checkpoint_policies.save_only_these_names(LAYER_OUT)
     logits_of = jax.checkpoint(logits_of, policy=policy)
-  logp = jax.nn.log_softmax(logits_of(adapters)[:-1], axis=-1)
-  nll = -jnp.take_along_axis(logp, ids[1:, None], axis=-1)[:, 0]
+  # logsumexp(z) - z[target]: no log-probabilities over the vocabulary beside the logits
+  # (the backward keeps the logits alone)
+  z = logits_of(adapters)[:-1]
+  nll = (jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, ids[1:, None], axis=-1)[:, 0])
   w = mask[1:]
   return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
 
