@@ -209,9 +209,10 @@ ffi::Error MatmulQNktV1(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyB
   job->kern = kern == nullptr ? NktKernelsGeneric() : kern;
   const int64_t threads = ThreadsFor(pool, p.m * p.n * p.k);
   const int64_t panels = CeilDiv(p.k, kNktPanel);
-  // rows of x per task: at most kNktRowBlock; fewer (whole tiles of 8) when the panels
-  // alone give the threads fewer than kBlocksPerThread tasks each
-  const int64_t want_blocks = CeilDiv(kBlocksPerThread * threads, panels);
+  // rows of x per task: at most kNktRowBlock; fewer (whole tiles of 8) only when there are
+  // fewer panels than threads (each block of rows decodes the weight once more: at m = 64,
+  // W[1536, 576], 2 threads, four blocks of 16 rows made Q3_K's product 8x XLA's f32 dot)
+  const int64_t want_blocks = panels >= threads ? 1 : CeilDiv(threads, panels);
   int64_t blocks = std::max(CeilDiv(p.m, kNktRowBlock), std::min(want_blocks, CeilDiv(p.m, 8)));
   job->rows = std::min(kNktRowBlock, CeilDiv(CeilDiv(p.m, blocks), 8) * 8);
   blocks = CeilDiv(p.m, job->rows);
