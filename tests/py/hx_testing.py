@@ -83,6 +83,12 @@ def nibbles(p: np.ndarray, signed: bool) -> np.ndarray:
   return np.stack([lo, hi], -1).reshape(*p.shape[:-1], 2 * p.shape[-1])
 
 
+def block_of(prefix: str) -> int:
+  """The block (elements per block) of the hi type printed ``prefix`` if it is a block
+  format (``q4_k``: 256), else 0: a last dimension its type text takes."""
+  return max((f.block for f in formats.FORMATS.values() if f.prefix == prefix), default=0)
+
+
 def any_format(rng, shape, name, group):
   """A QArray of format ``name`` from normal data (f16 formats: the f32 format's
   components with f16 scales and offsets), its components, its dense value

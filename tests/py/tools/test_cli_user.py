@@ -11,13 +11,13 @@ import subprocess
 import sys
 import textwrap
 
+import hx_testing
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import hxmlir as hx
-from hxmlir import formats
 from hxmlir.lowering import schema
 from hxmlir.tools import cli, npzio
 from hxmlir.types import typestr
@@ -147,7 +147,7 @@ def test_lower_every_hi_type(user, capsys, fn, args, want):
 def test_lower_every_format(user, capsys, tmp_path, fmt):
   """Each hi array type of the TYPE table (each quantized format) lowers as an argument."""
   (tmp_path / "ident.py").write_text("def ident(w):\n  return w\n")
-  n = max((f.block for f in formats.FORMATS.values() if f.prefix == fmt), default=0) or 6
+  n = hx_testing.block_of(fmt) or 6
   rc, out, err = _run(capsys, "lower", f"{tmp_path}/ident.py:ident", "--arg", f"{fmt}[4,{n}]",
                       "--no-passes")
   assert rc == 0, err

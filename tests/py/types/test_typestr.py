@@ -4,6 +4,7 @@ bad text is one error naming the column and what was expected there."""
 
 from __future__ import annotations
 
+import hx_testing
 import jax
 import jax.numpy as jnp
 import pytest
@@ -11,7 +12,6 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import hxmlir as hx
-from hxmlir import formats
 from hxmlir.types import typedesc, typestr
 from hxmlir.types.typestr import TypeStrError, parse_arg, parse_mesh, parse_type
 
@@ -33,7 +33,7 @@ def test_every_hi_array_type_of_the_table_parses_to_its_descriptor(name):
   """Each entry (each quantized format) builds the type typedesc builds; a block format's
   group and f16 scales are implied by its name, and printed."""
   entry = typestr.HI_TYPES[name]
-  block = max((f.block for f in formats.FORMATS.values() if f.prefix == name), default=0)
+  block = hx_testing.block_of(name)
   n = block or 6
   ty = parse_type(f"{name}[4,{n}]")
   assert typedesc.to_json(ty)["type"] == entry.descriptor
