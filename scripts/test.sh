@@ -16,7 +16,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
 fi
 source scripts/venv.sh "test,minilm,llama,flax,train,docs"
-export PATH="$PWD/$VENV/bin:$PATH"
+export PATH="$VENV/bin:$PATH"
 echo "== ruff"
 ruff check .
 echo "== mypy"

@@ -79,7 +79,8 @@ def pytest_runtest_makereport(item, call):
 # Marked here, in one place, rather than in each module (pyproject.toml registers the
 # marker). Slow: what compiles a real model (SmolLM2's 30 layers, all-MiniLM-L6-v2) or runs
 # the whole demo, and the test functions of tests/py/slow_tests.txt (a case measured >= 0.5 s).
-SLOW_MODULES = {"test_llama.py", "test_llama_sharding.py", "test_minilm.py"}
+SLOW_MODULES = {"test_llama.py", "test_llama_cache_export.py", "test_llama_sharding.py",
+                "test_minilm.py"}
 SLOW_FIXTURES = {"test_demo.py": {"run", "format_run"}}
 SLOW_WORDS = ("smollm2", "minilm")  # in a test's name or parameters: it loads the real model
 # and the functions measured slow in a full run (scripts/slow_tests.py writes the list)
