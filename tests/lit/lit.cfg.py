@@ -20,3 +20,7 @@ for var in ("HOME", "TMPDIR", "XLA_FLAGS"):
   if var in os.environ:
     config.environment[var] = os.environ[var]
 config.substitutions.append(("%python", sys.executable))
+# `lit --param fast=1` (scripts/test.sh --fast): the feature "fast" is on, and the files that
+# say `UNSUPPORTED: fast` (dozens of tool runs, each a fresh interpreter) are left to the full run
+if lit_config.params.get("fast", "0") not in ("", "0"):
+  config.available_features.add("fast")

@@ -3,6 +3,8 @@ and the fixtures the test modules share (meshes, example operands, a clean insta
 state). Shared helper functions live in ``hx_testing.py``."""
 
 import os
+import pathlib
+import re
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -76,20 +78,20 @@ def pytest_runtest_makereport(item, call):
 # --- the fast tier: `scripts/test.sh --fast` runs `pytest -m "not slow"` ------------------
 # Marked here, in one place, rather than in each module (pyproject.toml registers the
 # marker). Slow: what compiles a real model (SmolLM2's 30 layers, all-MiniLM-L6-v2) or runs
-# the whole demo, and single tests measured above ~5 s on 2 cores.
-SLOW_MODULES = {"test_llama.py", "test_llama_sharding.py", "test_minilm.py"}
+# the whole demo, and the test functions of tests/py/slow_tests.txt (a case measured >= 0.5 s).
+SLOW_MODULES = {"test_llama.py", "test_llama_cache_export.py", "test_llama_sharding.py",
+                "test_minilm.py"}
 SLOW_FIXTURES = {"test_demo.py": {"run", "format_run"}}
 SLOW_WORDS = ("smollm2", "minilm")  # in a test's name or parameters: it loads the real model
-SLOW_TESTS = {  # "module.py::test_name" (any parameters): measured above ~10 s
-    "test_opt.py::test_corrupted_bytecode_corpus_never_kills_the_process",
-    "test_cli_user.py::test_the_three_commands_as_subprocesses",
-    "test_cli_devices.py::test_one_device_process_needs_host_devices",
-}
+# and the functions measured slow in a full run (scripts/slow_tests.py writes the list)
+SLOW_TESTS = frozenset(
+    line.split("#")[0].strip() for line in
+    (pathlib.Path(__file__).parent / "slow_tests.txt").read_text().splitlines()) - {""}
 
 
 def _is_slow(item) -> bool:
   name = item.path.name
-  if name in SLOW_MODULES or f"{name}::{item.originalname}" in SLOW_TESTS:
+  if name in SLOW_MODULES or re.sub(r"\[.*", "", item.nodeid, flags=re.S) in SLOW_TESTS:
     return True
   if SLOW_FIXTURES.get(name, set()) & set(getattr(item, "fixturenames", ())):
     return True

@@ -1,5 +1,6 @@
 // hxmlir-opt, the driver: input and output forms, flags, and every kind of bad
 // command line. Errors are `file:line:col: error: ...` on stderr with status 1.
+// UNSUPPORTED: fast
 
 // Round trip: the output parses again and prints the same.
 // RUN: hxmlir-opt %s > %t.1.mlir
