@@ -65,12 +65,11 @@ struct NkProblem {
 //   y[i, j] = sum_kk x[i, kk] * w[j, kk], w the block's decode (formats/gguf_blocks.inc),
 // the f32 operations of llama.cpp's dequantize_row_*, so w is hx.dequantize's value
 // bit for bit. "dot" (m <= dot_max_m): each block's integers q decoded once to int8 (in
-// L1) with vector shifts, masks and shuffles, then per sub-block and row of x the f32 sum
-// of x q in W lanes times the sub-block's scale sc (fused multiply-adds into a few vector
-// accumulators), and the offsets' term sum mn X (X: sums of x per sub-block, once per
-// call) subtracted once per output; "blocks": rows of W decoded whole (w), then NkTile (as
-// v3's "blocks"). Both within gamma_{k + 5} * |x| (|sc q| + |mn|) of the exact dot of x
-// with w (|w| where there is no offset; Higham, section 3.1).
+// L1) with vector shifts, masks and shuffles (formats/gguf_blocks.inc), then W weights at a
+// time widened to f32 in registers and scaled, w = fl(fl(sc q) - mn), and x w added into
+// one vector accumulator per row of x over the whole row, its lanes summed at the end;
+// "blocks": rows of W decoded whole, then NkTile (as v3's "blocks"). Both within
+// gamma_{k/W + 5} * |x| |w| of the exact dot of x with w (Higham, section 3.1).
 struct BlockProblem {
   const float* x;
   const uint8_t* q;
