@@ -46,7 +46,9 @@ against f32's::
 
 ``--nk`` prints the checkpoint layout's table instead, after the machine's plain read
 bandwidth (a ``numpy`` sum over 512 MiB on one thread and on all), with each format's
-weight bytes per second (GB/s) at each ``m``; GGUF's block formats (Q4_K, Q6_K, Q5_0, ...;
+weight bytes per second (GB/s) at each ``m`` and that over the all-thread read bandwidth
+(``x bw``: the GEMV's goal at ``m = 1`` is >= 0.8 on a weight larger than the L3 cache,
+e.g. ``--nk-shapes 32768 16384``); GGUF's block formats (Q4_K, Q6_K, Q5_0, ...;
 ``hx_matmul_q_cpu_v4``) are random blocks at the file's bytes; ``--nk-formats`` and
 ``--nk-shapes`` pick some.
 The table (``W[out, in]`` quantized
@@ -382,10 +384,11 @@ def main_nk(args) -> None:
         f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
         f"hx.einsum('mk,nk->mn') installed, weight assembled inside jit; "
         + (f"native hx_matmul_q_cpu_v3/_v4 ({info.isa})" if info.active
-           else f"StableHLO lowering ({info.reason})") + "; GB/s: weight bytes per second")
+           else f"StableHLO lowering ({info.reason})") + "; GB/s: weight bytes per second; "
+        f"x bw: GB/s over the all-thread read bandwidth ({every:.1f} GB/s)")
   labels = [label for label, _ in chosen]
   head = (f"{'out':>6} {'in':>5} {'m':>4} | {'f32 ms':>8} | "
-          + " | ".join(f"{label:>16} ms {'x f32':>6} {'GB/s':>6}" for label in labels)
+          + " | ".join(f"{label:>16} ms {'x f32':>6} {'GB/s':>6} {'x bw':>5}" for label in labels)
           + " | weight MiB "
           + " ".join(f"{label.split()[0]:>5}" for label in ["f32 "] + labels) + " | targets")
   print(head)
@@ -397,10 +400,11 @@ def main_nk(args) -> None:
       cells, marks = [], []
       for label, dtype in chosen:
         if label not in r:
-          cells.append(f"{'-':>19} {'':>6} {'':>6}")
+          cells.append(f"{'-':>19} {'':>6} {'':>6} {'':>5}")
           continue
         t = r[label][0]
-        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {r[label][1] / t / 1e9:>6.2f}")
+        gbs = r[label][1] / t / 1e9
+        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {gbs:>6.2f} {gbs / every:>5.2f}")
         target = (0.5 if dtype == "int8" else 0.35) if m <= 4 else 1.0 if m >= 64 else None
         if target is not None:
           marks.append(f"{label.split()[0]}<={target:.2f}{'+' if t / tf <= target else '-'}")

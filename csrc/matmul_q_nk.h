@@ -64,11 +64,12 @@ struct NkProblem {
 //   x: f32[m, k]   q: the blocks' bytes [n, k / B, bytes]   d, dmin: f16[n, k / B]
 //   y[i, j] = sum_kk x[i, kk] * w[j, kk], w the block's decode (formats/gguf_blocks.inc),
 // the f32 operations of llama.cpp's dequantize_row_*, so w is hx.dequantize's value
-// bit for bit. "dot" (m <= dot_max_m): each row of W decoded a block at a time into
-// registers' reach (a B-float buffer), then f32 products in W lanes, per row of x one
-// vector accumulator over the whole row, its lanes summed at the end; "blocks": rows of W
-// decoded whole, then NkTile (as v3's "blocks"). Both within gamma_{k/W + 5} * |x| |w|
-// of the exact dot of x with w (Higham, section 3.1).
+// bit for bit. "dot" (m <= dot_max_m): each block's integers q decoded once to int8 (in
+// L1) with vector shifts, masks and shuffles (formats/gguf_blocks.inc), then W weights at a
+// time widened to f32 in registers and scaled, w = fl(fl(sc q) - mn), and x w added into
+// one vector accumulator per row of x over the whole row, its lanes summed at the end;
+// "blocks": rows of W decoded whole, then NkTile (as v3's "blocks"). Both within
+// gamma_{k/W + 5} * |x| |w| of the exact dot of x with w (Higham, section 3.1).
 struct BlockProblem {
   const float* x;
   const uint8_t* q;

@@ -63,9 +63,9 @@ def test_decode_is_gguf_bit_for_bit(isa, kind):
     np.testing.assert_array_equal(y1[0], w[:, i])
 
 
-# (leading dims of x, rows of W, blocks per row): m = 1 (the decode step's GEMV), 3, 8
-# (the "dot" regime, rows of x in fours and ones), 10 and 17 (tiles); odd n
-CASES = [((1,), 37, 3), ((3,), 37, 2), ((8,), 5, 3), ((2, 5), 37, 3), ((17,), 9, 2)]
+# (leading dims of x, rows of W, blocks per row): m = 1 (the decode step's GEMV), 3, 6, 8
+# (the "dot" regime, rows of x in tiles of up to 8 or 4 by ISA), 10 and 17 (tiles); odd n
+CASES = [((1,), 37, 3), ((3,), 37, 2), ((6,), 11, 2), ((8,), 5, 3), ((2, 5), 37, 3), ((17,), 9, 2)]
 
 
 @needs_native
