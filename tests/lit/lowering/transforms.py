@@ -14,16 +14,20 @@ def loss(x, w):
 
 
 print_ir("value_and_grad", jax.value_and_grad(loss, argnums=(0, 1)), x, w)
-# The forward pass keeps quantize and matmul_q; the backward pass dequantizes the weight
-# (MatmulQ's VJP: gx = g @ dequantize(qw)^T).
+# The forward pass keeps quantize and matmul_q; so does the backward pass in x (MatmulQ's
+# VJP: gx = g @ qw^T is matmul_q with the weight's other dimension contracted, the weight
+# never dequantized); the gradient in w is a plain dot_general.
 # CHECK-LABEL: TEST: value_and_grad f32[2,3] f32[3,4]
 # CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<2x3xf32>, %[[W:[a-z0-9]+]]: tensor<3x4xf32>)
 # CHECK: %[[Q:[0-9]+]]:2 = stablehlo.composite "hx.quantize" %[[W]] {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", method = "absmax", qmax = 127 : i64}, decomposition = @hx.quantize.impl, version = 2 : i32}
 # CHECK: stablehlo.composite "hx.matmul_q" %[[X]], %[[Q]]#0, %[[Q]]#1 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 0>}, decomposition = @hx.matmul_q.impl, version = 3 : i32} : (tensor<2x3xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x4xf32>
-# CHECK: stablehlo.composite "hx.dequantize" %[[Q]]#0, %[[Q]]#1 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain"}, decomposition = @hx.dequantize.impl, version = 2 : i32} : (tensor<3x4xi8>, tensor<3xf32>) -> tensor<3x4xf32>
+# CHECK: stablehlo.dot_general %[[G:[0-9]+]], %[[X]], contracting_dims = [0] x [0]
+# CHECK: %[[GX:[0-9]+]] = stablehlo.composite "hx.matmul_q" %[[G]], %[[Q]]#0, %[[Q]]#1 {composite_attributes = {dtype = "int8", group_size = 0 : i64, layout = "plain", lhs_batching_dimensions = array<i64>, lhs_contracting_dimensions = array<i64: 1>, rhs_batching_dimensions = array<i64>, rhs_contracting_dimensions = array<i64: 1>}, decomposition = @hx.matmul_q.impl_0, version = 3 : i32} : (tensor<2x4xf32>, tensor<3x4xi8>, tensor<3xf32>) -> tensor<2x3xf32>
+# CHECK: return %{{[0-9]+}}, %[[GX]], %{{[0-9]+}}
+# CHECK-NOT: hx.dequantize
 # CHECK: func.func private @hx.quantize.impl(
 # CHECK: func.func private @hx.matmul_q.impl(
-# CHECK: func.func private @hx.dequantize.impl(
+# CHECK: func.func private @hx.matmul_q.impl_0(
 
 print_ir("vmap", jax.vmap(lambda x, w: hx.matmul_q(x, hx.quantize(w))),
          jnp.ones((5, 2, 3), "float32"), jnp.ones((5, 3, 4), "float32"))
