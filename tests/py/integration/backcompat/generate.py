@@ -344,7 +344,17 @@ def write(name: str) -> dict:
           "signature": exp.signature(), "platforms": list(exp.platforms),
           "hxmlir": hx.__version__, "jax": jax.__version__,
           "date": datetime.date.today().isoformat(),
-          "sha256": hashlib.sha256(blob).hexdigest()}
+          "sha256": hashlib.sha256(blob).hexdigest()} | _isas(case)
+
+
+def _isas(case: Case) -> dict:
+  """The CPU kernels' ISA (and the integer-activation kernels') the outputs were computed
+  with, for a case holding CPU kernels: their summation order is the ISA's, so the outputs
+  reproduce bit for bit under the same ISA only."""
+  if not case.kernels or "cpu" not in case.platforms:
+    return {}
+  from hxmlir import _matmul_q_cpu as ext
+  return {"cpu_isa": ext.selected_isa(), "i8x_isa": ext.i8x_isa()}
 
 
 def main(argv: list[str]) -> int:
