@@ -228,14 +228,14 @@ def moe(h, p: dict[str, Any], cfg: Config):
   return jnp.einsum("ted,te->td", _ein("tef,edf->ted", a, p["down_exps"]), dense_w)
 
 
-def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
-  """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
-  cache and to each other causally (the module docstring's block) -> ``(f32[T, vocab],
-  k_cache, v_cache)``, the caches returned with positions ``start + [0, T)`` written.
-  ``params``: :func:`hxmlir.models.params.params_of`'s tree (or its
-  :func:`~hxmlir.models.params.dequantized` copy). ``start`` is an i32 scalar (traced: one
-  compilation per ``T`` and ``C``); the caller keeps ``start + T <= C``. ``proj(x, w,
-  name)``: ``x @ w.T`` for the weight of key ``name``; on a mesh,
+def hidden(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
+  """The final hidden states of tokens ``ids: i32[T]`` at positions ``start + [0, T)``
+  attending to the cache and to each other causally (the module docstring's block, up to
+  the output norm) -> ``(f32[T, d], k_cache, v_cache)``, the caches returned with
+  positions ``start + [0, T)`` written. ``params``: :func:`hxmlir.models.params.params_of`'s
+  tree (or its :func:`~hxmlir.models.params.dequantized` copy). ``start`` is an i32 scalar
+  (traced: one compilation per ``T`` and ``C``); the caller keeps ``start + T <= C``.
+  ``proj(x, w, name)``: ``x @ w.T`` for the weight of key ``name``; on a mesh,
   :func:`hxmlir.models.llama_sharding.projection`."""
   t = ids.shape[0]
   hd, g = cfg.head_dim, cfg.heads // cfg.kv_heads
@@ -275,9 +275,23 @@ def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
       f = adapted(f, proj(f, p["down"], "down"), p, "down")
     x = x + (rms_norm(f, p["ffn_post_norm"], eps) if "ffn_post_norm" in p else f)
     x = checkpoint_name(x, LAYER_OUT)
-  x = rms_norm(x, params["norm"], eps)
+  return rms_norm(x, params["norm"], eps), tuple(k_out), tuple(v_out)
+
+
+def head(params, x, *, cfg: Config, proj=proj):
+  """The logits ``f32[T, vocab]`` of the final hidden states ``x: f32[T, d]``
+  (:func:`hidden`'s): the output projection (the embedding where the head is tied),
+  soft-capped to ``final_softcap * tanh(z / final_softcap)`` where the family has one."""
   logits = proj(x, params.get("output", params["embed"]), "output")
   if cfg.final_softcap:
     c = np.float32(cfg.final_softcap)
     logits = c * jnp.tanh(logits / c)
-  return logits, tuple(k_out), tuple(v_out)
+  return logits
+
+
+def forward(params, ids, start, k_cache, v_cache, *, cfg: Config, proj=proj):
+  """Logits of tokens ``ids: i32[T]`` at positions ``start + [0, T)`` attending to the
+  cache and to each other causally (the module docstring's block) -> ``(f32[T, vocab],
+  k_cache, v_cache)``: :func:`head` of :func:`hidden`."""
+  x, k_out, v_out = hidden(params, ids, start, k_cache, v_cache, cfg=cfg, proj=proj)
+  return head(params, x, cfg=cfg, proj=proj), k_out, v_out

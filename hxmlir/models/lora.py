@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hxmlir.models.arch import Config
-from hxmlir.models.forward import LAYER_OUT, forward
+from hxmlir.models.forward import LAYER_OUT, head, hidden
 from hxmlir.models.params import LAYER
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
@@ -131,6 +131,11 @@ def apply(model, adapters, spec: LoraSpec) -> None:
   model.params = attach(base, adapters, spec.scale)
 
 
+# Tokens per chunk of the loss's head (:func:`loss`): the logits of one chunk at a time,
+# f32[LOSS_CHUNK, vocab], are what the step keeps of the vocabulary.
+LOSS_CHUNK = 16
+
+
 def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool = False,
          proj=None):
   """Mean next-token cross-entropy of ``ids: i32[T]`` under the adapted model: position
@@ -138,23 +143,37 @@ def loss(adapters, params, ids, mask, *, cfg: Config, scale: float, remat: bool 
   divided by the weight's sum -> ``f32[]``. ``remat``: keep only each layer's output for
   the backward pass (``jax.checkpoint`` with :data:`LAYER_OUT` saved), recomputing the
   rest layer by layer. ``proj``: the decoder's projection (:func:`hxmlir.models.forward.forward`'s;
-  on a mesh :func:`hxmlir.models.llama_sharding.projection`), ``None`` for one device."""
+  on a mesh :func:`hxmlir.models.llama_sharding.projection`), ``None`` for one device.
+
+  Each position's loss is ``logsumexp(z) - z[target]`` of its logits ``z``, computed
+  :data:`LOSS_CHUNK` positions at a time (``lax.map``) with the head recomputed in the
+  backward pass (``jax.checkpoint``): the step holds one chunk's logits, never
+  ``f32[T, vocab]`` (for SmolLM2 at 64 tokens, 12 MiB of logits and as much of their
+  gradient), for one more head product per step."""
   t = ids.shape[0]
   kw = {} if proj is None else {"proj": proj}
   k = tuple(jnp.zeros((cfg.kv_heads, t, cfg.head_dim), jnp.float32) for _ in range(cfg.layers))
   v = tuple(jnp.zeros((cfg.kv_heads, cfg.head_dim, t), jnp.float32) for _ in range(cfg.layers))
 
-  def logits_of(adapters):
-    return forward(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg, **kw)[0]
+  def hidden_of(adapters):
+    return hidden(attach(params, adapters, scale), ids, jnp.int32(0), k, v, cfg=cfg, **kw)[0]
   if remat:
     policy = jax.checkpoint_policies.save_only_these_names(LAYER_OUT)
-    logits_of = jax.checkpoint(logits_of, policy=policy)
-  # logsumexp(z) - z[target]: no log-probabilities over the vocabulary beside the logits
-  # (the backward keeps the logits alone)
-  z = logits_of(adapters)[:-1]
-  nll = (jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, ids[1:, None], axis=-1)[:, 0])
+    hidden_of = jax.checkpoint(hidden_of, policy=policy)
+  x = hidden_of(adapters)[:-1]
+  n = -(-(t - 1) // LOSS_CHUNK)
+  pad = n * LOSS_CHUNK - (t - 1)
+  x = jnp.pad(x, ((0, pad), (0, 0))).reshape(n, LOSS_CHUNK, x.shape[-1])
+  targets = jnp.pad(ids[1:], (0, pad)).reshape(n, LOSS_CHUNK)
+
+  @jax.checkpoint
+  def nll(chunk):
+    xc, tc = chunk
+    z = head(params, xc, cfg=cfg, **kw)
+    return jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, tc[:, None], axis=-1)[:, 0]
+  per_position = jax.lax.map(nll, (x, targets)).reshape(-1)[:t - 1]
   w = mask[1:]
-  return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+  return jnp.sum(per_position * w) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 class Trainer:
