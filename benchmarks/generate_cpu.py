@@ -307,6 +307,32 @@ def bench(args) -> None:
           f"{np.mean(a.argmax(-1) == b.argmax(-1)):.3f}")
 
 
+def batched(args) -> None:
+  """Aggregate decode tok/s of :meth:`~hxmlir.models.llama.Llama.generate_batch` (hxmlir,
+  ``--activations``) at each of ``--batch-sizes``: ``B`` copies of the prompt, the time of
+  ``--decode-tokens`` greedy tokens less that of one (the prefills), median of
+  ``--rounds``; ``B * (decode_tokens - 1)`` tokens over it, and the ratio to ``B = 1``."""
+  m = llama.Llama.from_gguf(args.gguf, max_context=args.context,
+                            activations=args.activations)
+  ids = prompt_ids(m, args.prompt_tokens)
+  print(f"CPU: {cpu_model()}; jax {jax.__version__}; model {os.path.basename(args.gguf)}, "
+        f"activations {args.activations}, prompt {len(ids)} tokens, "
+        f"{args.decode_tokens} tokens each")
+  def seconds(b, n):
+    t = time.perf_counter()
+    m.generate_batch([ids] * b, n)
+    return time.perf_counter() - t
+  base = None
+  for b in args.batch_sizes:
+    seconds(b, 3)  # compile and warm up
+    rates = [b * (args.decode_tokens - 1)
+             / (seconds(b, args.decode_tokens) - seconds(b, 1)) for _ in range(args.rounds)]
+    rate = statistics.median(rates)
+    base = base or rate
+    print(f"  B = {b:3d}: {rate:8.1f} tok/s aggregate ({min(rates):.1f}-{max(rates):.1f}), "
+          f"{rate / base:5.2f}x B = {args.batch_sizes[0]}")
+
+
 # --- profile -----------------------------------------------------------------------
 
 _OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
@@ -446,6 +472,9 @@ def main(argv=None) -> None:
                   help="a site-packages directory holding llama_cpp (another venv's)")
   ap.add_argument("--profile", action="store_true",
                   help="print the profile of one hxmlir decode step instead")
+  ap.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
+                  help="print hxmlir's aggregate decode tok/s of Decoder.generate_batch at "
+                       "these batch sizes instead (see batched())")
   args = ap.parse_args(argv)
   if args.gguf is None:
     args.gguf = llama.smollm2_path()
@@ -454,6 +483,8 @@ def main(argv=None) -> None:
   if args.prompt_tokens + args.decode_tokens + 1 > args.context:
     ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
              f"{args.decode_tokens} tokens")
+  if args.batch_sizes:
+    return batched(args)
   if args.profile:
     return profile_step(llama.Llama.from_gguf(args.gguf, max_context=args.context,
                                               activations=args.activations))

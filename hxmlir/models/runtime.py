@@ -41,7 +41,8 @@ from hxmlir.models.forward import forward
 from hxmlir.models.forward import proj as _proj
 from hxmlir.models.params import params_of
 from hxmlir.models.sampling import check_sampling, sample
-from hxmlir.types.qarray import make_qarray
+from hxmlir.types.qarray import QArrayTy, make_qarray, qarray_parts
+from hxmlir.types.qarray_type import QArraySpec
 
 KV_CACHES = ("f32", "int8")
 """The KV cache formats :func:`from_gguf` takes: ``"f32"`` (4 bytes per element) or
@@ -119,7 +120,7 @@ class Decoder:
     self.mesh = mesh
     self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
     self.tokenizer = None
-    self.traces = {"logits": 0, "prefill": 0, "step": 0, "greedy_step": 0}
+    self.traces = {"logits": 0, "prefill": 0, "step": 0, "greedy_step": 0, "batch_step": 0}
     """How many times each jitted function has been traced (= compiled)."""
     proj = _proj if mesh is None else llama_sharding.projection(params, mesh)
     def counted(name, outs=slice(None)):
@@ -149,6 +150,13 @@ class Decoder:
         kernels, jit(counted("step"), donate_argnums=(3, 4), **step), activations)
     self._greedy_step = _installed_for(
         kernels, jit(greedy, donate_argnums=(3, 4), **step), activations)
+    def batch_greedy(*args):  # B sequences' decode steps: the weights shared (not mapped)
+      self.traces["batch_step"] += 1
+      cache = QArraySpec() if kv_cache == "int8" else 0  # (a q8 cache maps by its own spec)
+      axes = (None, 0, 0, (cache,) * config.layers, (cache,) * config.layers)
+      return jax.vmap(greedy, in_axes=axes, out_axes=(0, axes[3], axes[4]))(*args)
+    self._batch_greedy_step = None if mesh is not None else _installed_for(
+        kernels, jit(batch_greedy, donate_argnums=(3, 4)), activations)
 
   @classmethod
   def from_gguf(cls, path: str | os.PathLike, *, kv_cache: str = "f32",
@@ -322,6 +330,59 @@ class Decoder:
       tok = sample(np.asarray(logits[-1]), temperature, top_k, top_p, rng)
       pos += 1
 
+  def generate_batch(self, prompts: Sequence[str | Sequence[int]],
+                     max_tokens: int) -> list[list[int]]:
+    """Greedy token ids after each of ``B`` prompts (texts or token ids, of any lengths),
+    decoded together: each prompt is prefilled alone, then every step is one call for all
+    ``B`` sequences (the decode step mapped over them with ``jax.vmap``, the weights shared:
+    each projection multiplies ``x`` of ``B`` rows, so a step reads the weights once for
+    all of them). The same tokens as :meth:`generate` with ``temperature=0`` for each
+    prompt alone: each list stops before the file's EOS (or end of turn) or after
+    ``max_tokens`` ids, and all of them when the longest prompt's cache is full (the
+    steps are shared). Raises ``ValueError`` for no prompts, an empty prompt or one of
+    ``max_context`` tokens or more, ``max_tokens < 0``, and on a mesh (not supported)."""
+    if self._batch_greedy_step is None:
+      raise ValueError("generate_batch is not supported on a mesh: call generate per prompt")
+    if not prompts:
+      raise ValueError("generate_batch needs at least one prompt")
+    check_sampling(max_tokens)
+    stops = {t for t in (self.config.eos, getattr(self.tokenizer, "eot", None)) if t is not None}
+    caches, firsts, starts = [], [], []
+    for prompt in prompts:
+      if isinstance(prompt, str) and self.tokenizer is None:
+        raise ValueError("this model has no tokenizer: pass token ids")
+      ids = self._ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+      if ids.shape[0] >= self.max_context:
+        raise ValueError(f"a prompt has {ids.shape[0]} tokens; max_context is "
+                         f"{self.max_context}")
+      logits, k, v = self._prefill(self.params, ids, np.int32(0), *self.new_cache())
+      caches.append((k, v))
+      firsts.append(int(np.asarray(logits[-1]).argmax()))
+      starts.append(ids.shape[0])
+    k = tuple(_stack([c[0][i] for c in caches]) for i in range(self.config.layers))
+    v = tuple(_stack([c[1][i] for c in caches]) for i in range(self.config.layers))
+    del caches
+    out = [[t] for t in firsts]
+    done = [t in stops or max_tokens == 0 for t in firsts]
+    steps = max(0, min(max_tokens - 1, self.max_context - max(starts)))
+    ids, start, pending = np.asarray(firsts, np.int32)[:, None], np.asarray(starts, np.int32), None
+
+    def read(step_ids):  # one step's ids on the host, appended to the unfinished sequences
+      for b, t in enumerate(np.asarray(step_ids)[:, 0].tolist()):
+        done[b] = done[b] or t in stops
+        if not done[b]:
+          out[b].append(t)
+    for i in range(steps):
+      if all(done):
+        break
+      ids, k, v = self._batch_greedy_step(self.params, ids, start + np.int32(i), k, v)
+      if pending is not None:  # read while this step runs
+        read(pending)
+      pending = ids
+    if pending is not None:
+      read(pending)
+    return [list(itertools.takewhile(lambda t: t not in stops, o))[:max_tokens] for o in out]
+
   def _greedy_tokens(self, tok: int, pos: int, k_cache, v_cache, n: int) -> Iterator[int]:
     """The ``n`` greedy token ids after ``tok`` at position ``pos`` (the caches hold the
     positions before it), one call of the decode step with the argmax inside each. Each
@@ -369,3 +430,11 @@ def from_gguf(path: str | os.PathLike, *, kv_cache: str = "f32", max_context: in
   ``max_context`` outside ``[1, context_length]``, and :func:`hxmlir.gguf.load`'s errors."""
   return Decoder.from_gguf(path, kv_cache=kv_cache, max_context=max_context, mesh=mesh,
                            kernels=kernels, activations=activations)
+
+
+def _stack(layers: list) -> Any:
+  """The caches of one layer of ``B`` sequences (``f32[...]`` or ``q8[...]`` each) as one
+  of a leading dimension ``B``."""
+  if isinstance(jax.typeof(layers[0]), QArrayTy):
+    return make_qarray(*(jnp.stack(parts) for parts in zip(*map(qarray_parts, layers))))
+  return jnp.stack(layers)
