@@ -39,7 +39,8 @@
 //
 // Work: the rows of W in blocks (threads split over rows of W only); each row of W is decoded
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
-// chunk's 4 x 16 lane factors sc_s and its 16 mn_s), then every row of x takes it from L1.
+// chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes it from L1 (x of more than
+// 2 MR rows: a block of rows of W decoded first, then the rows of x in tiles of MR).
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 
@@ -57,7 +58,6 @@ struct I8xBlockProblem {
   // x, quantized (quantize, below): per row of x, nc chunks
   int8_t* qx;       // s8[m, nc, 256]: qx (0 past k)
   int32_t* corr;    // s32[m, nc, 64]: -128 * the sum of each lane's 4 qx
-  float* sxl;       // f32[m, nc, 64]: s_x of each lane's block of x (0 past k)
   float* sxs;       // f32[m, nc, 16]: s_x of each sub-block (kSub elements; 0 past k)
   float* sq;        // f32[m, nc, 16]: Sq of each sub-block (exact)
   // W: hx_matmul_q_cpu_v4's operands
@@ -72,7 +72,7 @@ struct I8xBlockProblem {
 
 // Bytes of a thread's scratch for one decoded row of W.
 constexpr int64_t I8xBlockScratch(int64_t nc) {
-  return nc * (kI8xbChunk + 4 * kI8xbChunkLanes + 4 * kI8xbChunkSubs);
+  return nc * (kI8xbChunk + 8 * kI8xbChunkSubs + 2 * 4 * (kI8xbChunk / 32));
 }
 
 }  // namespace hxmlir

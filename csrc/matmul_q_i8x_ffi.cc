@@ -174,13 +174,12 @@ ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyB
   p.q = b.q, p.d = b.d, p.dmin = b.dmin, p.y = b.y, p.fmt = b.fmt;
   p.m = b.m, p.k = b.k, p.n = b.n, p.nb = b.nb;
   p.nc = CeilDiv(p.k, kI8xbChunk);
-  // x's buffers (the calling thread's, for this call): qx, then corr, sxl, sxs, sq
+  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq
   const int64_t rows = p.m * p.nc;
-  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + 2 * kI8xbChunkLanes + 2 * kI8xbChunkSubs));
+  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs));
   p.qx = reinterpret_cast<int8_t*>(xb);
   p.corr = reinterpret_cast<int32_t*>(xb + rows * kI8xbChunk / 4);
-  p.sxl = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
-  p.sxs = p.sxl + rows * kI8xbChunkLanes;
+  p.sxs = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
   p.sq = p.sxs + rows * kI8xbChunkSubs;
   job->row_bytes = I8xBlockScratch(p.nc);
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
