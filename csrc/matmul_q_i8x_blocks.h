@@ -22,8 +22,9 @@
 // of a 32-element format padded with zeros), each chunk 4 steps of 64 elements; step t's 16
 // lanes hold 4 consecutive elements each (a lane never straddles a sub-block). Lane l's part
 // of D_s is an exact int32 (vpdpbusd on u = q + 128 as a byte against qx, minus 128 times
-// the lane's 4 qx; AVX2: vpmaddubsw of |q| and sign(qx, q), exact as |q qx| <= 127 * 127
-// per product; scalar elsewhere; |part| <= 4 * 127 * 127 < 2^24, converted to f32 exactly),
+// the lane's 4 qx, or on q itself where every q >= 0; AVX2: vpmaddubsw of |q| and
+// sign(qx, q), exact as |q qx| <= 127 * 127 per product; scalar elsewhere;
+// |part| <= 4 * 127 * 127 < 2^24, converted to f32 exactly),
 // multiplied by its lane's c_s and added into 16 f32 lanes acc (one term per lane per step:
 // 4 nc terms); the terms fl(o_s * Sq_s) into 16 lanes acco (lane = sub-block of the chunk:
 // nc terms); then acc - acco lane by lane and the 16 lanes as a tree (4 adds). A term has
@@ -39,8 +40,10 @@
 //
 // Work: the rows of W in blocks (threads split over rows of W only); each row of W is decoded
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
-// chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes it from L1 (x of more than
-// 2 MR rows: a block of rows of W decoded first, then the rows of x in tiles of MR).
+// chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes
+// it from L1 (x of more than 2 MR rows: a block of rows of W decoded first, then the rows of
+// x in tiles of MR). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
+// each step's lanes by a permute.
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 
