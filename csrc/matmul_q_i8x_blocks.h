@@ -25,12 +25,13 @@
 // the lane's 4 qx, or on q itself where every q >= 0; AVX2: vpmaddubsw of |q| and
 // sign(qx, q), exact as |q qx| <= 127 * 127 per product; scalar elsewhere;
 // |part| <= 4 * 127 * 127 < 2^24, converted to f32 exactly),
-// multiplied by its lane's c_s and added into 16 f32 lanes acc (one term per lane per step:
-// 4 nc terms); the terms fl(o_s * Sq_s) into 16 lanes acco (lane = sub-block of the chunk:
-// nc terms); then acc - acco lane by lane and the 16 lanes as a tree (4 adds). A term has
-// one rounding of its own and at most 4 nc + 5 adds after it:
+// multiplied by its lane's c_s and added into step t's 16 f32 lanes acc_t (one term per
+// lane per chunk: nc terms); the terms fl(o_s * Sq_s) into 16 lanes acco (lane = sub-block
+// of the chunk: nc terms); then ((acc_0 + acc_1) + (acc_2 + acc_3)) - acco lane by lane and
+// the 16 lanes as a tree (4 adds). A term has one rounding of its own and at most nc + 7
+// adds after it:
 //
-//   |y - exact| <= gamma_{4 nc + 6} * T,   T = sum_s (|c_s| sum_{e in s} |q_e qx_e| + |o_s Sq_s|)
+//   |y - exact| <= gamma_{nc + 8} * T,   T = sum_s (|c_s| sum_{e in s} |q_e qx_e| + |o_s Sq_s|)
 //
 // (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1, gamma_n =
 // n u / (1 - n u), u = 2^-24; an FMA the compiler forms only removes roundings). Each output
@@ -42,7 +43,7 @@
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
 // chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes
 // it from L1 (x of more than 2 MR rows: a block of rows of W decoded first, then the rows of
-// x in tiles of MR). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
+// x in tiles of MR, 4 on AVX-512, else 1). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
 // each step's lanes by a permute.
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_

@@ -7,13 +7,13 @@ computed another way in float64: ``x`` quantized in NumPy as the kernel's header
 ``d * u + dmin * v`` (:func:`hxmlir.block_decode.units`: ``u = sc q`` and ``v = -m`` are small
 integers per element, so ``d * u`` is the sub-block's exact ``d sc q``).
 
-The bound: the kernel is within ``gamma_{4 nc + 6} * T`` of its semantics' exact value
+The bound: the kernel is within ``gamma_{nc + 8} * T`` of its semantics' exact value
 (``nc = ceil(k / 256)``, ``T = sum_s |c_s| sum_e |q_e qx_e| + |o_s Sq_s|``, the header's
 derivation), and the semantics' factors ``c_s = fl(fl(d sc) s_x)``, ``o_s = fl(fl(dmin m)
 s_x)`` are within ``gamma_2`` of the real ``d sc s_x``, ``dmin m s_x``; together (Higham,
 lemma 3.3: ``gamma_a + gamma_2 + gamma_a gamma_2 <= gamma_{a + 2}``)
 
-  ``|y - y*| <= gamma_{4 nc + 8} * T*,  T* = sum_e (|d u_e| + |dmin v_e|) s_x |qx_e|``
+  ``|y - y*| <= gamma_{nc + 10} * T*,  T* = sum_e (|d u_e| + |dmin v_e|) s_x |qx_e|``
 
 plus ``k * tiny`` for products that leave f32's normal range. A wrong sub-block scale is far
 outside it (:func:`test_bound_catches_a_wrong_sub_block_scale`).
@@ -79,7 +79,7 @@ def _reference(x: np.ndarray, parts, kind: str):
   w, wabs = _exact_weight(parts, kind)
   xs = sx * qx
   nc = -(-k // 256)
-  bound = gamma(4 * nc + 8) * (np.abs(xs) @ wabs.T) + k * TINY
+  bound = gamma(nc + 10) * (np.abs(xs) @ wabs.T) + k * TINY
   lead = x.shape[:-1]
   return (xs @ w.T).reshape(*lead, -1), bound.reshape(*lead, -1)
 
