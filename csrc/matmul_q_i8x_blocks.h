@@ -43,7 +43,8 @@
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
 // chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes
 // it from L1 (x of more than 2 MR rows: a block of rows of W decoded first, then the rows of
-// x in tiles of MR, 4 on AVX-512, else 1). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
+// x in tiles of MR, 4 on AVX-512, else 1; the GEMV prefetches the weight's bytes 12 KiB
+// ahead). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
 // each step's lanes by a permute.
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
