@@ -14,7 +14,8 @@ Apache 2.0), so the build needs no jaxlib.
 Runtime CPU dispatch: the block kernels (``csrc/matmul_q_kernels.inc`` for
 ``hx_matmul_q_cpu_v1``, ``csrc/matmul_q_formats.inc`` for every format, ``_v2``; ``csrc/matmul_q_nk.inc`` for
 the ``[out, in]`` layout, ``_v3``; ``csrc/matmul_q_i8x.inc`` for its integer-activation
-variant ``hx_matmul_q_cpu_i8x_v1``, with an AVX-512 VNNI copy; ``csrc/attention.inc`` for
+variant ``hx_matmul_q_cpu_i8x_v1``, with an AVX-512 VNNI copy, and ``csrc/matmul_q_i8x_blocks.inc``
+for GGUF's block formats', ``hx_matmul_q_cpu_i8x_v2``, in the same units; ``csrc/attention.inc`` for
 ``hx.attention``'s ``hx_attention_cpu_v1``) are
 compiled once per ISA, each translation unit with its own ``-m`` flags
 (AVX-512, AVX2 + FMA + F16C on x86-64; a portable copy everywhere), and the module

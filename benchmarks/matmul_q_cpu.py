@@ -49,8 +49,9 @@ bandwidth (a ``numpy`` sum over 512 MiB on one thread and on all), with each for
 weight bytes per second (GB/s) at each ``m`` and that over the all-thread read bandwidth
 (``x bw``: the GEMV's goal at ``m = 1`` is >= 0.8 on a weight larger than the L3 cache,
 e.g. ``--nk-shapes 32768 16384``); GGUF's block formats (Q4_K, Q6_K, Q5_0, ...;
-``hx_matmul_q_cpu_v4``) are random blocks at the file's bytes; ``--nk-formats`` and
-``--nk-shapes`` pick some.
+``hx_matmul_q_cpu_v4``) are random blocks at the file's bytes, each also with int8
+activations (``hx.install(activations="int8")``: ``hx_matmul_q_cpu_i8x_v2``; columns ``i8 GB/s``
+and ``i8 bw``); ``--nk-formats`` and ``--nk-shapes`` pick some.
 The table (``W[out, in]`` quantized
 along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
 ``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
@@ -334,10 +335,16 @@ def _nk_einsum(x, *parts):
   return hx.einsum("mk,nk->mn", x, hx.make_qarray(*parts))
 
 
+I8 = " i8"
+"""The suffix of a block format's label in :func:`measure_nk`'s results for its time with
+int8 activations (``hx.install(activations="int8")``: ``hx_matmul_q_cpu_i8x_v2``)."""
+
+
 def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
                warm: bool = False, nk_formats=None) -> dict[str, tuple[float, int]]:
   """``{label: (median seconds per call, weight bytes)}`` for ``f32`` and each of
-  :data:`NK_FORMATS` on ``x: f32[m, k]``, ``W[n, k]``, interleaved in one set of rounds.
+  :data:`NK_FORMATS` on ``x: f32[m, k]``, ``W[n, k]``, interleaved in one set of rounds (and
+  ``label + I8`` for the block formats with int8 activations).
   Raises ``AssertionError`` when a format's result differs from the f32 dot on its own
   dequantized weight by more than 1e-4 of the largest output."""
   rng = np.random.default_rng(seed)
@@ -359,12 +366,18 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
     compiled[label] = (c, (x, *parts))
     bytes_[label] = sum(int(p.nbytes) for p in parts)
     checks[label] = jax.jit(lambda *p: hx.dequantize(hx.make_qarray(*p)).T)(*parts)
+    if dtype.isupper():  # a block format: its integer-activation kernel too (_i8x_v2)
+      with hx.installed(activations="int8"):
+        ci = jax.jit(_nk_einsum).lower(x, *parts).compile()
+      compiled[label + I8] = (ci, (x, *parts))
+      bytes_[label + I8], checks[label + I8] = bytes_[label], checks[label]
   for label, (c, a) in compiled.items():
     c(*a).block_until_ready()
     if label != "f32":
       want = np.asarray(f32(x, checks[label]))
       err = np.abs(np.asarray(c(*a)) - want).max() / np.abs(want).max()
-      if err > 1e-4:
+      # int8 activations: x's quantization, |s_x qx - x| <= amax / 254 per element
+      if err > (3e-2 if label.endswith(I8) else 1e-4):
         raise AssertionError(f"{label} differs from f32 by {err:.2e} (relative) at m={m}")
   times = time_rounds(compiled, rounds, warm)
   return {label: (statistics.median(times[label]), bytes_[label]) for label in compiled}
@@ -383,12 +396,15 @@ def main_nk(args) -> None:
         f"{args.rounds} interleaved rounds, "
         f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
         f"hx.einsum('mk,nk->mn') installed, weight assembled inside jit; "
-        + (f"native hx_matmul_q_cpu_v3/_v4 ({info.isa})" if info.active
+        + (f"native hx_matmul_q_cpu_v3/_v4, int8 activations _i8x_v2 ({info.isa})"
+           if info.active
            else f"StableHLO lowering ({info.reason})") + "; GB/s: weight bytes per second; "
-        f"x bw: GB/s over the all-thread read bandwidth ({every:.1f} GB/s)")
+        f"x bw: GB/s over the all-thread read bandwidth ({every:.1f} GB/s); i8 GB/s, i8 bw: "
+        "the block formats with int8 activations (hx.install(activations='int8'))")
   labels = [label for label, _ in chosen]
   head = (f"{'out':>6} {'in':>5} {'m':>4} | {'f32 ms':>8} | "
-          + " | ".join(f"{label:>16} ms {'x f32':>6} {'GB/s':>6} {'x bw':>5}" for label in labels)
+          + " | ".join(f"{label:>16} ms {'x f32':>6} {'GB/s':>6} {'x bw':>5} {'i8 GB/s':>7} "
+                       f"{'i8 bw':>5}" for label in labels)
           + " | weight MiB "
           + " ".join(f"{label.split()[0]:>5}" for label in ["f32 "] + labels) + " | targets")
   print(head)
@@ -400,11 +416,15 @@ def main_nk(args) -> None:
       cells, marks = [], []
       for label, dtype in chosen:
         if label not in r:
-          cells.append(f"{'-':>19} {'':>6} {'':>6} {'':>5}")
+          cells.append(f"{'-':>19} {'':>6} {'':>6} {'':>5} {'':>7} {'':>5}")
           continue
         t = r[label][0]
         gbs = r[label][1] / t / 1e9
-        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {gbs:>6.2f} {gbs / every:>5.2f}")
+        i8 = f"{'-':>7} {'':>5}"
+        if label + I8 in r:
+          g8 = r[label + I8][1] / r[label + I8][0] / 1e9
+          i8 = f"{g8:>7.2f} {g8 / every:>5.2f}"
+        cells.append(f"{t * 1e3:>19.3f} {t / tf:>6.2f} {gbs:>6.2f} {gbs / every:>5.2f} {i8}")
         target = (0.5 if dtype == "int8" else 0.35) if m <= 4 else 1.0 if m >= 64 else None
         if target is not None:
           marks.append(f"{label.split()[0]}<={target:.2f}{'+' if t / tf <= target else '-'}")

@@ -126,7 +126,7 @@ struct Isa {
   const hxmlir::Kernels* (*kernels)();
   const hxmlir::FormatKernels* (*format_kernels)();  // hx_matmul_q_cpu_v2's
   const hxmlir::NkKernels* (*nk_kernels)();          // hx_matmul_q_cpu_v3's
-  const hxmlir::I8xKernels* (*i8x_kernels)();        // hx_matmul_q_cpu_i8x_v1's
+  const hxmlir::I8xKernels* (*i8x_kernels)();        // hx_matmul_q_cpu_i8x_v1's and _v2's
   bool (*supported)();
 };
 
@@ -173,6 +173,10 @@ PyObject* PyHandlerV4(PyObject*, PyObject*) {
 
 PyObject* PyHandlerI8xV1(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV1), nullptr, nullptr);
+}
+
+PyObject* PyHandlerI8xV2(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxMatmulQCpuI8xV2), nullptr, nullptr);
 }
 
 PyObject* PyHandlerNktV1(PyObject*, PyObject*) {
@@ -295,6 +299,9 @@ PyMethodDef kMethods[] = {
     {"handler_i8x_v1", PyHandlerI8xV1, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_i8x_v1's XLA FFI handler (integer activations; "
      "api_version=1)."},
+    {"handler_i8x_v2", PyHandlerI8xV2, METH_NOARGS,
+     "PyCapsule of hx_matmul_q_cpu_i8x_v2's XLA FFI handler (integer activations, GGUF's "
+     "block formats in [out, in]; api_version=1)."},
     {"handler_nkt_v1", PyHandlerNktV1, METH_NOARGS,
      "PyCapsule of hx_matmul_q_cpu_nkt_v1's XLA FFI handler (x @ W for a weight W[out, in] "
      "of any [out, in] format: the backward of the [out, in] layout; api_version=1)."},
@@ -304,7 +311,8 @@ PyMethodDef kMethods[] = {
      "PyCapsule of hx_attention_cpu_v2's XLA FFI handler (hx.attention with a window and "
      "a soft cap; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
-     "The ISA of hx_matmul_q_cpu_i8x_v1's kernels in use (avx512_vnni, avx2, generic)."},
+     "The ISA of hx_matmul_q_cpu_i8x_v1's and _i8x_v2's kernels in use (avx512_vnni, avx2, "
+     "generic)."},
     {"native_formats", PyNativeFormats, METH_NOARGS,
      "Every (dtype, layout, weight layout, scale dtype, offset) the kernels decode "
      "(weight layout 'kn': hx_matmul_q_cpu_v2, 'nk': hx_matmul_q_cpu_v3)."},
@@ -326,7 +334,7 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_q_cpu",
-                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1, _v2, _v3, _i8x_v1) "
+                       "hx.matmul_q's native CPU kernels (XLA FFI targets hx_matmul_q_cpu_v1 .. _v4, _i8x_v1, _i8x_v2, _nkt_v1) "
                        "and hx.attention's (hx_attention_cpu_v1).",
                        -1, kMethods};
 

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "matmul_q_i8x.h"
+#include "matmul_q_i8x_blocks.h"
 #include "matmul_q_nk_ffi.h"
 #include "matmul_q_parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -129,7 +130,70 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   return ffi::Error::Success();
 }
 
+// hx_matmul_q_cpu_i8x_v2 (matmul_q_i8x_blocks.h): task 0 quantizes x (every row: at the
+// GEMV sizes it is for, x is a few KiB); tasks [1, total) are the blocks of rows of W, each
+// waiting for task 0 (begun by then: tasks are taken in order) before it reads x.
+struct I8xBlockJob : BlockedJob {
+  I8xBlockProblem p;
+  const I8xKernels* kern;
+  const float* x = nullptr;
+  int64_t row_bytes = 0;
+  std::atomic<bool> quantized{false};
+
+  void Run(int64_t t) {
+    if (t == 0) {
+      kern->block_quantize(p, x, 0, p.m);
+      quantized.store(true, std::memory_order_release);
+      return;
+    }
+    while (!quantized.load(std::memory_order_acquire)) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    const int64_t j0 = (t - 1) * block_len, j1 = std::min(p.n, j0 + block_len);
+    float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
+    kern->block_rows(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
+  }
+};
+
+ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                        ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                        std::string_view dtype, std::string_view layout, int64_t group_size,
+                        std::string_view scale_dtype, bool offset) {
+  BlockProblem b;
+  if (ffi::Error e = BindBlock("hx_matmul_q_cpu_i8x_v2", x, q, s, rest, &*y, dtype, layout,
+                               group_size, scale_dtype, offset, &b);
+      e.failure())
+    return e;
+  if (NothingToCompute(1, b.m, b.k, b.n, b.y)) return ffi::Error::Success();
+  auto job = std::make_shared<I8xBlockJob>();
+  job->kern = SelectedI8xKernels();
+  job->x = b.x;
+  I8xBlockProblem& p = job->p;
+  p.q = b.q, p.d = b.d, p.dmin = b.dmin, p.y = b.y, p.fmt = b.fmt;
+  p.m = b.m, p.k = b.k, p.n = b.n, p.nb = b.nb;
+  p.nc = CeilDiv(p.k, kI8xbChunk);
+  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq
+  const int64_t rows = p.m * p.nc;
+  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs));
+  p.qx = reinterpret_cast<int8_t*>(xb);
+  p.corr = reinterpret_cast<int32_t*>(xb + rows * kI8xbChunk / 4);
+  p.sxs = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
+  p.sq = p.sxs + rows * kI8xbChunkSubs;
+  job->row_bytes = I8xBlockScratch(p.nc);
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  // GEMV (few rows of x): W in blocks of whole groups of 4 rows, about kBlocksPerThread per
+  // thread; more rows: blocks of rows of W whose decoded rows fit half the L2 cache
+  job->Plan(1, p.m <= 8 ? ColumnBlocks(p.n, 1, 4, threads)
+                        : NkRowBlocks(p.n, 4, threads, job->row_bytes));
+  job->total += 1;
+  RunBlocks(pool, threads, job);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace hxmlir
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV1, hxmlir::MatmulQI8x, HX_NK_FFI_BINDING());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxMatmulQCpuI8xV2, hxmlir::MatmulQI8xV2, HX_NK_FFI_BINDING());

@@ -270,16 +270,18 @@ struct BlockJob : BlockedJob {
   }
 };
 
+}  // namespace
+
 // hx_matmul_q_cpu_v4: x: f32[*b, k], q: u16[n, k / B, bytes / 2] (the blocks' bytes, as
 // 16-bit words), d: f16[n, k / B] (, dmin: f16[n, k / B]) -> f32[*b, n] for the block
 // format named by dtype and layout (matmul_q_format_table.h), group_size B, scale_dtype
 // f16, offset as the format has one.
-ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
-                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+ffi::Error BindBlock(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::Buffer<ffi::F32>* y,
                      std::string_view dtype, std::string_view layout, int64_t group_size,
-                     std::string_view scale_dtype, bool offset) {
+                     std::string_view scale_dtype, bool offset, BlockProblem* out) {
   auto Invalid = [&](std::string msg) {
-    return ffi::Error::InvalidArgument("hx_matmul_q_cpu_v4: " + msg);
+    return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
   };
   int fi = -1;
   std::string names;
@@ -331,8 +333,7 @@ ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   for (size_t i = 0; ok && i + 1 < r; ++i) ok = yd[i] == xd[i];
   if (!ok) return Invalid(want + got);
 
-  auto job = std::make_shared<BlockJob>();
-  BlockProblem& p = job->p;
+  BlockProblem& p = *out;
   p.x = x.typed_data();
   p.q = static_cast<const uint8_t*>(q.untyped_data());
   p.d = static_cast<const uint16_t*>(s.untyped_data());
@@ -344,6 +345,22 @@ ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   p.n = n;
   p.nb = k / f.block;
   p.fmt = static_cast<BlockFormat>(fi);
+  return ffi::Error::Success();
+}
+
+namespace {
+
+// hx_matmul_q_cpu_v4 (BindBlock checks its operands).
+ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                     ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
+                     std::string_view dtype, std::string_view layout, int64_t group_size,
+                     std::string_view scale_dtype, bool offset) {
+  auto job = std::make_shared<BlockJob>();
+  BlockProblem& p = job->p;
+  if (ffi::Error e = BindBlock("hx_matmul_q_cpu_v4", x, q, s, rest, &*y, dtype, layout,
+                               group_size, scale_dtype, offset, &p);
+      e.failure())
+    return e;
   const NkKernels* kern = g_nk_kernels.load(std::memory_order_acquire);
   if (kern == nullptr) kern = NkKernelsGeneric();
   if (NothingToCompute(1, p.m, p.k, p.n, p.y)) return ffi::Error::Success();

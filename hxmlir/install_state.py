@@ -40,7 +40,8 @@ ACTIVATIONS = ("f32", "int8")
 f32) or ``"int8"`` (opt-in: on CPU, ``hx.matmul_q`` in the ``[out, in]`` layout with int8,
 int4 or uint4 weights (``x`` of any number of rows; with groups not a multiple of 32, of
 at least 16 rows) quantizes ``x`` to int8
-per block at run time and calls ``hx_matmul_q_cpu_i8x_v1``; it changes the numerics)."""
+per block at run time and calls ``hx_matmul_q_cpu_i8x_v1``, and with GGUF's block formats
+``hx_matmul_q_cpu_i8x_v2``; it changes the numerics)."""
 
 
 STATE = _jax.ConfigState(

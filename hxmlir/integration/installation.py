@@ -427,7 +427,9 @@ def install(pipeline: str | None = None, *, verify: bool = True, kernels: bool =
       with int8, int4 or uint4 weights (``x`` of any number of rows: decode and prefill;
       with groups not a multiple of 32, of at least 16 rows)
       then quantizes ``x`` to int8 per block of 32 (or of the weight's group) at run time
-      and runs integer dot products (the custom call ``hx_matmul_q_cpu_i8x_v1``, ``csrc/matmul_q_i8x.h``); other
+      and runs integer dot products (the custom call ``hx_matmul_q_cpu_i8x_v1``, ``csrc/matmul_q_i8x.h``);
+      with GGUF's block formats (Q5_0 ... IQ4_XS), per block of 32 and exact integer dot
+      products per sub-block (``hx_matmul_q_cpu_i8x_v2``, ``csrc/matmul_q_i8x_blocks.h``); other
       formats and layouts keep f32 activations. Part of the setting JAX's caches key on.
 
   Lowerings for ``jax.export`` additionally run ``hx-check-export`` last, and

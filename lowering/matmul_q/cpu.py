@@ -32,6 +32,10 @@ thread pool:
   ui16[n, k / B, words]``, ``s`` (``d``) and for the formats with one ``o`` (``dmin``)
   ``f16[n, k / B]``, the attributes of ``_v3`` with ``dtype`` the format's name
   (:func:`matmul_q_native_v4`; ``docs/kernels.md``).
+- ``hx_matmul_q_cpu_i8x_v2`` (:data:`TARGET_I8X_V2`): ``_v4``'s operands with integer
+  activations (opt-in, ``hx.install(activations="int8")``): ``x`` quantized to int8 per block
+  of 32 at run time, exact int32 dot products per sub-block (:func:`matmul_q_native_i8x_v2`;
+  ``csrc/matmul_q_i8x_blocks.h``).
 - ``hx_matmul_q_cpu_nkt_v1`` (:data:`TARGET_NKT`): the transposed product of the checkpoint
   layout, ``x @ W`` for ``W[n, k]`` quantized along ``k`` (``hx.einsum("...n,nk->...k")``:
   the backward of ``hx.einsum("...k,nk->...n", x, W)`` in ``x``), ``x: f32[*b, n]`` and
@@ -91,9 +95,14 @@ format that layout takes (``csrc/matmul_q_nkt.h``): ``x @ W`` for ``W[n, k]``.""
 TARGET_I8X = f"{KERNEL_NAME}_i8x_v1"
 """The FFI custom-call target of the ``[out, in]`` layout with integer activations (opt-in:
 ``hx.install(activations="int8")``; ``csrc/matmul_q_i8x.h``)."""
-TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_V4, TARGET_I8X, TARGET_NKT)
+TARGET_I8X_V2 = f"{KERNEL_NAME}_i8x_v2"
+"""The FFI custom-call target of GGUF's block formats (``Format.block``) in the ``[out, in]``
+layout with integer activations (opt-in: ``hx.install(activations="int8")``;
+``csrc/matmul_q_i8x_blocks.h``): ``_v4``'s operands, ``x`` quantized to int8 per block of 32."""
+TARGETS = (TARGET, TARGET_V2, TARGET_V3, TARGET_V4, TARGET_I8X, TARGET_NKT, TARGET_I8X_V2)
 """Every version of the kernel this hxmlir has, oldest first (then the integer-activation
-variant and the transposed product of the ``[out, in]`` layout)."""
+variant, the transposed product of the ``[out, in]`` layout, and the integer-activation
+variant of the block formats)."""
 DISABLE_ENV = "HXMLIR_DISABLE_NATIVE"
 """A true value keeps the StableHLO lowering on CPU. Read as JAX reads its boolean
 flags (``jax._src.config.bool_env``): :data:`TRUE_VALUES` / :data:`FALSE_VALUES`, any
@@ -126,8 +135,10 @@ CPU_KERNEL_I8X = targets.register_kernel(TARGET_I8X, f"{KERNEL_NAME}_i8x", 1, ("
                                          owner="hxmlir")
 CPU_KERNEL_NKT = targets.register_kernel(TARGET_NKT, f"{KERNEL_NAME}_nkt", 1, ("cpu",),
                                          owner="hxmlir")
+CPU_KERNEL_I8X_V2 = targets.register_kernel(TARGET_I8X_V2, f"{KERNEL_NAME}_i8x", 2, ("cpu",),
+                                            owner="hxmlir")
 assert (CPU_KERNEL.ir_name, CPU_KERNEL_V2.ir_name, CPU_KERNEL_V3.ir_name, CPU_KERNEL_V4.ir_name,
-        CPU_KERNEL_I8X.ir_name, CPU_KERNEL_NKT.ir_name) == TARGETS
+        CPU_KERNEL_I8X.ir_name, CPU_KERNEL_NKT.ir_name, CPU_KERNEL_I8X_V2.ir_name) == TARGETS
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,8 @@ def _load() -> CpuKernelInfo:
   jax.ffi.register_ffi_target(TARGET_V4, ext.handler_v4(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_I8X, ext.handler_i8x_v1(), platform="cpu", api_version=1)
   jax.ffi.register_ffi_target(TARGET_NKT, ext.handler_nkt_v1(), platform="cpu", api_version=1)
+  jax.ffi.register_ffi_target(TARGET_I8X_V2, ext.handler_i8x_v2(), platform="cpu",
+                              api_version=1)
   return CpuKernelInfo(True, isa, TARGET, why, supported, ext.max_threads())
 
 
@@ -256,7 +269,7 @@ def _linger_us(warn) -> int:
 
 
 EXTENSION_API = ("supported_isas", "select_isa", "handler", "handler_v2", "handler_v3",
-                 "handler_v4", "handler_i8x_v1", "handler_nkt_v1", "i8x_isa", "max_threads",
+                 "handler_v4", "handler_i8x_v1", "handler_nkt_v1", "handler_i8x_v2", "i8x_isa", "max_threads",
                  "set_linger_us", "linger_us")
 """What this module needs of the extension ``hxmlir._matmul_q_cpu``; one built from older
 sources lacks some, and the kernel is then off (with a warning naming the rebuild), never
@@ -384,7 +397,7 @@ def matmul_q_native_v3(x, q, s, o=None, *, target: str = TARGET_V3):
       offset=bool(fmt.offset))
 
 
-def matmul_q_native_v4(x, q, s, o=None):
+def matmul_q_native_v4(x, q, s, o=None, *, target: str = TARGET_V4):
   """``x @ dequantize(q, s, o).T`` through the custom call ``hx_matmul_q_cpu_v4``: a GGUF
   block format (``Format.block``: Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS) in the checkpoint
   layout ``[out, in]``.
@@ -396,19 +409,20 @@ def matmul_q_native_v4(x, q, s, o=None):
   The format is read from the operands and passed as the attributes ``dtype`` (its name),
   ``layout``, ``group_size`` (``B``), ``scale_dtype`` (``f16``) and ``offset``. Raises
   ``TypeError`` naming the operand types when they are no block format's [n, k] weight;
-  runs only where the target is registered (:func:`cpu_kernel_info`).
+  runs only where the target is registered (:func:`cpu_kernel_info`). ``target``: the
+  custom call (:data:`TARGET_I8X_V2` takes the same operands: :func:`matmul_q_native_i8x_v2`).
   """
   fmt = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
   if fmt is None or not fmt.block or q.ndim != 3 or s.shape != q.shape[:2]:
     offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
-    raise TypeError(f"{TARGET_V4}: no block format of a weight [n, k] for values "
+    raise TypeError(f"{target}: no block format of a weight [n, k] for values "
                     f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}; it "
                     "takes ui16[n, k / B, words] with f16[n, k / B] scales (and offsets) of "
                     + ", ".join(f.name for f in formats.FORMATS.values() if f.block))
   n, k = fmt.dense_shape(q.shape)
   out = jax.ShapeDtypeStruct((*x.shape[:-1], n), jnp.float32)
   operands = (x, q, s) if o is None else (x, q, s, o)
-  return jax.ffi.ffi_call(TARGET_V4, out)(
+  return jax.ffi.ffi_call(target, out)(
       *operands, dtype=fmt.name, layout=fmt.layout, group_size=np.int64(fmt.block),
       scale_dtype="f16", offset=bool(fmt.offset))
 
@@ -482,6 +496,18 @@ def matmul_q_native_i8x(x, q, s, o=None):
   errors as :func:`matmul_q_native_v3`'s.
   """
   return matmul_q_native_v3(x, q, s, o, target=TARGET_I8X)
+
+
+def matmul_q_native_i8x_v2(x, q, s, o=None):
+  """:func:`matmul_q_native_v4` with integer activations: the custom call
+  ``hx_matmul_q_cpu_i8x_v2`` (``csrc/matmul_q_i8x_blocks.h``), a GGUF block format's weight
+  ``[n, k]`` (operands and errors as :func:`matmul_q_native_v4`'s). ``x: f32[*b, k]`` is
+  quantized at run time to int8 per block of 32 along ``k`` (``s_x = amax / 127``, ``qx =
+  round(x / s_x)``, as ``hx_matmul_q_cpu_i8x_v1``); then ``y[..., j] = sum_s fl(sc_s s_x) D_s
+  - fl(mn_s s_x) Sq_s`` over the weight's sub-blocks ``s`` (``D_s``: the exact integer dot of
+  the sub-block's integers with ``qx``, ``Sq_s``: the sum of its ``qx``) in f32.
+  """
+  return matmul_q_native_v4(x, q, s, o, target=TARGET_I8X_V2)
 
 
 def native_call_problem(call_targets: Iterable[str]) -> str | None:
@@ -558,6 +584,13 @@ def _nk_kernel(fmt: formats.Format, dense: tuple[int, int], s_aval, rows: int):
   return matmul_q_native_v3
 
 
+def _block_kernel():
+  """The native call of the checkpoint layout for a GGUF block format's weight:
+  ``hx_matmul_q_cpu_i8x_v2`` (integer activations) where the setting opted in
+  (``hx.install(activations="int8")``), else ``hx_matmul_q_cpu_v4``."""
+  return matmul_q_native_i8x_v2 if int8_activations() else matmul_q_native_v4
+
+
 def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
                        dimension_numbers=None) -> list[ir.Value]:
   """CPU lowering rule of ``hx_matmul_q_p``: ``hx.matmul_q`` with a CPU decomposition.
@@ -586,8 +619,9 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
     but the next;
   - the checkpoint layout ``f32[..., k] x W[n, k]`` (``"...k,nk->...n"``, quantized along
     ``k``), every format with ``"nk"`` in ``Format.native_cpu``: a call of ``hx_matmul_q_cpu_v3``
-    (``hx_matmul_q_cpu_v4`` for GGUF's block formats)
-    under the same policy and size bound (``hx_matmul_q_cpu_i8x_v1``, integer activations,
+    (``hx_matmul_q_cpu_v4`` for GGUF's block formats, ``hx_matmul_q_cpu_i8x_v2`` for them
+    where ``hx.install(activations="int8")`` opted in) under the same policy and size bound
+    (``hx_matmul_q_cpu_i8x_v1``, integer activations,
     for int8/int4/uint4 values and ``x``'s block of 32 (any number of rows: decode and
     prefill) or ``x`` of at least ``I8X_MIN_ROWS`` rows where
     ``hx.install(activations="int8")`` opted in), else the blocked path;
@@ -604,7 +638,7 @@ def lower_matmul_q_cpu(ctx, x: ir.Value, q: ir.Value, s: ir.Value, *o: ir.Value,
   if _kernel_layout(x_aval, q_aval, dims, len(fmt.dense_shape(q_aval.shape))) == "nk":
     n, k = fmt.dense_shape(q_aval.shape)
     if "nk" in fmt.native_cpu and k * n > streaming.SMALL_WEIGHT and use_native(ctx, use_kernels()):
-      kernel = matmul_q_native_v4 if fmt.block else _nk_kernel(
+      kernel = _block_kernel() if fmt.block else _nk_kernel(
           fmt, (n, k), s_aval, int(np.prod(x_aval.shape[:-1])))
       return lower_composite(ctx, "hx.matmul_q", x, q, s, *o, reference=kernel,
                              attributes=default.matmul_q_attributes(ctx, dims))

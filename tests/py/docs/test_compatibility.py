@@ -31,7 +31,7 @@ SINCE = {
     "hx_matmul_q_cpu_i8x_v1": "0.4.0", "hx_attention_cpu_v1": "0.4.0",
     ("hx.dequantize", 4): "0.5.0", ("hx.matmul_q", 5): "0.5.0", ("hx.attention", 2): "0.5.0",
     "hx_matmul_q_cpu_v4": "0.5.0", "hx_attention_cpu_v2": "0.5.0",
-    "hx_matmul_q_cpu_nkt_v1": "0.6.0",
+    "hx_matmul_q_cpu_nkt_v1": "0.6.0", "hx_matmul_q_cpu_i8x_v2": "0.6.0",
 }
 
 

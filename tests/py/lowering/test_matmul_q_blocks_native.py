@@ -111,8 +111,9 @@ def test_einsum_installed_calls_v4(kind):
                     f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
                     'scale_dtype = "f16"')]
   np.testing.assert_array_equal(np.asarray(y), np.asarray(V4(x, *parts)))
-  with hx.installed(activations="int8"):  # no integer-activation kernel for blocks: v4
-    assert re.findall(r"custom_call @(\w+)\(", f.lower(x, *parts).as_text()) == [native.TARGET_V4]
+  with hx.installed(activations="int8"):  # integer activations: hx_matmul_q_cpu_i8x_v2
+    assert re.findall(r"custom_call @(\w+)\(", f.lower(x, *parts).as_text()) == [
+        native.TARGET_I8X_V2]
 
 
 @needs_native

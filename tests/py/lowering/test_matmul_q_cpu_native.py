@@ -227,13 +227,13 @@ def test_native_call_problem_names_versions():
   assert msg.startswith("it calls the native CPU kernel hx_matmul_q_cpu_v9, which this hxmlir "
                         "does not have (it has hx_matmul_q_cpu_v1, hx_matmul_q_cpu_v2, "
                         "hx_matmul_q_cpu_v3, hx_matmul_q_cpu_v4, hx_matmul_q_cpu_i8x_v1, "
-                        "hx_matmul_q_cpu_nkt_v1)")
+                        "hx_matmul_q_cpu_nkt_v1, hx_matmul_q_cpu_i8x_v2)")
   assert "hx_matmul_q_cpu_nkt_v2, which this hxmlir does not have" in \
       native.native_call_problem(["hx_matmul_q_cpu_nkt_v2"])
   if INFO.active:
     assert native.native_call_problem(["hx_matmul_q_cpu_v1", "hx_matmul_q_cpu_v2",
                                        "hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v4",
-                                       "hx_matmul_q_cpu_nkt_v1"]) is None
+                                       "hx_matmul_q_cpu_nkt_v1", "hx_matmul_q_cpu_i8x_v2"]) is None
 
 
 @pytest.mark.parametrize("env,reason", [

@@ -308,8 +308,8 @@ def test_export_keeps_stablehlo_unless_asked():
 
 def test_native_call_problem_knows_the_target():
   assert native.TARGET_I8X in native.TARGETS
-  msg = native.native_call_problem(["hx_matmul_q_cpu_i8x_v2"])
-  assert msg.startswith("it calls the native CPU kernel hx_matmul_q_cpu_i8x_v2, which this "
+  msg = native.native_call_problem(["hx_matmul_q_cpu_i8x_v3"])
+  assert msg.startswith("it calls the native CPU kernel hx_matmul_q_cpu_i8x_v3, which this "
                         "hxmlir does not have")
 
 

@@ -277,6 +277,16 @@ CASES: dict[str, Case] = {
                  _gguf_blocks("Q6_K", 260, 2, 85)),
         (("hx.matmul_q", 5),), platforms=("cpu",),
         kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
+    # the block formats with the opt-in integer activations (x quantized to int8 per block of
+    # 32 at run time): Q4_K at m = 1 (the GEMV), Q5_0 at m = 3, Q6_K at m = 20
+    "hx_matmul_q_cpu_i8x_v2_cpu": Case(
+        lambda x1, x3, x20, a, b, c: (hx.einsum("mk,nk->mn", x1, a), hx.einsum("mk,nk->mn", x3, b),
+                                      hx.einsum("mk,nk->mn", x20, c)),
+        lambda: (_x((1, 512), 120), _x((3, 512), 121), _x((20, 512), 122),
+                 _gguf_blocks("Q4_K", 260, 2, 123), _gguf_blocks("Q5_0", 260, 16, 124),
+                 _gguf_blocks("Q6_K", 260, 2, 125)),
+        (("hx.matmul_q", 5),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_i8x_v2", "hx_matmul_q_cpu_i8x_v2"),), activations="int8"),
     # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
     # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
     # gradient in x of a Q8_0-like q8 f16 product at m = 20 (k = 320: a panel and a part)
