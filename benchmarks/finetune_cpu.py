@@ -18,9 +18,10 @@ aliased donations; peak = arguments + outputs + temporaries - aliased), and the 
 step time over ``--steps`` steps after one warm-up (compilation excluded). Ratios are
 hxmlir / f32 from the same run.
 
-SmolLM2 at 64 tokens, 2-core Xeon VM (AVX-512), same run, 5 steps: peak 237.5 MiB against the
-f32 model's 658.5 MiB (0.36x), step 0.561 s against 0.482 s (1.16x); before the transposed
-kernel and the logsumexp loss: 285 / 682 MiB (0.42x) and 2.56x.
+SmolLM2 at 64 tokens, 2-core Xeon VM (AVX-512), quiet, same run, 5 steps (0.6.0, the loss's
+head in chunks): peak 219.9 MiB against the f32 model's 641.0 MiB (0.34x), step 0.335 s
+against 0.303 s (1.10x); before the transposed kernel and the logsumexp loss: 285 / 682 MiB
+(0.42x) and 2.56x.
 
 Usage: ``python benchmarks/finetune_cpu.py [--seq-len 64] [--steps 5] [--models smollm2 gemma3]``
 """
