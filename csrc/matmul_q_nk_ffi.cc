@@ -121,12 +121,22 @@ void NkChunkOrder(const float* x, int64_t m, int64_t k, int64_t g, int64_t cw, f
   }
 }
 
+// x's and y's leading dims agree, x's last is xk and y's is yk.
+bool LeadingDims(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> yd, int64_t xk,
+                 int64_t yk) {
+  const size_t r = xd.size();
+  if (r < 1 || yd.size() != r || xd[r - 1] != xk || yd[r - 1] != yk) return false;
+  for (size_t i = 0; i + 1 < r; ++i)
+    if (xd[i] != yd[i]) return false;
+  return true;
+}
+
 }  // namespace
 
 ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
                   ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::Buffer<ffi::F32>* y,
                   std::string_view dtype, std::string_view layout, int64_t group_size,
-                  std::string_view scale_dtype, bool offset, NkProblem* out) {
+                  std::string_view scale_dtype, bool offset, NkProblem* out, bool transposed) {
   auto Invalid = [&](std::string msg) {
     return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
   };
@@ -166,17 +176,18 @@ ffi::Error BindNk(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   got += " -> f32" + ShapeText(yd);
   const std::string sn(scale_dtype), g = std::to_string(group_size);
   const std::string scales = group_size == 0 ? sn + "[n]" : sn + "[n, k / " + g + "]";
-  const std::string want = "expects f32[*b, k], " + std::string(spec->storage) + "[n, k" +
+  const std::string xs = transposed ? "f32[*b, n]" : "f32[*b, k]";
+  const std::string ys = transposed ? "f32[*b, k]" : "f32[*b, n]";
+  const std::string want = "expects " + xs + ", " + std::string(spec->storage) + "[n, k" +
                            (pack > 1 ? " / " + std::to_string(pack) : "") + "], " + scales +
-                           (offset ? ", " + scales : "") + " -> f32[*b, n] for dtype " +
+                           (offset ? ", " + scales : "") + " -> " + ys + " for dtype " +
                            std::string(dtype) + ", group_size " + g + ", scale_dtype " + sn +
                            ", offset " + (offset ? "true" : "false");
   const size_t r = xd.size();
-  bool ok = q.element_type() == spec->type && s.element_type() == st && o_ok && r >= 1 &&
-            qd.size() == 2 && yd.size() == r && sd.size() == (group_size == 0 ? 1u : 2u);
-  const int64_t k = ok ? xd[r - 1] : 0, n = ok ? qd[0] : 0;
-  ok = ok && qd[1] * pack == k && sd[0] == n && yd[r - 1] == n;
-  for (size_t i = 0; ok && i + 1 < r; ++i) ok = yd[i] == xd[i];
+  bool ok = q.element_type() == spec->type && s.element_type() == st && o_ok &&
+            qd.size() == 2 && sd.size() == (group_size == 0 ? 1u : 2u);
+  const int64_t k = ok ? qd[1] * pack : 0, n = ok ? qd[0] : 0;
+  ok = ok && sd[0] == n && LeadingDims(xd, yd, transposed ? n : k, transposed ? k : n);
   if (ok && group_size > 0) ok = k % group_size == 0 && sd[1] == k / group_size;
   if (!ok) return Invalid(want + got);
 
@@ -279,7 +290,8 @@ struct BlockJob : BlockedJob {
 ffi::Error BindBlock(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
                      ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::Buffer<ffi::F32>* y,
                      std::string_view dtype, std::string_view layout, int64_t group_size,
-                     std::string_view scale_dtype, bool offset, BlockProblem* out) {
+                     std::string_view scale_dtype, bool offset, BlockProblem* out,
+                     bool transposed) {
   auto Invalid = [&](std::string msg) {
     return ffi::Error::InvalidArgument(std::string(target) + ": " + msg);
   };
@@ -320,17 +332,17 @@ ffi::Error BindBlock(std::string_view target, ffi::Buffer<ffi::F32> x, ffi::AnyB
   }
   got += " -> f32" + ShapeText(yd);
   const std::string blk = std::to_string(f.block);
-  const std::string want = "expects f32[*b, k], u16[n, k / " + blk + ", " +
-                           std::to_string(f.bytes / 2) + "], f16[n, k / " + blk + "]" +
-                           (offset ? ", f16[n, k / " + blk + "]" : "") + " -> f32[*b, n] for dtype " +
+  const std::string want = std::string("expects ") + (transposed ? "f32[*b, n]" : "f32[*b, k]") +
+                           ", u16[n, k / " + blk + ", " + std::to_string(f.bytes / 2) +
+                           "], f16[n, k / " + blk + "]" + (offset ? ", f16[n, k / " + blk + "]" : "") +
+                           " -> " + (transposed ? "f32[*b, k]" : "f32[*b, n]") + " for dtype " +
                            std::string(dtype);
   const size_t r = xd.size();
   bool ok = q.element_type() == ffi::DataType::U16 && s.element_type() == ffi::DataType::F16 &&
-            o_ok && r >= 1 && qd.size() == 3 && sd.size() == 2 && yd.size() == r;
-  const int64_t k = ok ? xd[r - 1] : 0, n = ok ? qd[0] : 0;
-  ok = ok && k % f.block == 0 && qd[1] == k / f.block && qd[2] * 2 == f.bytes && sd[0] == n &&
-       sd[1] == k / f.block && yd[r - 1] == n;
-  for (size_t i = 0; ok && i + 1 < r; ++i) ok = yd[i] == xd[i];
+            o_ok && qd.size() == 3 && sd.size() == 2;
+  const int64_t k = ok ? qd[1] * f.block : 0, n = ok ? qd[0] : 0;
+  ok = ok && qd[2] * 2 == f.bytes && sd[0] == n && sd[1] == qd[1] &&
+       LeadingDims(xd, yd, transposed ? n : k, transposed ? k : n);
   if (!ok) return Invalid(want + got);
 
   BlockProblem& p = *out;
