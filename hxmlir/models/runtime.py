@@ -267,6 +267,18 @@ class Decoder:
                        f"{self.config.vocab})")
     return np.asarray(a, np.int32)  # NumPy: a value every process of a mesh holds alike
 
+  def _prompt_ids(self, prompt: str | Sequence[int], what: str) -> jax.Array:
+    """A prompt's token ids (text encoded with :attr:`tokenizer`), checked: ``ValueError``
+    without a tokenizer for text, for ids outside the vocabulary or none, and for
+    ``max_context`` tokens or more (the message calls it ``what``)."""
+    if isinstance(prompt, str) and self.tokenizer is None:
+      raise ValueError("this model has no tokenizer (its GGUF file has none, or it was built "
+                       "without one): pass token ids, or set .tokenizer")
+    ids = self._ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
+    if ids.shape[0] >= self.max_context:
+      raise ValueError(f"{what} has {ids.shape[0]} tokens; max_context is {self.max_context}")
+    return ids
+
   def logits(self, ids: Sequence[int]) -> np.ndarray:
     """Teacher-forced logits ``np.float32[T, vocab]`` of the token ids ``ids`` (length
     ``T``): row ``t`` predicts token ``t + 1``. One jitted forward per length, with a
@@ -291,15 +303,7 @@ class Decoder:
     reaches ``top_p``, with NumPy's generator seeded by ``seed``. Raises
     ``ValueError`` for an empty prompt, a prompt of ``max_context`` tokens or more, or
     bad sampling parameters (:func:`check_sampling`)."""
-    if isinstance(prompt_or_ids, str) and self.tokenizer is None:
-      raise ValueError("this model has no tokenizer (its GGUF file has none, or it was built "
-                       "without one): pass token ids, or set .tokenizer")
-    ids = self.tokenizer.encode(prompt_or_ids) if isinstance(prompt_or_ids, str) \
-        else prompt_or_ids
-    ids = self._ids(ids)
-    if ids.shape[0] >= self.max_context:
-      raise ValueError(f"the prompt has {ids.shape[0]} tokens; max_context is "
-                       f"{self.max_context}")
+    ids = self._prompt_ids(prompt_or_ids, "the prompt")
     check_sampling(max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     return self._generate(ids, max_tokens, temperature, top_k, top_p, seed)
 
@@ -349,12 +353,7 @@ class Decoder:
     stops = {t for t in (self.config.eos, getattr(self.tokenizer, "eot", None)) if t is not None}
     caches, firsts, starts = [], [], []
     for prompt in prompts:
-      if isinstance(prompt, str) and self.tokenizer is None:
-        raise ValueError("this model has no tokenizer: pass token ids")
-      ids = self._ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt)
-      if ids.shape[0] >= self.max_context:
-        raise ValueError(f"a prompt has {ids.shape[0]} tokens; max_context is "
-                         f"{self.max_context}")
+      ids = self._prompt_ids(prompt, "a prompt")
       logits, k, v = self._prefill(self.params, ids, np.int32(0), *self.new_cache())
       caches.append((k, v))
       firsts.append(int(np.asarray(logits[-1]).argmax()))

@@ -364,6 +364,23 @@ def matmul_q_native_v2(x, q, s):
                                           group_size=np.int64(formats.group_attribute(group)))
 
 
+def _value_weight_nk(target: str, q, s, o):
+  """The value format (not a block one), dense shape ``[n, k]`` and group of a weight
+  ``W[n, k]`` quantized along ``k`` from its components ``q``, ``s``, ``o``; ``TypeError``
+  prefixed with ``target`` and naming the operand types when no format has them or ``s``'s
+  shape fits no group size."""
+  fmt = formats.of_components(q.dtype, s.dtype, o is not None)
+  dense = None if fmt is None or fmt.block or q.ndim != 2 else fmt.dense_shape(q.shape)
+  group = None if dense is None else formats.group_of(dense, s.shape)
+  if dense is None or isinstance(group, str):
+    offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
+    raise TypeError(f"{target}: no quantization format of a weight [n, k] for values "
+                    f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
+                    + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
+                    + formats.components_text("n", where=lambda f: "nk" in f.native_cpu, axis="k"))
+  return fmt, dense, group
+
+
 def matmul_q_native_v3(x, q, s, o=None, *, target: str = TARGET_V3):
   """``x @ dequantize(q, s, o).T`` through the custom call ``hx_matmul_q_cpu_v3``: the
   checkpoint layout ``[out, in]``, any format.
@@ -380,15 +397,7 @@ def matmul_q_native_v3(x, q, s, o=None, *, target: str = TARGET_V3):
   registered (:func:`cpu_kernel_info`). ``target``: the custom call (:data:`TARGET_V3`, or
   :data:`TARGET_I8X`: :func:`matmul_q_native_i8x`).
   """
-  fmt = formats.of_components(q.dtype, s.dtype, o is not None)
-  dense = None if fmt is None or q.ndim != 2 else fmt.dense_shape(q.shape)
-  group = None if dense is None else formats.group_of(dense, s.shape)
-  if dense is None or isinstance(group, str):
-    offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
-    raise TypeError(f"{target}: no quantization format of a weight [n, k] for values "
-                    f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
-                    + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
-                    + formats.components_text("n", where=lambda f: "nk" in f.native_cpu, axis="k"))
+  fmt, dense, group = _value_weight_nk(target, q, s, o)
   out = jax.ShapeDtypeStruct((*x.shape[:-1], dense[0]), jnp.float32)
   operands = (x, q, s) if o is None else (x, q, s, o)
   return jax.ffi.ffi_call(target, out)(
@@ -443,15 +452,7 @@ def matmul_q_native_nkt(x, q, s, o=None):
   if fmt is not None and fmt.block and q.ndim == 3 and s.shape == q.shape[:2]:
     attrs = dict(dtype=fmt.name, group_size=np.int64(fmt.block))
   else:
-    dense = None if fmt is None or fmt.block or q.ndim != 2 else fmt.dense_shape(q.shape)
-    group = None if dense is None else formats.group_of(dense, s.shape)
-    if dense is None or isinstance(group, str):
-      offs = "" if o is None else f" and offsets {o.dtype}{list(o.shape)}"
-      raise TypeError(f"{TARGET_NKT}: no quantization format of a weight [n, k] for values "
-                      f"{q.dtype}{list(q.shape)} with scales {s.dtype}{list(s.shape)}{offs}"
-                      + ("" if not isinstance(group, str) else f": {group}") + "; it takes "
-                      + formats.components_text("n", where=lambda f: "nk" in f.native_cpu,
-                                                axis="k"))
+    fmt, _, group = _value_weight_nk(TARGET_NKT, q, s, o)
     attrs = dict(dtype=fmt.value_dtype.name, group_size=np.int64(formats.group_attribute(group)))
   n, k = fmt.dense_shape(q.shape)
   out = jax.ShapeDtypeStruct((*x.shape[:-1], k), jnp.float32)

