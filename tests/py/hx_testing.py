@@ -147,3 +147,19 @@ def kernel_calls(text: str) -> list[tuple[str, bool]]:
     for op in module.body.operations:
       visit(op.operation, False)
   return found
+
+
+def custom_calls(hlo: str) -> list[tuple[str, str]]:
+  """The ``(target, backend_config)`` of each ``stablehlo.custom_call`` in a lowered module's
+  text, in order (the attributes as the IR prints them, without braces)."""
+  return re.findall(r"stablehlo\.custom_call @(\w+)\(.*mhlo\.backend_config = \{([^}]*)\}", hlo)
+
+
+def block_call(target: str, fmt) -> tuple[str, str]:
+  """The custom call a GGUF block format ``fmt`` (:class:`hxmlir.format_spec.Format`) lowers to
+  on ``target``, as :func:`custom_calls` reads it: its attributes dtype, group_size, layout,
+  offset and scale_dtype."""
+  return (target, f'dtype = "{fmt.name}", group_size = {fmt.block} : i64, '
+                  f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
+                  'scale_dtype = "f16"')
+

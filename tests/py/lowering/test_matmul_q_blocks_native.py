@@ -20,6 +20,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from hx_testing import block_call, custom_calls
 from numerics import TINY, assert_within, gamma
 from test_matmul_q_formats_native import _with_isa
 
@@ -105,11 +106,7 @@ def test_einsum_installed_calls_v4(kind):
     hlo = f.lower(x, *parts).as_text()
     y = f(x, *parts)
   fmt = formats.FORMATS[kind.lower()]
-  calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*mhlo\.backend_config = \{([^}]*)\}", hlo)
-  assert calls == [(native.TARGET_V4,
-                    f'dtype = "{fmt.name}", group_size = {fmt.block} : i64, '
-                    f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
-                    'scale_dtype = "f16"')]
+  assert custom_calls(hlo) == [block_call(native.TARGET_V4, fmt)]
   np.testing.assert_array_equal(np.asarray(y), np.asarray(V4(x, *parts)))
   with hx.installed(activations="int8"):  # integer activations: hx_matmul_q_cpu_i8x_v2
     assert re.findall(r"custom_call @(\w+)\(", f.lower(x, *parts).as_text()) == [

@@ -26,6 +26,7 @@ import re
 import jax
 import numpy as np
 import pytest
+from hx_testing import block_call, custom_calls
 from numerics import TINY, assert_within, gamma
 from test_matmul_q_blocks_native import _weight
 from test_matmul_q_formats_native import _with_isa
@@ -171,11 +172,7 @@ def test_einsum_installed_int8_calls_i8x_v2(kind):
   with hx.installed(activations="int8"):
     hlo = f.lower(x, *parts).as_text()
     y = f(x, *parts)
-  calls = re.findall(r"stablehlo\.custom_call @(\w+)\(.*mhlo\.backend_config = \{([^}]*)\}", hlo)
-  assert calls == [(native.TARGET_I8X_V2,
-                    f'dtype = "{fmt.name}", group_size = {fmt.block} : i64, '
-                    f'layout = "{fmt.layout}", offset = {str(fmt.offset).lower()}, '
-                    'scale_dtype = "f16"')]
+  assert custom_calls(hlo) == [block_call(native.TARGET_I8X_V2, fmt)]
   np.testing.assert_array_equal(np.asarray(y), np.asarray(I8X2(x, *parts)))
   want, bound = _reference(x, parts, kind)
   assert_within(y, want, bound)
