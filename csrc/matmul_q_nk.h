@@ -21,14 +21,20 @@
 //   decoded without interleaving (low nibbles, high nibbles) and x is put in that order
 //   once per call (NkChunkOrder). One row of x (m = 1, the decode step) with groups of
 //   whole chunks has a loop of its own (NkDotRow) that keeps several sums in flight.
-// - "blocks" (larger m): a block of rows of W decoded once to f32 (v * s + o, in place
-//   of the row) into a buffer that fits half the L2 cache, then tiles of rows of x x
-//   decoded rows as row dot products in vector lanes, k in blocks that keep both tiles
-//   in L1 (NkProblem::kc), each tile's vector accumulators in registers.
+// - "blocks" (larger m): a GEMM on packed panels, computed transposed (y^T = W x^T): x
+//   is transposed once per call (xt: f32[k, mp], m padded to whole vectors with zeros,
+//   shared by the threads); each thread owns a range of rows of W and, k in blocks of
+//   kPackedKc, decodes tile_mr rows of W at a time to f32 (v * s + o; in L1), then runs
+//   the "packed" regime's register-tiled loop over them: each decoded weight broadcast
+//   and multiplied by vectors of a row of xt (m's rows in the lanes), the tile's
+//   accumulators in registers. Every weight is decoded once per call whatever m is, and
+//   nothing is summed across lanes.
 //
 // Numerics: "dot" adds, per output, f32 products x * value within each group, times the
-// scale, and o * X_g; "blocks" adds x * fl(fl(value * s) + o) (the rounding of a
-// fused multiply-add where the compiler contracts). Both are within
+// scale, and o * X_g; "blocks" adds x * fl(fl(value * s) + o) over k in ascending order
+// into one f32 sum (the rounding of a fused multiply-add where the compiler contracts;
+// the order is fixed by the shapes, not by the thread count or the vector width). Both
+// are within
 // gamma_{k+2} * sum_kk |x| (|value * s| + |o|) of the exact value (Higham, Accuracy and
 // Stability of Numerical Algorithms, 2nd ed., section 3.1), tested against float64.
 #ifndef HXMLIR_CSRC_MATMUL_Q_NK_H_
@@ -37,6 +43,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "matmul_q_cpu.h"
 #include "matmul_q_format_table.h"
 
 namespace hxmlir {
@@ -56,7 +63,9 @@ struct NkProblem {
   int64_t m, k, n;
   int64_t g;           // group size along k (k for one scale per row)
   int64_t ns;          // scales per row of W: k / g
-  int64_t kc = 512;    // "blocks": elements of k per block (a multiple of the lanes)
+  // "blocks": x transposed, f32[k, mp] (mp: m rounded up to whole vectors, zeros past m).
+  const float* xt = nullptr;
+  int64_t mp = 0;
   NkValues values;
 };
 
@@ -68,8 +77,9 @@ struct NkProblem {
 // L1) with vector shifts, masks and shuffles (formats/gguf_blocks.inc), then W weights at a
 // time widened to f32 in registers and scaled, w = fl(fl(sc q) - mn), and x w added into
 // one vector accumulator per row of x over the whole row, its lanes summed at the end;
-// "blocks": rows of W decoded whole, then NkTile (as v3's "blocks"). Both within
-// gamma_{k/W + 5} * |x| |w| of the exact dot of x with w (Higham, section 3.1).
+// "blocks": v3's, each block decoded whole by Decode<F>. Both within gamma_{k/W + 5} *
+// |x| |w| ("dot") and gamma_k * |x| |w| ("blocks") of the exact dot of x with w (Higham,
+// section 3.1).
 struct BlockProblem {
   const float* x;
   const uint8_t* q;
@@ -77,7 +87,8 @@ struct BlockProblem {
   const uint16_t* dmin = nullptr;  // null without an offset
   float* y;
   int64_t m, k, n, nb;  // nb: blocks per row, k / B
-  int64_t kc = 512;     // "blocks": elements of k per block of the tiles
+  const float* xt = nullptr;  // "blocks": as NkProblem's
+  int64_t mp = 0;
   BlockFormat fmt;
 };
 
@@ -86,16 +97,21 @@ struct NkKernels {
   int64_t w;            // f32 lanes per vector
   int64_t dot_mr;       // "dot": rows of x per pass over a row of W
   int64_t dot_max_m;    // "dot" for m <= this, "blocks" above
-  int64_t tile_nr;      // "blocks": decoded rows of W per tile
-  int64_t tile_mr;      // "blocks": rows of x per tile
+  int64_t tile_mr;      // "blocks": rows of W decoded per pass of the register tile
   // y[:, j0:j1] for rows [j0, j1) of W.
   void (*dot)(const NkProblem& p, int64_t j0, int64_t j1);
-  // y[:, j0:j1]; scratch: at least (j1 - j0) * k floats (the decoded rows).
+  // y[:, j0:j1]; scratch: at least NkBlocksScratch(tile_mr, j1 - j0, mp) floats.
   void (*blocks)(const NkProblem& p, int64_t j0, int64_t j1, float* scratch);
-  // hx_matmul_q_cpu_v4's "dot" and "blocks" (scratch: (j1 - j0) * k floats).
+  // hx_matmul_q_cpu_v4's "dot" and "blocks" (scratch as blocks').
   void (*block_dot)(const BlockProblem& p, int64_t j0, int64_t j1);
   void (*block_tiles)(const BlockProblem& p, int64_t j0, int64_t j1, float* scratch);
 };
+
+// The scratch floats of NkKernels::blocks for rows rows of W and mp columns of x^T: the
+// decoded rows (tile_mr x kPackedKc) and the task's y^T (rows x mp).
+constexpr int64_t NkBlocksScratch(int64_t tile_mr, int64_t rows, int64_t mp) {
+  return tile_mr * kPackedKc + rows * mp;
+}
 
 // The exact f32 value of the f16 with bits h (every f16 is an f32; no step is subnormal
 // in f32, so XLA's flush-to-zero mode changes nothing).

@@ -68,18 +68,6 @@ int64_t L2Bytes() {
   return bytes;
 }
 
-// The L1 data cache's bytes as this CPU reports them (32 KiB when it does not say).
-int64_t L1Bytes() {
-  static const int64_t bytes = [] {
-    long b = -1;
-#if defined(_SC_LEVEL1_DCACHE_SIZE)
-    b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-#endif
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{32} << 10;
-  }();
-  return bytes;
-}
-
 struct NkJob : BlockedJob {
   NkProblem p;
   const NkKernels* kern;
@@ -88,7 +76,7 @@ struct NkJob : BlockedJob {
   void Run(int64_t t) {
     const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
     if (!blocks) return kern->dot(p, j0, j1);
-    kern->blocks(p, j0, j1, ThreadBuffer(kScratch, block_len * p.k));
+    kern->blocks(p, j0, j1, ThreadBuffer(kScratch, NkBlocksScratch(kern->tile_mr, j1 - j0, p.mp)));
   }
 };
 
@@ -119,6 +107,20 @@ void NkChunkOrder(const float* x, int64_t m, int64_t k, int64_t g, int64_t cw, f
       std::copy(xi + kb + gv, xi + kb + g, oi + kb + gv);
     }
   }
+}
+
+// x^T for "blocks" (matmul_q_nk.h), in the calling thread's kXs buffer: f32[k, mp], mp
+// (set here) m rounded up to whole vectors of w lanes, zeros past m.
+const float* NkTransposed(const float* x, int64_t m, int64_t k, int64_t w, int64_t* mp) {
+  *mp = CeilDiv(m, w) * w;
+  float* xt = ThreadBuffer(kXs, k * *mp);
+  for (int64_t kk = 0; kk < k; ++kk) std::fill(xt + kk * *mp + m, xt + (kk + 1) * *mp, 0.f);
+  constexpr int64_t kTile = 16;  // a tile of x read and written within L1
+  for (int64_t i0 = 0; i0 < m; i0 += kTile)
+    for (int64_t k0 = 0; k0 < k; k0 += kTile)
+      for (int64_t i = i0; i < std::min(m, i0 + kTile); ++i)
+        for (int64_t kk = k0; kk < std::min(k, k0 + kTile); ++kk) xt[kk * *mp + i] = x[i * k + kk];
+  return xt;
 }
 
 // x's and y's leading dims agree, x's last is xk and y's is yk.
@@ -234,11 +236,8 @@ ffi::Error MatmulQV3(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
   job->blocks = p.m > kern->dot_max_m;
   if (job->blocks) {
-    // k in blocks whose tiles of x and of decoded W (tile_mr + tile_nr rows) fill half of L1
-    const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
-    p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
-    // rows of W per block, decoded to f32 (4 k bytes a row)
-    job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, 4 * p.k));
+    p.xt = NkTransposed(p.x, p.m, p.k, kern->w, &p.mp);
+    job->Plan(1, ColumnBlocks(p.n, 1, kern->tile_mr, threads));
   } else {
     p.xd = p.x;
     if (pack > 1) {
@@ -277,7 +276,8 @@ struct BlockJob : BlockedJob {
   void Run(int64_t t) {
     const int64_t j0 = t * block_len, j1 = std::min(p.n, j0 + block_len);
     if (!tiles) return kern->block_dot(p, j0, j1);
-    kern->block_tiles(p, j0, j1, ThreadBuffer(kScratch, block_len * p.k));
+    kern->block_tiles(p, j0, j1,
+                      ThreadBuffer(kScratch, NkBlocksScratch(kern->tile_mr, j1 - j0, p.mp)));
   }
 };
 
@@ -380,9 +380,8 @@ ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
   job->tiles = p.m > kern->dot_max_m;
   if (job->tiles) {
-    const int64_t tile_rows = kern->tile_mr + kern->tile_nr;
-    p.kc = std::max<int64_t>(8 * kern->w, L1Bytes() / 2 / (4 * tile_rows) / kern->w * kern->w);
-    job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, 4 * p.k));
+    p.xt = NkTransposed(p.x, p.m, p.k, kern->w, &p.mp);
+    job->Plan(1, ColumnBlocks(p.n, 1, kern->tile_mr, threads));
   } else {
     job->Plan(1, ColumnBlocks(p.n, 1, 4, threads));
   }

@@ -62,6 +62,12 @@ class Case:
   (``hx.keep_native_cpu_calls()``), for their own ``platforms``; outputs are
   stored only when ``cpu`` is among them; ``activations``: the setting's
   ``hx.install(activations=...)`` while they are exported.
+
+  ``reordered``: for a CPU kernel whose summation order changed after the case was
+  written, the version that changed it and ``bounds(*args)`` -> one entry per output:
+  ``None`` where the output must still be the stored one bit for bit, else an array of
+  the largest difference two f32 evaluations of it in different orders may have (derived
+  from the computation: Higham's gamma bound of each order, added).
   """
   fn: Callable
   make_args: Callable[[], tuple]
@@ -69,6 +75,7 @@ class Case:
   platforms: tuple[str, ...] = PLATFORMS
   kernels: tuple[tuple[str, str], ...] = ()
   activations: str = "f32"
+  reordered: tuple[str, Callable] | None = None
 
 
 def _x(shape, seed):
@@ -105,6 +112,34 @@ def _gguf_blocks(kind: str, n: int, blocks: int, seed: int):
   for at in (d_at,) if m_at is None else (d_at, m_at):
     raw[..., at:at + 2] = (rs.randn(n, blocks, 1) * 0.02).astype(np.float16).view(np.uint8)
   return hx.make_qarray(*hg.block_parts(raw, kind))
+
+
+def _gamma(n: int) -> float:
+  """Higham's gamma_n for f32: n u / (1 - n u), u = 2^-24 (section 3.1)."""
+  u = 2.0 ** -24
+  return n * u / (1 - n * u)
+
+
+def _abs_w(w) -> np.ndarray:
+  """|w| in float64, w = hx.dequantize of a ``[n, k]`` weight (every form exact in f64)."""
+  return np.abs(np.asarray(hx.dequantize(w), np.float64))
+
+
+def _two_orders(x, w) -> np.ndarray:
+  """The largest difference of two f32 sums of ``x @ w.T`` (``x: f32[..., k]``) in two
+  orders: each within gamma_k |x| |w| of the exact value."""
+  aw = _abs_w(w)
+  return 2 * _gamma(aw.shape[-1]) * (np.abs(np.asarray(x, np.float64)) @ aw.T)
+
+
+def _grad_sin_two_orders(x, w) -> np.ndarray:
+  """The same for ``dx = cos(x @ w.T) @ w`` when only the forward product's order changed:
+  cos moves by at most its argument's change plus a few f32 ulps of a value <= 1 (8 u
+  here), and the transposed product of two inputs c1, c2 with |c| <= 1 differs by
+  |c1 - c2| |w| plus each one's gamma_n |w| (n: rows of w)."""
+  aw = _abs_w(w)
+  dc = _two_orders(x, w) + 8 * 2.0 ** -24
+  return dc @ aw + 2 * _gamma(aw.shape[0]) * aw.sum(axis=0)
 
 
 CASES: dict[str, Case] = {
@@ -253,7 +288,10 @@ CASES: dict[str, Case] = {
                                 .astype(np.int8) % 32, _x((230, 10), 64), _x((230, 10), 65)),
                  hx.quantize(_x((230, 320), 66), jnp.float8_e4m3fn)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),)),
+        kernels=(("hx_matmul_q_cpu_v3", "hx_matmul_q_cpu_v3"),),
+        # 0.7.0: "blocks" (m = 20) sums each output in one ascending chain
+        reordered=("0.7.0", lambda x1, x2, a, b, c, d: (None, _two_orders(x2, b),
+                                                       _two_orders(x2, c), None))),
     # the opt-in integer activations: x (here 20 rows) quantized to int8 per block
     # at run time; Q4_1-like u4o with f16 scales and offsets, int4 per row (one block per
     # 32 of k), int8 per group of 16 (blocks narrower than 32)
@@ -276,7 +314,9 @@ CASES: dict[str, Case] = {
                  _gguf_blocks("Q4_K", 260, 2, 83), _gguf_blocks("Q5_0", 260, 16, 84),
                  _gguf_blocks("Q6_K", 260, 2, 85)),
         (("hx.matmul_q", 5),), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
+        kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),),
+        # 0.7.0: the tiles (m = 20) sum each output in one ascending chain
+        reordered=("0.7.0", lambda x1, x3, x20, a, b, c: (None, None, _two_orders(x20, c)))),
     # the block formats with the opt-in integer activations (x quantized to int8 per block of
     # 32 at run time): Q4_K at m = 1 (the GEMV), Q5_0 at m = 3, Q6_K at m = 20
     "hx_matmul_q_cpu_i8x_v2_cpu": Case(
@@ -300,7 +340,10 @@ CASES: dict[str, Case] = {
                  _gguf_blocks("Q4_K", 260, 2, 114),
                  _f16_scales(hx.quantize(_x((230, 320), 115), jnp.int8, group_size=32))),
         (("hx.matmul_q", 4), ("hx.matmul_q", 5)), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_nkt_v1", "hx_matmul_q_cpu_nkt_v1"),)),
+        kernels=(("hx_matmul_q_cpu_nkt_v1", "hx_matmul_q_cpu_nkt_v1"),),
+        # 0.7.0: the forward product inside the gradient (v3's "blocks", m = 20) reordered
+        reordered=("0.7.0", lambda g3, g1, x, a, b, c: (None, None,
+                                                       _grad_sin_two_orders(x, c)))),
     # hx.attention's native CPU kernel (lowering/attention/cpu.py): prefill (T = 5 from
     # position 0) and a decode step (T = 1 at position 40, head_dim 24: a vector and a tail)
     # over a cache of 48 positions
