@@ -10,8 +10,8 @@
 #include "matmul_q_kernels.inc"
 #define HX_DOT_MR 4
 #define HX_DOT_MAX_M 8
-#define HX_NKG_MR 3
-#define HX_NKG_NR 3
+#define HX_NKP_MR 4
+#define HX_NKP_NV 2
 #include "matmul_q_formats.inc"
 #include "matmul_q_nk.inc"
 
