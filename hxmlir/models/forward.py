@@ -129,7 +129,7 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
   On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``; its CPU kernel
   reads only the window's positions). On ``q8`` rows both products are
   :func:`hxmlir.types.einsum` on the int8 values of a prefix of the cache
-  (:func:`cache_buckets`: at most twice the positions written, never the unwritten rest):
+  (:func:`cache_buckets`: a little more than the positions written, never the unwritten rest):
   the scores contract the quantized axis
   (each key row's scale multiplies the result); ``P . V`` contracts positions (each value
   row's scale multiplies the probabilities first)."""
@@ -158,14 +158,21 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
   return jax.lax.switch(branch, [prefix(b) for b in sizes], *parts)
 
 
-def cache_buckets(c: int, smallest: int = 64) -> tuple[int, ...]:
-  """The prefix lengths an ``int8`` cache of ``c`` positions is read in: ``64, 128, ...``
-  (powers of two below ``c``) and ``c``; a step reads the shortest holding its positions,
-  so at most twice the positions written (at least 64)."""
+def cache_buckets(c: int, smallest: int = 64, parts: int = 16) -> tuple[int, ...]:
+  """The prefix lengths an ``int8`` cache of ``c`` positions is read in: powers of two from
+  ``smallest`` up to ``step`` (``c / parts`` rounded up to a multiple of ``smallest``), then
+  multiples of ``step``, and ``c``; a step reads the shortest holding its positions, so at
+  most twice the positions written below ``step`` and at most ``step`` more above (at
+  position 2048 of a 4096-position cache: 2304, where powers of two alone read 4096)."""
+  step = max(smallest, -(-c // parts // smallest) * smallest)
   sizes, b = [], smallest
-  while b < c:
+  while b < min(c, step):
     sizes.append(b)
     b *= 2
+  b = step
+  while b < c:
+    sizes.append(b)
+    b += step
   return (*sizes, c)
 
 

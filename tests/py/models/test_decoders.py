@@ -415,14 +415,16 @@ def test_exported_decode_step_runs_as_the_models(files, family):
 
 
 def test_int8_cache_reads_only_a_prefix_of_written_positions(files):
-  # a q8 cache of 200 positions is read in prefixes of 64, 128 or 200 (forward.cache_buckets):
+  # a q8 cache of 200 positions is read in prefixes of 64, 128, 192 or 200 (cache_buckets):
   # NaN in every row past 64 changes nothing for a step at position 12 (the whole cache,
   # masked, would give NaN: 0 * NaN in P . V); the gemma3 file slides (window 8)
   import jax.numpy as jnp
 
   from hxmlir.models.forward import cache_buckets
   from hxmlir.types.qarray import make_qarray, qarray_parts
-  assert cache_buckets(200) == (64, 128, 200) and cache_buckets(64) == (64,)
+  assert cache_buckets(200) == (64, 128, 192, 200) and cache_buckets(64) == (64,)
+  assert cache_buckets(4096) == (64, 128, *range(256, 4096 + 1, 256))
+  assert cache_buckets(40000) == (64, 128, 256, 512, 1024, 2048, *range(2560, 40000, 2560), 40000)
   m = from_gguf(files["gemma3-q8"], max_context=200, kv_cache="int8")
   ids = _ids(7, 13)
   k, v = m.new_cache()
