@@ -50,6 +50,11 @@ only streams the weight bytes it reads (all of them, less an untied embedding ta
 machine's all-thread read bandwidth (``matmul_q_cpu.read_bandwidth``), and the share of it
 reached.
 
+``--positions P [P ...]``: hxmlir's decode tok/s with the KV cache already holding ``P``
+positions instead (see :func:`positions`), for ``--activations`` and both KV caches (``f32``
+and ``int8``), each against the first position's figure and its memory floor (the weight
+bytes a step reads plus the KV cache bytes its attention reads at that position).
+
 ``--profile``: one hxmlir decode step (``T = 1``) broken down instead (see
 :func:`profile_step`): XLA's per-op times from ``jax.profiler`` grouped into the
 ``hx.matmul_q`` calls by shape and format, the attention and the other ops, and the
@@ -62,6 +67,7 @@ Usage::
   python benchmarks/generate_cpu.py --engines hxmlir jax-f32
   python benchmarks/generate_cpu.py --activations int8     # + hxmlir-i8x
   python benchmarks/generate_cpu.py --profile
+  python benchmarks/generate_cpu.py --positions 64 2048 --context 4096 --decode-tokens 32
 """
 
 from __future__ import annotations
@@ -333,6 +339,93 @@ def batched(args) -> None:
           f"{rate / base:5.2f}x B = {args.batch_sizes[0]}")
 
 
+def kv_bytes_read(m: llama.Llama, pos: int) -> int:
+  """KV cache bytes (K and V, all layers) that one decode step at position ``pos`` reads: on
+  the ``f32`` cache ``hx.attention``'s kernel reads the positions up to ``pos`` within the
+  layer's window; on the ``int8`` cache attention reads the shortest prefix of
+  :func:`hxmlir.models.forward.cache_buckets` that holds them (sliding-window layers too)."""
+  from hxmlir.models.forward import cache_buckets
+  per_position = m.cache_bytes_per_token() // m.config.layers  # one layer's K and V row
+  if m.kv_cache == "f32":
+    read = sum(min(pos + 1, w) if w else pos + 1 for w in m.config.windows)
+  else:
+    read = m.config.layers * next(b for b in cache_buckets(m.max_context) if b > pos)
+  return read * per_position
+
+
+def fill_cache(m: llama.Llama, n: int, chunk: int = 256):
+  """A KV cache of ``m`` holding ``n`` positions of :data:`PROMPT`'s ids, prefilled
+  ``chunk`` tokens per call (the logits of a call stay on the device: ``f32[chunk, vocab]``,
+  not ``f32[n, vocab]``), and the greedy token after them: ``(token, k, v)``."""
+  ids = prompt_ids(m, n)
+  k, v = m.new_cache()
+  for s in range(0, n, chunk):
+    logits, k, v = m._prefill(m.params, jnp.asarray(ids[s:s + chunk], jnp.int32),
+                              jnp.int32(s), k, v)
+  return int(np.asarray(logits[-1]).argmax()), k, v
+
+
+def decode_seconds(m: llama.Llama, tok: int, pos: int, n: int, k, v):
+  """Seconds of ``n`` greedy decode steps of ``m`` from position ``pos`` (``m._greedy_step``,
+  the step :meth:`~hxmlir.models.llama.Llama.generate` runs at ``temperature=0``; each
+  step's id fed back on the device, the last one read), and the caches: ``(seconds, k, v)``.
+  Positions ``pos ..`` are written again by each call: the cache before ``pos`` is kept."""
+  ids = jnp.asarray([tok], jnp.int32)
+  t0 = time.perf_counter()
+  for i in range(n):
+    ids, k, v = m._greedy_step(m.params, ids, jnp.int32(pos + i), k, v)
+  np.asarray(ids)
+  return time.perf_counter() - t0, k, v
+
+
+def positions(args) -> None:
+  """Decode tok/s of hxmlir (``--activations``) with the KV cache already filled to each
+  of ``--positions`` (:func:`fill_cache`), for the ``f32`` and the ``int8`` KV cache:
+  ``--decode-tokens`` greedy steps from that position, median of ``--rounds`` (after two
+  warm-up steps), the ratio to the first position's figure, and the memory floor: the tok/s
+  of a step that only streams its weight bytes (:meth:`JaxEngine.token_bytes`) and the KV
+  cache bytes it reads (:func:`kv_bytes_read`) at the read bandwidth."""
+  m = llama.Llama.from_gguf(args.gguf, max_context=args.context, activations=args.activations)
+  print(f"CPU: {cpu_model()}; jax {jax.__version__}; model {os.path.basename(args.gguf)}, "
+        f"activations {args.activations}, context {args.context}, {args.decode_tokens} "
+        f"decode tokens from each position, median of {args.rounds} rounds")
+  print(f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}")
+  windows = collections.Counter(m.config.windows)
+  print("layers' attention windows: " + ", ".join(
+      f"{n} x {w or 'full'}" for w, n in sorted(windows.items())))
+  from matmul_q_cpu import read_bandwidth  # (benchmarks/: this script's directory)
+  bw = read_bandwidth()[1]
+  weights = JaxEngine(m, installed=True).token_bytes()
+  print(f"read bandwidth (numpy sum of 512 MiB, all threads): {bw:.1f} GB/s; floor: decode "
+        f"tok/s of a step that only streams its weight bytes ({weights / 1e6:.1f} MB) and "
+        "the KV cache bytes it reads at it")
+  head = (f"{'KV cache':>8} | {'position':>8} | {'decode tok/s':>12} {'(min-max)':>15} | "
+          f"{'vs first':>8} | {'KV MB read':>10} | {'floor':>6} {'of it':>5}")
+  print(head)
+  print("-" * len(head))
+  for kv in ("f32", "int8"):
+    mk = m if kv == m.kv_cache else llama.Llama(
+        m.config, m.params, max_context=args.context, kv_cache=kv, metadata=m.metadata,
+        path=m.path, activations=args.activations)
+    mk.tokenizer = m.tokenizer
+    base = None
+    for pos in args.positions:
+      tok, k, v = fill_cache(mk, pos)
+      _, k, v = decode_seconds(mk, tok, pos, 2, k, v)  # compile and warm up
+      rates = []
+      for _ in range(args.rounds):
+        secs, k, v = decode_seconds(mk, tok, pos, args.decode_tokens, k, v)
+        rates.append(args.decode_tokens / secs)
+      del k, v
+      rate = statistics.median(rates)
+      base = base or rate
+      kv_read = kv_bytes_read(mk, pos + args.decode_tokens // 2)  # the steps' middle
+      floor = bw * 1e9 / (weights + kv_read)
+      print(f"{kv:>8} | {pos:>8} | {rate:>12.2f} {f'({min(rates):.2f}-{max(rates):.2f})':>15} | "
+            f"{rate / base:>7.2f}x | {kv_read / 1e6:>10.1f} | {floor:>6.0f} {rate / floor:>5.0%}",
+            flush=True)
+
+
 # --- profile -----------------------------------------------------------------------
 
 _OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
@@ -472,6 +565,9 @@ def main(argv=None) -> None:
                   help="a site-packages directory holding llama_cpp (another venv's)")
   ap.add_argument("--profile", action="store_true",
                   help="print the profile of one hxmlir decode step instead")
+  ap.add_argument("--positions", type=int, nargs="+", default=None, metavar="P",
+                  help="print hxmlir's decode tok/s with the KV cache filled to each of these "
+                       "positions instead, for the f32 and int8 KV caches (see positions())")
   ap.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
                   help="print hxmlir's aggregate decode tok/s of Decoder.generate_batch at "
                        "these batch sizes instead (see batched())")
@@ -483,6 +579,15 @@ def main(argv=None) -> None:
   if args.prompt_tokens + args.decode_tokens + 1 > args.context:
     ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
              f"{args.decode_tokens} tokens")
+  if args.positions:
+    if min(args.positions) < 1:
+      ap.error(f"--positions {' '.join(map(str, args.positions))}: each must be at least 1 "
+               "(a position filled by the prompt)")
+    if max(args.positions) + args.decode_tokens > args.context:
+      ap.error(f"--context {args.context} is too small for --positions "
+               f"{max(args.positions)} + --decode-tokens {args.decode_tokens} (KV cache "
+               f"positions); give --context {max(args.positions) + args.decode_tokens} or more")
+    return positions(args)
   if args.batch_sizes:
     return batched(args)
   if args.profile:
