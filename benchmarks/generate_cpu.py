@@ -50,7 +50,35 @@ only streams the weight bytes it reads (all of them, less an untied embedding ta
 machine's all-thread read bandwidth (``matmul_q_cpu.read_bandwidth``), and the share of it
 reached.
 
-``--profile``: one hxmlir decode step (``T = 1``) broken down instead (see
+``--positions P [P ...]``: hxmlir's decode tok/s with the KV cache already holding ``P``
+positions instead (see :func:`positions`), for ``--activations`` and both KV caches (``f32``
+and ``int8``), each against the first position's figure and its memory floor (the weight
+bytes a step reads plus the KV cache bytes its attention reads at that position).
+
+Figures (6 December 2026, ``--positions 64 2048 --context 4096 --decode-tokens 32 --rounds
+5``; "CPU: Intel(R) Xeon(R) Processor, 2 cores", AVX-512, 300 MiB L3 as the VM reports it,
+shared with another developer's compiles: medians of interleaved rounds, ratios to position
+64; tok/s above the "floor" mean weights served from the L3, which the 512 MiB bandwidth
+probe does not see)::
+
+  model, activations     KV cache   pos 64 tok/s   pos 2048 tok/s   2048 / 64
+  SmolLM2 135M, f32      f32            49.1           31.9           0.65x
+                         int8           46.1           19.4           0.42x
+  SmolLM2 135M, int8     f32           114.8           53.4           0.47x
+                         int8           95.9           24.0           0.25x
+  Gemma 3 270M, f32      f32            17.4           18.3           1.05x
+                         int8           17.3           10.5           0.61x
+  Gemma 3 270M, int8     f32            31.2           28.1           0.90x
+                         int8           31.0           14.5           0.47x
+
+On the f32 cache ``hx.attention``'s kernel reads the causal window only, so Gemma 3 (15 of
+its 18 layers slide over 512 positions) decodes at 2048 as fast as at 64. The int8 cache is
+the slower one at long context although it holds 3.8x fewer bytes: its attention is two
+``hx.einsum`` over a power-of-two prefix of the cache (positions 2048-2079 read all 4096, the
+sliding layers too), not a fused kernel.
+
+``--profile``: one hxmlir decode step (``T = 1``; with ``--batch-sizes``,
+:meth:`~hxmlir.models.llama.Llama.generate_batch`'s step at each size) broken down instead (see
 :func:`profile_step`): XLA's per-op times from ``jax.profiler`` grouped into the
 ``hx.matmul_q`` calls by shape and format, the attention and the other ops, and the
 step's wall time against its device time (dispatch and the host round trip).
@@ -62,6 +90,7 @@ Usage::
   python benchmarks/generate_cpu.py --engines hxmlir jax-f32
   python benchmarks/generate_cpu.py --activations int8     # + hxmlir-i8x
   python benchmarks/generate_cpu.py --profile
+  python benchmarks/generate_cpu.py --positions 64 2048 --context 4096 --decode-tokens 32
 """
 
 from __future__ import annotations
@@ -333,6 +362,99 @@ def batched(args) -> None:
           f"{rate / base:5.2f}x B = {args.batch_sizes[0]}")
 
 
+def kv_bytes_read(m: llama.Llama, pos: int) -> int:
+  """KV cache bytes (K and V, all layers) that one decode step at position ``pos`` reads: on
+  the ``f32`` cache ``hx.attention``'s kernel reads the positions up to ``pos`` within the
+  layer's window; on the ``int8`` cache attention reads the shortest prefix of
+  :func:`hxmlir.models.forward.cache_buckets` that holds them (sliding-window layers too)."""
+  from hxmlir.models.forward import cache_buckets
+  per_position = m.cache_bytes_per_token() // m.config.layers  # one layer's K and V row
+  if m.kv_cache == "f32":
+    read = sum(min(pos + 1, w) if w else pos + 1 for w in m.config.windows)
+  else:
+    read = m.config.layers * next(b for b in cache_buckets(m.max_context) if b > pos)
+  return read * per_position
+
+
+def fill_cache(m: llama.Llama, n: int, chunk: int = 256):
+  """A KV cache of ``m`` holding ``n`` positions of :data:`PROMPT`'s ids, prefilled
+  ``chunk`` tokens per call (the logits of a call stay on the device: ``f32[chunk, vocab]``,
+  not ``f32[n, vocab]``), and the greedy token after them: ``(token, k, v)``."""
+  ids = prompt_ids(m, n)
+  k, v = m.new_cache()
+  for s in range(0, n, chunk):
+    logits, k, v = m._prefill(m.params, jnp.asarray(ids[s:s + chunk], jnp.int32),
+                              jnp.int32(s), k, v)
+  return int(np.asarray(logits[-1]).argmax()), k, v
+
+
+def decode_seconds(m: llama.Llama, tok: int, pos: int, n: int, k, v):
+  """Seconds of ``n`` greedy decode steps of ``m`` from position ``pos`` (``m._greedy_step``,
+  the step :meth:`~hxmlir.models.llama.Llama.generate` runs at ``temperature=0``; each
+  step's id fed back on the device, the last one read), and the caches: ``(seconds, k, v)``.
+  Positions ``pos ..`` are written again by each call: the cache before ``pos`` is kept."""
+  ids = jnp.asarray([tok], jnp.int32)
+  t0 = time.perf_counter()
+  for i in range(n):
+    ids, k, v = m._greedy_step(m.params, ids, jnp.int32(pos + i), k, v)
+  np.asarray(ids)
+  return time.perf_counter() - t0, k, v
+
+
+def positions(args) -> None:
+  """Decode tok/s of hxmlir (``--activations``) with the KV cache already filled to each
+  of ``--positions`` (:func:`fill_cache`), for the ``f32`` and the ``int8`` KV cache:
+  ``--decode-tokens`` greedy steps from that position, median of ``--rounds`` (after two
+  warm-up steps; every cache is filled first, then the rounds are interleaved, each in a
+  seeded random order of the (cache, position) pairs, so machine load hits all alike), the
+  ratio to the first position's figure, and the memory floor: the tok/s of a step that only streams its weight bytes (:meth:`JaxEngine.token_bytes`) and the KV
+  cache bytes it reads (:func:`kv_bytes_read`) at the read bandwidth."""
+  m = llama.Llama.from_gguf(args.gguf, max_context=args.context, activations=args.activations)
+  print(f"CPU: {cpu_model()}; jax {jax.__version__}; model {os.path.basename(args.gguf)}, "
+        f"activations {args.activations}, context {args.context}, {args.decode_tokens} "
+        f"decode tokens from each position, median of {args.rounds} rounds")
+  print(f"hx.matmul_q on CPU: {hx.cpu_kernel_info()}")
+  windows = collections.Counter(m.config.windows)
+  print("layers' attention windows: " + ", ".join(
+      f"{n} x {w or 'full'}" for w, n in sorted(windows.items())))
+  from matmul_q_cpu import read_bandwidth  # (benchmarks/: this script's directory)
+  bw = read_bandwidth()[1]
+  weights = JaxEngine(m, installed=True).token_bytes()
+  print(f"read bandwidth (numpy sum of 512 MiB, all threads): {bw:.1f} GB/s; floor: decode "
+        f"tok/s of a step that only streams its weight bytes ({weights / 1e6:.1f} MB) and "
+        "the KV cache bytes it reads at it")
+  runs = {}  # (KV cache, position) -> [model, token, k, v]: every cache filled first
+  for kv in ("f32", "int8"):
+    mk = m if kv == m.kv_cache else llama.Llama(
+        m.config, m.params, max_context=args.context, kv_cache=kv, metadata=m.metadata,
+        path=m.path, activations=args.activations)
+    mk.tokenizer = m.tokenizer
+    for pos in args.positions:
+      tok, k, v = fill_cache(mk, pos)
+      _, k, v = decode_seconds(mk, tok, pos, 2, k, v)  # compile and warm up
+      runs[kv, pos] = [mk, tok, k, v]
+  rates = {key: [] for key in runs}
+  order = np.random.default_rng(0)
+  for r in range(args.rounds):  # interleaved, each round in a seeded random order
+    for i in order.permutation(len(runs)):
+      (kv, pos), run = list(runs.items())[i]
+      secs, run[2], run[3] = decode_seconds(*run[:2], pos, args.decode_tokens, *run[2:])
+      rates[kv, pos].append(args.decode_tokens / secs)
+      print(f"  round {r + 1} {kv:>4} cache at {pos}: {rates[kv, pos][-1]:6.2f} tok/s",
+            file=sys.stderr, flush=True)
+  head = (f"{'KV cache':>8} | {'position':>8} | {'decode tok/s':>12} {'(min-max)':>15} | "
+          f"{'vs first':>8} | {'KV MB read':>10} | {'floor':>6} {'of it':>5}")
+  print(head)
+  print("-" * len(head))
+  for (kv, pos), rs in rates.items():
+    rate = statistics.median(rs)
+    base = statistics.median(rates[kv, args.positions[0]])
+    kv_read = kv_bytes_read(runs[kv, pos][0], pos + args.decode_tokens // 2)  # the steps' middle
+    floor = bw * 1e9 / (weights + kv_read)
+    print(f"{kv:>8} | {pos:>8} | {rate:>12.2f} {f'({min(rs):.2f}-{max(rs):.2f})':>15} | "
+          f"{rate / base:>7.2f}x | {kv_read / 1e6:>10.1f} | {floor:>6.0f} {rate / floor:>5.0%}")
+
+
 # --- profile -----------------------------------------------------------------------
 
 _OP_RE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([a-z][\w\-]*)\(")
@@ -380,8 +502,10 @@ def _hlo_ops(hlo_text: str) -> dict[str, str]:
   return ops
 
 
-def profile_step(m: llama.Llama, steps: int = 20) -> None:
-  """Print where one hxmlir decode step (``T = 1``) spends its time.
+def profile_step(m: llama.Llama, steps: int = 20, batch: int = 1) -> None:
+  """Print where one hxmlir decode step (``T = 1``) spends its time; ``batch > 1``: the
+  step of :meth:`~hxmlir.models.llama.Llama.generate_batch` for ``batch`` sequences (one
+  call, the decode step mapped over them, the greedy ids inside) instead.
 
   Runs ``steps`` calls of the compiled step under ``jax.profiler.trace`` (Perfetto trace
   of XLA CPU's per-thunk events), sums each HLO instruction's time per step, and prints
@@ -389,32 +513,40 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
   operand shapes, the fusions by what they compute), then the step's wall time on the
   host (dispatch, argument handling, the host round trip of the logits) against the
   instructions' total. Also prints XLA's cost analysis (flops, bytes accessed)."""
-  ids = prompt_ids(m, 8)
   k, v = m.new_cache()
-  args = lambda tok, pos, k, v: (m.params, jnp.asarray([tok], jnp.int32), jnp.int32(pos), k, v)
   with hx.installed(activations=m.activations):
-    logits, k, v = m._prefill(m.params, jnp.asarray(ids, jnp.int32), jnp.int32(0), k, v)
-    lowered = m._step.lower(*args(1, 8, k, v))
+    if batch == 1:
+      step = m._step
+      args = lambda pos, k, v: (m.params, jnp.asarray([1], jnp.int32), jnp.int32(pos), k, v)
+      ids = prompt_ids(m, 8)
+      _, k, v = m._prefill(m.params, jnp.asarray(ids, jnp.int32), jnp.int32(0), k, v)
+    else:  # B zeroed caches (their contents do not change a step's work) at position 8
+      from hxmlir.models.runtime import _stack
+      k, v = (tuple(_stack([c] * batch) for c in cache) for cache in (k, v))
+      step = m._batch_greedy_step
+      args = lambda pos, k, v: (m.params, jnp.ones((batch, 1), jnp.int32),
+                                jnp.full((batch,), pos, jnp.int32), k, v)
+    lowered = step.lower(*args(8, k, v))
     compiled = lowered.compile()
     ops = _hlo_ops(compiled.as_text())
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     for _ in range(3):
-      logits, k, v = m._step(*args(1, 8, k, v))
-    np.asarray(logits)
+      out, k, v = step(*args(8, k, v))
+    np.asarray(out)
     walls, calls = [], []
     for i in range(steps):  # untraced wall times first
       t0 = time.perf_counter()
-      logits, k, v = m._step(*args(1, 9 + i, k, v))
+      out, k, v = step(*args(9 + i, k, v))
       t1 = time.perf_counter()
-      np.asarray(logits)
+      np.asarray(out)
       walls.append(time.perf_counter() - t0)
       calls.append(t1 - t0)
     with tempfile.TemporaryDirectory() as d:
       with jax.profiler.trace(d, create_perfetto_trace=True):
         for i in range(steps):
-          logits, k, v = m._step(*args(1, 9 + steps + i, k, v))
-          np.asarray(logits)
+          out, k, v = step(*args(9 + steps + i, k, v))
+          np.asarray(out)
       files = glob.glob(os.path.join(d, "**", "*.trace.json.gz"), recursive=True)
       events = json.load(gzip.open(files[0]))["traceEvents"] if files else []
   per_op = collections.Counter()
@@ -430,7 +562,9 @@ def profile_step(m: llama.Llama, steps: int = 20) -> None:
   wall = statistics.median(walls) * 1e6
   print(f"CPU: {cpu_model()}; hx.matmul_q on CPU: {hx.cpu_kernel_info()}; activations "
         f"{m.activations}")
-  print(f"one decode step (T = 1), {steps} steps traced; XLA cost analysis: "
+  what = "one decode step (T = 1)" if batch == 1 else (
+      f"one generate_batch step of B = {batch} sequences (T = 1 each)")
+  print(f"{what}, {steps} steps traced; XLA cost analysis: "
         f"{cost.get('flops', 0) / 1e6:.1f} MFLOP, {cost.get('bytes accessed', 0) / 1e6:.1f} MB "
         f"accessed")
   if not per_op:
@@ -471,7 +605,11 @@ def main(argv=None) -> None:
   ap.add_argument("--llama-cpp-site", default=None,
                   help="a site-packages directory holding llama_cpp (another venv's)")
   ap.add_argument("--profile", action="store_true",
-                  help="print the profile of one hxmlir decode step instead")
+                  help="print the profile of one hxmlir decode step instead (with "
+                       "--batch-sizes: of generate_batch's step at each size)")
+  ap.add_argument("--positions", type=int, nargs="+", default=None, metavar="P",
+                  help="print hxmlir's decode tok/s with the KV cache filled to each of these "
+                       "positions instead, for the f32 and int8 KV caches (see positions())")
   ap.add_argument("--batch-sizes", type=int, nargs="+", default=None, metavar="B",
                   help="print hxmlir's aggregate decode tok/s of Decoder.generate_batch at "
                        "these batch sizes instead (see batched())")
@@ -483,11 +621,22 @@ def main(argv=None) -> None:
   if args.prompt_tokens + args.decode_tokens + 1 > args.context:
     ap.error(f"--context {args.context} is too small for {args.prompt_tokens} + "
              f"{args.decode_tokens} tokens")
-  if args.batch_sizes:
+  if args.positions:
+    if min(args.positions) < 1:
+      ap.error(f"--positions {' '.join(map(str, args.positions))}: each must be at least 1 "
+               "(a position filled by the prompt)")
+    if max(args.positions) + args.decode_tokens > args.context:
+      ap.error(f"--context {args.context} is too small for --positions "
+               f"{max(args.positions)} + --decode-tokens {args.decode_tokens} (KV cache "
+               f"positions); give --context {max(args.positions) + args.decode_tokens} or more")
+    return positions(args)
+  if args.batch_sizes and not args.profile:
     return batched(args)
-  if args.profile:
-    return profile_step(llama.Llama.from_gguf(args.gguf, max_context=args.context,
-                                              activations=args.activations))
+  if args.profile:  # with --batch-sizes: generate_batch's step at each size
+    m = llama.Llama.from_gguf(args.gguf, max_context=args.context, activations=args.activations)
+    for b in args.batch_sizes or [1]:
+      profile_step(m, batch=b)
+    return
   bench(args)
 
 

