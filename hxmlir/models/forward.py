@@ -27,7 +27,7 @@ head_dim]``, values ``f32[kv_heads, head_dim, C]`` (both products then read them
 or both ``q8[kv_heads, C, head_dim]`` (one int8 row and one f32 scale per position); written
 in place at ``start + [0, T)``. On the f32 cache attention is one ``hx.attention`` (whose
 CPU kernel reads only positions in the causal window); on ``q8`` rows both products are
-``hx.einsum`` on the int8 values of the shortest prefix of :func:`cache_buckets` that
+``hx.einsum`` per KV head on the int8 values of the shortest prefix of :func:`cache_buckets` that
 holds the positions up to the last query's (a ``lax.switch`` over the prefix lengths).
 """
 
@@ -128,7 +128,8 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
 
   On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``; its CPU kernel
   reads only the window's positions). On ``q8`` rows both products are
-  :func:`hxmlir.types.einsum` on the int8 values of a prefix of the cache
+  :func:`hxmlir.types.einsum`, one per KV head (a 2-D ``q8[c, d]`` weight each, which the
+  native CPU kernels take), on the int8 values of a prefix of the cache
   (:func:`cache_buckets`: a little more than the positions written, never the unwritten rest):
   the scores contract the quantized axis
   (each key row's scale multiplies the result); ``P . V`` contracts positions (each value
@@ -145,13 +146,17 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
 
   def prefix(b):
     def run(q, start, *cs):
-      ks = make_qarray(*(c[:, :b] for c in cs[:nk]))
-      vs = make_qarray(*(c[:, :b] for c in cs[nk:]))
-      sc = einsum("tkgd,kcd->tkgc", q, ks) * np.float32(scale)
+      # one product per KV head: each a 2-D q8 weight the native kernels take
+      heads = range(q.shape[1])
+      ks = [make_qarray(*(c[h, :b] for c in cs[:nk])) for h in heads]
+      vs = [make_qarray(*(c[h, :b] for c in cs[nk:])) for h in heads]
+      sc = jnp.stack([einsum("tgd,cd->tgc", q[:, h], ks[h]) for h in heads], 1)
+      sc = sc * np.float32(scale)
       if softcap:
         sc = np.float32(softcap) * jnp.tanh(sc / np.float32(softcap))
       sc = jnp.where(window_mask(start, q.shape[0], b, window), sc, jnp.finfo(jnp.float32).min)
-      return einsum("tkgc,kcd->tkgd", jax.nn.softmax(sc, axis=-1), vs)
+      pr = jax.nn.softmax(sc, axis=-1)
+      return jnp.stack([einsum("tgc,cd->tgd", pr[:, h], vs[h]) for h in heads], 1)
     return run
   if len(sizes) == 1:
     return prefix(sizes[0])(*parts)
