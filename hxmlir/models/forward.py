@@ -108,11 +108,12 @@ def cache_write(cache, start, x, *, keys: bool):
   return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(x, 1, 2), (zero, zero, start))
 
 
-def window_mask(start, t: int, c: int, window: int = 0):
-  """``bool[t, 1, 1, c]``: query ``i`` (at position ``start + i``) reads position ``c`` when
-  ``c <= start + i`` and, for ``window > 0``, ``start + i - c < window``."""
+def window_mask(start, t: int, c: int, window: int = 0, first=0):
+  """``bool[t, 1, 1, c]``: query ``i`` (at position ``start + i``) reads position ``first +
+  j`` (``j < c``) when it is ``<= start + i`` and, for ``window > 0``, within the last
+  ``window`` positions."""
   pos = start + jnp.arange(t, dtype=jnp.int32)
-  cs = jnp.arange(c, dtype=jnp.int32)[None, :]
+  cs = first + jnp.arange(c, dtype=jnp.int32)[None, :]
   ok = cs <= pos[:, None]
   if window:
     ok = ok & (pos[:, None] - cs < window)
@@ -130,37 +131,46 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
   reads only the window's positions). On ``q8`` rows both products are
   :func:`hxmlir.types.einsum`, one per KV head (a 2-D ``q8[c, d]`` weight each, which the
   native CPU kernels take), on the int8 values of a prefix of the cache
-  (:func:`cache_buckets`: a little more than the positions written, never the unwritten rest):
+  (:func:`cache_buckets`: a little more than the positions written, never the unwritten rest;
+  on a sliding-window layer, once the positions pass the window, the window itself):
   the scores contract the quantized axis
   (each key row's scale multiplies the result); ``P . V`` contracts positions (each value
   row's scale multiplies the probabilities first)."""
   if not _quantized(k):
     return hx_attention(q, k, v, start, scale=scale, window=window, softcap=softcap)
   # q8 rows: only a prefix of the cache is read, the shortest of cache_buckets(C) holding
-  # the positions up to the last query's (lax.switch: one branch per prefix length)
-  sizes = cache_buckets(k.shape[1])
-  end = start + q.shape[0]
-  branch = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < end).astype(jnp.int32)
+  # the positions up to the last query's; on a sliding-window layer whose window (and
+  # queries) span less than C, at most that span: a prefix of it while the positions fit,
+  # then the span ending at the last query (lax.switch: one branch per length)
+  t, c = q.shape[0], k.shape[1]
+  span = window + t - 1 if window else c
+  sizes = tuple(b for b in cache_buckets(c) if b < span) + (min(span, c),)
+  end = start + t
+  branch = jnp.sum(jnp.asarray(sizes, jnp.int32) < end).astype(jnp.int32)
   parts = (q, start, *qarray_parts(k), *qarray_parts(v))
   nk = len(qarray_parts(k))
 
-  def prefix(b):
+  def read(b, sliding=False):
     def run(q, start, *cs):
+      first = start + t - b if sliding else 0
+      cut = ((lambda x: jax.lax.dynamic_slice_in_dim(x, first, b, axis=0)) if sliding
+             else (lambda x: x[:b]))
       # one product per KV head: each a 2-D q8 weight the native kernels take
       heads = range(q.shape[1])
-      ks = [make_qarray(*(c[h, :b] for c in cs[:nk])) for h in heads]
-      vs = [make_qarray(*(c[h, :b] for c in cs[nk:])) for h in heads]
+      ks = [make_qarray(*(cut(x[h]) for x in cs[:nk])) for h in heads]
+      vs = [make_qarray(*(cut(x[h]) for x in cs[nk:])) for h in heads]
       sc = jnp.stack([einsum("tgd,cd->tgc", q[:, h], ks[h]) for h in heads], 1)
       sc = sc * np.float32(scale)
       if softcap:
         sc = np.float32(softcap) * jnp.tanh(sc / np.float32(softcap))
-      sc = jnp.where(window_mask(start, q.shape[0], b, window), sc, jnp.finfo(jnp.float32).min)
+      sc = jnp.where(window_mask(start, t, b, window, first), sc, jnp.finfo(jnp.float32).min)
       pr = jax.nn.softmax(sc, axis=-1)
       return jnp.stack([einsum("tgc,cd->tgd", pr[:, h], vs[h]) for h in heads], 1)
     return run
-  if len(sizes) == 1:
-    return prefix(sizes[0])(*parts)
-  return jax.lax.switch(branch, [prefix(b) for b in sizes], *parts)
+  branches = [read(b) for b in sizes] + ([read(span, sliding=True)] if span < c else [])
+  if len(branches) == 1:
+    return branches[0](*parts)
+  return jax.lax.switch(branch, branches, *parts)
 
 
 def cache_buckets(c: int, smallest: int = 64, parts: int = 16) -> tuple[int, ...]:

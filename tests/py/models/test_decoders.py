@@ -448,6 +448,48 @@ def test_int8_cache_reads_only_a_prefix_of_written_positions(files):
 
 
 
+@pytest.mark.parametrize("window", [0, 8])
+@pytest.mark.parametrize("t,start", [(1, 0), (1, 5), (1, 20), (1, 63), (3, 30), (12, 0), (5, 59)])
+def test_int8_cache_attention_is_the_f32_kernels_on_its_values(window, t, start):
+  # forward.attention on q8 rows (per KV head, a prefix of the cache or, past a sliding
+  # window, the window) against hx.attention's kernel on the same rows dequantized (keys
+  # [kv, C, d], values [kv, d, C]); the bound: each output is a convex combination of value
+  # rows, the scores differ by f32 sums over d in two orders (gamma_d |q| |k| scale each)
+  # and the probabilities by exp's Lipschitz factor on that. Rows before the last query's
+  # window are never read on a sliding layer: NaN there changes nothing.
+  import jax.numpy as jnp
+
+  import hxmlir as hx
+  from hxmlir.models import forward
+  from hxmlir.types.qarray import make_qarray, qarray_parts, quantize
+  rng = np.random.default_rng(100 * t + start)
+  kv, g, c, d, scale = 2, 3, 64, 16, 0.25
+  q = jnp.asarray(rng.standard_normal((t, kv, g, d)), jnp.float32)
+  k8 = quantize(jnp.asarray(rng.standard_normal((kv, c, d)), jnp.float32))
+  v8 = quantize(jnp.asarray(rng.standard_normal((kv, c, d)), jnp.float32))
+  kf, vf = hx.dequantize(k8), jnp.swapaxes(hx.dequantize(v8), 1, 2)
+  with hx.installed():
+    got = np.asarray(forward.attention(q, k8, v8, jnp.int32(start), scale=scale, window=window))
+    want = np.asarray(forward.attention(q, kf, vf, jnp.int32(start), scale=scale, window=window))
+  u = 2.0 ** -24
+  ds = 2 * (d + 2) * u / (1 - (d + 2) * u) * scale * float(
+      jnp.max(jnp.abs(q)) * jnp.max(jnp.abs(kf))) * d
+  vmax = float(jnp.max(jnp.abs(vf)))
+  # softmax moves by at most 2 ds per probability sum (|d softmax| <= 2 |d s|_inf), plus
+  # each side's own rounding of c terms
+  bound = vmax * (2 * ds + 2 * (c + 4) * u)
+  np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+  if window and start + t > window + t - 1:
+    first = start + t - (window + t - 1)
+    def poison(x):
+      vals, scales = qarray_parts(x)
+      return make_qarray(vals, scales.at[:, :first].set(jnp.nan))
+    with hx.installed():
+      dirty = np.asarray(forward.attention(q, poison(k8), poison(v8), jnp.int32(start),
+                                           scale=scale, window=window))
+    np.testing.assert_array_equal(dirty, got)
+
+
 def test_architecture_is_checked_before_the_header_is_read(tmp_path, monkeypatch):
   # another architecture fails on the first keys of the header: the vocabulary (Gemma 3's
   # 262k pieces) is never parsed
