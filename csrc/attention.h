@@ -10,6 +10,13 @@
 //   s = softcap * tanh(s / softcap)                               (v2, softcap > 0)
 //   out[t, h, j, :] = sum_c softmax_c(s[t, h, j, :]) * v[h, :, c]
 //
+// v3: a batch of B >= 1 such problems in one call, each element b its own start[b] (v2's
+// attributes):
+//
+//   q: f32[B, T, kv, g, d]   k: f32[B, kv, C, d] or f32[kv, C, d] (one cache shared by
+//   every element)   v: f32[B, kv, d, C] or f32[kv, d, C]   start: s32[B]
+//     -> out: f32[B, T, kv, g, d],  out[b] = v2(q[b], k[b], v[b], start[b])
+//
 // Positions outside [l(t), n(t)) are never read, so the cache beyond start + t may hold anything
 // (NaN included). start + t >= C reads all C positions (clamped: never out of bounds). A
 // query with no position (start + t < 0) gets the mean of v[h, :, c] over all C positions,
@@ -64,8 +71,9 @@ const AttentionKernels* SelectedAttentionKernels();
 
 struct XLA_FFI_Error;
 struct XLA_FFI_CallFrame;
-// The FFI handlers of "hx_attention_cpu_v1" and "hx_attention_cpu_v2" (attention_ffi.cc).
+// The FFI handlers of "hx_attention_cpu_v1", "_v2" and "_v3" (attention_ffi.cc).
 extern "C" XLA_FFI_Error* HxAttentionCpuV1(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* HxAttentionCpuV2(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* HxAttentionCpuV3(XLA_FFI_CallFrame* call_frame);
 
 #endif  // HXMLIR_CSRC_ATTENTION_H_

@@ -191,6 +191,10 @@ PyObject* PyHandlerAttentionV2(PyObject*, PyObject*) {
   return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV2), nullptr, nullptr);
 }
 
+PyObject* PyHandlerAttentionV3(PyObject*, PyObject*) {
+  return PyCapsule_New(reinterpret_cast<void*>(&HxAttentionCpuV3), nullptr, nullptr);
+}
+
 PyObject* PyI8xIsa(PyObject*, PyObject*) {
   return PyUnicode_FromString(hxmlir::SelectedI8xKernels()->isa);
 }
@@ -310,6 +314,9 @@ PyMethodDef kMethods[] = {
     {"handler_attention_v2", PyHandlerAttentionV2, METH_NOARGS,
      "PyCapsule of hx_attention_cpu_v2's XLA FFI handler (hx.attention with a window and "
      "a soft cap; api_version=1)."},
+    {"handler_attention_v3", PyHandlerAttentionV3, METH_NOARGS,
+     "PyCapsule of hx_attention_cpu_v3's XLA FFI handler (hx.attention over a batch, each "
+     "element its own start; api_version=1)."},
     {"i8x_isa", PyI8xIsa, METH_NOARGS,
      "The ISA of hx_matmul_q_cpu_i8x_v1's and _i8x_v2's kernels in use (avx512_vnni, avx2, "
      "generic)."},

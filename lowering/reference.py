@@ -369,8 +369,22 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
   return jnp.einsum("tkgc,kdc->tkgd", jax.nn.softmax(s, axis=-1), v)
 
 
+def attention_batched(q, k, v, start, *, scale: float, window: int = 0, softcap: float = 0.0):
+  """``hx.attention`` version 3: a batch of :func:`attention` problems, each element its own
+  start. ``q: f32[B, T, kv, g, d]``, ``k: f32[B, kv, C, d]`` and ``v: f32[B, kv, d, C]`` (or
+  ``f32[kv, C, d]`` and ``f32[kv, d, C]``: one cache every element reads), ``start: i32[B]``
+  -> ``f32[B, T, kv, g, d]``, ``out[b] = attention(q[b], k[b], v[b], start[b])``: the same
+  computation under ``jax.vmap``."""
+  kv_axis = 0 if k.ndim == 4 else None
+  one = functools.partial(attention, scale=scale, window=window, softcap=softcap)
+  return jax.vmap(one, in_axes=(0, kv_axis, kv_axis, 0))(q, k, v, start)
+
+
 @functools.cache
-def attention_for(scale: float, window: int = 0, softcap: float = 0.0) -> Callable:
-  """:func:`attention` with ``scale``, ``window`` and ``softcap`` bound, one function per
-  setting (a stable key for sharing decompositions within a module)."""
-  return functools.partial(attention, scale=scale, window=window, softcap=softcap)
+def attention_for(scale: float, window: int = 0, softcap: float = 0.0,
+                  batched: bool = False) -> Callable:
+  """:func:`attention` (``batched``: :func:`attention_batched`) with ``scale``, ``window`` and
+  ``softcap`` bound, one function per setting (a stable key for sharing decompositions
+  within a module)."""
+  return functools.partial(attention_batched if batched else attention, scale=scale,
+                           window=window, softcap=softcap)

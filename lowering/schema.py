@@ -135,6 +135,8 @@ class OpSchema:
   # "weight" --, index of its stored values, index of its scales), among the results
   # for "result", else among the operands.
   quantized_pair: tuple[str, int, int] | None = None
+  # what each version is emitted for, where several are (docs/compatibility.md's table)
+  emitted_for: dict[int, str] = field(default_factory=dict)
 
   @property
   def versions(self) -> tuple[int, ...]:
@@ -397,22 +399,38 @@ def _check_matmul_r1(ops, res, attrs=None):
 
 ATTENTION_SIGNATURE = ("(q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], start: i32[]) "
                        "-> f32[T, kv, g, d]")
+ATTENTION_BATCHED_SIGNATURE = (
+    "(q: f32[B, T, kv, g, d], k: f32[B, kv, C, d] or f32[kv, C, d], v: f32[B, kv, d, C] or "
+    "f32[kv, d, C] (as k), start: i32[B]) -> f32[B, T, kv, g, d]")
+"""Version 3's operands: a batch of ``B`` version-2 problems, element ``b`` at its own
+``start[b]``, over its own cache or (``k`` and ``v`` without ``B``) one shared by all."""
 
 
 def attention_problems(q: TensorType, k: TensorType, v: TensorType,
                        start: TensorType) -> list[str]:
   """What is wrong with ``hx.attention``'s operand types (empty: nothing): ``q: f32[T, kv, g,
   d]``, ``k: f32[kv, C, d]``, ``v: f32[kv, d, C]``, ``start: i32[]``, the ``kv``, ``d`` and
-  ``C`` of each the same. One message naming every operand type."""
-  ok = (q.dtype == k.dtype == v.dtype == "f32" and start.dtype == "i32" and len(q.shape) == 4
-        and len(k.shape) == 3 and len(v.shape) == 3 and start.shape == ())
+  ``C`` of each the same; or, with a rank-5 ``q``, version 3's batch of them
+  (:data:`ATTENTION_BATCHED_SIGNATURE`: ``q``, ``start`` and, unless shared, ``k`` and ``v``
+  with a leading ``B``). One message naming every operand type."""
+  batched = len(q.shape) == 5
+  ok = q.dtype == k.dtype == v.dtype == "f32" and start.dtype == "i32"
+  qs, ks, vs = q.shape, k.shape, v.shape  # one problem's shapes
+  if batched:
+    kb = len(ks) - 3  # 1: k and v have the batch dimension, 0: one cache for all
+    ok = ok and kb in (0, 1) and len(vs) == len(ks) and start.shape == qs[:1] and \
+        ks[:kb] == vs[:kb] == qs[:kb]
+    qs, ks, vs = qs[1:], ks[kb:], vs[kb:]
+  else:
+    ok = ok and start.shape == ()
+  ok = ok and len(qs) == 4 and len(ks) == 3 and len(vs) == 3
   if ok:
-    _, kv, _, d = q.shape
-    ok = k.shape[0] == v.shape[0] == kv and k.shape[2] == v.shape[1] == d and \
-        v.shape[2] == k.shape[1]
+    _, kv, _, d = qs
+    ok = ks[0] == vs[0] == kv and ks[2] == vs[1] == d and vs[2] == ks[1]
   if ok:
     return []
-  return [f"expects {ATTENTION_SIGNATURE}, got q: {q}, k: {k}, v: {v}, start: {start}"]
+  return [f"expects {ATTENTION_BATCHED_SIGNATURE if batched else ATTENTION_SIGNATURE}, got "
+          f"q: {q}, k: {k}, v: {v}, start: {start}"]
 
 
 def _attention_operands(ops, attrs=None):
@@ -596,13 +614,16 @@ SCHEMAS: dict[str, OpSchema] = {s.name: s for s in [
              "(f32[*b, p, m], f32[*b, m], f32[*b, n]) -> f32[*b, p, n]",
              primitive="hx_matmul_r1",
              check_types=_check_matmul_r1, check_shardings=_shard_matmul_r1),
-    OpSchema("hx.attention", 2, 4, 1,
+    OpSchema("hx.attention", 3, 4, 1,
              ATTENTION_SIGNATURE + ": softmax over positions start + t - window < c <= "
              "start + t of scale * q . k (soft-capped), times v (lowering/reference.py: "
-             "attention; version 1: no window or softcap attribute)",
+             "attention; version 1: no window or softcap attribute; version 3: a batch, "
+             + ATTENTION_BATCHED_SIGNATURE + ")",
              primitive="hx_attention",
              attributes={"scale": float, "window": int, "softcap": float},
              accepted_versions=(1, 2), old_attributes={1: {"scale": float}},
+             emitted_for={1: "no window or soft cap", 2: "a window or a soft cap",
+                          3: "a batch (jax.vmap)"},
              check_types=_check_attention, check_shardings=_shard_attention,
              check_operands=_attention_operands),
 ]}

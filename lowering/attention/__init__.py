@@ -6,18 +6,21 @@ rules for every platform.
 v[h, :, c]`` for ``q: f32[T, kv, g, d]``, ``k: f32[kv, C, d]``, ``v: f32[kv, d, C]``, ``start:
 i32[]`` (:func:`hxmlir.lowering.reference.attention`). It lowers to one ``stablehlo.composite
 "hx.attention"`` version 1, ``scale`` in its ``composite_attributes`` (version 2, for a
-sliding ``window`` or a ``softcap``, adds both) (schema:
+sliding ``window`` or a ``softcap``, adds both; version 3, a batch of such problems each
+at its own ``start``, is what ``jax.vmap`` of it lowers to) (schema:
 ``lowering/schema.py``):
 
 ==============================  ==========================================================
 module                          what
 ==============================  ==========================================================
-:mod:`.primitive`               abstract eval, batching (the reference under ``vmap``), JVP
+:mod:`.primitive`               abstract eval, batching (one batched op, version 3), JVP
                                 (``jax.jvp`` of the reference), :func:`attention`
 default rule (here)             the reference decomposition (masked scores, softmax, the
-                                weighted sum over all ``C`` positions)
+                                weighted sum over all ``C`` positions; under ``vmap`` for a
+                                batch)
 :mod:`.cpu`                     ``platform="cpu"``: the native kernel ``hx_attention_cpu_v1``
-                                (reads positions ``c <= start + t`` only) while installed
+                                (``_v2``, ``_v3`` for a batch; reads positions
+                                ``c <= start + t`` only) while installed
 ==============================  ==========================================================
 
 Importing this package registers every rule (``import hxmlir`` does).
@@ -36,11 +39,13 @@ from hxmlir.lowering.composite import lower_composite
 
 def lower_attention(ctx, q, k, v, start, *, scale: float, window: int = 0,
                     softcap: float = 0.0):
-  """``hx_attention_p`` -> ``hx.attention`` (:func:`composite_attributes`: version 1 or 2),
-  decomposition :func:`hxmlir.lowering.reference.attention`."""
-  attrs, version = composite_attributes(scale, window, softcap)
+  """``hx_attention_p`` -> ``hx.attention`` (:func:`composite_attributes`: version 1 or 2, 3
+  for a batch), decomposition :func:`hxmlir.lowering.reference.attention` (a batch:
+  :func:`~hxmlir.lowering.reference.attention_batched`, the reference under ``vmap``)."""
+  batched = len(ctx.avals_in[0].shape) == 5
+  attrs, version = composite_attributes(scale, window, softcap, batched)
   return lower_composite(ctx, "hx.attention", q, k, v, start,
-                         reference=reference.attention_for(scale, window, softcap),
+                         reference=reference.attention_for(scale, window, softcap, batched),
                          attributes=attrs, version=version)
 
 

@@ -6,9 +6,11 @@ i32[]``; parameter ``scale`` (a Python float) -> ``f32[T, kv, g, d]``, typed lik
 (sharding included). Semantics: :func:`hxmlir.lowering.reference.attention`. The abstract
 eval raises ``TypeError`` naming the four operand types when they do not fit
 (:func:`hxmlir.lowering.schema.attention_problems`, the rule ``hx-verify`` checks too).
-Under ``vmap`` and differentiation the op is its reference: the batching rule runs the
-reference under ``jax.vmap``, the JVP is ``jax.jvp`` of the reference (the primal stays
-one ``hx_attention_p``).
+The same primitive also takes a batch (version 3: ``q: f32[B, T, kv, g, d]``, ``k`` and
+``v`` with a leading ``B`` or shared, ``start: i32[B]``;
+:func:`hxmlir.lowering.reference.attention_batched`): the batching rule binds that, so that ``vmap`` keeps one op (on CPU
+one call of the native kernel for the whole batch). Under differentiation the op is its
+reference: the JVP is ``jax.jvp`` of the reference (the primal stays one ``hx_attention_p``).
 """
 
 from __future__ import annotations
@@ -40,9 +42,25 @@ def _attention_abstract_eval(q, k, v, start, *, scale, window=0, softcap=0.0):
 
 
 def _batch_attention(args, dims, *, scale, window=0, softcap=0.0):
+  """``vmap`` of one ``hx_attention_p``: one batched ``hx_attention_p`` (``hx.attention``
+  version 3, the native kernel's ``hx_attention_cpu_v3`` on CPU) with the mapped axis first:
+  ``q`` and ``start`` (small) broadcast where unmapped, ``k`` and ``v`` left without a batch
+  axis when neither is mapped (one cache for every element), the unmapped one broadcast
+  when only the other is. An already batched one under a second ``vmap``: the reference."""
   # dims: the mapped axis of each operand, None where it is not mapped (jax.vmap's in_axes)
-  return jax.vmap(reference.attention_for(scale, window, softcap),
-                  in_axes=tuple(dims))(*args), 0
+  q, k, v, start = args
+  if q.ndim - (dims[0] is not None) == 5:  # already a batch
+    return jax.vmap(reference.attention_for(scale, window, softcap, batched=True),
+                    in_axes=tuple(dims))(*args), 0
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+
+  def front(a, d):
+    return jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+  q, start = front(q, dims[0]), front(start, dims[3])
+  if dims[1] is not None or dims[2] is not None:
+    k, v = front(k, dims[1]), front(v, dims[2])
+  return hx_attention_p.bind(q, k, v, start, scale=scale, window=window,
+                             softcap=softcap), 0
 
 
 batching.primitive_batchers[hx_attention_p] = _batch_attention
@@ -51,7 +69,7 @@ batching.primitive_batchers[hx_attention_p] = _batch_attention
 def _attention_jvp(primals, tangents, *, scale, window=0, softcap=0.0):
   q, k, v, start = primals
   tq, tk, tv = (ad.instantiate_zeros(t) for t in tangents[:3])
-  ref = reference.attention_for(scale, window, softcap)
+  ref = reference.attention_for(scale, window, softcap, batched=q.ndim == 5)
   _, out_dot = jax.jvp(lambda q, k, v: ref(q, k, v, start), (q, k, v), (tq, tk, tv))
   return hx_attention_p.bind(q, k, v, start, scale=scale, window=window,
                              softcap=softcap), out_dot
@@ -60,10 +78,15 @@ def _attention_jvp(primals, tangents, *, scale, window=0, softcap=0.0):
 ad.primitive_jvps[hx_attention_p] = _attention_jvp
 
 
-def composite_attributes(scale: float, window: int, softcap: float) -> tuple[dict, int]:
+def composite_attributes(scale: float, window: int, softcap: float,
+                         batched: bool = False) -> tuple[dict, int]:
   """``hx.attention``'s ``composite_attributes`` and version for these parameters: version 1
   with ``scale`` alone when there is neither a window nor a soft cap (the IR of before
-  both existed), else version 2 with ``window`` and ``softcap`` too."""
+  both existed), else version 2 with ``window`` and ``softcap`` too; ``batched`` (operands
+  with a leading batch axis, :data:`hxmlir.lowering.schema.ATTENTION_BATCHED_SIGNATURE`):
+  version 3, with all three."""
+  if batched:
+    return {"scale": scale, "window": window, "softcap": softcap}, 3
   if not window and not softcap:
     return {"scale": scale}, 1
   return {"scale": scale, "window": window, "softcap": softcap}, 2

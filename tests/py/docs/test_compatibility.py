@@ -32,6 +32,7 @@ SINCE = {
     ("hx.dequantize", 4): "0.5.0", ("hx.matmul_q", 5): "0.5.0", ("hx.attention", 2): "0.5.0",
     "hx_matmul_q_cpu_v4": "0.5.0", "hx_attention_cpu_v2": "0.5.0",
     "hx_matmul_q_cpu_nkt_v1": "0.6.0", "hx_matmul_q_cpu_i8x_v2": "0.6.0",
+    ("hx.attention", 3): "0.7.0", "hx_attention_cpu_v3": "0.7.0",
 }
 
 
@@ -52,6 +53,7 @@ def render() -> str:
         emitted = "formats with f32 scales and no offset"
       else:
         emitted = "read only (older artifacts)"
+      emitted = op.emitted_for.get(v, emitted)
       rows.append(f"| `{op.name}` | {v} | {emitted} | {SINCE[(op.name, v)]} |")
   rows += ["", "| kernel (custom call) | target | platforms | since hxmlir |", "|---|---|---|---|"]
   by_name: dict[str, tuple[str, list[str]]] = {}

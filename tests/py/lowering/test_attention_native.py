@@ -348,3 +348,153 @@ def test_window_and_softcap_make_version_2_and_bad_values_are_type_errors():
                   (dict(softcap=float("nan")), "softcap must be a static finite number")]:
     with pytest.raises(TypeError, match=msg):
       hx.attention(q, k, v, 0, scale=1.0, **kw)
+
+
+# hx.attention version 3: jax.vmap of it is one batched op; on CPU while installed one call of
+# hx_attention_cpu_v3 for the whole batch, each element at its own start. (B, T, window, cap,
+# shared: one cache for every element, k and v not mapped)
+BATCHED = [(1, 1, 0, 0.0, False), (5, 1, 0, 0.0, False), (5, 4, 0, 0.0, False),
+           (3, 1, 8, 0.5, False), (3, 4, 8, 0.0, False), (5, 4, 0, 0.5, True),
+           (3, 1, 8, 0.0, True)]
+
+
+def _batched_operands(b, t, shared, seed, c=64):
+  rng = np.random.default_rng(seed)
+  q = rng.standard_normal((b, t, 3, 2, 24)).astype(np.float32)
+  nk = 1 if shared else b
+  k = rng.standard_normal((nk, 3, c, 24)).astype(np.float32)
+  v = rng.standard_normal((nk, 3, 24, c)).astype(np.float32)
+  starts = np.asarray([(7 * i + 3 * i * i) % (c - t + 1) for i in range(b)], np.int32)
+  starts[-1] = c - t  # the last element reads the whole cache
+  return q, k, v, starts
+
+
+def _vmapped(b_shared, window, cap):
+  def one(q, k, v, s):
+    return hx.attention(q, k, v, s, scale=SCALE, window=window, softcap=cap)
+  if b_shared:
+    return lambda q, k, v, s: jax.vmap(one, in_axes=(0, None, None, 0))(q, k[0], v[0], s)
+  return jax.vmap(one)
+
+
+@needs_native
+@pytest.mark.parametrize("case", BATCHED, ids=lambda c: "B{}-T{}-window{}-cap{}-shared{}".format(
+    *c))
+def test_batched_kernel_matches_float64_on_every_isa_and_each_element_alone(case):
+  b, t, window, cap, shared = case
+  q, k, v, starts = _batched_operands(b, t, shared, sum(map(int, case)))
+  f = jax.jit(_vmapped(shared, window, cap))
+  # positions no query of an element reads hold NaN (its own cache; a shared cache: past
+  # the largest bound), and so do those before a window: the kernel never reads them
+  k_nan, v_nan = k.copy(), v.copy()
+  for i in range(len(k)):
+    end = int(starts.max() if shared else starts[i]) + t
+    k_nan[i, :, end:] = np.nan
+    v_nan[i, :, :, end:] = np.nan
+    first = int(starts.min() if shared else starts[i]) + 1 - window
+    if window and first > 0:
+      k_nan[i, :, :first] = np.nan
+      v_nan[i, :, :, :first] = np.nan
+  with hx.installed():
+    assert "hx_attention_cpu_v3" in f.lower(q, k, v, starts).as_text()
+    got = {isa: _with_isa(isa, f, q, k_nan, v_nan, starts) for isa in INFO.supported_isas}
+  alone = jax.jit(lambda q, k, v, s: attention_cpu.attention_native(
+      q, k, v, s, scale=SCALE, window=window, softcap=cap))
+  for i in range(b):
+    kb, vb = (k[0], v[0]) if shared else (k[i], v[i])
+    want, bound = attention64_windowed(q[i], kb, vb, int(starts[i]), SCALE, window, cap,
+                                       KERNEL_EXP_ULPS)
+    for isa, out in got.items():
+      assert_within(out[i], want, bound, f"{isa}, element {i}: ")
+    # each element is the unbatched kernel's call on it: the same blocks, the same order
+    np.testing.assert_array_equal(got[INFO.isa][i], alone(q[i], kb, vb, starts[i]))
+  if "avx512" in got and "avx2" in got:
+    np.testing.assert_array_equal(got["avx512"], got["avx2"])
+  # not installed: version 3's decomposition, the reference under vmap
+  want_all = [attention64_windowed(q[i], *((k[0], v[0]) if shared else (k[i], v[i])),
+                                   int(starts[i]), SCALE, window, cap, XLA_EXP_ULPS)
+              for i in range(b)]
+  ref = np.asarray(f(q, k, v, starts))
+  for i, (want, bound) in enumerate(want_all):
+    assert_within(ref[i], want, bound, f"reference, element {i}: ")
+
+
+@needs_native
+def test_batched_bound_catches_another_elements_start():
+  q, k, v, starts = _batched_operands(3, 1, False, 5)
+  with hx.installed():
+    got = np.asarray(jax.jit(_vmapped(False, 0, 0.0))(q, k, v, starts))
+  assert_within(got[1], *attention64_windowed(q[1], k[1], v[1], int(starts[1]), SCALE, 0, 0.0,
+                                              KERNEL_EXP_ULPS))
+  with pytest.raises(AssertionError, match="error .* > bound"):
+    assert_within(got[1], *attention64_windowed(q[1], k[1], v[1], int(starts[0]), SCALE, 0,
+                                                0.0, KERNEL_EXP_ULPS))
+
+
+def _main_of(text: str) -> str:
+  return text.split("func.func public @main", 1)[1].split("\n  }\n", 1)[0]
+
+
+@needs_native
+@pytest.mark.parametrize("axes", [(0, 0, 0, 0), (1, 0, 2, None), (0, None, None, 0),
+                                  (None, 0, 0, 0)], ids=str)
+def test_vmap_lowers_to_one_batched_kernel_call_not_a_loop_of_dots(axes):
+  # any mapped axis, unmapped start (broadcast), an unmapped query (broadcast) or a cache
+  # shared by every element (not copied: k and v keep their rank)
+  q, k, v, starts = _batched_operands(4, 2, False, 11, c=32)
+  args = [a[0] if ax is None else np.moveaxis(a, 0, ax) for a, ax in zip((q, k, v, starts), axes)]
+  f = jax.jit(jax.vmap(lambda q, k, v, s: hx.attention(q, k, v, s, scale=SCALE), in_axes=axes))
+  with hx.installed():
+    text = f.lower(*args).as_text()
+    got = np.asarray(f(*args))
+  assert text.count('stablehlo.composite "hx.attention"') == 1
+  assert "version = 3 : i32" in text and text.count("hx_attention_cpu_v3") == 1
+  assert "dot_general" not in text and "stablehlo.while" not in text
+  if axes[1] is None:  # the shared cache stays one f32[kv, C, d]: no broadcast copy of it
+    assert "tensor<4x3x32x24xf32>" not in text
+  for i in range(4):
+    one = [a if ax is None else np.take(a, i, axis=ax) for a, ax in zip(args, axes)]
+    want, bound = attention64(*one[:3], int(one[3]), SCALE, KERNEL_EXP_ULPS)
+    assert_within(got[i], want, bound, f"element {i}: ")
+
+
+@needs_native
+def test_vmap_of_the_models_attention_on_f32_caches_calls_the_batched_kernel():
+  from hxmlir.models import forward
+  q, k, v, starts = _batched_operands(3, 1, False, 12)
+  f = jax.jit(jax.vmap(lambda q, k, v, s: forward.attention(q, k, v, s, scale=SCALE,
+                                                            window=8)))
+  with hx.installed():
+    text = f.lower(q, k, v, starts).as_text()
+    got = np.asarray(f(q, k, v, starts))
+  assert "hx_attention_cpu_v3" in text and "dot_general" not in text
+  for i in range(3):
+    want, bound = attention64_windowed(q[i], k[i], v[i], int(starts[i]), SCALE, 8, 0.0,
+                                       KERNEL_EXP_ULPS)
+    assert_within(got[i], want, bound, f"element {i}: ")
+
+
+def test_batched_operands_are_a_type_error_naming_them():
+  q = np.zeros((2, 1, 3, 2, 8), np.float32)
+  k, v = np.zeros((2, 3, 16, 8), np.float32), np.zeros((3, 3, 8, 16), np.float32)
+  with pytest.raises(TypeError) as e:
+    jax.jit(lambda *a: hx.lowering.attention.hx_attention_p.bind(
+        *a, scale=0.125, window=0, softcap=0.0)).lower(q, k, v, np.zeros((2,), np.int32))
+  assert str(e.value) == (
+      "hx.attention expects (q: f32[B, T, kv, g, d], k: f32[B, kv, C, d] or f32[kv, C, d], v: "
+      "f32[B, kv, d, C] or f32[kv, d, C] (as k), start: i32[B]) -> f32[B, T, kv, g, d], got "
+      "q: f32[2,1,3,2,8], k: f32[2,3,16,8], v: f32[3,3,8,16], start: i32[2]")
+
+
+@needs_native
+def test_batched_kernel_refuses_bad_operands_naming_their_types():
+  out = jax.ShapeDtypeStruct((2, 1, 3, 2, 8), jnp.float32)
+  call = jax.ffi.ffi_call(attention_cpu.TARGET_V3, out)
+  q = np.zeros((2, 1, 3, 2, 8), np.float32)
+  k, v = np.zeros((2, 3, 16, 8), np.float32), np.zeros((2, 3, 8, 16), np.float32)
+  with pytest.raises(Exception, match=r"hx_attention_cpu_v3 expects q: f32\[B, T, kv, g, d\], "
+                     r"k: f32\[B, kv, C, d\] \(or f32\[kv, C, d\]\), .* got f32\[2,1,3,2,8\], "
+                     r"f32\[2,3,16,8\], f32\[2,3,8,16\], s32\[3\] -> f32\[2,1,3,2,8\]"):
+    jax.block_until_ready(jax.jit(lambda *a: call(*a, scale=np.float32(1), window=np.int64(0),
+                                                  softcap=np.float32(0)))(
+        q, k, v, np.zeros((3,), np.int32)))

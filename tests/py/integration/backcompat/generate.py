@@ -228,6 +228,13 @@ CASES: dict[str, Case] = {
         lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25, window=4, softcap=0.5),
         lambda: (_x((3, 2, 3, 8), 83), _x((2, 16, 8), 84), _x((2, 8, 16), 85), np.int32(9)),
         (("hx.attention", 2),)),
+    # version 3: jax.vmap of it, a batch of 3 each at its own position (2, 7, 12) over its own
+    # cache of 16, T = 2 queries, a window of 4
+    "attention_v3": Case(
+        jax.vmap(lambda q, k, v, start: hx.attention(q, k, v, start, scale=0.25, window=4)),
+        lambda: (_x((3, 2, 2, 3, 8), 86), _x((3, 2, 16, 8), 87), _x((3, 2, 8, 16), 88),
+                 np.asarray([2, 7, 12], np.int32)),
+        (("hx.attention", 3),)),
     # hxmlir's registered kernels (lowering/matmul_q/pallas/), one case per platform
     **{f"hx_matmul_q_v1_{p}": Case(
         hx.matmul_q, lambda: (_x((3, 40), 10), hx.quantize(_x((40, 50), 11))),
@@ -364,6 +371,21 @@ CASES: dict[str, Case] = {
                  _x((2, 64, 48), 99), _x((3, 48, 24), 100), _x((3, 24, 48), 101)),
         (("hx.attention", 2),), platforms=("cpu",),
         kernels=(("hx_attention_cpu_v2", "hx_attention_cpu_v2"),)),
+    # its version 3 (jax.vmap: a batch, each element at its own position): decode steps of 3
+    # elements at positions 40, 3 and 20 over their own caches of 48 (a window of 16, a cap
+    # of 0.5), and prefills of T = 5 of 2 elements from positions 0 and 30 over one shared
+    # cache
+    "hx_attention_cpu_v3_cpu": Case(
+        lambda q1, q2, k, v, k2, v2: (
+            jax.vmap(lambda q, k, v, s: hx.attention(q, k, v, s, scale=0.2, window=16,
+                                                     softcap=0.5))(
+                q1, k, v, jnp.asarray([40, 3, 20], jnp.int32)),
+            jax.vmap(lambda q, s: hx.attention(q, k2, v2, s, scale=0.125))(
+                q2, jnp.asarray([0, 30], jnp.int32))),
+        lambda: (_x((3, 1, 3, 1, 24), 102), _x((2, 5, 2, 3, 64), 103), _x((3, 3, 48, 24), 104),
+                 _x((3, 3, 24, 48), 105), _x((2, 48, 64), 106), _x((2, 64, 48), 107)),
+        (("hx.attention", 3),), platforms=("cpu",),
+        kernels=(("hx_attention_cpu_v3", "hx_attention_cpu_v3"),)),
 }
 
 
