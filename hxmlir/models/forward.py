@@ -33,6 +33,7 @@ holds the positions up to the last query's (a ``lax.switch`` over the prefix len
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,15 +98,58 @@ def _ein(spec: str, x, w):
 def cache_write(cache, start, x, *, keys: bool):
   """One layer's ``cache`` with ``x: f32[T, kv, d]`` written at positions ``start + [0,
   T)``: keys ``f32[kv, C, d]``, values ``f32[kv, d, C]``, or either as ``q8[kv, C, d]`` with
-  ``x`` quantized per (head, position) row."""
-  zero = jnp.zeros((), jnp.int32)
+  ``x`` quantized per (head, position) row. Under ``jax.vmap`` with a mapped ``start`` each
+  element's rows are written in place at its own start (:func:`_rows_writer`), not by a
+  scatter and a select over the whole cache."""
   x = jnp.swapaxes(x, 0, 1)  # [kv, T, d]
   if _quantized(cache):
-    return make_qarray(*(jax.lax.dynamic_update_slice(c, p, (zero, start, zero)[:p.ndim])
+    return make_qarray(*(_rows_writer(1)(c, p, start)
                          for c, p in zip(qarray_parts(cache), qarray_parts(quantize(x)))))
   if keys:
-    return jax.lax.dynamic_update_slice(cache, x, (zero, start, zero))
-  return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(x, 1, 2), (zero, zero, start))
+    return _rows_writer(1)(cache, x, start)
+  return _rows_writer(2)(cache, jnp.swapaxes(x, 1, 2), start)
+
+
+@functools.cache
+def _rows_writer(axis: int):
+  """``write(cache, x, start)``: ``lax.dynamic_update_slice`` of ``x`` into ``cache`` at
+  ``start`` along ``axis`` (0 along the others), whose ``vmap`` with a mapped ``start``
+  writes element ``b``'s ``x[b]`` at ``start[b]`` with one in-place ``dynamic_update_slice``
+  per element (a ``fori_loop``; XLA's own rule for a mapped start is a scatter and a select
+  over the whole cache). Its JVP is the plain update of the tangents (linear in ``cache``
+  and ``x``), so it differentiates and transposes as ``dynamic_update_slice`` does."""
+  def write(cache, x, start):
+    zero = jnp.zeros((), jnp.int32)
+    return jax.lax.dynamic_update_slice(
+        cache, x, tuple(start if i == axis else zero for i in range(cache.ndim)))
+
+  batched = jax.custom_batching.custom_vmap(write)
+
+  @batched.def_vmap
+  def _vmap(size, in_batched, cache, x, start):
+    cache_b, x_b, start_b = in_batched
+    if not start_b:  # one start for all: a dynamic_update_slice of the batch
+      axes = (0 if cache_b else None, 0 if x_b else None, None)
+      return jax.vmap(write, in_axes=axes)(cache, x, start), cache_b or x_b
+    if not cache_b:
+      cache = jnp.broadcast_to(cache, (size, *cache.shape))
+
+    def one(b, cache):
+      row = jax.lax.dynamic_index_in_dim(x, b, keepdims=True) if x_b else x[None]
+      zero = jnp.zeros((), jnp.int32)
+      at = tuple(jnp.asarray(start)[b] if i == axis else zero for i in range(x.ndim - x_b))
+      return jax.lax.dynamic_update_slice(cache, row, (b, *at))
+    return jax.lax.fori_loop(0, size, one, cache), True
+
+  @jax.custom_jvp
+  def rows(cache, x, start):
+    return batched(cache, x, start)
+
+  @rows.defjvp
+  def _jvp(primals, tangents):
+    cache, x, start = primals
+    return rows(cache, x, start), write(tangents[0], tangents[1], start)
+  return rows
 
 
 def window_mask(start, t: int, c: int, window: int = 0, first=0):

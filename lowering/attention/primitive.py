@@ -8,8 +8,8 @@ eval raises ``TypeError`` naming the four operand types when they do not fit
 (:func:`hxmlir.lowering.schema.attention_problems`, the rule ``hx-verify`` checks too).
 The same primitive also takes a batch (version 3: ``q: f32[B, T, kv, g, d]``, ``k`` and
 ``v`` with a leading ``B`` or shared, ``start: i32[B]``;
-:func:`hxmlir.lowering.reference.attention_batched`): the batching rule binds that, so that ``vmap`` keeps one op (on CPU
-one call of the native kernel for the whole batch). Under differentiation the op is its
+:func:`hxmlir.lowering.reference.attention_batched`): the batching rule binds that, so
+that ``vmap`` keeps one op (on CPU one call of the native kernel for the whole batch). Under differentiation the op is its
 reference: the JVP is ``jax.jvp`` of the reference (the primal stays one ``hx_attention_p``).
 """
 
@@ -107,7 +107,9 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
   kernel reads only those); ``softcap > 0``: each score ``s`` becomes ``softcap * tanh(s /
   softcap)`` before the softmax (Gemma 2's attention logit soft-capping). Either makes the
   composite version 2 (with ``window`` and ``softcap`` among its attributes); without them
-  it is version 1, as before. Raises ``TypeError`` naming the operand types when they do
+  it is version 1, as before. Under ``jax.vmap`` (each element its own ``start``, its own
+  cache or one shared) it is one composite of version 3 over the whole batch, on CPU one
+  call of ``hx_attention_cpu_v3``. Raises ``TypeError`` naming the operand types when they do
   not fit, and when ``scale``, ``window`` (an int >= 0) or ``softcap`` (a finite number >=
   0) is not static and in range.
   """

@@ -4,6 +4,7 @@
 # by c <= start + t, softmax, the weighted sum over every position) without install, and a
 # call of the native kernel hx_attention_cpu_v1 on CPU while installed (csrc/attention.h).
 # Exports keep the reference unless hx.keep_native_cpu_calls().
+import jax
 import numpy as np
 
 import hxmlir as hx
@@ -79,3 +80,29 @@ with hx.installed():
 # CHECK-LABEL: TEST: attention_window_softcap_cpu_installed
 # CHECK: stablehlo.composite "hx.attention" {{.*}}version = 2 : i32
 # CHECK: stablehlo.custom_call @hx_attention_cpu_v2({{.*}}mhlo.backend_config = {scale = 1.250000e-01 : f32, softcap = 5.000000e-01 : f32, window = 4 : i64}
+
+
+# version 3: jax.vmap of hx.attention, a batch of 4 each at its own start, over one cache
+# shared by all (k and v stay unbatched). Not installed, the decomposition is the reference
+# under vmap; installed, one call of hx_attention_cpu_v3 for the whole batch.
+def h(qs, starts):
+  return jax.vmap(lambda q, s: hx.attention(q, k, v, s, scale=0.125))(qs, starts)
+
+
+qs = np.ones((4, 2, 3, 3, 64), np.float32)
+starts = np.asarray([0, 3, 9, 14], np.int32)
+print_ir("attention_vmap", h, qs, starts)
+# CHECK-LABEL: TEST: attention_vmap f32[4,2,3,3,64] i32[4]
+# CHECK: stablehlo.composite "hx.attention" %arg0, %{{[0-9a-z_]+}}, %{{[0-9a-z_]+}}, %arg1 {composite_attributes = {scale = 1.250000e-01 : f32, softcap = 0.000000e+00 : f32, window = 0 : i64}, decomposition = @[[D:hx.attention.impl[_0-9]*]], version = 3 : i32} : (tensor<4x2x3x3x64xf32>, tensor<3x16x64xf32>, tensor<3x64x16xf32>, tensor<4xi32>) -> tensor<4x2x3x3x64xf32>
+# CHECK: func.func private @[[D]](
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.dot_general
+
+with hx.installed():
+  print_ir("attention_vmap_cpu_installed", h, qs, starts)
+# CHECK-LABEL: TEST: attention_vmap_cpu_installed
+# CHECK: stablehlo.composite "hx.attention" {{.*}}version = 3 : i32
+# CHECK: func.func private @{{hx.attention.impl[_0-9]*}}(%[[Q:[a-z0-9]+]]: tensor<4x2x3x3x64xf32>, %[[K:[a-z0-9]+]]: tensor<3x16x64xf32>, %[[V:[a-z0-9]+]]: tensor<3x64x16xf32>, %[[S:[a-z0-9]+]]: tensor<4xi32>) -> tensor<4x2x3x3x64xf32>
+# CHECK-NEXT: %[[C:[0-9]+]] = stablehlo.custom_call @hx_attention_cpu_v3(%[[Q]], %[[K]], %[[V]], %[[S]]) {{{.*}}mhlo.backend_config = {scale = 1.250000e-01 : f32, softcap = 0.000000e+00 : f32, window = 0 : i64}{{.*}}} : (tensor<4x2x3x3x64xf32>, tensor<3x16x64xf32>, tensor<3x64x16xf32>, tensor<4xi32>) -> tensor<4x2x3x3x64xf32>
+# CHECK-NEXT: return %[[C]]
+# CHECK-NOT: dot_general

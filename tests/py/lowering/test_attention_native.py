@@ -498,3 +498,24 @@ def test_batched_kernel_refuses_bad_operands_naming_their_types():
     jax.block_until_ready(jax.jit(lambda *a: call(*a, scale=np.float32(1), window=np.int64(0),
                                                   softcap=np.float32(0)))(
         q, k, v, np.zeros((3,), np.int32)))
+
+
+def test_gradients_under_vmap_and_nested_vmap_are_the_references():
+  # the batched op's JVP is the batched reference's (the primal stays one batched op); a
+  # vmap of an already batched op is the reference under vmap
+  q, k, v, starts = _batched_operands(3, 2, False, 13, c=16)
+  hxa = lambda q, k, v, s: hx.attention(q, k, v, s, scale=SCALE, window=4)  # noqa: E731
+  ref = lambda q, k, v, s: reference.attention(q, k, v, s, scale=SCALE, window=4)  # noqa: E731
+
+  w = np.random.default_rng(14).standard_normal(q.shape).astype(np.float32)
+
+  def grads(att):  # of a loss linear in the output: independent of the primal's numbers
+    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax.vmap(att)(q, k, v, starts) * w),
+                            argnums=(0, 1, 2)))(q, k, v)
+  with hx.installed():
+    got = grads(hxa)
+    nested = np.asarray(jax.jit(jax.vmap(jax.vmap(hxa)))(q[None], k[None], v[None],
+                                                         starts[None]))
+  for g, w in zip(got, grads(ref)):
+    np.testing.assert_array_equal(g, w)
+  np.testing.assert_array_equal(nested[0], jax.jit(jax.vmap(ref))(q, k, v, starts))
