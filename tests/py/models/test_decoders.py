@@ -448,9 +448,11 @@ def test_int8_cache_reads_only_a_prefix_of_written_positions(files):
 
 
 
+@pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize("window", [0, 8])
 @pytest.mark.parametrize("t,start", [(1, 0), (1, 5), (1, 20), (1, 63), (3, 30), (12, 0), (5, 59)])
-def test_int8_cache_attention_is_the_f32_kernels_on_its_values(window, t, start):
+def test_int8_cache_attention_is_the_f32_kernels_on_its_values(window, t, start, per_head,
+                                                               monkeypatch):
   # forward.attention on q8 rows (per KV head, a prefix of the cache or, past a sliding
   # window, the window) against hx.attention's kernel on the same rows dequantized (keys
   # [kv, C, d], values [kv, d, C]); the bound: each output is a convex combination of value
@@ -462,6 +464,8 @@ def test_int8_cache_attention_is_the_f32_kernels_on_its_values(window, t, start)
   import hxmlir as hx
   from hxmlir.models import forward
   from hxmlir.types.qarray import make_qarray, qarray_parts, quantize
+  # the products one per KV head (from PER_HEAD_POSITIONS positions read) or over the heads
+  monkeypatch.setattr(forward, "PER_HEAD_POSITIONS", 1 if per_head else 1 << 30)
   rng = np.random.default_rng(100 * t + start)
   kv, g, c, d, scale = 2, 3, 64, 16, 0.25
   q = jnp.asarray(rng.standard_normal((t, kv, g, d)), jnp.float32)

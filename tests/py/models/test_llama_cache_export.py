@@ -71,11 +71,10 @@ def test_int8_cache_forward_runs_attention_on_q8(model_int8):
                                                         cfg=model_int8.config))(
       model_int8.params, ids, k, v)
   names = [type(e.params["_prim"]).__name__ for e in jaxpr.eqns if "_prim" in e.params]
-  # per layer: 4 projections (qkv and gate_up fused, o, down) + 2 attention products per KV
-  # head, all hx.matmul_q; K and V quantized as written; still one dequantize (the
-  # embedding rows): the cache is never expanded
-  kv = model_int8.config.kv_heads
-  assert names.count("MatmulQ") == 30 * (4 + 2 * kv) + 1, names
+  # per layer: 4 projections (qkv and gate_up fused, o, down) + 2 attention products (over
+  # the heads: 8 positions < forward.PER_HEAD_POSITIONS), all hx.matmul_q; K and V quantized
+  # as written; still one dequantize (the embedding rows): the cache is never expanded
+  assert names.count("MatmulQ") == 30 * 6 + 1, names
   assert names.count("Quantize") == 30 * 2, names
   assert names.count("Dequantize") == 1, names
   assert [str(a.aval) for a in jaxpr.jaxpr.outvars[1:]] == ["q8[3,8,64]"] * 60  # K, V per layer
