@@ -260,26 +260,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV1, hxmlir::Attention,
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .Attr<float>("scale"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV2, hxmlir::AttentionWindowed,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // start
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("window")
-                                  .Attr<float>("softcap"));
+// Versions 2 and 3 take the same operands and attributes (version 3's with a batch dim).
+#define HX_ATTENTION_WINDOWED_BINDING()            \
+  ffi::Ffi::Bind()                                 \
+      .Ctx<ffi::ThreadPool>()                      \
+      .Arg<ffi::AnyBuffer>() /* q */               \
+      .Arg<ffi::AnyBuffer>() /* k */               \
+      .Arg<ffi::AnyBuffer>() /* v */               \
+      .Arg<ffi::AnyBuffer>() /* start */           \
+      .Ret<ffi::AnyBuffer>() /* out */             \
+      .Attr<float>("scale")                        \
+      .Attr<int64_t>("window")                     \
+      .Attr<float>("softcap")
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV2, hxmlir::AttentionWindowed,
+                              HX_ATTENTION_WINDOWED_BINDING());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(HxAttentionCpuV3, hxmlir::AttentionBatched,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // start
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("window")
-                                  .Attr<float>("softcap"));
+                              HX_ATTENTION_WINDOWED_BINDING());
