@@ -91,14 +91,40 @@ std::string TypeText(const ffi::AnyBuffer& b) {
 ffi::Error Execute(ffi::ThreadPool& pool, const std::shared_ptr<AttentionJob>& job,
                    int64_t batch);
 
-// Both versions' work; `target` names the caller's target in errors.
-ffi::Error Run(const char* target, ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
-               ffi::AnyBuffer v, ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out,
-               float scale, int64_t window, float softcap) {
+// InvalidArgument naming `target` unless window >= 0 and softcap is finite and >= 0.
+ffi::Error CheckCaps(const char* target, int64_t window, float softcap) {
   if (window < 0 || !(softcap >= 0.f) || std::isinf(softcap))
     return ffi::Error::InvalidArgument(
         std::string(target) + " expects window >= 0 and a finite softcap >= 0, got window " +
         std::to_string(window) + ", softcap " + std::to_string(softcap));
+  return ffi::Error::Success();
+}
+
+// A job over the (checked) operands: one element's shape t, kv, g, d, c and the attributes;
+// its start (or starts) the caller's to set.
+std::shared_ptr<AttentionJob> NewJob(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                     const ffi::AnyBuffer& v, ffi::Result<ffi::AnyBuffer>& out,
+                                     int64_t t, int64_t kv, int64_t g, int64_t d, int64_t c,
+                                     float scale, int64_t window, float softcap) {
+  auto job = std::make_shared<AttentionJob>();
+  AttentionProblem& p = job->p;
+  p.q = static_cast<const float*>(q.untyped_data());
+  p.k = static_cast<const float*>(k.untyped_data());
+  p.v = static_cast<const float*>(v.untyped_data());
+  p.out = static_cast<float*>(out->untyped_data());
+  p.t = t, p.kv = kv, p.g = g, p.d = d, p.c = c;
+  p.start = 0;
+  p.scale = scale;
+  p.window = window;
+  p.softcap = softcap;
+  return job;
+}
+
+// Both versions' work; `target` names the caller's target in errors.
+ffi::Error Run(const char* target, ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k,
+               ffi::AnyBuffer v, ffi::AnyBuffer start, ffi::Result<ffi::AnyBuffer> out,
+               float scale, int64_t window, float softcap) {
+  if (ffi::Error e = CheckCaps(target, window, softcap); e.failure()) return e;
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              od = out->dimensions();
   const auto f32 = ffi::DataType::F32;
@@ -113,19 +139,10 @@ ffi::Error Run(const char* target, ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::
         std::string(target) + " expects q: f32[T, kv, g, d], k: f32[kv, C, d], v: f32[kv, d, C], "
         "start: s32[] -> f32[T, kv, g, d], got " + TypeText(q) + ", " + TypeText(k) + ", " +
         TypeText(v) + ", " + TypeText(start) + " -> " + TypeText(*out));
-  auto job = std::make_shared<AttentionJob>();
-  AttentionProblem& p = job->p;
-  p.q = static_cast<const float*>(q.untyped_data());
-  p.k = static_cast<const float*>(k.untyped_data());
-  p.v = static_cast<const float*>(v.untyped_data());
-  p.out = static_cast<float*>(out->untyped_data());
-  p.t = qd[0], p.kv = qd[1], p.g = qd[2], p.d = qd[3], p.c = kd[1];
+  auto job = NewJob(q, k, v, out, qd[0], qd[1], qd[2], qd[3], kd[1], scale, window, softcap);
   int32_t s0;
   std::memcpy(&s0, start.untyped_data(), sizeof s0);
-  p.start = s0;
-  p.scale = scale;
-  p.window = window;
-  p.softcap = softcap;
+  job->p.start = s0;
   return Execute(pool, job, 1);
 }
 
@@ -170,10 +187,7 @@ ffi::Error AttentionBatched(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
                             ffi::Result<ffi::AnyBuffer> out, float scale, int64_t window,
                             float softcap) {
   constexpr const char* target = kTargetV3;
-  if (window < 0 || !(softcap >= 0.f) || std::isinf(softcap))
-    return ffi::Error::InvalidArgument(
-        std::string(target) + " expects window >= 0 and a finite softcap >= 0, got window " +
-        std::to_string(window) + ", softcap " + std::to_string(softcap));
+  if (ffi::Error e = CheckCaps(target, window, softcap); e.failure()) return e;
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(),
              od = out->dimensions(), sd = start.dimensions();
   const auto f32 = ffi::DataType::F32;
@@ -192,17 +206,9 @@ ffi::Error AttentionBatched(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
         "f32[kv, C, d]), v: f32[B, kv, d, C] (or f32[kv, d, C], as k), start: s32[B] -> "
         "f32[B, T, kv, g, d], got " + TypeText(q) + ", " + TypeText(k) + ", " + TypeText(v) +
         ", " + TypeText(start) + " -> " + TypeText(*out));
-  auto job = std::make_shared<AttentionJob>();
-  AttentionProblem& p = job->p;
-  p.q = static_cast<const float*>(q.untyped_data());
-  p.k = static_cast<const float*>(k.untyped_data());
-  p.v = static_cast<const float*>(v.untyped_data());
-  p.out = static_cast<float*>(out->untyped_data());
-  p.t = qd[1], p.kv = qd[2], p.g = qd[3], p.d = qd[4], p.c = kd[kb + 1];
-  p.start = 0;
-  p.scale = scale;
-  p.window = window;
-  p.softcap = softcap;
+  auto job = NewJob(q, k, v, out, qd[1], qd[2], qd[3], qd[4], kd[kb + 1], scale, window,
+                    softcap);
+  const AttentionProblem& p = job->p;
   job->starts = static_cast<const int32_t*>(start.untyped_data());
   job->q_stride = p.t * p.kv * p.g * p.d;
   job->kv_stride = kb == 0 ? 0 : p.kv * p.c * p.d;

@@ -27,8 +27,9 @@ head_dim]``, values ``f32[kv_heads, head_dim, C]`` (both products then read them
 or both ``q8[kv_heads, C, head_dim]`` (one int8 row and one f32 scale per position); written
 in place at ``start + [0, T)``. On the f32 cache attention is one ``hx.attention`` (whose
 CPU kernel reads only positions in the causal window); on ``q8`` rows both products are
-``hx.einsum`` per KV head on the int8 values of the shortest prefix of :func:`cache_buckets` that
-holds the positions up to the last query's (a ``lax.switch`` over the prefix lengths).
+``hx.einsum`` (per KV head from :data:`PER_HEAD_POSITIONS` positions read) on the int8 values
+of the shortest prefix of :func:`cache_buckets` that holds the positions up to the last
+query's (a ``lax.switch`` over the prefix lengths).
 """
 
 from __future__ import annotations
@@ -173,8 +174,9 @@ def attention(q, k, v, start, *, scale: float, window: int = 0, softcap: float =
 
   On the f32 cache this is one :func:`hxmlir.attention` (``hx.attention``; its CPU kernel
   reads only the window's positions). On ``q8`` rows both products are
-  :func:`hxmlir.types.einsum`, one per KV head (a 2-D ``q8[c, d]`` weight each, which the
-  native CPU kernels take), on the int8 values of a prefix of the cache
+  :func:`hxmlir.types.einsum` (from :data:`PER_HEAD_POSITIONS` positions read, one per KV
+  head: a 2-D ``q8[c, d]`` weight each, which the native CPU kernels take) on the int8
+  values of a prefix of the cache
   (:func:`cache_buckets`: a little more than the positions written, never the unwritten rest;
   on a sliding-window layer, once the positions pass the window, the window itself):
   the scores contract the quantized axis
