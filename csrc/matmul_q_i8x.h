@@ -170,9 +170,12 @@ struct I8xKernels {
                    float* sx, float* xsum, int32_t* qsum);
   // y[:, j0:j1]; scratch: (j1 - j0) * row_bytes(p) bytes, 64-byte aligned.
   void (*blocks)(const I8xProblem& p, int64_t j0, int64_t j1, uint8_t* scratch);
-  // hx_matmul_q_cpu_i8x_v2 (GGUF's block formats, matmul_q_i8x_blocks.h): rows [r0, r1) of
-  // x: f32[m, k] quantized into p's buffers; y[:, j0:j1], scratch (j1 - j0) *
-  // I8xBlockScratch(p.nc) bytes.
+  // hx_matmul_q_cpu_i8x_v2 (GGUF's block formats, matmul_q_i8x_blocks.h): the panels'
+  // rows of W per register tile (their blocks are multiples); rows [r0, r1) of x: f32[m, k]
+  // quantized into p's buffers (and, with p.px, those rows' panels: r0 a multiple of 16,
+  // r1 too unless it is m); y[:, j0:j1], scratch (j1 - j0, rounded up to block_tile_mr
+  // with p.px) * I8xBlockScratch(p.nc) bytes.
+  int64_t block_tile_mr;
   void (*block_quantize)(const I8xBlockProblem& p, const float* x, int64_t r0, int64_t r1);
   void (*block_rows)(const I8xBlockProblem& p, int64_t j0, int64_t j1, uint8_t* scratch);
 };

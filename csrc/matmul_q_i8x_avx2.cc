@@ -5,6 +5,8 @@
 #define HX_W 8
 #define HX_I8X_MR 2
 #define HX_I8X_NR 2
+#define HX_I8P_MR 2
+#define HX_I8P_NV 1
 #include "matmul_q_i8x.inc"
 
 const hxmlir::I8xKernels* hxmlir::I8xKernelsAvx2() { return &i8x_avx2::kI8xKernels; }

@@ -5,6 +5,8 @@
 #define HX_W 16
 #define HX_I8X_MR 4
 #define HX_I8X_NR 3
+#define HX_I8P_MR 6
+#define HX_I8P_NV 2
 #include "matmul_q_i8x.inc"
 
 const hxmlir::I8xKernels* hxmlir::I8xKernelsAvx512Vnni() { return &avx512_vnni::kI8xKernels; }

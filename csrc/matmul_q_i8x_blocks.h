@@ -39,13 +39,29 @@
 // difference is x's quantization, |s_x qx - x| <= s_x / 2 per element, and c_s, o_s's
 // roundings (u each).
 //
+// That order is the GEMV's (x of at most kI8xbGemvRows rows). Larger x takes the panels
+// (below), whose order is one f32 sum per output over the sub-blocks in ascending order,
+// each adding fl(c_s D_s) and (with an offset) subtracting fl(o_s Sq_s): 2 ns terms
+// (ns = 256 nc / kSub sub-block slots), a term with 2 roundings of its own, so
+//
+//   |y - exact| <= gamma_{2 ns + 2} * T         (panels: x of more than 8 rows)
+//
+// Which order a call takes is fixed by its shapes (m), not by the ISA.
+//
 // Work: the rows of W in blocks (threads split over rows of W only); each row of W is decoded
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
-// chunk's 16 sc_s and 16 mn_s slots, the row's d and dmin as f32), then every row of x takes
-// it from L1 (x of more than 2 MR rows: a block of rows of W decoded first, then the rows of
-// x in tiles of MR, 4 on AVX-512, else 1; the GEMV prefetches the weight's bytes 12 KiB
-// ahead). Per chunk and row of x, the 16 c_s are one product of vectors, spread to
-// each step's lanes by a permute.
+// chunk's 16 sc_s and 16 mn_s slots, each slot's correction -128 Sum q (panels with VNNI),
+// the row's d and dmin as f32). The GEMV (x of at most kI8xbGemvRows rows) decodes one row
+// at a time, every row of x taking it from L1 (prefetching the weight's bytes 12 KiB
+// ahead); per chunk and row of x, the 16 c_s are one product of vectors, spread to each
+// step's lanes by a permute. The panels (more rows, a GEMM computed as y^T = W x^T): x's
+// rows in groups of 16 (one per lane), quantized then transposed so that step L of a group
+// (elements 4L .. 4L + 3 of its 16 rows) is 64 contiguous bytes; a block of rows of W
+// decoded first, then register tiles of MR rows of W by NV groups of x (6 x 2 with AVX-512
+// VNNI: 12 int32 accumulators per sub-block, each step one vpdpbusd of the group's bytes,
+// as qx + 128, against 4 of W's q broadcast from memory; the correction -128 Sum q of the
+// sub-block is the accumulator's start), each sub-block's integers converted and scaled
+// by c_s = fl(sc_s s_x) (one product of W's sc_s broadcast and the group's 16 s_x).
 #ifndef HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 #define HXMLIR_CSRC_MATMUL_Q_I8X_BLOCKS_H_
 
@@ -59,12 +75,23 @@ constexpr int64_t kI8xbChunk = 256;       // elements of k per chunk
 constexpr int64_t kI8xbChunkLanes = 64;   // 4-element lanes per chunk (4 steps x 16)
 constexpr int64_t kI8xbChunkSubs = 16;    // sub-block slots per chunk (8 of 32 or 16 of 16)
 
+// x of at most this many rows: the GEMV (W decoded a row at a time); more: the panels.
+constexpr int64_t kI8xbGemvRows = 8;
+constexpr int64_t kI8xbPanelRows = 16;    // rows of x per panel (one per int32 lane)
+
 struct I8xBlockProblem {
   // x, quantized (quantize, below): per row of x, nc chunks
   int8_t* qx;       // s8[m, nc, 256]: qx (0 past k)
   int32_t* corr;    // s32[m, nc, 64]: -128 * the sum of each lane's 4 qx
   float* sxs;       // f32[m, nc, 16]: s_x of each sub-block (kSub elements; 0 past k)
   float* sq;        // f32[m, nc, 16]: Sq of each sub-block (exact)
+  // the panels (m > kI8xbGemvRows; null for the GEMV): mv = ceil(m / 16) groups of 16 rows
+  // (rows past m: qx 0, s_x 0), transposed from the buffers above
+  uint8_t* px = nullptr;  // [mv, nc * 64, 16, 4]: step L, row i: qx[16 v + i, 4L .. 4L + 3]
+                    // (+ 128 with AVX-512 VNNI: vpdpbusd's unsigned operand)
+  float* psx = nullptr;   // f32[mv, nc * 16, 16]: sxs, slot s, row i
+  float* psq = nullptr;   // f32[mv, nc * 16, 16]: sq, slot s, row i (the offset formats read it)
+  int64_t mv = 0;
   // W: hx_matmul_q_cpu_v4's operands
   const uint8_t* q;        // [n, nb, bytes]
   const uint16_t* d;       // f16[n, nb]
@@ -75,9 +102,9 @@ struct I8xBlockProblem {
   BlockFormat fmt;
 };
 
-// Bytes of a thread's scratch for one decoded row of W.
+// Bytes of a thread's scratch for one decoded row of W: q, sc, mn, corr, d and dmin.
 constexpr int64_t I8xBlockScratch(int64_t nc) {
-  return nc * (kI8xbChunk + 8 * kI8xbChunkSubs + 2 * 4 * (kI8xbChunk / 32));
+  return nc * (kI8xbChunk + 12 * kI8xbChunkSubs + 2 * 4 * (kI8xbChunk / 32));
 }
 
 }  // namespace hxmlir

@@ -44,20 +44,19 @@ constexpr char kTarget[] = "hx_matmul_q_cpu_i8x_v1";
 
 // Tasks [0, qtasks) quantize x, `qrows` rows each (on whichever threads take them first);
 // tasks [qtasks, total) are the blocks of rows of W, each waiting for every quantize task
-// (all begun by then: tasks are taken in order) before it reads x.
-struct I8xJob : BlockedJob {
-  I8xProblem p;
-  const I8xKernels* kern;
+// (all begun by then: tasks are taken in order) before it reads x. Job supplies p (with m
+// and n), row_bytes, Quantize(r0, r1) and Blocks(j0, j1, scratch).
+template <class Job>
+struct QuantizeThenBlocks : BlockedJob {
+  const I8xKernels* kern = nullptr;
   const float* x = nullptr;
-  int8_t* qx = nullptr;
-  float *sx = nullptr, *xsum = nullptr;
-  int32_t* qsum = nullptr;
   int64_t row_bytes = 0, qtasks = 0, qrows = 0;
   std::atomic<int64_t> quantized{0};
 
   void Run(int64_t t) {
+    Job& job = static_cast<Job&>(*this);
     if (t < qtasks) {
-      kern->quantize(p, x, t * qrows, std::min(p.m, (t + 1) * qrows), qx, sx, xsum, qsum);
+      job.Quantize(t * qrows, std::min(job.p.m, (t + 1) * qrows));
       quantized.fetch_add(1, std::memory_order_release);
       return;
     }
@@ -66,10 +65,27 @@ struct I8xJob : BlockedJob {
       __builtin_ia32_pause();
 #endif
     }
-    const int64_t j0 = (t - qtasks) * block_len, j1 = std::min(p.n, j0 + block_len);
+    const int64_t j0 = (t - qtasks) * block_len, j1 = std::min(job.p.n, j0 + block_len);
     float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
-    kern->blocks(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
+    job.Blocks(j0, j1, reinterpret_cast<uint8_t*>(buf));
   }
+
+  // Quantize tasks of `rows` rows (threads > 1), else one; then RunBlocks.
+  void QuantizeIn(int64_t m, int64_t rows, int64_t threads) {
+    qrows = threads > 1 ? rows : m;
+    qtasks = CeilDiv(m, qrows);
+    total += qtasks;
+  }
+};
+
+struct I8xJob : QuantizeThenBlocks<I8xJob> {
+  I8xProblem p;
+  int8_t* qx = nullptr;
+  float *sx = nullptr, *xsum = nullptr;
+  int32_t* qsum = nullptr;
+
+  void Quantize(int64_t r0, int64_t r1) { kern->quantize(p, x, r0, r1, qx, sx, xsum, qsum); }
+  void Blocks(int64_t j0, int64_t j1, uint8_t* scratch) { kern->blocks(p, j0, j1, scratch); }
 };
 
 // Rows of x per quantize task: about 16 KiB of x each, at least 4 rows.
@@ -123,38 +139,18 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   job->row_bytes = kern->row_bytes(p);
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
   job->Plan(1, NkRowBlocks(p.n, kern->tile_nr, threads, job->row_bytes));
-  job->qrows = threads > 1 ? std::max<int64_t>(4, kQuantizeFloats / p.k) : p.m;
-  job->qtasks = CeilDiv(p.m, job->qrows);
-  job->total += job->qtasks;
+  job->QuantizeIn(p.m, std::max<int64_t>(4, kQuantizeFloats / p.k), threads);
   RunBlocks(pool, threads, job);
   return ffi::Error::Success();
 }
 
-// hx_matmul_q_cpu_i8x_v2 (matmul_q_i8x_blocks.h): task 0 quantizes x (every row: at the
-// GEMV sizes it is for, x is a few KiB); tasks [1, total) are the blocks of rows of W, each
-// waiting for task 0 (begun by then: tasks are taken in order) before it reads x.
-struct I8xBlockJob : BlockedJob {
+// hx_matmul_q_cpu_i8x_v2 (matmul_q_i8x_blocks.h): x quantized in tasks of whole panels (16
+// rows; the GEMV's x, a few KiB, in one task), then the blocks of rows of W.
+struct I8xBlockJob : QuantizeThenBlocks<I8xBlockJob> {
   I8xBlockProblem p;
-  const I8xKernels* kern;
-  const float* x = nullptr;
-  int64_t row_bytes = 0;
-  std::atomic<bool> quantized{false};
 
-  void Run(int64_t t) {
-    if (t == 0) {
-      kern->block_quantize(p, x, 0, p.m);
-      quantized.store(true, std::memory_order_release);
-      return;
-    }
-    while (!quantized.load(std::memory_order_acquire)) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-    const int64_t j0 = (t - 1) * block_len, j1 = std::min(p.n, j0 + block_len);
-    float* buf = ThreadBuffer(kScratch, CeilDiv(block_len * row_bytes, 4));
-    kern->block_rows(p, j0, j1, reinterpret_cast<uint8_t*>(buf));
-  }
+  void Quantize(int64_t r0, int64_t r1) { kern->block_quantize(p, x, r0, r1); }
+  void Blocks(int64_t j0, int64_t j1, uint8_t* scratch) { kern->block_rows(p, j0, j1, scratch); }
 };
 
 ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
@@ -174,20 +170,31 @@ ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyB
   p.q = b.q, p.d = b.d, p.dmin = b.dmin, p.y = b.y, p.fmt = b.fmt;
   p.m = b.m, p.k = b.k, p.n = b.n, p.nb = b.nb;
   p.nc = CeilDiv(p.k, kI8xbChunk);
-  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq
+  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq, and for the
+  // panels px, psx, psq
+  const bool panels = p.m > kI8xbGemvRows;
   const int64_t rows = p.m * p.nc;
-  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs));
+  p.mv = panels ? CeilDiv(p.m, kI8xbPanelRows) : 0;
+  const int64_t prow = p.mv * kI8xbPanelRows * p.nc;  // the panels' rows x chunks
+  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs) +
+                                    prow * (kI8xbChunk / 4 + 2 * kI8xbChunkSubs));
   p.qx = reinterpret_cast<int8_t*>(xb);
   p.corr = reinterpret_cast<int32_t*>(xb + rows * kI8xbChunk / 4);
   p.sxs = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
   p.sq = p.sxs + rows * kI8xbChunkSubs;
+  if (panels) {
+    p.px = reinterpret_cast<uint8_t*>(p.sq + rows * kI8xbChunkSubs);
+    p.psx = reinterpret_cast<float*>(p.px) + prow * kI8xbChunk / 4;
+    p.psq = p.psx + prow * kI8xbChunkSubs;
+  }
   job->row_bytes = I8xBlockScratch(p.nc);
   const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
-  // GEMV (few rows of x): W in blocks of whole groups of 4 rows, about kBlocksPerThread per
-  // thread; more rows: blocks of rows of W whose decoded rows fit half the L2 cache
-  job->Plan(1, p.m <= 8 ? ColumnBlocks(p.n, 1, 4, threads)
-                        : NkRowBlocks(p.n, 4, threads, job->row_bytes));
-  job->total += 1;
+  // GEMV: W in blocks of whole groups of 4 rows, about kBlocksPerThread per thread; the
+  // panels: blocks of whole tiles of rows of W whose decoded rows fit half the L2 cache
+  const int64_t tile = job->kern->block_tile_mr;
+  job->Plan(1, panels ? NkRowBlocks(p.n, tile, threads, job->row_bytes)
+                      : ColumnBlocks(p.n, 1, 4, threads));
+  job->QuantizeIn(p.m, panels ? kI8xbPanelRows : p.m, threads);
   RunBlocks(pool, threads, job);
   return ffi::Error::Success();
 }

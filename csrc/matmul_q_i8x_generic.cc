@@ -5,6 +5,8 @@
 #define HX_W 4
 #define HX_I8X_MR 1
 #define HX_I8X_NR 2
+#define HX_I8P_MR 1
+#define HX_I8P_NV 1
 #include "matmul_q_i8x.inc"
 
 const hxmlir::I8xKernels* hxmlir::I8xKernelsGeneric() { return &i8x_generic::kI8xKernels; }

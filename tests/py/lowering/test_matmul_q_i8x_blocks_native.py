@@ -7,13 +7,15 @@ computed another way in float64: ``x`` quantized in NumPy as the kernel's header
 ``d * u + dmin * v`` (:func:`hxmlir.block_decode.units`: ``u = sc q`` and ``v = -m`` are small
 integers per element, so ``d * u`` is the sub-block's exact ``d sc q``).
 
-The bound: the kernel is within ``gamma_{nc + 8} * T`` of its semantics' exact value
-(``nc = ceil(k / 256)``, ``T = sum_s |c_s| sum_e |q_e qx_e| + |o_s Sq_s|``, the header's
-derivation), and the semantics' factors ``c_s = fl(fl(d sc) s_x)``, ``o_s = fl(fl(dmin m)
-s_x)`` are within ``gamma_2`` of the real ``d sc s_x``, ``dmin m s_x``; together (Higham,
-lemma 3.3: ``gamma_a + gamma_2 + gamma_a gamma_2 <= gamma_{a + 2}``)
+The bound: the kernel is within ``gamma_a * T`` of its semantics' exact value
+(``T = sum_s |c_s| sum_e |q_e qx_e| + |o_s Sq_s|``, the header's derivation): ``a = nc + 8``
+for the GEMV (x of at most 8 rows, ``nc = ceil(k / 256)``), ``a = 2 ns + 2`` for the panels
+(more rows, ``ns = 256 nc / kSub`` sub-block slots). The semantics' factors
+``c_s = fl(fl(d sc) s_x)``, ``o_s = fl(fl(dmin m) s_x)`` are within ``gamma_2`` of the real
+``d sc s_x``, ``dmin m s_x``; together (Higham, lemma 3.3: ``gamma_a + gamma_2 + gamma_a
+gamma_2 <= gamma_{a + 2}``)
 
-  ``|y - y*| <= gamma_{nc + 10} * T*,  T* = sum_e (|d u_e| + |dmin v_e|) s_x |qx_e|``
+  ``|y - y*| <= gamma_{a + 2} * T*,  T* = sum_e (|d u_e| + |dmin v_e|) s_x |qx_e|``
 
 plus ``k * tiny`` for products that leave f32's normal range. A wrong sub-block scale is far
 outside it (:func:`test_bound_catches_a_wrong_sub_block_scale`).
@@ -42,6 +44,8 @@ needs_native = pytest.mark.skipif(not INFO.active, reason=f"native kernel inacti
 I8X2 = jax.jit(native.matmul_q_native_i8x_v2)
 V4 = jax.jit(native.matmul_q_native_v4)
 KINDS = [f.gguf for f in formats.BLOCK_FORMATS]
+SUB = {"Q6_K": 16, "Q3_K": 16, "Q2_K": 16}  # kSub: elements per sub-block (else 32)
+GEMV_ROWS = 8  # x of at most this many rows: the GEMV's order; more: the panels'
 
 
 def _quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +84,8 @@ def _reference(x: np.ndarray, parts, kind: str):
   w, wabs = _exact_weight(parts, kind)
   xs = sx * qx
   nc = -(-k // 256)
-  bound = gamma(nc + 10) * (np.abs(xs) @ wabs.T) + k * TINY
+  a = nc + 8 if x2.shape[0] <= GEMV_ROWS else 2 * (256 * nc // SUB.get(kind, 32)) + 2
+  bound = gamma(a + 2) * (np.abs(xs) @ wabs.T) + k * TINY
   lead = x.shape[:-1]
   return (xs @ w.T).reshape(*lead, -1), bound.reshape(*lead, -1)
 
@@ -93,9 +98,11 @@ def _blocks_for(kind: str, k_min: int) -> int:
   return blocks if b == 256 else blocks // 8 * 8 + 3
 
 
-# (leading dims of x, rows of W, elements of k at least): m = 1 (the decode step's GEMV),
-# 3, 17 (rows of W decoded in blocks, rows of x in tiles) and (2, 5); n never a multiple of 4
-CASES = [((1,), 37, 700), ((3,), 37, 700), ((17,), 11, 520), ((2, 5), 13, 520)]
+# (leading dims of x, rows of W, elements of k at least): the GEMV at m = 1 (the decode
+# step), 3 and 8; the panels at 9, (2, 5), 17 and 40 (groups of 16 rows: one partial, one
+# whole and a partial, two whole and a partial); n never a multiple of 4 or 6 (the tiles)
+CASES = [((1,), 37, 700), ((3,), 37, 700), ((8,), 13, 520), ((9,), 13, 520),
+         ((17,), 11, 520), ((2, 5), 13, 520), ((40,), 23, 300)]
 
 
 @needs_native
@@ -117,26 +124,29 @@ def test_against_float64(isa, kind, lead, n, k_min):
 @needs_native
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q2_K"])
 def test_threads(kind):
-  # enough multiply-adds for every thread: rows of W split over them (the result is the
-  # same sums whatever the split), m = 3 (GEMV) and m = 12 (decoded blocks of rows)
+  # enough multiply-adds for every thread: rows of W split over them, x quantized in tasks
+  # of 16 rows (the result is the same sums whatever the split), m = 3 (GEMV), 12 and 40
+  # (panels)
   blocks = _blocks_for(kind, 2048)
   parts, _ = _weight(kind, 301, blocks, seed=11)
   k = blocks * hg._BLOCK_SIZES[kind]
-  for m in (3, 12):
+  for m, alone in ((3, 1), (12, GEMV_ROWS + 1), (40, GEMV_ROWS + 1)):
     x = np.random.RandomState(m).randn(m, k).astype(np.float32)
     want, bound = _reference(x, parts, kind)
     y = np.asarray(I8X2(x, *parts))
     assert_within(y, want, bound, f"{kind} m={m}: ")
-    # each row of the result is that row's own computation (tiles of x never mix rows)
-    np.testing.assert_array_equal(np.asarray(I8X2(x[1:2], *parts))[0], y[1])
+    # each row of the result is that row's own computation in its order (tiles and panels
+    # never mix rows): the same as a call of `alone` rows, in the same regime
+    np.testing.assert_array_equal(np.asarray(I8X2(x[-alone:], *parts))[-1], y[-1])
 
 
 @needs_native
+@pytest.mark.parametrize("m", [2, 12])  # the GEMV's bound and the panels'
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])  # sub-blocks of 32 and of 16
-def test_bound_catches_a_wrong_sub_block_scale(kind):
+def test_bound_catches_a_wrong_sub_block_scale(kind, m):
   parts, _ = _weight(kind, 9, 3, seed=3)
   k = 3 * 256
-  x = np.random.RandomState(5).randn(2, k).astype(np.float32)
+  x = np.random.RandomState(5).randn(m, k).astype(np.float32)
   y = np.asarray(I8X2(x, *parts))
   want, bound = _reference(x, parts, kind)
   assert_within(y, want, bound)
@@ -152,13 +162,15 @@ def test_bound_catches_a_wrong_sub_block_scale(kind):
 
 @needs_native
 @pytest.mark.parametrize("isa", INFO.supported_isas)
-def test_nan_and_inf_make_their_row_nan(isa):
+@pytest.mark.parametrize("m", [3, 20])  # the GEMV and the panels
+def test_nan_and_inf_make_their_row_nan(isa, m):
   parts, _ = _weight("Q4_K", 7, 2, seed=1)
-  x = np.random.RandomState(2).randn(3, 512).astype(np.float32)
+  x = np.random.RandomState(2).randn(m, 512).astype(np.float32)
   x[0, 300] = np.nan
   x[2, 5] = np.inf
   y = _with_isa(isa, I8X2, x, *parts)
-  assert np.isnan(y[0]).all() and np.isnan(y[2]).all() and np.isfinite(y[1]).all()
+  assert np.isnan(y[0]).all() and np.isnan(y[2]).all()
+  assert np.isfinite(np.delete(y, [0, 2], axis=0)).all()
 
 
 @needs_native
