@@ -142,6 +142,19 @@ def _grad_sin_two_orders(x, w) -> np.ndarray:
   return dc @ aw + 2 * _gamma(aw.shape[0]) * aw.sum(axis=0)
 
 
+def _int8_two_orders(x, w, a_old: int, a_new: int) -> np.ndarray:
+  """The same for ``hx_matmul_q_cpu_i8x_v2`` (csrc/matmul_q_i8x_blocks.h), ``w`` a block
+  format without an offset: both orders evaluate one
+  expression ``sum_s c_s D_s`` of fixed factors, within ``gamma_a T`` each (``a_old``,
+  ``a_new``: the two orders' ``a``), ``T = sum_e |c_s q_e qx_e|``. With ``s_x qx_e`` at most
+  its block's ``amax`` (``|qx| <= 127``, ``s_x = fl(amax / 127)``) and ``|c_s q_e|`` within
+  ``(1 + u)^2`` of ``|w_e|``, ``T <= (1 + 4u) sum_e |w_e| amax_e``."""
+  xa = np.abs(np.asarray(x, np.float64))
+  amax = np.repeat(xa.reshape(*xa.shape[:-1], -1, 32).max(axis=-1), 32, axis=-1)
+  t = (1 + 4 * 2.0 ** -24) * (amax @ _abs_w(w).T)
+  return (_gamma(a_old) + _gamma(a_new)) * t
+
+
 CASES: dict[str, Case] = {
     "quantize_v1": Case(hx.quantize, lambda: (_x((3, 4), 1),), (("hx.quantize", 1),)),
     "dequantize_v1": Case(hx.dequantize, lambda: (hx.quantize(_x((3, 4), 2)),),
@@ -333,7 +346,11 @@ CASES: dict[str, Case] = {
                  _gguf_blocks("Q4_K", 260, 2, 123), _gguf_blocks("Q5_0", 260, 16, 124),
                  _gguf_blocks("Q6_K", 260, 2, 125)),
         (("hx.matmul_q", 5),), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_i8x_v2", "hx_matmul_q_cpu_i8x_v2"),), activations="int8"),
+        kernels=(("hx_matmul_q_cpu_i8x_v2", "hx_matmul_q_cpu_i8x_v2"),), activations="int8",
+        # 0.8.0: m = 20 takes the panels, one sum over the sub-blocks (k = 512: nc = 2 chunks,
+        # 32 sub-blocks of 16: gamma_{nc + 8} before, gamma_{2 * 32 + 2} now)
+        reordered=("0.8.0", lambda x1, x3, x20, a, b, c: (
+            None, None, _int8_two_orders(x20, c, 2 + 8, 2 * 32 + 2)))),
     # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
     # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
     # gradient in x of a Q8_0-like q8 f16 product at m = 20 (k = 320: a panel and a part)
