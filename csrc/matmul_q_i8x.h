@@ -11,7 +11,7 @@
 //   qx = round-half-even(fl(x / s_x)) in [-127, 127] (0 where amax = 0; a NaN or an
 //   infinity in the block makes s_x NaN, and the row's outputs NaN).
 //   y[r, j] = sum_b sum_{kk in b} (s_x qx[r, kk]) * (value(q[j, kk]) s[j, kk / g] + o[j, kk / g])
-// evaluated as
+// evaluated (but on the panels, below) as
 //   y[r, j] = sum_b fl(s_w s_x) * D + fl(o - c s_w) * fl(s_x * Sq)
 // with D = sum_{kk in b} u[j, kk] qx[r, kk] exact in int32, u = value + c the weight as an
 // unsigned byte (c = 128 for int8: u = value ^ 0x80; c = 8 for int4: u = nibble ^ 8;
@@ -19,9 +19,10 @@
 // block's scale and offset (0 without one), f32 arithmetic; D is exact for any B up to
 // 2^31 / (255 * 127) (the kernel is refused above I8xMaxBlock). A block's D may be summed
 // in parts (each exact, below 2^24, converted exactly to f32), each part scaled by
-// fl(s_w s_x) apart. Two orders of the f32 sums, by the rows m of x (I8xRowPath):
+// fl(s_w s_x) apart. Three orders of the f32 sums, by the rows m of x (I8xRowPath) and
+// W's groups:
 //
-//   super-blocks (m > 16, or B != 32): the terms are added in 16 f32 lanes over the blocks
+//   super-blocks (m > 16 but not the panels, or B != 32): the terms are added in 16 f32 lanes over the blocks
 //   (lane = block mod 16), the lanes then as a tree: within
 //   gamma_{2 * nsb + 6} * T of the exact value of the expression (nsb <= nb / 16 + 4
 //   super-blocks), T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|);
@@ -32,6 +33,13 @@
 //   <= nu terms), then acc + acco and the tree of 16 lanes (1 + 4 adds): a term has at
 //   most 3 roundings of its own (2 for acc's) and at most nu + 5 adds after it, within
 //   gamma_{ceil(nb / 2) + 8} * T. Any FMA the compiler forms only removes roundings.
+//
+//   panels (m > 16, g = 32, f16 scales: GGUF's Q8_0, Q4_0, Q4_1): hx_matmul_q_cpu_i8x_v2's
+//   panels (matmul_q_i8x_blocks.h), each group a block of one sub-block with sc = s_w,
+//   mn = -o and q the values themselves, i.e. y[r, j] = sum_b fl(s_w s_x) D' + fl(o s_x) Sq
+//   with D' = sum_{kk in b} value qx (exact): one f32 sum per output over the ns =
+//   8 ceil(k / 256) block slots in ascending order, within gamma_{2 ns + 2} * T',
+//   T' = sum_b (|s_w s_x| sum_{kk in b} |value qx| + |o s_x Sq|).
 //
 // (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1.) Against
 // f32 activations the difference is the quantization of x: |s_x qx - x| <= s_x / 2 per

@@ -100,6 +100,11 @@ struct I8xBlockProblem {
   int64_t m, k, n, nb;     // nb: blocks per row of W, k / B
   int64_t nc;              // chunks per row: ceil(k / 256)
   BlockFormat fmt;
+  // hx_matmul_q_cpu_i8x_v1's panels (matmul_q_i8x.h): W's values (kInt8, kInt4, kUInt4) with
+  // f16 scales (d) and offsets (dmin, or null) per group of 32 taken as blocks of one
+  // sub-block of 32 (sc = s, mn = -o: w = s v + o); fmt unused. False: a GGUF block format.
+  bool value_blocks = false;
+  ValueFormat values = ValueFormat::kInt8;
 };
 
 // Bytes of a thread's scratch for one decoded row of W: q, sc, mn, corr, d and dmin.

@@ -88,6 +88,52 @@ struct I8xJob : QuantizeThenBlocks<I8xJob> {
   void Blocks(int64_t j0, int64_t j1, uint8_t* scratch) { kern->blocks(p, j0, j1, scratch); }
 };
 
+// hx_matmul_q_cpu_i8x_v2 (matmul_q_i8x_blocks.h): x quantized in tasks of whole panels (16
+// rows; the GEMV's x, a few KiB, in one task), then the blocks of rows of W.
+struct I8xBlockJob : QuantizeThenBlocks<I8xBlockJob> {
+  I8xBlockProblem p;
+
+  void Quantize(int64_t r0, int64_t r1) { kern->block_quantize(p, x, r0, r1); }
+  void Blocks(int64_t j0, int64_t j1, uint8_t* scratch) { kern->block_rows(p, j0, j1, scratch); }
+};
+
+// Runs the GEMV or the panels (matmul_q_i8x_blocks.h) for x: f32[m, k] against W (w's q, d,
+// dmin, y, m, k, n, nb and its format set): x's buffers and the blocks of rows of W here.
+void RunI8xBlocks(ffi::ThreadPool& pool, const I8xBlockProblem& w, const float* x) {
+  auto job = std::make_shared<I8xBlockJob>();
+  job->kern = SelectedI8xKernels();
+  job->x = x;
+  I8xBlockProblem& p = job->p;
+  p = w;
+  p.nc = CeilDiv(p.k, kI8xbChunk);
+  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq, and for the
+  // panels px, psx, psq
+  const bool panels = p.m > kI8xbGemvRows;
+  const int64_t rows = p.m * p.nc;
+  p.mv = panels ? CeilDiv(p.m, kI8xbPanelRows) : 0;
+  const int64_t prow = p.mv * kI8xbPanelRows * p.nc;  // the panels' rows x chunks
+  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs) +
+                                    prow * (kI8xbChunk / 4 + 2 * kI8xbChunkSubs));
+  p.qx = reinterpret_cast<int8_t*>(xb);
+  p.corr = reinterpret_cast<int32_t*>(xb + rows * kI8xbChunk / 4);
+  p.sxs = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
+  p.sq = p.sxs + rows * kI8xbChunkSubs;
+  if (panels) {
+    p.px = reinterpret_cast<uint8_t*>(p.sq + rows * kI8xbChunkSubs);
+    p.psx = reinterpret_cast<float*>(p.px) + prow * kI8xbChunk / 4;
+    p.psq = p.psx + prow * kI8xbChunkSubs;
+  }
+  job->row_bytes = I8xBlockScratch(p.nc);
+  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
+  // GEMV: W in blocks of whole groups of 4 rows, about kBlocksPerThread per thread; the
+  // panels: blocks of whole tiles of rows of W whose decoded rows fit half the L2 cache
+  const int64_t tile = job->kern->block_tile_mr;
+  job->Plan(1, panels ? NkRowBlocks(p.n, tile, threads, job->row_bytes)
+                      : ColumnBlocks(p.n, 1, 4, threads));
+  job->QuantizeIn(p.m, panels ? kI8xbPanelRows : p.m, threads);
+  RunBlocks(pool, threads, job);
+}
+
 // Rows of x per quantize task: about 16 KiB of x each, at least 4 rows.
 constexpr int64_t kQuantizeFloats = int64_t{1} << 12;
 
@@ -112,6 +158,15 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
         std::string(kTarget) + ": group_size " + std::to_string(group_size) + " is above " +
         std::to_string(kI8xMaxBlock) + " (the int32 sums of a block could overflow)");
   if (NothingToCompute(1, nk.m, nk.k, nk.n, nk.y)) return ffi::Error::Success();
+  if (!I8xRowPath(nk.m, b) && nk.g == 32 && nk.f16) {  // the panels (matmul_q_i8x.h)
+    I8xBlockProblem w;
+    w.q = nk.q, w.d = static_cast<const uint16_t*>(nk.s);
+    w.dmin = static_cast<const uint16_t*>(nk.o);
+    w.y = nk.y, w.m = nk.m, w.k = nk.k, w.n = nk.n, w.nb = nk.k / 32;
+    w.value_blocks = true, w.values = nk.values;
+    RunI8xBlocks(pool, w, nk.x);
+    return ffi::Error::Success();
+  }
 
   const I8xKernels* kern = SelectedI8xKernels();
   auto job = std::make_shared<I8xJob>();
@@ -144,15 +199,6 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
   return ffi::Error::Success();
 }
 
-// hx_matmul_q_cpu_i8x_v2 (matmul_q_i8x_blocks.h): x quantized in tasks of whole panels (16
-// rows; the GEMV's x, a few KiB, in one task), then the blocks of rows of W.
-struct I8xBlockJob : QuantizeThenBlocks<I8xBlockJob> {
-  I8xBlockProblem p;
-
-  void Quantize(int64_t r0, int64_t r1) { kern->block_quantize(p, x, r0, r1); }
-  void Blocks(int64_t j0, int64_t j1, uint8_t* scratch) { kern->block_rows(p, j0, j1, scratch); }
-};
-
 ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
                         ffi::AnyBuffer s, ffi::RemainingArgs rest, ffi::ResultBuffer<ffi::F32> y,
                         std::string_view dtype, std::string_view layout, int64_t group_size,
@@ -163,39 +209,10 @@ ffi::Error MatmulQI8xV2(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyB
       e.failure())
     return e;
   if (NothingToCompute(1, b.m, b.k, b.n, b.y)) return ffi::Error::Success();
-  auto job = std::make_shared<I8xBlockJob>();
-  job->kern = SelectedI8xKernels();
-  job->x = b.x;
-  I8xBlockProblem& p = job->p;
+  I8xBlockProblem p;
   p.q = b.q, p.d = b.d, p.dmin = b.dmin, p.y = b.y, p.fmt = b.fmt;
   p.m = b.m, p.k = b.k, p.n = b.n, p.nb = b.nb;
-  p.nc = CeilDiv(p.k, kI8xbChunk);
-  // x's buffers (the calling thread's, for this call): qx, then corr, sxs, sq, and for the
-  // panels px, psx, psq
-  const bool panels = p.m > kI8xbGemvRows;
-  const int64_t rows = p.m * p.nc;
-  p.mv = panels ? CeilDiv(p.m, kI8xbPanelRows) : 0;
-  const int64_t prow = p.mv * kI8xbPanelRows * p.nc;  // the panels' rows x chunks
-  float* xb = ThreadBuffer(kXs, rows * (kI8xbChunk / 4 + kI8xbChunkLanes + 2 * kI8xbChunkSubs) +
-                                    prow * (kI8xbChunk / 4 + 2 * kI8xbChunkSubs));
-  p.qx = reinterpret_cast<int8_t*>(xb);
-  p.corr = reinterpret_cast<int32_t*>(xb + rows * kI8xbChunk / 4);
-  p.sxs = xb + rows * (kI8xbChunk / 4 + kI8xbChunkLanes);
-  p.sq = p.sxs + rows * kI8xbChunkSubs;
-  if (panels) {
-    p.px = reinterpret_cast<uint8_t*>(p.sq + rows * kI8xbChunkSubs);
-    p.psx = reinterpret_cast<float*>(p.px) + prow * kI8xbChunk / 4;
-    p.psq = p.psx + prow * kI8xbChunkSubs;
-  }
-  job->row_bytes = I8xBlockScratch(p.nc);
-  const int64_t threads = ThreadsFor(pool, p.m * p.k * p.n);
-  // GEMV: W in blocks of whole groups of 4 rows, about kBlocksPerThread per thread; the
-  // panels: blocks of whole tiles of rows of W whose decoded rows fit half the L2 cache
-  const int64_t tile = job->kern->block_tile_mr;
-  job->Plan(1, panels ? NkRowBlocks(p.n, tile, threads, job->row_bytes)
-                      : ColumnBlocks(p.n, 1, 4, threads));
-  job->QuantizeIn(p.m, panels ? kI8xbPanelRows : p.m, threads);
-  RunBlocks(pool, threads, job);
+  RunI8xBlocks(pool, p, b.x);
   return ffi::Error::Success();
 }
 

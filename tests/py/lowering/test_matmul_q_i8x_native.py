@@ -21,7 +21,12 @@ Numbers, two ways:
   (``m <= 16``, ``B = 32``: the weight read in place) a lane gets one term per unit of 64
   stored bytes (``nu <= ceil(nb / 2)`` of them) and one offset term per 16 blocks (at most
   ``nu``), then 1 + 4 adds (the two accumulators, the tree of 16 lanes): at most
-  ``gamma_{ceil(nb / 2) + 8} * T``. The tests take the larger of the two (either path);
+  ``gamma_{ceil(nb / 2) + 8} * T``. The panels (``m > 16``, groups of 32, f16 scales: GGUF's
+  Q8_0, Q4_0, Q4_1; ``csrc/matmul_q_i8x_blocks.h``) evaluate ``fl(s_w s_x) D' + fl(o s_x) Sq``
+  per block with ``D' = sum v qx`` (the values themselves), one sum per output over the
+  ``ns = 8 ceil(k / 256)`` block slots (2 terms each, 2 roundings of their own): at most
+  ``gamma_{2 ns + 2} * T'``, ``T' = sum_b (|s_w s_x| sum |v qx| + |o s_x Sq|)``. The tests
+  take the largest of these (whichever path a call takes);
 - against f32 activations (``hx_matmul_q_cpu_v3``): ``|s_x qx - x| <= s_x / 2`` per element
   (round to nearest; ``|x / s_x| <= 127`` needs no clipping), so the two differ by at most
   ``sum_b s_x / 2 * sum_{kk in b} |v s + o|`` plus the two kernels' own rounding bounds.
@@ -111,7 +116,12 @@ def _expected(x, q, s, o, fmt, group):
            + np.abs((ow_b - c * sw_b)[None] * (sx * sq)[:, None]))
   nsb = nb // 16 + 4  # super-blocks: whole ones of 16 blocks and at most 4 narrower
   depth = max(2 * nsb + 7, -(-nb // 2) + 8)  # the super-block path's, the row path's
-  bound = gamma(depth) * terms.sum(-1) + 2 * nb * TINY
+  # the panels': the values themselves (no c) and the offset's term o s_x Sq
+  dv = np.einsum("mbe,nbe->mnb", np.abs(qb), blocks(np.abs(v)))
+  terms_p = np.abs(sw_b[None] * sx[:, None] * dv) + np.abs(ow_b[None] * (sx * sq)[:, None])
+  ns = 8 * -(-k // 256)
+  bound = (np.maximum(gamma(depth) * terms.sum(-1), gamma(2 * ns + 2) * terms_p.sum(-1))
+           + 2 * nb * TINY)
   dx = np.einsum("mb,nb->mn", sx.astype(np.float64) / 2, blocks(np.abs(v * s64 + o64)).sum(-1))
   shape = (*x.shape[:-1], n)
   return y.reshape(shape), bound.reshape(shape), dx.reshape(shape)

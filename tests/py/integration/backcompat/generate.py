@@ -143,16 +143,22 @@ def _grad_sin_two_orders(x, w) -> np.ndarray:
 
 
 def _int8_two_orders(x, w, a_old: int, a_new: int) -> np.ndarray:
-  """The same for ``hx_matmul_q_cpu_i8x_v2`` (csrc/matmul_q_i8x_blocks.h), ``w`` a block
-  format without an offset: both orders evaluate one
-  expression ``sum_s c_s D_s`` of fixed factors, within ``gamma_a T`` each (``a_old``,
-  ``a_new``: the two orders' ``a``), ``T = sum_e |c_s q_e qx_e|``. With ``s_x qx_e`` at most
-  its block's ``amax`` (``|qx| <= 127``, ``s_x = fl(amax / 127)``) and ``|c_s q_e|`` within
-  ``(1 + u)^2`` of ``|w_e|``, ``T <= (1 + 4u) sum_e |w_e| amax_e``."""
+  """The same for the integer-activation kernels (csrc/matmul_q_i8x.h,
+  csrc/matmul_q_i8x_blocks.h), whose orders are each within ``gamma_a T`` of the exact value
+  of their expression (``a_old``, ``a_new``: the two orders' ``a``), ``T`` the sum over the
+  elements of ``|s_w v_e| |s_x qx_e|`` plus the offset's ``|o| |s_x qx_e|`` (at most; each
+  factor within ``(1 + u)^2`` of its real value). With ``|s_x qx_e|`` at most its block of
+  32's ``amax`` (``|qx| <= 127``, ``s_x = fl(amax / 127)``) and ``|s_w v| + |o| <= |w| +
+  2 |o|`` (``w = s_w v + o``; ``w``'s f32 value within ``gamma_2`` of it: the slack covers
+  it), ``T <= (1 + 1e-5) sum_e (|w_e| + 2 |o_e|) amax_e`` for ``w`` a value format with an
+  offset per group of 32, or a block format without one (``o = 0``)."""
   xa = np.abs(np.asarray(x, np.float64))
   amax = np.repeat(xa.reshape(*xa.shape[:-1], -1, 32).max(axis=-1), 32, axis=-1)
-  t = (1 + 4 * 2.0 ** -24) * (amax @ _abs_w(w).T)
-  return (_gamma(a_old) + _gamma(a_new)) * t
+  mag = _abs_w(w)
+  parts = hx.qarray_parts(w) if hasattr(w, "qvalue") else ()
+  if len(parts) == 3:  # a value format with offsets (groups of 32 along k)
+    mag = mag + 2 * np.repeat(np.abs(np.asarray(parts[2], np.float64)), 32, axis=-1)
+  return (_gamma(a_old) + _gamma(a_new)) * (1 + 1e-5) * (amax @ mag.T)
 
 
 CASES: dict[str, Case] = {
@@ -324,7 +330,11 @@ CASES: dict[str, Case] = {
                  hx.quantize(_x((230, 320), 72), jnp.int4),
                  hx.quantize(_x((230, 320), 73), jnp.int8, group_size=16)),
         (("hx.matmul_q", 4), ("hx.matmul_q", 3)), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_i8x_v1", "hx_matmul_q_cpu_i8x_v1"),), activations="int8"),
+        kernels=(("hx_matmul_q_cpu_i8x_v1", "hx_matmul_q_cpu_i8x_v1"),), activations="int8",
+        # 0.8.0: the u4o weight (groups of 32, f16) takes the panels (k = 320: 10 blocks,
+        # gamma_{2 (10 // 16 + 4) + 7} before, 16 block slots: gamma_{2 * 16 + 2} now)
+        reordered=("0.8.0", lambda x, a, b, c: (
+            _int8_two_orders(x, a, 2 * 4 + 7, 2 * 16 + 2), None, None))),
     # its version 4 (GGUF's block formats at the file's bytes, [out, in]): Q4_K at m = 1 (the
     # "dot" regime's GEMV), Q5_0 at m = 3, Q6_K at m = 20 (tiles)
     "hx_matmul_q_cpu_v4_cpu": Case(
