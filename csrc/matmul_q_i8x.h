@@ -22,11 +22,11 @@
 // fl(s_w s_x) apart. Three orders of the f32 sums, by the rows m of x (I8xRowPath) and
 // W's groups:
 //
-//   super-blocks (m > 16 but not the panels, or B != 32): the terms are added in 16 f32 lanes over the blocks
-//   (lane = block mod 16), the lanes then as a tree: within
+//   super-blocks (m > 16 and not the panels' weights, or B != 32): the terms are added in
+//   16 f32 lanes over the blocks (lane = block mod 16), the lanes then as a tree: within
 //   gamma_{2 * nsb + 6} * T of the exact value of the expression (nsb <= nb / 16 + 4
 //   super-blocks), T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|);
-//   row path (m <= 16 and B = 32): per row of W and of x, 16 f32 lanes acc get one term
+//   row path (m <= 16 and B = 32, but not the panels): per row of W and of x, 16 f32 lanes acc get one term
 //   fl(fl(s_w s_x) * D_part) per unit of 64 stored bytes (2 blocks of int8 values, 4 of
 //   4-bit ones: nu = ceil(nb / (2 pack)) <= ceil(nb / 2) terms per lane), 16 lanes acco
 //   one term fl(fl(o - c s_w) * fl(s_x Sq)) per block (lane = block mod 16: ceil(nb / 16)
@@ -34,7 +34,7 @@
 //   most 3 roundings of its own (2 for acc's) and at most nu + 5 adds after it, within
 //   gamma_{ceil(nb / 2) + 8} * T. Any FMA the compiler forms only removes roundings.
 //
-//   panels (m > 16, g = 32, f16 scales: GGUF's Q8_0, Q4_0, Q4_1): hx_matmul_q_cpu_i8x_v2's
+//   panels (m > 8, g = 32, f16 scales: GGUF's Q8_0, Q4_0, Q4_1): hx_matmul_q_cpu_i8x_v2's
 //   panels (matmul_q_i8x_blocks.h), each group a block of one sub-block with sc = s_w,
 //   mn = -o and q the values themselves, i.e. y[r, j] = sum_b fl(s_w s_x) D' + fl(o s_x) Sq
 //   with D' = sum_{kk in b} value qx (exact): one f32 sum per output over the ns =

@@ -158,7 +158,7 @@ ffi::Error MatmulQI8x(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuf
         std::string(kTarget) + ": group_size " + std::to_string(group_size) + " is above " +
         std::to_string(kI8xMaxBlock) + " (the int32 sums of a block could overflow)");
   if (NothingToCompute(1, nk.m, nk.k, nk.n, nk.y)) return ffi::Error::Success();
-  if (!I8xRowPath(nk.m, b) && nk.g == 32 && nk.f16) {  // the panels (matmul_q_i8x.h)
+  if (nk.m > kI8xbGemvRows && nk.g == 32 && nk.f16) {  // the panels (matmul_q_i8x.h)
     I8xBlockProblem w;
     w.q = nk.q, w.d = static_cast<const uint16_t*>(nk.s);
     w.dmin = static_cast<const uint16_t*>(nk.o);

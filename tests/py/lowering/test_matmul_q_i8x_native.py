@@ -14,14 +14,14 @@ Numbers, two ways:
   a block's ``D`` is summed in parts (the lanes it is spread over), each converted
   exactly to f32 (below 2^24); each term has at most 3 roundings before it is added
   (``fl(s_w s_x)``, the product; or ``fl(o - c s_w)``, ``fl(s_x Sq)``, the product). On
-  the super-block path (``m > 16`` or ``B != 32``) a lane's terms are added in sequence over
-  its ``nsb <= nb / 16 + 4`` super-blocks (2 adds each), the 16 lanes as a tree (4): the
+  the super-block path (``m > 16`` or ``B != 32``, but not the panels) a lane's terms are
+  added in sequence over its ``nsb <= nb / 16 + 4`` super-blocks (2 adds each), the 16 lanes as a tree (4): the
   error is at most ``gamma_{2 nsb + 7} * T``,
   ``T = sum_b (s_w s_x sum_{kk in b} |u qx| + |(o - c s_w) s_x Sq|)``. On the row path
   (``m <= 16``, ``B = 32``: the weight read in place) a lane gets one term per unit of 64
   stored bytes (``nu <= ceil(nb / 2)`` of them) and one offset term per 16 blocks (at most
   ``nu``), then 1 + 4 adds (the two accumulators, the tree of 16 lanes): at most
-  ``gamma_{ceil(nb / 2) + 8} * T``. The panels (``m > 16``, groups of 32, f16 scales: GGUF's
+  ``gamma_{ceil(nb / 2) + 8} * T``. The panels (``m > 8``, groups of 32, f16 scales: GGUF's
   Q8_0, Q4_0, Q4_1; ``csrc/matmul_q_i8x_blocks.h``) evaluate ``fl(s_w s_x) D' + fl(o s_x) Sq``
   per block with ``D' = sum v qx`` (the values themselves), one sum per output over the
   ``ns = 8 ceil(k / 256)`` block slots (2 terms each, 2 roundings of their own): at most
@@ -182,10 +182,12 @@ def test_kernel_matches_float64_integer_activations_every_isa(name, group):
 # and its neighbour m = 17 (super-blocks): k = 576 (18 blocks: 4.5 units of 4-bit values, 9 of int8: a
 # partial chunk, the row's last unit half full), 1056 (33 blocks), 330 and 333 (a last
 # block of 10 or 13 values: one scale per row only), 64 (2 blocks); x of rank 3 (m = 4);
-# m = 6 (tiles of 4 + 2), 16 and 17.
+# m = 6 (tiles of 4 + 2), 8, 9, 16 and 17 (from 9 rows groups of 32 with f16 scales take
+# the panels).
 ROW_SHAPES = [((1,), 37, 576), ((2,), 19, 1056), ((3,), 23, 576), ((1,), 29, 1056),
               ((3,), 21, 330), ((1,), 19, 333), ((2, 2), 13, 576), ((6,), 11, 576),
-              ((1,), 300, 64), ((16,), 7, 576), ((17,), 7, 576)]
+              ((1,), 300, 64), ((8,), 7, 576), ((9,), 7, 576), ((16,), 7, 576),
+              ((17,), 7, 576)]
 
 
 @needs_native
