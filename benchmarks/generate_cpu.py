@@ -81,7 +81,8 @@ activations, quiet: SmolLM2's int8 cache 53-54 tok/s at 2048 (0.42-0.62x of posi
 Gemma 3 270M's 0.91x (its f32 cache 0.82x).
 
 ``--profile``: one hxmlir decode step (``T = 1``; with ``--batch-sizes``,
-:meth:`~hxmlir.models.llama.Llama.generate_batch`'s step at each size) broken down instead (see
+:meth:`~hxmlir.models.llama.Llama.generate_batch`'s step at each size; ``--profile-prefill``:
+the prefill of ``--prompt-tokens`` tokens) broken down instead (see
 :func:`profile_step`): XLA's per-op times from ``jax.profiler`` grouped into the
 ``hx.matmul_q`` calls by shape and format, the attention and the other ops, and the
 step's wall time against its device time (dispatch and the host round trip).
@@ -505,10 +506,11 @@ def _hlo_ops(hlo_text: str) -> dict[str, str]:
   return ops
 
 
-def profile_step(m: llama.Llama, steps: int = 20, batch: int = 1) -> None:
+def profile_step(m: llama.Llama, steps: int = 20, batch: int = 1, prefill: int = 0) -> None:
   """Print where one hxmlir decode step (``T = 1``) spends its time; ``batch > 1``: the
   step of :meth:`~hxmlir.models.llama.Llama.generate_batch` for ``batch`` sequences (one
-  call, the decode step mapped over them, the greedy ids inside) instead.
+  call, the decode step mapped over them, the greedy ids inside) instead; ``prefill > 0``:
+  the prefill of ``prefill`` prompt tokens from position 0 (logits of every position).
 
   Runs ``steps`` calls of the compiled step under ``jax.profiler.trace`` (Perfetto trace
   of XLA CPU's per-thunk events), sums each HLO instruction's time per step, and prints
@@ -518,7 +520,11 @@ def profile_step(m: llama.Llama, steps: int = 20, batch: int = 1) -> None:
   instructions' total. Also prints XLA's cost analysis (flops, bytes accessed)."""
   k, v = m.new_cache()
   with hx.installed(activations=m.activations):
-    if batch == 1:
+    if prefill:
+      step = m._prefill
+      ids = jnp.asarray(prompt_ids(m, prefill), jnp.int32)
+      args = lambda pos, k, v: (m.params, ids, jnp.int32(0), k, v)
+    elif batch == 1:
       step = m._step
       args = lambda pos, k, v: (m.params, jnp.asarray([1], jnp.int32), jnp.int32(pos), k, v)
       ids = prompt_ids(m, 8)
@@ -567,6 +573,7 @@ def profile_step(m: llama.Llama, steps: int = 20, batch: int = 1) -> None:
         f"{m.activations}")
   what = "one decode step (T = 1)" if batch == 1 else (
       f"one generate_batch step of B = {batch} sequences (T = 1 each)")
+  what = f"the prefill of {prefill} tokens" if prefill else what
   print(f"{what}, {steps} steps traced; XLA cost analysis: "
         f"{cost.get('flops', 0) / 1e6:.1f} MFLOP, {cost.get('bytes accessed', 0) / 1e6:.1f} MB "
         f"accessed")
@@ -610,6 +617,8 @@ def main(argv=None) -> None:
   ap.add_argument("--profile", action="store_true",
                   help="print the profile of one hxmlir decode step instead (with "
                        "--batch-sizes: of generate_batch's step at each size)")
+  ap.add_argument("--profile-prefill", action="store_true",
+                  help="print the profile of hxmlir's prefill of --prompt-tokens tokens instead")
   ap.add_argument("--positions", type=int, nargs="+", default=None, metavar="P",
                   help="print hxmlir's decode tok/s with the KV cache filled to each of these "
                        "positions instead, for the f32 and int8 KV caches (see positions())")
@@ -635,9 +644,11 @@ def main(argv=None) -> None:
     return positions(args)
   if args.batch_sizes and not args.profile:
     return batched(args)
-  if args.profile:  # with --batch-sizes: generate_batch's step at each size
+  if args.profile or args.profile_prefill:  # --batch-sizes: generate_batch's step at each
     m = llama.Llama.from_gguf(args.gguf, max_context=args.context, activations=args.activations)
-    for b in args.batch_sizes or [1]:
+    if args.profile_prefill:
+      profile_step(m, steps=5, prefill=args.prompt_tokens)
+    for b in (args.batch_sizes or [1]) if args.profile else []:
       profile_step(m, batch=b)
     return
   bench(args)
