@@ -644,12 +644,13 @@ def main(argv=None) -> None:
     return positions(args)
   if args.batch_sizes and not args.profile:
     return batched(args)
-  if args.profile or args.profile_prefill:  # --batch-sizes: generate_batch's step at each
+  if args.profile or args.profile_prefill:
     m = llama.Llama.from_gguf(args.gguf, max_context=args.context, activations=args.activations)
     if args.profile_prefill:
       profile_step(m, steps=5, prefill=args.prompt_tokens)
-    for b in (args.batch_sizes or [1]) if args.profile else []:
-      profile_step(m, batch=b)
+    if args.profile:  # with --batch-sizes: generate_batch's step at each size
+      for b in args.batch_sizes or [1]:
+        profile_step(m, batch=b)
     return
   bench(args)
 
