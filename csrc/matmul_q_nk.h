@@ -77,9 +77,12 @@ struct NkProblem {
 // L1) with vector shifts, masks and shuffles (formats/gguf_blocks.inc), then W weights at a
 // time widened to f32 in registers and scaled, w = fl(fl(sc q) - mn), and x w added into
 // one vector accumulator per row of x over the whole row, its lanes summed at the end;
-// "blocks": v3's, each block decoded whole by Decode<F>. Both within gamma_{k/W + 5} *
-// |x| |w| ("dot") and gamma_k * |x| |w| ("blocks") of the exact dot of x with w (Higham,
-// section 3.1).
+// except one row of x (m = 1, the decode step; sub-blocks of at least two vectors), which
+// sums x q per sub-block in lanes, adds those sums times sc into the accumulator, and
+// subtracts sum_s mn_s X_s (X_s: x's sums over the sub-blocks); "blocks": v3's, each block
+// decoded whole by Decode<F>. "dot" and "blocks" are within gamma_{k/W + 5} * |x| |w| and
+// gamma_k * |x| |w| of the exact dot of x with w, the row of x within gamma_{k + 5} *
+// |x| (|sc q| + |mn|) (Higham, section 3.1).
 struct BlockProblem {
   const float* x;
   const uint8_t* q;

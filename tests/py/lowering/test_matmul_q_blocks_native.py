@@ -11,6 +11,10 @@ hxmlir), and float64 NumPy products.
   in ``W <= 16`` lanes (at most ``k / W`` adds each) and the lanes as a tree (4 adds), so the
   error is at most ``gamma_{k+5} * |x| @ |w|.T + k * tiny`` (Higham section 3.1), per ISA
   this CPU runs, at ``m`` in the "dot" regime (``m <= 8``) and in "blocks" (tiles), odd ``n``.
+- One row of ``x`` (``m = 1``) sums ``x q`` per sub-block, times the sub-block's ``sc``, less
+  ``sum_s mn_s X_s`` (``csrc/matmul_q_nk.h``): within ``gamma_{k+5}`` of ``|x|`` times
+  ``|sc q| + |mn|``, the real ``|d u| + |dmin v|`` (:func:`hxmlir.block_decode.units`) up to
+  ``gamma_2`` for ``sc``, ``mn`` and ``w``'s own rounding: ``gamma_{k+7} * |x| @ T.T``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from numerics import TINY, assert_within, gamma
 from test_matmul_q_formats_native import _with_isa
 
 import hxmlir as hx
-from hxmlir import formats
+from hxmlir import block_decode, formats
 from hxmlir import gguf as hg
 from hxmlir.lowering.matmul_q import cpu as native
 
@@ -48,6 +52,30 @@ def _weight(kind: str, n: int, blocks: int, seed: int = 0):
     raw[..., at:at + 2] = h[..., None].view(np.uint8)
   w = gguf.quants.dequantize(raw.reshape(n, -1), gguf.GGMLQuantizationType[kind])
   return hg.block_parts(raw, kind), np.asarray(w, np.float32)
+
+
+def _exact_weight(parts, kind: str) -> tuple[np.ndarray, np.ndarray]:
+  """``(w*, |w|*)``: ``f64[n, k]``, the weight's exact real value ``d u + dmin v`` and the
+  magnitude ``|d u| + |dmin v|`` the bounds sum (:mod:`hxmlir.block_decode`)."""
+  fmt = formats.FORMATS[kind.lower()]
+  u, v = block_decode.units(parts[0], fmt.name)
+  d = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1)
+  du = d * np.asarray(u, np.float64)
+  if v is None:
+    return du, np.abs(du)
+  dmin = np.repeat(np.asarray(parts[2], np.float64), fmt.block, axis=-1)
+  dv = dmin * np.asarray(v, np.float64)
+  return du + dv, np.abs(du) + np.abs(dv)
+
+
+def _bound(x: np.ndarray, w: np.ndarray, parts, kind: str) -> np.ndarray:
+  """The module's bound on ``|y - x @ w.T|`` for ``x: f32[..., k]``: the row's (one row of
+  ``x``) or the "dot" and "blocks" regimes' (more)."""
+  k = x.shape[-1]
+  x64 = np.abs(x.astype(np.float64))
+  if x.reshape(-1, k).shape[0] == 1:
+    return gamma(k + 7) * (x64 @ _exact_weight(parts, kind)[1].T) + k * TINY
+  return gamma(k + 5) * (x64 @ np.abs(w.astype(np.float64)).T) + k * TINY
 
 
 @needs_native
@@ -80,20 +108,29 @@ def test_against_float64(isa, kind, lead, n, blocks):
   y = _with_isa(isa, V4, x, *parts)
   assert y.shape == (*lead, n) and y.dtype == np.float32
   x64, w64 = x.astype(np.float64), w.astype(np.float64)
-  bound = gamma(k + 5) * (np.abs(x64) @ np.abs(w64).T) + k * TINY
-  assert_within(y, x64 @ w64.T, bound, f"{kind} {isa} {lead} n={n}: ")
+  assert_within(y, x64 @ w64.T, _bound(x, w, parts, kind), f"{kind} {isa} {lead} n={n}: ")
 
 
 @needs_native
-def test_bound_catches_a_wrong_block():
-  # one block off (the next block's weights) fails the bound above
-  parts, w = _weight("Q4_K", 9, 3, seed=3)
-  k = w.shape[1]
-  x = np.random.RandomState(5).randn(2, k).astype(np.float32)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("kind,change", [("Q4_K", "block"), ("Q4_K", "offset"),
+                                         ("Q5_0", "block"), ("Q5_1", "offset")])
+def test_bound_catches_a_wrong_weight(m, kind, change):
+  # one block off (the next block's weights), or without the offset term (a weight of only
+  # d u), fails the bound above, in the row's path (m = 1) and the "dot" regime's (m = 2)
+  b = hg._BLOCK_SIZES[kind]
+  parts, w = _weight(kind, 9, 3 if b == 256 else 24, seed=3)
+  x = np.random.RandomState(5).randn(m, w.shape[1]).astype(np.float32)
   y = np.asarray(V4(x, *parts)).astype(np.float64)
-  x64, w64 = x.astype(np.float64), np.roll(w, 256, axis=1).astype(np.float64)
+  exact, _ = _exact_weight(parts, kind)
+  fmt = formats.FORMATS[kind.lower()]
+  du = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1) * np.asarray(
+      block_decode.units(parts[0], fmt.name)[0], np.float64)
+  wrong = np.roll(w, b, axis=1) if change == "block" else du
+  assert np.abs(wrong - exact).max() > 0
+  assert_within(y, x.astype(np.float64) @ w.astype(np.float64).T, _bound(x, w, parts, kind))
   with pytest.raises(AssertionError):
-    assert_within(y, x64 @ w64.T, gamma(k + 5) * (np.abs(x64) @ np.abs(w64).T) + k * TINY)
+    assert_within(y, x.astype(np.float64) @ wrong.T, _bound(x, wrong, parts, kind))
 
 
 @needs_native

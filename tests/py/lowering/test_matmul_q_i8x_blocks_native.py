@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 from hx_testing import block_call, custom_calls
 from numerics import TINY, assert_within, gamma
-from test_matmul_q_blocks_native import _weight
+from test_matmul_q_blocks_native import _exact_weight, _weight
 from test_matmul_q_formats_native import _with_isa
 
 import hxmlir as hx
-from hxmlir import block_decode, formats
+from hxmlir import formats
 from hxmlir import gguf as hg
 from hxmlir.lowering.matmul_q import cpu as native
 
@@ -60,20 +60,6 @@ def _quantized_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   qx = np.rint(np.clip(xb / safe, np.float32(-127), np.float32(127)))  # f32 divide, half-even
   qx = np.where(sx[..., None] > 0, qx, 0)
   return np.repeat(sx, 32, axis=-1).astype(np.float64), qx.reshape(m, k).astype(np.float64)
-
-
-def _exact_weight(parts, kind: str) -> tuple[np.ndarray, np.ndarray]:
-  """``(w*, |w|*)``: ``f64[n, k]``, the weight's exact real value ``d u + dmin v`` and the
-  magnitude ``|d u| + |dmin v|`` the bound sums (:mod:`hxmlir.block_decode`)."""
-  fmt = formats.FORMATS[kind.lower()]
-  u, v = block_decode.units(parts[0], fmt.name)
-  d = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1)
-  du = d * np.asarray(u, np.float64)
-  if v is None:
-    return du, np.abs(du)
-  dmin = np.repeat(np.asarray(parts[2], np.float64), fmt.block, axis=-1)
-  dv = dmin * np.asarray(v, np.float64)
-  return du + dv, np.abs(du) + np.abs(dv)
 
 
 def _reference(x: np.ndarray, parts, kind: str):
