@@ -361,6 +361,23 @@ CASES: dict[str, Case] = {
         # 32 sub-blocks of 16: gamma_{nc + 8} before, gamma_{2 * 32 + 2} now)
         reordered=("0.8.0", lambda x1, x3, x20, a, b, c: (
             None, None, _int8_two_orders(x20, c, 2 + 8, 2 * 32 + 2)))),
+    # the GEMVs of the two above with one row of x that is not zero (the cases above give
+    # m = 1 the zero row of _x: they cannot see the GEMV): Q4_K (sub-blocks of 32, mins),
+    # Q5_0 (one sub-block a block), Q6_K (sub-blocks of 16)
+    "hx_matmul_q_cpu_v4_gemv_cpu": Case(
+        lambda x, a, b, c: (hx.einsum("mk,nk->mn", x, a), hx.einsum("mk,nk->mn", x, b),
+                            hx.einsum("mk,nk->mn", x, c)),
+        lambda: (_x((2, 512), 130)[1:], _gguf_blocks("Q4_K", 260, 2, 131),
+                 _gguf_blocks("Q5_0", 260, 16, 132), _gguf_blocks("Q6_K", 260, 2, 133)),
+        (("hx.matmul_q", 5),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
+    "hx_matmul_q_cpu_i8x_v2_gemv_cpu": Case(
+        lambda x, a, b, c: (hx.einsum("mk,nk->mn", x, a), hx.einsum("mk,nk->mn", x, b),
+                            hx.einsum("mk,nk->mn", x, c)),
+        lambda: (_x((2, 512), 140)[1:], _gguf_blocks("Q4_K", 260, 2, 141),
+                 _gguf_blocks("Q5_0", 260, 16, 142), _gguf_blocks("Q6_K", 260, 2, 143)),
+        (("hx.matmul_q", 5),), platforms=("cpu",),
+        kernels=(("hx_matmul_q_cpu_i8x_v2", "hx_matmul_q_cpu_i8x_v2"),), activations="int8"),
     # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
     # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
     # gradient in x of a Q8_0-like q8 f16 product at m = 20 (k = 320: a panel and a part)
