@@ -54,17 +54,24 @@ def _weight(kind: str, n: int, blocks: int, seed: int = 0):
   return hg.block_parts(raw, kind), np.asarray(w, np.float32)
 
 
-def _exact_weight(parts, kind: str) -> tuple[np.ndarray, np.ndarray]:
-  """``(w*, |w|*)``: ``f64[n, k]``, the weight's exact real value ``d u + dmin v`` and the
-  magnitude ``|d u| + |dmin v|`` the bounds sum (:mod:`hxmlir.block_decode`)."""
+def _exact_terms(parts, kind: str) -> tuple[np.ndarray, np.ndarray | None]:
+  """``(d u, dmin v)``: ``f64[n, k]``, the weight's two exact real terms
+  (:mod:`hxmlir.block_decode`; ``None`` for the second where the format has no offset)."""
   fmt = formats.FORMATS[kind.lower()]
   u, v = block_decode.units(parts[0], fmt.name)
-  d = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1)
-  du = d * np.asarray(u, np.float64)
+  du = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1) * np.asarray(u, np.float64)
   if v is None:
+    return du, None
+  return du, np.repeat(np.asarray(parts[2], np.float64), fmt.block, axis=-1) * np.asarray(
+      v, np.float64)
+
+
+def _exact_weight(parts, kind: str) -> tuple[np.ndarray, np.ndarray]:
+  """``(w*, |w|*)``: ``f64[n, k]``, the weight's exact real value ``d u + dmin v`` and the
+  magnitude ``|d u| + |dmin v|`` the bounds sum."""
+  du, dv = _exact_terms(parts, kind)
+  if dv is None:
     return du, np.abs(du)
-  dmin = np.repeat(np.asarray(parts[2], np.float64), fmt.block, axis=-1)
-  dv = dmin * np.asarray(v, np.float64)
   return du + dv, np.abs(du) + np.abs(dv)
 
 
@@ -123,10 +130,7 @@ def test_bound_catches_a_wrong_weight(m, kind, change):
   x = np.random.RandomState(5).randn(m, w.shape[1]).astype(np.float32)
   y = np.asarray(V4(x, *parts)).astype(np.float64)
   exact, _ = _exact_weight(parts, kind)
-  fmt = formats.FORMATS[kind.lower()]
-  du = np.repeat(np.asarray(parts[1], np.float64), fmt.block, axis=-1) * np.asarray(
-      block_decode.units(parts[0], fmt.name)[0], np.float64)
-  wrong = np.roll(w, b, axis=1) if change == "block" else du
+  wrong = np.roll(w, b, axis=1) if change == "block" else _exact_terms(parts, kind)[0]
   assert np.abs(wrong - exact).max() > 0
   assert_within(y, x.astype(np.float64) @ w.astype(np.float64).T, _bound(x, w, parts, kind))
   with pytest.raises(AssertionError):

@@ -161,6 +161,18 @@ def _int8_two_orders(x, w, a_old: int, a_new: int) -> np.ndarray:
   return (_gamma(a_old) + _gamma(a_new)) * (1 + 1e-5) * (amax @ mag.T)
 
 
+def _gemv_case(kernel: str, seed: int, activations: str = "f32") -> Case:
+  """A case of ``kernel``'s GEMV on GGUF blocks: one row of ``x`` (not zero) against Q4_K
+  (sub-blocks of 32, mins), Q5_0 (one sub-block a block) and Q6_K (sub-blocks of 16), with
+  ``activations``; inputs from ``seed`` on."""
+  return Case(
+      lambda x, a, b, c: tuple(hx.einsum("mk,nk->mn", x, w) for w in (a, b, c)),
+      lambda: (_x((2, 512), seed)[1:], _gguf_blocks("Q4_K", 260, 2, seed + 1),
+               _gguf_blocks("Q5_0", 260, 16, seed + 2), _gguf_blocks("Q6_K", 260, 2, seed + 3)),
+      (("hx.matmul_q", 5),), platforms=("cpu",), kernels=((kernel, kernel),),
+      activations=activations)
+
+
 CASES: dict[str, Case] = {
     "quantize_v1": Case(hx.quantize, lambda: (_x((3, 4), 1),), (("hx.quantize", 1),)),
     "dequantize_v1": Case(hx.dequantize, lambda: (hx.quantize(_x((3, 4), 2)),),
@@ -362,22 +374,9 @@ CASES: dict[str, Case] = {
         reordered=("0.8.0", lambda x1, x3, x20, a, b, c: (
             None, None, _int8_two_orders(x20, c, 2 + 8, 2 * 32 + 2)))),
     # the GEMVs of the two above with one row of x that is not zero (the cases above give
-    # m = 1 the zero row of _x: they cannot see the GEMV): Q4_K (sub-blocks of 32, mins),
-    # Q5_0 (one sub-block a block), Q6_K (sub-blocks of 16)
-    "hx_matmul_q_cpu_v4_gemv_cpu": Case(
-        lambda x, a, b, c: (hx.einsum("mk,nk->mn", x, a), hx.einsum("mk,nk->mn", x, b),
-                            hx.einsum("mk,nk->mn", x, c)),
-        lambda: (_x((2, 512), 130)[1:], _gguf_blocks("Q4_K", 260, 2, 131),
-                 _gguf_blocks("Q5_0", 260, 16, 132), _gguf_blocks("Q6_K", 260, 2, 133)),
-        (("hx.matmul_q", 5),), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_v4", "hx_matmul_q_cpu_v4"),)),
-    "hx_matmul_q_cpu_i8x_v2_gemv_cpu": Case(
-        lambda x, a, b, c: (hx.einsum("mk,nk->mn", x, a), hx.einsum("mk,nk->mn", x, b),
-                            hx.einsum("mk,nk->mn", x, c)),
-        lambda: (_x((2, 512), 140)[1:], _gguf_blocks("Q4_K", 260, 2, 141),
-                 _gguf_blocks("Q5_0", 260, 16, 142), _gguf_blocks("Q6_K", 260, 2, 143)),
-        (("hx.matmul_q", 5),), platforms=("cpu",),
-        kernels=(("hx_matmul_q_cpu_i8x_v2", "hx_matmul_q_cpu_i8x_v2"),), activations="int8"),
+    # m = 1 the zero row of _x: they cannot see the GEMV)
+    "hx_matmul_q_cpu_v4_gemv_cpu": _gemv_case("hx_matmul_q_cpu_v4", 130),
+    "hx_matmul_q_cpu_i8x_v2_gemv_cpu": _gemv_case("hx_matmul_q_cpu_i8x_v2", 140, "int8"),
     # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
     # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
     # gradient in x of a Q8_0-like q8 f16 product at m = 20 (k = 320: a panel and a part)
