@@ -92,6 +92,9 @@ struct BlockProblem {
   int64_t m, k, n, nb;  // nb: blocks per row, k / B
   const float* xt = nullptr;  // "blocks": as NkProblem's
   int64_t mp = 0;
+  // "dot"'s row of x: x's sums over each sub-block, f32[m, k / kSub] (NkKernels::block_xsums;
+  // null where that loop does not read them)
+  const float* xsum = nullptr;
   BlockFormat fmt;
 };
 
@@ -108,6 +111,9 @@ struct NkKernels {
   // hx_matmul_q_cpu_v4's "dot" and "blocks" (scratch as blocks').
   void (*block_dot)(const BlockProblem& p, int64_t j0, int64_t j1);
   void (*block_tiles)(const BlockProblem& p, int64_t j0, int64_t j1, float* scratch);
+  // Before block_dot, once per call: BlockProblem::xsum for p, written into out (at least
+  // m * k / 16 floats), or null where block_dot does not read it.
+  const float* (*block_xsums)(const BlockProblem& p, float* out);
 };
 
 // The scratch floats of NkKernels::blocks for rows rows of W and mp columns of x^T: the

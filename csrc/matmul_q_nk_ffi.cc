@@ -383,6 +383,7 @@ ffi::Error MatmulQV4(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuff
     p.xt = NkTransposed(p.x, p.m, p.k, kern->w, &p.mp);
     job->Plan(1, ColumnBlocks(p.n, 1, kern->tile_mr, threads));
   } else {
+    p.xsum = kern->block_xsums(p, ThreadBuffer(kPartial, p.m * p.k / 16));
     job->Plan(1, ColumnBlocks(p.n, 1, 4, threads));
   }
   RunBlocks(pool, threads, job);
