@@ -51,7 +51,10 @@ weight bytes per second (GB/s) at each ``m`` and that over the all-thread read b
 e.g. ``--nk-shapes 32768 16384``); GGUF's block formats (Q4_K, Q6_K, Q5_0, ...;
 ``hx_matmul_q_cpu_v4``) are random blocks at the file's bytes, each also with int8
 activations (``hx.install(activations="int8")``: ``hx_matmul_q_cpu_i8x_v2``; columns ``i8 GB/s``
-and ``i8 bw``); ``--nk-formats`` and ``--nk-shapes`` pick some.
+and ``i8 bw``); ``--nk-formats`` and ``--nk-shapes`` pick some. Every weight is moved into
+huge pages first (:func:`hxmlir.huge_pages.collapse`, as the decoders place theirs; NumPy's
+own large arrays, the bandwidth's, are in huge pages too); ``--small-pages`` leaves them in
+XLA's 4 KiB pages.
 The table (``W[out, in]`` quantized
 along ``in``, the contraction axis, as GGUF and torch ``Linear`` store it):
 ``hx.einsum("mk,nk->mn", x, w)`` compiled while installed on a weight assembled inside jit
@@ -85,6 +88,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
+from hxmlir import huge_pages
 
 
 def naive(x, q, s):
@@ -242,7 +246,8 @@ def main_formats(args) -> None:
   ms = args.m if args.m_given else [1, 16]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
         f"median of {args.rounds} interleaved rounds, "
-        f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}; weights in "
+        f"{'4 KiB pages' if args.small_pages else 'huge pages (hxmlir.huge_pages.collapse)'}; "
         "hx.matmul_q installed, weight assembled inside jit")
   head = (f"{'format':>18} {'m':>4} {'k':>5} {'n':>5} | {'hx ms':>8} {'f32 ms':>8} "
           f"{'hx/f32':>6} | {'weight MiB':>10} {'f32 MiB':>7} {'f32/weight':>10} | "
@@ -341,10 +346,13 @@ int8 activations (``hx.install(activations="int8")``: ``hx_matmul_q_cpu_i8x_v2``
 
 
 def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
-               warm: bool = False, nk_formats=None) -> dict[str, tuple[float, int]]:
+               warm: bool = False, nk_formats=None,
+               huge: bool = True) -> dict[str, tuple[float, int]]:
   """``{label: (median seconds per call, weight bytes)}`` for ``f32`` and each of
   :data:`NK_FORMATS` on ``x: f32[m, k]``, ``W[n, k]``, interleaved in one set of rounds (and
-  ``label + I8`` for the block formats with int8 activations).
+  ``label + I8`` for the block formats with int8 activations). ``huge``: every weight
+  (f32's too) moved into huge pages (:func:`hxmlir.huge_pages.collapse`), as the decoders
+  place theirs; ``False``: as XLA allocated them (4 KiB pages).
   Raises ``AssertionError`` when a format's result differs from the f32 dot on its own
   dequantized weight by more than 1e-4 of the largest output."""
   rng = np.random.default_rng(seed)
@@ -355,6 +363,8 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
   wt = jnp.asarray(np.asarray(w).T.copy())
   f32 = jax.jit(f32_matmul)
   compiled = {"f32": (f32.lower(x, wt).compile(), (x, wt))}
+  if huge:
+    huge_pages.collapse(wt)
   bytes_ = {"f32": 4 * n * k}
   checks = {}
   for label, dtype in nk_formats or NK_FORMATS:
@@ -364,6 +374,8 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
     with hx.installed():
       c = jax.jit(_nk_einsum).lower(x, *parts).compile()
     compiled[label] = (c, (x, *parts))
+    if huge:
+      huge_pages.collapse(parts)
     bytes_[label] = sum(int(p.nbytes) for p in parts)
     checks[label] = jax.jit(lambda *p: hx.dequantize(hx.make_qarray(*p)).T)(*parts)
     if dtype.isupper():  # a block format: its integer-activation kernel too (_i8x_v2)
@@ -394,7 +406,8 @@ def main_nk(args) -> None:
         f"all {os.cpu_count()} threads")
   print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs, median of "
         f"{args.rounds} interleaved rounds, "
-        f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}; weights in "
+        f"{'4 KiB pages' if args.small_pages else 'huge pages (hxmlir.huge_pages.collapse)'}; "
         f"hx.einsum('mk,nk->mn') installed, weight assembled inside jit; "
         + (f"native hx_matmul_q_cpu_v3/_v4, int8 activations _i8x_v2 ({info.isa})"
            if info.active
@@ -411,7 +424,8 @@ def main_nk(args) -> None:
   print("-" * len(head))
   for n, k in args.nk_shapes or NK_SHAPES:
     for m in ms:
-      r = measure_nk(m, n, k, args.rounds, warm=args.warm, nk_formats=chosen)
+      r = measure_nk(m, n, k, args.rounds, warm=args.warm, nk_formats=chosen,
+                     huge=not args.small_pages)
       tf = r["f32"][0]
       cells, marks = [], []
       for label, dtype in chosen:
@@ -454,6 +468,9 @@ def main(argv=None) -> None:
                        "Q4_K, Q6_K, Q5_0, Q5_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL, Q5_1)")
   ap.add_argument("--nk-shapes", type=int, nargs=2, metavar=("OUT", "IN"), action="append",
                   help="--nk: only these weight shapes (default: all of NK_SHAPES)")
+  ap.add_argument("--small-pages", action="store_true",
+                  help="--nk: weights as XLA allocates them (4 KiB pages), not moved into huge "
+                       "pages as the decoders place theirs")
   ap.add_argument("--rounds", type=int, default=30)
   ap.add_argument("--warm", action="store_true",
                   help="do not evict the caches between calls")

@@ -51,10 +51,11 @@
 // Work: the rows of W in blocks (threads split over rows of W only); each row of W is decoded
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
 // chunk's 16 sc_s and 16 mn_s slots, each slot's correction -128 Sum q (panels with VNNI),
-// the row's d and dmin as f32). The GEMV (x of at most kI8xbGemvRows rows) decodes one row
-// at a time, every row of x taking it from L1 (prefetching the weight's bytes 12 KiB
-// ahead); per chunk and row of x, the 16 c_s are one product of vectors, spread to each
-// step's lanes by a permute. The panels (more rows, a GEMM computed as y^T = W x^T): x's
+// the row's d and dmin as f32). The GEMV (x of at most kI8xbGemvRows rows) takes one row
+// at a time: its factors into the scratch, its integers decoded in registers 64 at a time
+// (the format's Step) as the dot products take them (but a partial last chunk's, from the
+// scratch), the weight's bytes prefetched 12 KiB ahead a chunk at a time; per chunk and row
+// of x, the 16 c_s are one product of vectors, spread to each step's lanes by a permute. The panels (more rows, a GEMM computed as y^T = W x^T): x's
 // rows in groups of 16 (one per lane), quantized then transposed so that step L of a group
 // (elements 4L .. 4L + 3 of its 16 rows) is 64 contiguous bytes; a block of rows of W
 // decoded first, then register tiles of MR rows of W by NV groups of x (6 x 2 with AVX-512

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hxmlir import formats
+from hxmlir import formats, huge_pages
 from hxmlir.install_state import ACTIVATIONS, current, is_installed, use_kernels
 from hxmlir.integration.dispatch import jit as hx_jit
 from hxmlir.integration.installation import installed
@@ -89,7 +89,9 @@ class Decoder:
   """A GGUF decoder ready to run (any :data:`hxmlir.models.arch.ARCHITECTURES`): ``config``, ``params`` (the weights pytree on the
   device, in the file's formats), ``tokenizer`` (``None`` until built), ``max_context``.
 
-  Build with :func:`from_gguf`. ``mesh``: ``None`` (one device) or
+  Build with :func:`from_gguf`. The weights' CPU buffers are moved into huge pages
+  (:func:`hxmlir.huge_pages.collapse`: a decode step streams them 1.1-1.3x faster than
+  from 4 KiB pages; ``huge_page_bytes`` says how many bytes). ``mesh``: ``None`` (one device) or
   the one-axis mesh ``params`` are placed on (:mod:`hxmlir.models.llama_sharding`).
   ``kernels``: ``True`` (default): the model's functions are compiled and called with
   hxmlir installed (:func:`hxmlir.installed`; the caller's own installed pipeline is
@@ -117,6 +119,9 @@ class Decoder:
       shardings = llama_sharding.param_shardings(params, mesh)
       params = llama_sharding.shard_params(params, mesh)
     self.config, self.params, self.max_context = config, params, max_context
+    self.huge_page_bytes = huge_pages.collapse(params)
+    """Bytes of the weights' CPU buffers moved into huge pages when the decoder was built
+    (:func:`hxmlir.huge_pages.collapse`; 0 where the system cannot)."""
     self.mesh = mesh
     self.kv_cache, self.metadata, self.path = kv_cache, metadata or {}, path
     self.tokenizer = None
