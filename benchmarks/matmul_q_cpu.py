@@ -246,8 +246,7 @@ def main_formats(args) -> None:
   ms = args.m if args.m_given else [1, 16]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs, "
         f"median of {args.rounds} interleaved rounds, "
-        f"{'warm caches' if args.warm else 'caches evicted before each call'}; weights in "
-        f"{'4 KiB pages' if args.small_pages else 'huge pages (hxmlir.huge_pages.collapse)'}; "
+        f"{'warm caches' if args.warm else 'caches evicted before each call'}; "
         "hx.matmul_q installed, weight assembled inside jit")
   head = (f"{'format':>18} {'m':>4} {'k':>5} {'n':>5} | {'hx ms':>8} {'f32 ms':>8} "
           f"{'hx/f32':>6} | {'weight MiB':>10} {'f32 MiB':>7} {'f32/weight':>10} | "

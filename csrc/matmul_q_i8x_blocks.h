@@ -55,9 +55,10 @@
 // at a time: its factors into the scratch, its integers decoded in registers 64 at a time
 // (the format's Step) as the dot products take them (but a partial last chunk's, from the
 // scratch), the weight's bytes prefetched 12 KiB ahead a chunk at a time; per chunk and row
-// of x, the 16 c_s are one product of vectors, spread to each step's lanes by a permute. The panels (more rows, a GEMM computed as y^T = W x^T): x's
-// rows in groups of 16 (one per lane), quantized then transposed so that step L of a group
-// (elements 4L .. 4L + 3 of its 16 rows) is 64 contiguous bytes; a block of rows of W
+// of x, the 16 c_s are one product of vectors, spread to each step's lanes by a permute.
+// The panels (more rows, a GEMM computed as y^T = W x^T): x's rows in groups of 16 (one per
+// lane), quantized then transposed so that step L of a group (elements 4L .. 4L + 3 of its
+// 16 rows) is 64 contiguous bytes; a block of rows of W
 // decoded first, then register tiles of MR rows of W by NV groups of x (6 x 2 with AVX-512
 // VNNI: 12 int32 accumulators per sub-block, each step one vpdpbusd of the group's bytes,
 // as qx + 128, against 4 of W's q broadcast from memory; the correction -128 Sum q of the

@@ -70,14 +70,14 @@ def _buffers(tree: Any) -> list[tuple[int, int]]:
 def _ranges(buffers: list[tuple[int, int]], page: int) -> list[tuple[int, int]]:
   """The huge pages that hold any byte of ``buffers``: ``[start, end)`` byte ranges,
   sorted, disjoint, each a multiple of ``page``."""
-  runs: list[list[int]] = []
+  runs: list[tuple[int, int]] = []
   for a, n in sorted(buffers):
     lo, hi = a // page * page, -(-(a + n) // page) * page
     if runs and lo <= runs[-1][1]:
-      runs[-1][1] = max(runs[-1][1], hi)
+      runs[-1] = (runs[-1][0], max(runs[-1][1], hi))
     else:
-      runs.append([lo, hi])
-  return [(lo, hi) for lo, hi in runs]
+      runs.append((lo, hi))
+  return runs
 
 
 def collapse(tree: Any) -> int:
