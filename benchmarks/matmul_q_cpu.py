@@ -67,6 +67,13 @@ on 4096 x 4096 and SmolLM2-135M's projections (out x in: 576x576, 192x576, 1536x
 
   python benchmarks/matmul_q_cpu.py --nk --rounds 15
 
+``--nk-stream`` measures that goal as stated: per format, the m = 1 GEMV on one random
+weight ``[out, --k]`` of at least 1.25x the L3 cache (``/sys``'s size; out chosen so), in
+huge pages, each call streaming it from memory, with f32 and with int8 activations, as GB/s and over the all-thread read bandwidth, marked against 0.80 (the
+4096 x 4096 rows above pay a call's fixed costs, ~0.1-0.3 ms here, on a few MB)::
+
+  python benchmarks/matmul_q_cpu.py --nk-stream --rounds 7
+
 Usage::
 
   python benchmarks/matmul_q_cpu.py                 # the int8 table
@@ -394,6 +401,104 @@ def measure_nk(m: int, n: int, k: int, rounds: int, seed: int = 0,
   return {label: (statistics.median(times[label]), bytes_[label]) for label in compiled}
 
 
+def l3_bytes() -> int:
+  """The last-level cache's bytes (``/sys/devices/system/cpu/cpu0/cache``: the largest
+  unified or data level), or 32 MiB where the system does not say."""
+  import glob
+  best = 0
+  for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+    try:
+      with open(f"{d}/type") as f:
+        if f.read().strip() == "Instruction":
+          continue
+      with open(f"{d}/size") as f:
+        text = f.read().strip()
+    except OSError:
+      continue
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    best = max(best, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+  return best or 32 * 2**20
+
+
+def _random_parts(n: int, k: int, dtype: str, seed: int = 0) -> tuple[jax.Array, ...]:
+  """Components of a random weight ``[n, k]`` of ``dtype`` (a :data:`NK_FORMATS` dtype), built
+  from random bytes without an f32 original (the stream weights are larger than the L3
+  cache): values uniform, f16 scales (and offsets) of about 1e-3 (finite: the kernels'
+  time does not depend on the values)."""
+  rng = np.random.default_rng(seed)
+  def f16(*shape):
+    return jnp.asarray((rng.random(shape, np.float32) * 1e-3).astype(np.float16))
+  if dtype.isupper():
+    from hxmlir import gguf as hg
+    raw = rng.integers(0, 256, (n, k // hg._BLOCK_SIZES[dtype], hg._BLOCK_BYTES[dtype]),
+                       np.uint8)
+    d_at, m_at, _ = hg._HEADERS[dtype]
+    for at in (d_at,) if m_at is None else (d_at, m_at):
+      raw[..., at:at + 2] = np.asarray(f16(n, k // hg._BLOCK_SIZES[dtype], 1)).view(np.uint8)
+    return tuple(jnp.asarray(c) for c in hg.block_parts(raw, dtype))
+  if dtype == "int8":
+    return jnp.asarray(rng.integers(-127, 128, (n, k), np.int8)), f16(n, k // 32)
+  values = jnp.asarray(rng.integers(0, 256, (n, k // 2), np.uint8))
+  return (values, f16(n, k // 32)) + ((f16(n, k // 32),) if dtype == "uint4" else ())
+
+
+def measure_stream(dtype: str, k: int, min_bytes: int, rounds: int
+                   ) -> tuple[int, int, dict[str, float]]:
+  """``(n, weight bytes, {activations: median seconds per call})``: the m = 1 GEMV on one
+  random weight ``[n, k]`` of ``dtype`` of at least ``min_bytes``, in huge pages, with f32
+  and with int8 activations; each call streams the whole weight from
+  memory (no eviction needed: it is larger than the caches), one warm-up call first."""
+  from hxmlir import gguf as hg
+  block = hg._BLOCK_SIZES[dtype] if dtype.isupper() else 32
+  row = sum(int(p.nbytes) for p in _random_parts(1, k, dtype))
+  n = -(-min_bytes // row)
+  parts = _random_parts(n, k, dtype)
+  huge_pages.collapse(parts)
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
+  times = {}
+  for act in ("f32", "int8"):
+    with hx.installed(activations=act):
+      c = jax.jit(_nk_einsum).lower(x, *parts).compile()
+    c(x, *parts).block_until_ready()
+    ts = []
+    for _ in range(rounds):
+      t0 = time.perf_counter()
+      c(x, *parts).block_until_ready()
+      ts.append(time.perf_counter() - t0)
+    times[act] = statistics.median(ts)
+  assert k % block == 0
+  return n, sum(int(p.nbytes) for p in parts), times
+
+
+def main_nk_stream(args) -> None:
+  """The ``--nk-stream`` table (see the module docstring)."""
+  chosen = NK_FORMATS
+  if args.nk_formats:
+    chosen = tuple(f for f in NK_FORMATS if f[0].split()[0] in args.nk_formats)
+  one, every = read_bandwidth()
+  l3 = l3_bytes()
+  print(f"read bandwidth (numpy sum of 512 MiB): {one:.1f} GB/s one thread, {every:.1f} GB/s "
+        f"all {os.cpu_count()} threads; L3 {l3 / 2**20:.0f} MiB")
+  print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs; m = 1 GEMV, "
+        f"hx.einsum('mk,nk->mn') installed, one weight [out, {args.k}] of at least 1.25x the "
+        f"L3 cache per format (random bytes, huge pages), median of {args.rounds} calls; "
+        f"GB/s: weight bytes per second; x bw: over the all-thread read bandwidth; "
+        f"target x bw >= 0.80 (f32 and int8 activations)")
+  head = (f"{'format':>16} {'out':>7} {'in':>5} {'MiB':>6} | {'f32 ms':>8} {'GB/s':>6} "
+          f"{'x bw':>5} | {'i8 ms':>8} {'GB/s':>6} {'x bw':>5} | target")
+  print(head)
+  print("-" * len(head))
+  for label, dtype in chosen:
+    n, nbytes, t = measure_stream(dtype, args.k, int(1.25 * l3), args.rounds)
+    cells, marks = [], []
+    for act in ("f32", "int8"):
+      gbs = nbytes / t[act] / 1e9
+      cells.append(f"{t[act] * 1e3:>8.2f} {gbs:>6.2f} {gbs / every:>5.2f}")
+      marks.append(f"{act}{'+' if gbs / every >= 0.8 else '-'}")
+    print(f"{label:>16} {n:>7} {args.k:>5} {nbytes / 2**20:>6.0f} | " + " | ".join(cells)
+          + f" | {' '.join(marks)}", flush=True)
+
+
 def main_nk(args) -> None:
   """The ``--nk`` table (see the module docstring)."""
   ms, info = args.m, hx.cpu_kernel_info()
@@ -467,6 +572,9 @@ def main(argv=None) -> None:
                        "Q4_K, Q6_K, Q5_0, Q5_K, Q3_K, Q2_K, IQ4_XS, IQ4_NL, Q5_1)")
   ap.add_argument("--nk-shapes", type=int, nargs=2, metavar=("OUT", "IN"), action="append",
                   help="--nk: only these weight shapes (default: all of NK_SHAPES)")
+  ap.add_argument("--nk-stream", action="store_true",
+                  help="print the m = 1 GEMV's streaming table instead: per format (--nk-formats "
+                       "picks), one [out, --k] weight larger than the L3 cache")
   ap.add_argument("--small-pages", action="store_true",
                   help="--nk: weights as XLA allocates them (4 KiB pages), not moved into huge "
                        "pages as the decoders place theirs")
@@ -480,6 +588,8 @@ def main(argv=None) -> None:
   extra = args.shape if args.shape is not None else [(512, 2048), (384, 1536)]
   cases = [(m, args.k, args.n) for m in args.m]
   cases += [(m, k, n) for k, n in extra for m in (16, 128)]
+  if args.nk_stream:
+    return main_nk_stream(args)
   if args.nk:
     return main_nk(args)
   if args.formats is not None:
