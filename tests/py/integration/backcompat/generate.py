@@ -391,8 +391,10 @@ CASES: dict[str, Case] = {
     # m = 1 the zero row of _x: they cannot see the GEMV)
     "hx_matmul_q_cpu_v4_gemv_cpu": _gemv_case(
         "hx_matmul_q_cpu_v4", 130,
-        # 0.8.3: Q4_K's offset term sums each sub-block slot in a lane of its own
-        reordered=("0.8.3", lambda x, a, b, c: (_block_row_two_orders(x, a), None, None))),
+        # 0.8.3: Q4_K's offset term sums each sub-block slot in a lane of its own; Q6_K
+        # (sub-blocks of 16) takes that loop too, x q summed per sub-block
+        reordered=("0.8.3", lambda x, a, b, c: (_block_row_two_orders(x, a), None,
+                                                _block_row_two_orders(x, c)))),
     "hx_matmul_q_cpu_i8x_v2_gemv_cpu": _gemv_case("hx_matmul_q_cpu_i8x_v2", 140, "int8"),
     # the transposed product of the [out, in] layout (the backward of hx.einsum("mk,nk->mn")
     # in x): Q4_1-like u4o with f16 scales and offsets at m = 3, Q4_K at m = 1, and the
