@@ -322,21 +322,34 @@ def _gguf_block(kind: str) -> int:
   return hg._BLOCK_SIZES[kind]
 
 
+def _random_parts(n: int, k: int, dtype: str, seed: int = 0) -> tuple[jax.Array, ...]:
+  """Components of a random weight ``[n, k]`` of ``dtype`` (a :data:`NK_FORMATS` dtype), built
+  from random bytes without an f32 original (the stream weights are larger than the L3
+  cache): values uniform, f16 scales (and offsets) of about 1e-3 (finite: the kernels'
+  time does not depend on the values)."""
+  rng = np.random.default_rng(seed)
+  def f16(*shape):
+    return jnp.asarray((rng.random(shape, np.float32) * 1e-3).astype(np.float16))
+  if dtype.isupper():
+    from hxmlir import gguf as hg
+    raw = rng.integers(0, 256, (n, k // hg._BLOCK_SIZES[dtype], hg._BLOCK_BYTES[dtype]),
+                       np.uint8)
+    d_at, m_at, _ = hg._HEADERS[dtype]
+    for at in (d_at,) if m_at is None else (d_at, m_at):
+      raw[..., at:at + 2] = np.asarray(f16(n, k // hg._BLOCK_SIZES[dtype], 1)).view(np.uint8)
+    return tuple(jnp.asarray(c) for c in hg.block_parts(raw, dtype))
+  if dtype == "int8":
+    return jnp.asarray(rng.integers(-127, 128, (n, k), np.int8)), f16(n, k // 32)
+  values = jnp.asarray(rng.integers(0, 256, (n, k // 2), np.uint8))
+  return (values, f16(n, k // 32)) + ((f16(n, k // 32),) if dtype == "uint4" else ())
+
+
 def _nk_weight(w, dtype: str):
   """Components of ``w: f32[n, k]`` quantized along ``k`` in groups of 32 with f16 scales
   (and offsets): ``hx.quantize`` (``method="minmax"`` for uint4), scales cast to f16; for a
-  GGUF block type (upper case), random blocks of ``w``'s shape (finite f16 ``d``, ``dmin``:
-  the kernel's time does not depend on the values)."""
+  GGUF block type (upper case), random blocks of ``w``'s shape (:func:`_random_parts`)."""
   if dtype.isupper():
-    from hxmlir import gguf as hg
-    n, k = w.shape
-    rs = np.random.RandomState(0)
-    raw = rs.randint(0, 256, size=(n, k // hg._BLOCK_SIZES[dtype], hg._BLOCK_BYTES[dtype]))
-    raw = raw.astype(np.uint8)
-    d_at, m_at, _ = hg._HEADERS[dtype]
-    for at in (d_at,) if m_at is None else (d_at, m_at):
-      raw[..., at:at + 2] = (rs.randn(*raw.shape[:2], 1) * 0.001).astype(np.float16).view(np.uint8)
-    return tuple(jnp.asarray(c) for c in hg.block_parts(raw, dtype))
+    return _random_parts(*w.shape, dtype)
   qw = hx.quantize(w, dtype, group_size=32, method="minmax" if dtype == "uint4" else "absmax")
   parts = (qw.qvalue, qw.scale.astype(jnp.float16))
   return parts + ((qw.offset.astype(jnp.float16),) if dtype == "uint4" else ())
@@ -420,36 +433,16 @@ def l3_bytes() -> int:
   return best or 32 * 2**20
 
 
-def _random_parts(n: int, k: int, dtype: str, seed: int = 0) -> tuple[jax.Array, ...]:
-  """Components of a random weight ``[n, k]`` of ``dtype`` (a :data:`NK_FORMATS` dtype), built
-  from random bytes without an f32 original (the stream weights are larger than the L3
-  cache): values uniform, f16 scales (and offsets) of about 1e-3 (finite: the kernels'
-  time does not depend on the values)."""
-  rng = np.random.default_rng(seed)
-  def f16(*shape):
-    return jnp.asarray((rng.random(shape, np.float32) * 1e-3).astype(np.float16))
-  if dtype.isupper():
-    from hxmlir import gguf as hg
-    raw = rng.integers(0, 256, (n, k // hg._BLOCK_SIZES[dtype], hg._BLOCK_BYTES[dtype]),
-                       np.uint8)
-    d_at, m_at, _ = hg._HEADERS[dtype]
-    for at in (d_at,) if m_at is None else (d_at, m_at):
-      raw[..., at:at + 2] = np.asarray(f16(n, k // hg._BLOCK_SIZES[dtype], 1)).view(np.uint8)
-    return tuple(jnp.asarray(c) for c in hg.block_parts(raw, dtype))
-  if dtype == "int8":
-    return jnp.asarray(rng.integers(-127, 128, (n, k), np.int8)), f16(n, k // 32)
-  values = jnp.asarray(rng.integers(0, 256, (n, k // 2), np.uint8))
-  return (values, f16(n, k // 32)) + ((f16(n, k // 32),) if dtype == "uint4" else ())
-
-
 def measure_stream(dtype: str, k: int, min_bytes: int, rounds: int
                    ) -> tuple[int, int, dict[str, float]]:
   """``(n, weight bytes, {activations: median seconds per call})``: the m = 1 GEMV on one
   random weight ``[n, k]`` of ``dtype`` of at least ``min_bytes``, in huge pages, with f32
   and with int8 activations; each call streams the whole weight from
-  memory (no eviction needed: it is larger than the caches), one warm-up call first."""
-  from hxmlir import gguf as hg
-  block = hg._BLOCK_SIZES[dtype] if dtype.isupper() else 32
+  memory (no eviction needed: it is larger than the caches), one warm-up call first.
+  Raises ``ValueError`` when ``dtype``'s block (or group of 32) does not divide ``k``."""
+  block = _gguf_block(dtype) if dtype.isupper() else 32
+  if k % block:
+    raise ValueError(f"--k {k} is not a multiple of {dtype}'s block of {block}")
   row = sum(int(p.nbytes) for p in _random_parts(1, k, dtype))
   n = -(-min_bytes // row)
   parts = _random_parts(n, k, dtype)
@@ -466,15 +459,19 @@ def measure_stream(dtype: str, k: int, min_bytes: int, rounds: int
       c(x, *parts).block_until_ready()
       ts.append(time.perf_counter() - t0)
     times[act] = statistics.median(ts)
-  assert k % block == 0
   return n, sum(int(p.nbytes) for p in parts), times
+
+
+def _chosen_formats(args) -> tuple[tuple[str, str], ...]:
+  """:data:`NK_FORMATS`, or those ``--nk-formats`` names (the label's first word)."""
+  if not args.nk_formats:
+    return NK_FORMATS
+  return tuple(f for f in NK_FORMATS if f[0].split()[0] in args.nk_formats)
 
 
 def main_nk_stream(args) -> None:
   """The ``--nk-stream`` table (see the module docstring)."""
-  chosen = NK_FORMATS
-  if args.nk_formats:
-    chosen = tuple(f for f in NK_FORMATS if f[0].split()[0] in args.nk_formats)
+  chosen = _chosen_formats(args)
   one, every = read_bandwidth()
   l3 = l3_bytes()
   print(f"read bandwidth (numpy sum of 512 MiB): {one:.1f} GB/s one thread, {every:.1f} GB/s "
@@ -502,9 +499,7 @@ def main_nk_stream(args) -> None:
 def main_nk(args) -> None:
   """The ``--nk`` table (see the module docstring)."""
   ms, info = args.m, hx.cpu_kernel_info()
-  chosen = NK_FORMATS
-  if args.nk_formats:
-    chosen = tuple(f for f in NK_FORMATS if f[0].split()[0] in args.nk_formats)
+  chosen = _chosen_formats(args)
   one, every = read_bandwidth()
   print(f"read bandwidth (numpy sum of 512 MiB): {one:.1f} GB/s one thread, {every:.1f} GB/s "
         f"all {os.cpu_count()} threads")
