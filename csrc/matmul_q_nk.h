@@ -77,7 +77,7 @@ struct NkProblem {
 // L1) with vector shifts, masks and shuffles (formats/gguf_blocks.inc), then W weights at a
 // time widened to f32 in registers and scaled, w = fl(fl(sc q) - mn), and x w added into
 // one vector accumulator per row of x over the whole row, its lanes summed at the end;
-// except one row of x (m = 1, the decode step; sub-blocks of whole vectors), which
+// except one row of x (m = 1, the decode step), which
 // sums x q per sub-block in lanes, adds those sums times sc into the accumulator, and
 // subtracts sum_s mn_s X_s (X_s: x's sums over the sub-blocks); "blocks": v3's, each block
 // decoded whole by Decode<F>. "dot" and "blocks" are within gamma_{k/W + 5} * |x| |w| and
