@@ -85,11 +85,14 @@ def _bound(x: np.ndarray, w: np.ndarray, parts, kind: str) -> np.ndarray:
   return gamma(k + 5) * (x64 @ np.abs(w.astype(np.float64)).T) + k * TINY
 
 
+# blocks per row: 2, and 6 (the AVX-512 decoders of Q4_K's and Q5_K's factors take four
+# blocks at a time: a whole four and two more)
 @needs_native
 @pytest.mark.parametrize("isa", INFO.supported_isas)
 @pytest.mark.parametrize("kind", KINDS)
-def test_decode_is_gguf_bit_for_bit(isa, kind):
-  parts, w = _weight(kind, 5, 2)
+@pytest.mark.parametrize("blocks", [2, 6])
+def test_decode_is_gguf_bit_for_bit(isa, kind, blocks):
+  parts, w = _weight(kind, 5, blocks)
   x = np.eye(w.shape[1], dtype=np.float32)  # m = k: the tiled regime
   y = _with_isa(isa, V4, x, *parts)
   np.testing.assert_array_equal(y, w.T)

@@ -86,8 +86,10 @@ def _blocks_for(kind: str, k_min: int) -> int:
 
 # (leading dims of x, rows of W, elements of k at least): the GEMV at m = 1 (the decode
 # step), 3 and 8; the panels at 9, (2, 5), 17 and 40 (groups of 16 rows: one partial, one
-# whole and a partial, two whole and a partial); n never a multiple of 4 or 6 (the tiles)
-CASES = [((1,), 37, 700), ((3,), 37, 700), ((8,), 13, 520), ((9,), 13, 520),
+# whole and a partial, two whole and a partial); n never a multiple of 4 or 6 (the tiles);
+# at m = 3, six blocks of 256 (Q4_K's and Q5_K's factors decoded four blocks at a time on
+# AVX-512: a whole four and two more)
+CASES = [((1,), 37, 700), ((3,), 37, 1500), ((8,), 13, 520), ((9,), 13, 520),
          ((17,), 11, 520), ((2, 5), 13, 520), ((40,), 23, 300)]
 
 
