@@ -22,6 +22,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+OFFSET_AS_IS = frozenset({"q5_1"})
+"""The block formats whose ``v`` is 1 at every element: the offset is added to each block's
+elements as it is (``x = q * d + m``), as the elementwise formats add theirs."""
+
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 """The fixed 16-entry table of IQ4_NL and IQ4_XS (llama.cpp's ``kvalues_iq4nl``): a 4-bit
 index ``i`` decodes to ``IQ4_VALUES[i]`` times the (sub-)block's scale."""

@@ -502,10 +502,13 @@ def decode(q, s, o=None):
 
 
 def offset_units(q, fmt: Format):
-  """What multiplies the offset for stored values ``q`` of a format with one: ``None`` for
-  the elementwise formats (the offset is added as it is: :func:`apply_offset`), a block
-  format's ``f32`` dense derivative in its offset (``-m``: K-quants' sub-block mins)."""
-  if not fmt.block:
+  """What multiplies the offset for stored values ``q`` of a format with one: ``None`` where
+  the offset is added as it is (:func:`apply_offset`: the elementwise formats, and Q5_1,
+  :data:`hxmlir.block_decode.OFFSET_AS_IS`), else a block format's ``f32`` dense derivative
+  in its offset (``-m``: K-quants' sub-block mins). ``None`` also keeps a constant of ones
+  out of the reference decomposition's dot products: XLA CPU (jaxlib 0.10.2, its YNNPACK
+  fusion) summed a batched dot against constant ones wrongly at some row counts (8, 16)."""
+  if not fmt.block or fmt.name in block_decode.OFFSET_AS_IS:
     return None
   return block_decode.units(q, fmt.name)[1]
 

@@ -132,6 +132,40 @@ def test_matmul_and_einsum_against_float64(blockfile, kind, installed):
   assert_within(yt, xt.astype(np.float64) @ w, _bound(xt, q, "mn,nk->mk"), f"{kind} kn: ")
 
 
+@pytest.fixture(scope="module")
+def smallfile(tmp_path_factory):
+  """A GGUF file of one ``[64, 256]`` tensor per block type (random blocks: below
+  ``SMALL_WEIGHT``, the decomposition's path, not the native kernel's);
+  ``(path, {name: gguf reference f32})``."""
+  rs = np.random.RandomState(41)
+  tensors = {kind: (kind, _blocks(rs, kind, 64, 256 // hg._BLOCK_SIZES[kind]))
+             for kind in KINDS}
+  path = _write(tmp_path_factory.mktemp("small") / "small.gguf", tensors)
+  r = gguf.GGUFReader(path)
+  ref = {t.name: gguf.quants.dequantize(np.asarray(t.data), t.tensor_type) for t in r.tensors}
+  return path, ref
+
+
+# XLA CPU (jaxlib 0.10.2, its YNNPACK fusion) summed a batched dot against a constant of ones
+# wrongly at some rows of x (8, 16; up to 1e35): Q5_1's offset term in the decomposition of
+# 0.8.3 was such a dot, silently wrong on small weights. Every block format, rows of x
+# around those counts, both layouts.
+@pytest.mark.parametrize("kind", KINDS)
+def test_small_weights_against_float64_at_many_rows(smallfile, kind):
+  path, ref = smallfile
+  q = hg.load(path, names={kind})[kind]
+  w = ref[kind].reshape(64, 256).astype(np.float64)
+  rs = np.random.RandomState(2)
+  for m in (1, 7, 8, 12, 16, 32):
+    x = rs.randn(m, 256).astype(np.float32)
+    xt = rs.randn(m, 64).astype(np.float32)
+    y = jax.jit(lambda x, q: hx.einsum("mk,nk->mn", x, q))(x, q)
+    yt = jax.jit(hx.matmul_q)(xt, q)
+    assert_within(y, x.astype(np.float64) @ w.T, _bound(x, q, "mk,nk->mn"), f"{kind} m={m}: ")
+    assert_within(yt, xt.astype(np.float64) @ w, _bound(xt, q, "mn,nk->mk"),
+                  f"{kind} kn m={m}: ")
+
+
 class _nothing:
   def __enter__(self):
     return self
