@@ -128,7 +128,8 @@ def mse_amax(x, amax, f, round_half_even=jnp.round):
   for r in formats.MSE_RATIOS:
     a = amax * np.float32(r)
     q, s = quantize_with_amax(x, a, round_half_even, f)
-    err = jnp.sum(jnp.square(q.astype(jnp.float32) * s[..., None] - x), axis=-1)
+    d = q.astype(jnp.float32) * s[..., None] - x
+    err = jnp.sum(d * d, axis=-1)  # not jnp.square: it lowers to chlo.square, not StableHLO
     if best_err is None:
       best_err = err
       continue

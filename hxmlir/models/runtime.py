@@ -348,8 +348,11 @@ class Decoder:
     all of them). The same tokens as :meth:`generate` with ``temperature=0`` for each
     prompt alone: each list stops before the file's EOS (or end of turn) or after
     ``max_tokens`` ids, and all of them when the longest prompt's cache is full (the
-    steps are shared). Raises ``ValueError`` for no prompts, an empty prompt or one of
-    ``max_context`` tokens or more, ``max_tokens < 0``, and on a mesh (not supported)."""
+    steps are shared). Raises ``TypeError`` for ``prompts`` that is one prompt (a ``str``,
+    or token ids not in a list: ``[prompt]`` is a batch of one), ``ValueError`` for no
+    prompts, an empty prompt or one of ``max_context`` tokens or more, ``max_tokens < 0``,
+    and on a mesh (not supported)."""
+    _check_prompts(prompts)
     if self._batch_greedy_step is None:
       raise ValueError("generate_batch is not supported on a mesh: call generate per prompt")
     if not prompts:
@@ -434,6 +437,20 @@ def from_gguf(path: str | os.PathLike, *, kv_cache: str = "f32", max_context: in
   ``max_context`` outside ``[1, context_length]``, and :func:`hxmlir.gguf.load`'s errors."""
   return Decoder.from_gguf(path, kv_cache=kv_cache, max_context=max_context, mesh=mesh,
                            kernels=kernels, activations=activations)
+
+
+def _check_prompts(prompts) -> None:
+  """Raises ``TypeError`` when :meth:`Decoder.generate_batch`'s ``prompts`` is one prompt,
+  not a list of them: a ``str`` (each character would be taken as a prompt) or token ids."""
+  if isinstance(prompts, str):
+    raise TypeError(f"generate_batch: prompts is one str ({len(prompts)} characters), not a "
+                    "list of prompts: pass a list of prompts (texts, or lists of token ids), "
+                    "[prompt] for one")
+  first = next(iter(prompts), None) if isinstance(prompts, Sequence) else None
+  if isinstance(first, (int, np.integer)) or getattr(prompts, "ndim", None) == 1:
+    raise TypeError("generate_batch: prompts is one prompt's token ids, not a list of "
+                    "prompts: pass a list of prompts (texts, or lists of token ids), [ids] "
+                    "for one")
 
 
 def _stack(layers: list) -> Any:

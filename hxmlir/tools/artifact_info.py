@@ -37,6 +37,24 @@ from hxmlir.tools import npzio
 from hxmlir.types import typestr
 
 
+def read_artifact_file(path, expected: str = "an artifact written by `hxmlir export` (or "
+                       "hxmlir.export's serialize())") -> bytes:
+  """The bytes of the file ``path`` (``hxmlir run``'s and ``inspect``'s artifact). Raises
+  :class:`hxmlir.export.ArtifactError` naming the file, why it cannot be read (missing, a
+  directory, no permission) and what to give instead (``expected``), as
+  :func:`hxmlir.gguf.load` does for a GGUF path."""
+  import os
+
+  from hxmlir.export import ArtifactError
+  try:
+    with open(path, "rb") as f:
+      return f.read()
+  except OSError as e:
+    why = "it is a directory" if isinstance(e, IsADirectoryError) else (e.strerror or str(e))
+    raise ArtifactError(f"{os.fspath(path)}: not a readable file ({why}); give "
+                        f"{expected}") from None
+
+
 def artifact_info(blob: bytes) -> dict[str, Any]:
   """The report described in the module docstring, for serialized artifact bytes.
 

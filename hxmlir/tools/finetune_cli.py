@@ -154,9 +154,10 @@ def train(model, examples, spec, *, steps: int, lr: float, seed: int = 0,
   return adapters, losses
 
 
-def run(args, out=None) -> int:
-  """Runs ``hxmlir finetune`` with parsed ``args``: a summary line to ``out`` (stdout)."""
-  out = out or sys.stdout
+def run(args, err=None) -> int:
+  """Runs ``hxmlir finetune`` with parsed ``args``: the adapters to ``--out``, a summary line
+  to ``err`` (stderr: a status line, never stdout's, as docs/cli.md says)."""
+  err = err or sys.stderr
   if args.steps < 1:
     raise ValueError(f"--steps {args.steps}: must be >= 1")
   if not os.path.exists(args.data):
@@ -177,7 +178,7 @@ def run(args, out=None) -> int:
                            seed=args.seed, remat=args.remat,
                            progress=not args.no_progress)
   lora.save(args.out, adapters, spec, base=path, cfg=model.config)
-  out.write(f"{len(examples)} examples, {args.steps} steps: loss {losses[0]:.4f} -> "
+  err.write(f"{len(examples)} examples, {args.steps} steps: loss {losses[0]:.4f} -> "
             f"{losses[-1]:.4f}; {lora.n_params(adapters):,} adapter parameters (rank "
             f"{spec.rank}, {', '.join(spec.targets)}) written to {args.out}\n")
   return 0

@@ -1,6 +1,7 @@
 """``hxmlir generate``: text from a GGUF LLaMA decoder (:mod:`hxmlir.models.llama`), streamed.
 
-Text goes to stdout as it is produced; then one stats line goes to stderr (prompt tokens,
+Text goes to stdout as it is produced, ended by a newline (no text, as with ``--max-tokens 0``:
+nothing at all); then one stats line goes to stderr (prompt tokens,
 generated tokens, why generation stopped: ``(stop: eos)``, ``(stop: max_tokens)`` or
 ``(stop: max_context)``; prefill and decode tokens per second, weight and KV cache bytes), so that
 stdout holds the generated text alone. ``--json`` prints instead, once generation ends,
@@ -99,6 +100,30 @@ class BatchFileError(ValueError):
   """A ``--batch`` file that cannot be used: names the file (and the line)."""
 
 
+SAMPLING_OPTIONS = {"max_tokens": "--max-tokens", "temperature": "--temperature",
+                    "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
+"""The options of :func:`hxmlir.models.sampling.check_sampling`'s arguments."""
+
+
+def check_sampling_options(args) -> None:
+  """Refuses ``--max-tokens``, ``--temperature``, ``--top-k``, ``--top-p`` and ``--seed``
+  values that :meth:`hxmlir.models.Decoder.generate` refuses
+  (:func:`hxmlir.models.sampling.check_sampling`), before any file is read. Raises
+  :class:`UsageError` naming each bad option as it was given and what it must be:
+  ``--max-tokens -1: must be an integer >= 0; --top-p 2: must be in (0, 1]``."""
+  from hxmlir.models.sampling import sampling_problems
+  bad = sampling_problems(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed)
+  if bad:
+    raise UsageError("; ".join(f"{SAMPLING_OPTIONS[name]} {_option_value(value)}: {why}"
+                               for name, value, why in bad))
+
+
+def _option_value(v) -> str:
+  """``v`` as a command line gives it: ``2`` for ``--top-p 2`` (parsed as ``2.0``), ``nan``."""
+  return repr(v).removesuffix(".0") if isinstance(v, float) else str(v)
+
+
 def check_options(args) -> None:
   """Refuses options that do nothing in the chosen mode: ``--top-k`` or ``--top-p`` with
   ``--temperature 0`` (greedy decoding takes the most likely token), and options that
@@ -174,8 +199,7 @@ def run(args, out=None, err=None) -> int:
   from hxmlir.models import llama
   out, err = out or sys.stdout, err or sys.stderr
   as_json = getattr(args, "json", False)
-  llama.check_sampling(args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, seed=args.seed)  # before the model loads
+  check_sampling_options(args)  # before the model loads
   check_options(args)
   batch = read_batch(args.batch) if getattr(args, "batch", None) is not None else None
   path = llama.PACKAGED[args.model][1]() if args.model else args.gguf
@@ -222,7 +246,9 @@ def run(args, out=None, err=None) -> int:
     out.write("\n")
     out.flush()
     return 0
-  out.write(m.tokenizer.decode(got)[len(shown):] + "\n")
+  rest = m.tokenizer.decode(got)[len(shown):]
+  if shown or rest:  # the text's end; no text (--max-tokens 0, an EOS first): nothing at all
+    out.write(rest + "\n")
   out.flush()  # the text's end before the stats line on stderr
   rate = lambda r: "-" if r is None else f"{r:.1f}"
   err.write(f"prompt tokens {len(ids)}, generated {len(got)} (stop: {reason}); prefill "

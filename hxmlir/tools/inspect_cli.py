@@ -45,9 +45,9 @@ def run(args) -> int:
                          f"  {k}: {v}\n" for k, v in info["decoder"].items()))
     return 0
   from hxmlir.export import ArtifactError
-  from hxmlir.tools.artifact_info import artifact_info, format_info
-  with open(args.artifact, "rb") as f:
-    blob = f.read()
+  from hxmlir.tools.artifact_info import artifact_info, format_info, read_artifact_file
+  blob = read_artifact_file(args.artifact, "an artifact written by `hxmlir export` or a GGUF "
+                            "checkpoint")
   try:
     info = artifact_info(blob)
   except ArtifactError as e:

@@ -220,7 +220,8 @@ def run_export(args) -> int:
   if inputs_out:
     np.savez(inputs_out, **flatten_values(leaves))
   print(f"wrote {args.output}: {len(blob)} bytes, platforms {','.join(args.platforms)}, "
-        f"{arguments_text(exp)}" + (f"; inputs {inputs_out}" if inputs_out else ""))
+        f"{arguments_text(exp)}" + (f"; inputs {inputs_out}" if inputs_out else ""),
+        file=sys.stderr)  # a status line: the artifact is the output (docs/cli.md)
   return 0
 
 

@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
 
 def _read_artifact(path: str):
   from hxmlir.export import ArtifactError, deserialize
-  with open(path, "rb") as f:
-    blob = f.read()
+  from hxmlir.tools.artifact_info import read_artifact_file
+  blob = read_artifact_file(path)
   try:
     return blob, deserialize(blob)
   except ArtifactError as e:
@@ -62,8 +62,9 @@ def run(args) -> int:
   arrays = npzio.to_arrays(paths, exp.out_types, npzio.tree_leaves(exp.out_tree, out))
   if output:
     np.savez(output, **arrays)
+  # a status line: stderr, so that stdout holds the printed results alone (docs/cli.md)
   print(f"ran {args.artifact} on {arguments_text(exp)}: {types}"
-        + (f" -> {output}" if output else ""))
+        + (f" -> {output}" if output else ""), file=sys.stderr)
   if not output:
     sys.stdout.write(_format_results(paths, exp.out_types, arrays))
   return 0

@@ -11,6 +11,7 @@ import os
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from hxmlir.models import from_gguf
@@ -82,3 +83,20 @@ def test_batch_errors_name_the_argument(files):
     m.generate_batch(PROMPTS, -1)
   with pytest.raises(ValueError, match="empty"):
     m.generate_batch([[1], []], 4)
+
+
+def test_batch_refuses_one_prompt_for_a_list(files):
+  # a str was taken as a list of one-character prompts, silently
+  m = from_gguf(files["llama"], max_context=CTX)
+  with pytest.raises(TypeError) as e:
+    m.generate_batch("hi", 3)
+  assert str(e.value) == ("generate_batch: prompts is one str (2 characters), not a list of "
+                          "prompts: pass a list of prompts (texts, or lists of token ids), "
+                          "[prompt] for one")
+  for ids in ([5, 17, 99], np.asarray([5, 17, 99])):
+    with pytest.raises(TypeError) as e:
+      m.generate_batch(ids, 3)
+    assert str(e.value) == ("generate_batch: prompts is one prompt's token ids, not a list of "
+                            "prompts: pass a list of prompts (texts, or lists of token ids), "
+                            "[ids] for one")
+  assert m.generate_batch([[5, 17, 99]], 3) == _alone(m, [[5, 17, 99]], 3)  # [ids]: one prompt

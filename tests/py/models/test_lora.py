@@ -263,7 +263,8 @@ def test_cli_finetune_then_generate_with_the_adapters(files, tmp_path, capsys):
   out = tmp_path / "a.safetensors"
   assert main(["finetune", "--gguf", path, "--data", str(data), "--steps", "3", "--rank",
                "2", "--targets", "q", "v", "--out", str(out), "--no-progress"]) == 0
-  assert "2 examples, 3 steps" in capsys.readouterr().out
+  printed = capsys.readouterr()
+  assert printed.out == "" and "2 examples, 3 steps" in printed.err  # a status line: stderr
   _, spec = lora.load(out, from_gguf(path, max_context=8))
   assert spec == lora.LoraSpec(rank=2, alpha=16.0, targets=("q", "v"))
   assert main(["generate", "--gguf", path, "--lora", str(out), "--prompt", "the",

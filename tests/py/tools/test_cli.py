@@ -53,9 +53,19 @@ def _inputs(files, name: str, edit) -> str:
 def test_run_reports_the_file_it_wrote(files, capsys, name, written):
   d, art, inp, want = files
   assert cli.main(["run", str(art), "--inputs", str(inp), "--output", str(d / name)]) == 0
-  assert capsys.readouterr().out.strip().endswith(f"-> {d / written}")
+  out, err = capsys.readouterr()
+  assert out == "" and err.strip().endswith(f"-> {d / written}")
   with np.load(d / written) as z:
     np.testing.assert_array_equal(z["a0"], want)
+
+
+def test_run_with_output_prints_its_status_line_on_stderr_alone(files, capsys):
+  # it was printed on stdout, where nothing but the requested output goes (docs/cli.md)
+  d, art, inp, _ = files
+  assert cli.main(["run", str(art), "--inputs", str(inp), "--output", str(d / "o.npz")]) == 0
+  out, err = capsys.readouterr()
+  assert out == ""
+  assert err == f"ran {art} on 2 arguments: float32[2,4] -> {d / 'o.npz'}\n"
 
 
 def test_run_refuses_a_directory_as_output(files, capsys, tmp_path):
@@ -131,6 +141,24 @@ def test_run_says_when_the_artifact_is_not_an_hxmlir_artifact(files, capsys, tmp
   assert "not an hxmlir artifact" in err or "not a readable jax.export artifact" in err
 
 
+@pytest.mark.parametrize("command", ["inspect", "run"])
+def test_an_artifact_path_that_cannot_be_read_is_one_artifact_error(files, capsys, tmp_path,
+                                                                     command):
+  # a directory was "IsADirectoryError: [Errno 21] Is a directory: '/tmp'", a missing file
+  # "FileNotFoundError: [Errno 2] ..."; GGUF paths say "GGUFError: ...: not a readable GGUF file"
+  _, _, inp, _ = files
+  give = ("an artifact written by `hxmlir export` or a GGUF checkpoint" if command == "inspect"
+          else "an artifact written by `hxmlir export` (or hxmlir.export's serialize())")
+  more = ["--inputs", str(inp)] if command == "run" else []
+  for path, why in ((tmp_path, "it is a directory"),
+                    (tmp_path / "none.hxa", "No such file or directory")):
+    assert cli.main([command, str(path), *more]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"hxmlir {command}: error: ArtifactError: {path}: not a readable file "
+                   f"({why}); give {give}\n")
+
+
 # --- demo: options checked before the model is loaded ----------------------------------------
 
 @pytest.fixture
@@ -161,9 +189,9 @@ def test_pipeline_is_checked_before_the_model_loads(no_model, capsys, command, p
 def test_run_prints_the_result_values(files, capsys):
   _, art, inp, want = files
   assert cli.main(["run", str(art), "--inputs", str(inp)]) == 0
-  out = capsys.readouterr().out
-  assert out == (f"ran {art} on 2 arguments: float32[2,4]\n"
-                 f"a0: f32[2,4]\n{np.array2string(want)}\n")
+  out, err = capsys.readouterr()
+  assert out == f"a0: f32[2,4]\n{np.array2string(want)}\n"  # the results alone
+  assert err == f"ran {art} on 2 arguments: float32[2,4]\n"
 
 
 def test_run_prints_hi_results_per_component_and_summarises_large_ones(capsys, tmp_path):
@@ -176,7 +204,7 @@ def test_run_prints_hi_results_per_component_and_summarises_large_ones(capsys, t
   for name, fn in fns.items():
     (tmp_path / f"{name}.hxa").write_bytes(bytes(hxe.export(fn, platforms=["cpu"])(x).serialize()))
     assert cli.main(["run", str(tmp_path / f"{name}.hxa"), "--inputs", str(tmp_path / "in.npz")]) == 0
-    printed[name] = capsys.readouterr().out.split("\n", 1)[1]
+    printed[name] = capsys.readouterr().out
   q = hx.quantize(x)
   assert printed["q"] == (f"a0: q8[2,3]\na0.qvalue: i8[2,3]\n{np.array2string(np.asarray(q.qvalue))}\n"
                           f"a0.scale: f32[2]\n{np.array2string(np.asarray(q.scale))}\n")

@@ -9,6 +9,7 @@ patched), so it is loaded and compiled once.
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,9 @@ from hxmlir.tools import cli, generate_cli
 gguf = pytest.importorskip("gguf", reason="pip install 'hxmlir[gguf]'")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "io"))
 from gguf_files import write_small  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
+import gguf_families  # noqa: E402
 
 try:
   from hxmlir.models import llama
@@ -59,6 +63,57 @@ def test_sampling_options_at_temperature_0_are_a_usage_error(capsys, tmp_path, f
   assert err == (f"hxmlir generate: error: UsageError: {named} nothing at --temperature 0 "
                  "(greedy: the most likely token); give a --temperature above 0 to sample, or "
                  f"drop {named.rsplit(' ', 1)[0]}\n"), err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-tokens", "-1"], "--max-tokens -1: must be an integer >= 0"),
+    (["--temperature", "-1"], "--temperature -1: must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature nan: must be a finite number >= 0"),
+    (["--temperature", "0.5", "--top-p", "0"], "--top-p 0: must be in (0, 1]"),
+    (["--temperature", "0.5", "--top-p", "2"], "--top-p 2: must be in (0, 1]"),
+    (["--temperature", "0.5", "--top-k", "0"], "--top-k 0: must be an integer >= 1"),
+    (["--top-k", "0"], "--top-k 0: must be an integer >= 1"),
+    (["--seed", "-1"], "--seed -1: must be an integer >= 0"),
+    (["--max-tokens", "-1", "--temperature", "0.5", "--top-p", "1.5"],
+     "--max-tokens -1: must be an integer >= 0; --top-p 1.5: must be in (0, 1]"),
+])
+def test_sampling_values_out_of_range_are_a_usage_error_naming_the_option(
+    capsys, tmp_path, flags, message):
+  # was status 1 and the library's "ValueError: max_tokens=-1 must be ..."; refused before
+  # any file is read (the file does not exist), as --max-context is
+  rc, out, err = _main(capsys, "generate", "--gguf", tmp_path / "none.gguf", "--prompt", "hi",
+                       *flags)
+  assert rc == 2 and out == ""
+  assert err == f"hxmlir generate: error: UsageError: {message}\n", err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """A tiny random-weight llama file with a tokenizer (gguf_families.py)."""
+  path = tmp_path_factory.mktemp("tiny") / "llama.gguf"
+  gguf_families.write(path, "llama", tied=False)
+  return path
+
+
+def test_max_tokens_0_writes_nothing_and_its_json_is_valid(tiny, capsys):
+  # it wrote a lone "\n" on stdout
+  rc, out, err = _main(capsys, "generate", "--gguf", tiny, "--prompt", "the cat",
+                       "--max-tokens", "0", "--max-context", "32")
+  assert rc == 0 and out == ""
+  assert err.startswith("prompt tokens ") and ", generated 0 (stop: max_tokens); " in err, err
+  rc, out, err = _main(capsys, "generate", "--gguf", tiny, "--prompt", "the cat",
+                       "--max-tokens", "0", "--max-context", "32", "--json")
+  assert rc == 0 and err == ""
+  got = json.loads(out)
+  assert (got["text"], got["ids"], got["finish_reason"]) == ("", [], "max_tokens")
+  assert got["stats"]["generated_tokens"] == 0
+  # one token: the text and its newline, as before
+  rc, out, _ = _main(capsys, "generate", "--gguf", tiny, "--prompt", "the cat",
+                     "--max-tokens", "1", "--max-context", "32", "--json")
+  text = json.loads(out)["text"]
+  rc, out, err = _main(capsys, "generate", "--gguf", tiny, "--prompt", "the cat",
+                       "--max-tokens", "1", "--max-context", "32")
+  assert rc == 0 and out == text + "\n", (out, text)
 
 
 def test_finish_reason():

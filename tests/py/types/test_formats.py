@@ -179,6 +179,21 @@ def test_mse_clipping_lowers_the_squared_error(dtype, g):
     assert err["mse"].sum() < 0.95 * err["absmax"].sum()
 
 
+@pytest.mark.parametrize("dtype, g", [(jnp.int8, None), (jnp.int4, 32)], ids=["int8", "int4-g32"])
+def test_mse_quantize_passes_hx_verify_installed(dtype, g):
+  """The mse decomposition is plain StableHLO (it once squared with ``jnp.square``, which
+  lowers to ``chlo.square`` and hx-verify rejected): installed, eagerly and under jit, it
+  gives the values and scales it gives without installing."""
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_t(3, (16, 64)), jnp.float32)
+  quantize = lambda x: hx.quantize(x, dtype, group_size=g, method="mse")
+  want = [np.asarray(c) for c in hx.qarray_parts(quantize(x))]
+  with hx.installed():
+    for got in (quantize(x), jax.jit(quantize)(x)):
+      for c, w in zip(hx.qarray_parts(got), want):
+        np.testing.assert_array_equal(np.asarray(c), w)
+
+
 @pytest.mark.parametrize("call, msg", [
     (lambda: hx.quantize(jnp.ones((64, 100)), jnp.int4, group_size=32),
      r"q4\[64,100:g32\]: the last axis \(100\) is not a multiple of the group size 32"),
