@@ -347,13 +347,14 @@ def hx_bytes(kind: str, shape: tuple[int, ...]) -> int | None:
           + groups * f.scale_dtype.itemsize * (2 if f.offset else 1))
 
 
-def inspect(path: str | os.PathLike) -> dict:
-  """What :func:`load` would make of ``path``, reading only its header and metadata:
+def inspect(path: str | os.PathLike | Header) -> dict:
+  """What :func:`load` would make of ``path`` (or a :class:`Header` already read), reading
+  only its header and metadata:
   ``{"path", "metadata": {key: value (long lists shortened)}, "tensors": [{"name",
   "gguf_type", "shape", "hx_type", "file_bytes", "hx_bytes"}], "file_bytes", "hx_bytes"}``
   (``hx_bytes`` totals the supported tensors; unsupported ones say ``"unsupported"``).
   Raises :class:`GGUFError` for a file that is not GGUF."""
-  header = read_header(path)
+  header = path if isinstance(path, Header) else read_header(path)
   tensors = []
   for t in header.reader.tensors:
     kind = t.tensor_type.name
@@ -363,7 +364,7 @@ def inspect(path: str | os.PathLike) -> dict:
                     "hx_bytes": hx_bytes(kind, shape)})
   meta = {k: (v if not isinstance(v, list) or len(v) <= 8 else [*v[:8], f"... ({len(v)})"])
           for k, v in header.metadata.items()}
-  return {"path": os.fspath(path), "metadata": meta, "tensors": tensors,
+  return {"path": header.path, "metadata": meta, "tensors": tensors,
           "file_bytes": sum(t["file_bytes"] for t in tensors),
           "hx_bytes": sum(t["hx_bytes"] or 0 for t in tensors)}
 

@@ -16,16 +16,15 @@ def add_parser(sub) -> None:
   ins.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _decoder_description(path) -> dict:
-  """What hxmlir's GGUF decoder reads from the file ``path``
-  (:meth:`hxmlir.models.arch.Config.describe`, key -> value text), or ``{"unsupported":
+def _decoder_description(h) -> dict:
+  """What hxmlir's GGUF decoder reads from the file of header ``h`` (``gguf.Header``;
+  :meth:`hxmlir.models.arch.Config.describe`, key -> value text), or ``{"unsupported":
   why}`` when it cannot run it."""
   from hxmlir import gguf
   from hxmlir.models import arch
   try:
-    h = gguf.read_header(path)
     shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in h.reader.tensors}
-    text = arch.describe(h.metadata, shapes, os.fspath(path)).describe()
+    text = arch.describe(h.metadata, shapes, h.path).describe()
   except gguf.GGUFError as e:
     return {"unsupported": str(e)}
   return dict(line.split(": ", 1) for line in text.splitlines())
@@ -38,8 +37,9 @@ def run(args) -> int:
   from hxmlir import gguf
   if gguf.is_gguf(args.artifact) or os.fspath(args.artifact).endswith(".gguf"):
     # a GGUF checkpoint (by its magic or its name: a bad one is a GGUF error): its tensors
-    info = gguf.inspect(args.artifact)
-    info["decoder"] = _decoder_description(args.artifact)
+    header = gguf.read_header(args.artifact)  # once (a large vocabulary takes seconds)
+    info = gguf.inspect(header)
+    info["decoder"] = _decoder_description(header)
     sys.stdout.write(json.dumps(info, indent=2) + "\n" if args.json else
                      gguf.format_inspect(info) + "decoder:\n" + "".join(
                          f"  {k}: {v}\n" for k, v in info["decoder"].items()))

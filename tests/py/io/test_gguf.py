@@ -267,6 +267,21 @@ def test_inspect_lists_types_and_bytes(tmp_path, capsys):
                                                          "q8[8,256:g32,f16]"]
 
 
+def test_inspect_reads_the_header_once(tmp_path, capsys, monkeypatch):
+  # the header of a real checkpoint (a vocabulary of 262k strings) takes seconds: inspect
+  # and its decoder description share one read
+  from hxmlir import gguf as hg
+  from hxmlir.tools import cli
+  path = _write(tmp_path / "once.gguf", ["Q4_1", "F32"], shape=(8, 256))
+  reads, read = [], hg.read_header
+  monkeypatch.setattr(hg, "read_header", lambda p: reads.append(p) or read(p))
+  for flags in ([], ["--json"]):
+    reads.clear()
+    assert cli.main(["inspect", os.fspath(path), *flags]) == 0
+    assert reads == [os.fspath(path)]
+  capsys.readouterr()
+
+
 def test_inspect_bytes_are_what_load_places(tmp_path):
   path = _write(tmp_path / "all.gguf", TYPES)
   ck = hg.load(path)
