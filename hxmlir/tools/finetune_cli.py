@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from hxmlir.tools.cli_common import positive_arg
+
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 """``--targets`` choices: :data:`hxmlir.models.lora.TARGETS` (kept here so that the parser
 is built without importing JAX)."""
@@ -38,7 +40,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
   f.add_argument("--data", required=True, metavar="FILE.jsonl",
                  help='JSON lines, each {"text": ...} or {"messages": [...]}')
   f.add_argument("--out", required=True, metavar="ADAPTER.safetensors")
-  f.add_argument("--steps", type=int, default=100, metavar="N", help="default 100")
+  f.add_argument("--steps", type=positive_arg, default=100, metavar="N", help="default 100")
   f.add_argument("--rank", type=int, default=8, metavar="R", help="default 8")
   f.add_argument("--alpha", type=float, default=16.0, metavar="A",
                  help="the adapters' output is scaled by A / R (default 16)")
@@ -158,8 +160,6 @@ def run(args, err=None) -> int:
   """Runs ``hxmlir finetune`` with parsed ``args``: the adapters to ``--out``, a summary line
   to ``err`` (stderr: a status line, never stdout's, as docs/cli.md says)."""
   err = err or sys.stderr
-  if args.steps < 1:
-    raise ValueError(f"--steps {args.steps}: must be >= 1")
   if not os.path.exists(args.data):
     raise FileNotFoundError(f"--data {args.data}: no such file")
   from hxmlir.models import from_gguf, lora

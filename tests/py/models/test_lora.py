@@ -255,6 +255,16 @@ def test_bad_data_is_an_error_naming_the_line(files, tmp_path, content, match):
     read_examples(str(p), m.tokenizer, 16)
 
 
+@pytest.mark.parametrize("steps", ["0", "-3", "x"])
+def test_cli_finetune_steps_must_be_a_positive_integer(steps, capsys):
+  from hxmlir.tools.cli import main
+  with pytest.raises(SystemExit) as e:  # a bad command line: status 2, before any file is read
+    main(["finetune", "--model", "smollm2", "--data", "missing.jsonl", "--out", "o",
+          "--steps", steps])
+  assert e.value.code == 2
+  assert f"argument --steps: expected a positive integer, got '{steps}'" in capsys.readouterr().err
+
+
 def test_cli_finetune_then_generate_with_the_adapters(files, tmp_path, capsys):
   from hxmlir.tools.cli import main
   path = files["llama"][0]
