@@ -196,7 +196,7 @@ def test_exported_int8_encoder_reloads_in_fresh_process(model, embeddings, tmp_p
        "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz")],
       capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == 0, proc.stderr
-  assert "float32[12,384]" in proc.stdout
+  assert "float32[12,384]" in proc.stderr and proc.stdout == ""  # a status line: stderr
   with np.load(tmp_path / "out.npz") as z:
     there = z["a0"]
   assert there.dtype == np.float32 and np.array_equal(there, here)
