@@ -41,9 +41,10 @@ values, which no other format has, and their words per block ``W`` (with the off
 and Q5_1 differ by it). A sharding of the last axis must keep whole blocks
 (:func:`hxmlir.formats.split_problem`). ``hx.quantize`` does not make them
 (:func:`hxmlir.formats.check_method`). Kernels: the native CPU kernel ``hx_matmul_q_cpu_v4``
-in the checkpoints' ``"nk"`` layout (``native_cpu = ("nk",)``, ``docs/kernels.md``); no
-Pallas kernel yet (``pallas = ()``): other platforms and layouts
-emit the StableHLO decomposition.
+in the checkpoints' ``"nk"`` layout (``native_cpu = ("nk",)``, ``docs/kernels.md``), and the
+Pallas TPU kernel ``hx_matmul_q_nk_blocks_v1`` in the same layout (``pallas = ("nk",)``, Mosaic
+only: it decodes the bit planes of :mod:`hxmlir.block_layout`); GPUs, other platforms and
+layouts emit the StableHLO decomposition.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ UI16 = np.dtype(np.uint16)
 def _block_format(gguf: str, block: int, fields, value_range, offset: bool = False) -> Format:
   """A block format (see the module docstring): GGUF type ``gguf``'s blocks of
   ``block`` elements, stored as ``fields`` in ``ui16`` words with an f16 scale (and
-  offset) per block; the native CPU kernel ``hx_matmul_q_cpu_v4`` in ``[out, in]``, StableHLO
-  decompositions elsewhere."""
+  offset) per block; in ``[out, in]`` the native CPU kernel ``hx_matmul_q_cpu_v4`` and the
+  Pallas TPU kernel ``hx_matmul_q_nk_blocks_v1``, StableHLO decompositions elsewhere."""
   name = gguf.lower()
   return Format(name, name, UI16, UI16, "ui16", 1, 0, f"gguf_{name}_v1", scale_dtype=F16,
-                offset=offset, value_range=value_range, native_cpu=("nk",), pallas=(), block=block,
-                fields=tuple(fields), gguf=gguf)
+                offset=offset, value_range=value_range, native_cpu=("nk",), pallas=("nk",),
+                block=block, fields=tuple(fields), gguf=gguf)
 
 
 _NIBBLES_32 = ("qs", 16, "low 4 bits: element j in the low nibble of byte j, j + 16 in its "

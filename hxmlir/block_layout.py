@@ -156,6 +156,15 @@ def _factor(by, pieces, minus: int = 0, signed: bool = False):
   return total - minus
 
 
+def factors(by, lay: BlockLayout):
+  """``(sc, m)``: ``int64[..., S]`` each, the sub-block factors of blocks ``by: uint8[...,
+  nbytes]`` (``m``: ``None`` without mins; a format without factors: ``sc`` is 1)."""
+  by = np.asarray(by)
+  sc = _factor(by, lay.scale, lay.factor_minus, lay.signed_scale) if lay.scale else \
+      np.ones((*by.shape[:-1], 1), np.int64)
+  return sc, _factor(by, lay.mins) if lay.mins else None
+
+
 def decode(by, lay: BlockLayout):
   """``(u, v)`` of blocks ``by: uint8[..., nbytes]`` (the block's values, without ``d``/``dmin``)
   by the tables of ``lay``: ``f32[..., block]`` each (``v``: ``None`` without an offset), as
@@ -169,12 +178,10 @@ def decode(by, lay: BlockLayout):
       q[..., f.elements[:, t]] |= bits << f.dest
   value = np.asarray(lay.table, np.int64)[q] if lay.table else q - lay.minus
   sub = lay.sub or lay.block
-  if lay.scale:
-    sc = _factor(by, lay.scale, lay.factor_minus, lay.signed_scale)
-    value = value * np.repeat(sc, sub, axis=-1)
-  u = value.astype(np.float32)
-  if lay.mins:
-    return u, -np.repeat(_factor(by, lay.mins), sub, axis=-1).astype(np.float32)
+  sc, m = factors(by, lay)
+  u = (value * np.repeat(sc, sub, axis=-1)).astype(np.float32)
+  if m is not None:
+    return u, -np.repeat(m, sub, axis=-1).astype(np.float32)
   if lay.offset_as_is:
     return u, np.ones_like(u)
   return u, None

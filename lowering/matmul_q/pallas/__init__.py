@@ -37,6 +37,10 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
   groups along the contraction ``k``, every format of :mod:`hxmlir.formats` (f16 scales
   widened in the kernel, offsets: each tile dequantized as ``q * s + o``); operands
   ``(x, q, s[, o])``, see that function.
+- ``hx_matmul_q_nk_blocks_v1`` (:func:`matmul_q_nk_blocks_pallas`, Mosaic only): the same
+  layout for GGUF's block formats at the file's bytes (Q5_0 ... IQ4_XS), decoded as bit
+  planes of whole words (:mod:`hxmlir.block_layout`); :func:`matmul_q_nk_pallas` sends those
+  weights to it.
 
 The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use a
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
@@ -47,7 +51,8 @@ the reference decomposition.
 
 By concept: :mod:`.common` (backends, block checks, the ``pallas_call`` skeleton both
 kernels share), :mod:`.kn` (the ``Q[k, n]`` kernel), :mod:`.nk` (the ``W[n, k]`` kernel),
-:mod:`.rules` (the lowering rules).
+:mod:`.nk_blocks` (the ``W[n, k]`` kernel of the block formats), :mod:`.rules` (the lowering
+rules).
 """
 
 from hxmlir.lowering.matmul_q.pallas.common import BACKENDS as BACKENDS
@@ -70,6 +75,12 @@ from hxmlir.lowering.matmul_q.pallas.nk import NK_MOSAIC_TPU_KERNEL as NK_MOSAIC
 from hxmlir.lowering.matmul_q.pallas.nk import NK_TRITON_KERNEL as NK_TRITON_KERNEL
 from hxmlir.lowering.matmul_q.pallas.nk import default_blocks_nk as default_blocks_nk
 from hxmlir.lowering.matmul_q.pallas.nk import matmul_q_nk_pallas as matmul_q_nk_pallas
+from hxmlir.lowering.matmul_q.pallas.nk_blocks import (
+    BLOCKS_MOSAIC_TPU_KERNEL as BLOCKS_MOSAIC_TPU_KERNEL,
+)
+from hxmlir.lowering.matmul_q.pallas.nk_blocks import (
+    matmul_q_nk_blocks_pallas as matmul_q_nk_blocks_pallas,
+)
 from hxmlir.lowering.matmul_q.pallas.rules import (
     lower_matmul_q_accelerator as lower_matmul_q_accelerator,
 )

@@ -23,6 +23,7 @@ from hxmlir.lowering.matmul_q.pallas.common import (
     round_up,
 )
 from hxmlir.lowering.matmul_q.pallas.kn import default_blocks
+from hxmlir.lowering.matmul_q.pallas.nk_blocks import matmul_q_nk_blocks_pallas
 
 NK_KERNEL_NAME = "hx_matmul_q_nk"
 NK_KERNEL_VERSION = 1
@@ -158,6 +159,10 @@ def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False
   sum) and contracted with ``x``; the weight is read once per row block of ``x`` and
   never copied (``x`` is zero-padded to whole blocks, the result sliced back).
 
+  A weight in one of GGUF's block formats (``q: ui16[*b, n, k / B, W]``, ``s``: ``d``, ``o``:
+  ``dmin``) goes to :func:`~hxmlir.lowering.matmul_q.pallas.nk_blocks.matmul_q_nk_blocks_pallas`
+  (Mosaic only; ``blocks`` does not apply).
+
   Kernel ``hx_matmul_q_nk_v1`` (:data:`NK_TRITON_KERNEL`, :data:`NK_MOSAIC_TPU_KERNEL`),
   operands ``(x, q, s[, o])``: ``x: f32[B, mp, kp]``, ``q: [B, n, k / pack]``, ``s``
   (and ``o``) ``[B, n, 1]`` or ``[B, n, k / g]`` (``B`` the batch dims collapsed, ``mp`` /
@@ -172,6 +177,9 @@ def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False
   check_backend("matmul_q_nk_pallas", backend)
   x, q, s, o = (v if v is None or isinstance(v, jax.core.Tracer) else jnp.asarray(v)
                 for v in (x, q, s, o))
+  block = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
+  if block is not None and block.block:  # GGUF's block formats: their own kernel
+    return matmul_q_nk_blocks_pallas(x, q, s, o, backend=backend, interpret=interpret)
   f, group = _check_operands_nk(x, q, s, o)
   *batch, m, k = x.shape
   n = q.shape[-2]

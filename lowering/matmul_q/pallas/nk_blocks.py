@@ -65,7 +65,7 @@ class Plane:
   elements: tuple[int, ...]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planes(name: str) -> tuple[Plane, ...]:
   """The bit planes of block format ``name``'s words (:mod:`hxmlir.block_layout`)."""
   lay = block_layout.LAYOUTS[name]

@@ -29,10 +29,12 @@ _PALLAS_REFERENCES = {b: functools.partial(matmul_q_pallas, backend=b)
                       for b in ("triton", "mosaic_tpu")}
 
 
-def _kernel_fits(q_aval, s_aval, backend: str, layout: str = "kn") -> bool:
-  """Whether the kernel of ``layout`` takes this weight on ``backend`` (a group size without a
-  tile, :func:`default_blocks` / :func:`default_blocks_nk`, keeps the reference)."""
-  f = formats.of_storage(q_aval.dtype)
+def _kernel_fits(f: formats.Format, q_aval, s_aval, backend: str, layout: str = "kn") -> bool:
+  """Whether the kernel of ``layout`` takes this weight of format ``f`` on ``backend`` (a group
+  size without a tile, :func:`default_blocks` / :func:`default_blocks_nk`, keeps the
+  reference; a block format has a Mosaic kernel only, :mod:`.nk_blocks`)."""
+  if f.block:
+    return layout == "nk" and backend == "mosaic_tpu"
   dense = f.dense_shape(q_aval.shape)
   group = formats.group_of_scale(dense, s_aval)
   if layout == "nk":  # W[n, k]: groups along k, the last axis
@@ -58,7 +60,8 @@ def _pallas_kernel(ctx, dims, backend: str):
   the layout (``"kn"``, ``"nk"``, :data:`hxmlir.formats.WEIGHT_LAYOUTS`) must be one the
   weight's format takes (``Format.pallas``) with a tile for its group size."""
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
-  xr, qr = x_aval.ndim, q_aval.ndim
+  f = default.weight_format(ctx)
+  xr, qr = x_aval.ndim, len(f.dense_shape(q_aval.shape))
   if xr == qr and dims == dotdims.v1_dims(xr):
     layout, kernel = "kn", _pallas_reference(backend)
   elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
@@ -67,11 +70,10 @@ def _pallas_kernel(ctx, dims, backend: str):
     layout, kernel = "nk", _PALLAS_NK[(backend, qr == 2)]
   else:
     return None
-  if layout not in default.weight_format(ctx).pallas or \
-     not _kernel_fits(q_aval, s_aval, backend, layout):
+  if layout not in f.pallas or not _kernel_fits(f, q_aval, s_aval, backend, layout):
     return None
   if _jax.kernel_is_partitioned(ctx.module_context):
-    return _kernel_per_shard(kernel, layout, *ctx.avals_in)
+    return _kernel_per_shard(kernel, layout, f, *ctx.avals_in)
   return kernel
 
 
@@ -115,7 +117,7 @@ def _mesh_axes(entry) -> tuple:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _kernel_per_shard(kernel, layout: str, x_aval, q_aval, s_aval, *o_aval):
+def _kernel_per_shard(kernel, layout: str, f: formats.Format, x_aval, q_aval, s_aval, *o_aval):
   """``kernel(x, q, s[, o])`` run on each device's shards (``jax.shard_map``), or ``None``.
 
   For a program over several devices, where Mosaic refuses to be partitioned and XLA
@@ -132,21 +134,22 @@ def _kernel_per_shard(kernel, layout: str, x_aval, q_aval, s_aval, *o_aval):
   found = _explicit_specs(x_aval, q_aval, s_aval, *o_aval)
   if found is None:
     return None
-  mesh, (xs, qs, ss, *os_) = found
-  per_group = s_aval.ndim == q_aval.ndim
+  mesh, (xs, q_specs, ss, *os_) = found
+  qs = f.dense_parts(q_specs)  # a block format's values: without the words axis
+  per_group = s_aval.ndim == len(qs)
   if layout == "kn":
     k_entries, col = (xs[-1], qs[-2], ss[-2] if per_group else ss[-1]), qs[-1]
   else:  # W[.., n, k], scales [.., n(, k / g)]
     k_entries, col = (xs[-1], qs[-1], *(ss[-1:] if per_group else ())), qs[-2]
   if any(e is not None for e in k_entries):
     return None                      # a sharded contraction: partial sums, not blocks
-  if q_aval.ndim == x_aval.ndim and xs[:-2] != qs[:-2]:
+  if len(qs) == x_aval.ndim and xs[:-2] != qs[:-2]:
     return None                      # batch axes sharded differently
   ys = (*xs[:-1], col)
   used = [a for e in ys for a in _mesh_axes(e)]
   if len(used) != len(set(used)):
     return None                      # one mesh axis on both rows and columns
-  return _shard_mapped(kernel, mesh, (xs, qs, ss, *os_), ys)
+  return _shard_mapped(kernel, mesh, (xs, q_specs, ss, *os_), ys)
 
 
 @functools.lru_cache(maxsize=256)
@@ -177,7 +180,7 @@ _PALLAS_COLLAPSED = {b: functools.partial(_collapsed, backend=b) for b in ("trit
 def _nk_collapsed(x, q, s, *o, backend: str):
   """``f32[..., k] x W[n, k] -> f32[..., n]``: ``x``'s leading dims collapsed into ``m``."""
   y = matmul_q_nk_pallas(x.reshape(-1, x.shape[-1]), q, s, *o, backend=backend)
-  return y.reshape(*x.shape[:-1], q.shape[-2])
+  return y.reshape(*x.shape[:-1], s.shape[0])  # s: [n] or [n, k / g]
 
 
 _PALLAS_NK = {**{(b, True): functools.partial(_nk_collapsed, backend=b) for b in BACKENDS},

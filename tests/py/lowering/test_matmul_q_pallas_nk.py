@@ -33,8 +33,10 @@ from hxmlir import formats, targets
 from hxmlir.lowering.matmul_q import pallas as mqp
 
 NK = "hx_matmul_q_nk_v1"
-# the formats the Pallas [out, in] kernel takes (the block formats take the decomposition)
-FORMATS = [(name, g) for name, f in formats.FORMATS.items() if "nk" in f.pallas for g in (None, 32)]
+# the formats the Pallas [out, in] kernel takes (the block formats have their own kernel,
+# test_matmul_q_pallas_blocks.py)
+FORMATS = [(name, g) for name, f in formats.FORMATS.items()
+           if "nk" in f.pallas and not f.block for g in (None, 32)]
 IDS = [f"{name}-g{g}" for name, g in FORMATS]
 
 # Every format on a batched weight, ragged m, n and k (k against block_k, a multiple of
@@ -177,8 +179,8 @@ def test_nk_kernel_is_registered_per_platform():
   assert ks[(targets.TRITON, NK)].platforms == ("cuda", "rocm")
   assert ks[(targets.MOSAIC_TPU, NK)].platforms == ("tpu",)
   assert {ks[(t, NK)].owner for t in (targets.TRITON, targets.MOSAIC_TPU)} == {"hxmlir"}
-  # every elementwise format has the [out, in] kernel; the block formats none (decomposition)
-  assert all(("nk" in f.pallas) != bool(f.block) for f in formats.FORMATS.values())
+  # every format has an [out, in] kernel (the block formats hx_matmul_q_nk_blocks_v1)
+  assert all("nk" in f.pallas for f in formats.FORMATS.values())
   assert [f.name for f in formats.FORMATS.values() if "kn" in f.pallas] == \
       ["int8", "int4", "float8_e4m3fn"]
   assert set(formats.WEIGHT_LAYOUTS) == {"kn", "nk"}

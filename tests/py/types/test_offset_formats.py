@@ -82,8 +82,9 @@ def test_components_name_one_format_each():
   assert [f.name for f in formats.FORMATS.values() if "kn" not in f.native_cpu] == \
       ["int8_f16", "int4_f16", "uint4", "uint4_f16", "int8_offset", "int8_offset_f16",
        *(f.name for f in formats.BLOCK_FORMATS)]
-  # block formats: the native CPU kernel in [out, in] (hx_matmul_q_cpu_v4), no Pallas kernel
-  assert all(f.native_cpu == ("nk",) and f.pallas == () for f in formats.BLOCK_FORMATS)
+  # block formats: in [out, in] the native CPU kernel (hx_matmul_q_cpu_v4) and a Pallas TPU
+  # kernel (hx_matmul_q_nk_blocks_v1)
+  assert all(f.native_cpu == ("nk",) and f.pallas == ("nk",) for f in formats.BLOCK_FORMATS)
 
 
 @pytest.mark.parametrize("fmt, shape, want", [

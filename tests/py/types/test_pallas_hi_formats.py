@@ -200,8 +200,9 @@ def test_r1_operand_lowers_for_tpu_from_cpu():
 # --- every format of hxmlir.formats (offsets, f16 scales) in users' kernels ---------
 
 EPS = float(np.finfo(np.float32).eps)
-# the elementwise formats: the block formats (GGUF's blocks) take no Pallas kernel
-# (Format.pallas is empty) and hx_testing.any_format does not build them
+# the elementwise formats: the block formats (GGUF's blocks) are not operands of users'
+# kernels yet (no _pallas_layout for their words axis) and hx_testing.any_format does not
+# build them
 ALL_FORMATS = [(f.name, g) for f in __import__("hxmlir.formats").formats.FORMATS.values()
                if not f.block for g in (None, 32)]
 ALL_FORMAT_IDS = [f"{n}-g{g}" for n, g in ALL_FORMATS]
