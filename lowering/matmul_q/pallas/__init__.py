@@ -59,6 +59,7 @@ from hxmlir.lowering.matmul_q.pallas.common import BACKENDS as BACKENDS
 from hxmlir.lowering.matmul_q.pallas.common import MOSAIC_MAX_BLOCK_N as MOSAIC_MAX_BLOCK_N
 from hxmlir.lowering.matmul_q.pallas.common import TRITON_NUM_STAGES as TRITON_NUM_STAGES
 from hxmlir.lowering.matmul_q.pallas.common import TRITON_NUM_WARPS as TRITON_NUM_WARPS
+from hxmlir.lowering.matmul_q.pallas.common import mosaic_compiles as mosaic_compiles
 from hxmlir.lowering.matmul_q.pallas.kn import KERNEL_NAME as KERNEL_NAME
 from hxmlir.lowering.matmul_q.pallas.kn import KERNEL_VERSION as KERNEL_VERSION
 from hxmlir.lowering.matmul_q.pallas.kn import MOSAIC_TPU_KERNEL as MOSAIC_TPU_KERNEL

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hxmlir import formats
 
@@ -56,6 +57,19 @@ MOSAIC_MAX_BLOCK_N = 2048
 def fits_group(block_n: int, group: int | None) -> bool:
   """Whether a ``block_n``-column tile holds whole groups of ``group`` or lies in one."""
   return group is None or block_n % group == 0 or group % block_n == 0
+
+
+def mosaic_compiles(f: formats.Format, group: int | None) -> bool:
+  """Whether Mosaic compiles the ``Q[k, n]`` and ``W[n, k]`` kernels (:mod:`.kn`, :mod:`.nk`)
+  for weights of format ``f`` with ``group``, as seen on a TPU v5e with jax 0.10.2 (0.8.5):
+  one value per byte (int8, fp8) with one f32 scale per row compiled and matched float64;
+  int4 pairs did not (their in-register interleave, a reshape to ``[.., 1]``: "unsupported
+  shape cast"), nor group scales (their lane slice at a traced offset: E2003, unproven
+  alignment). Offsets and f16 scales per row were not tried. The lowering rules keep the
+  reference decomposition on TPU for the rest; the block formats have their own kernel
+  (:mod:`.nk_blocks`), which compiled for all of them."""
+  return bool(f.block) or (f.pack == 1 and group is None and not f.offset
+                           and f.scale_dtype == np.float32)
 
 
 def check_backend(fn: str, backend: str) -> None:

@@ -14,7 +14,7 @@ from hxmlir import _jax, formats
 from hxmlir.install_state import use_kernels
 from hxmlir.lowering.composite import lower_composite
 from hxmlir.lowering.matmul_q import default
-from hxmlir.lowering.matmul_q.pallas.common import BACKENDS, PLATFORM_BACKEND
+from hxmlir.lowering.matmul_q.pallas.common import BACKENDS, PLATFORM_BACKEND, mosaic_compiles
 from hxmlir.lowering.matmul_q.pallas.kn import default_blocks, matmul_q_pallas
 from hxmlir.lowering.matmul_q.pallas.nk import default_blocks_nk, matmul_q_nk_pallas
 from hxmlir.types import dotdims
@@ -32,11 +32,14 @@ _PALLAS_REFERENCES = {b: functools.partial(matmul_q_pallas, backend=b)
 def _kernel_fits(f: formats.Format, q_aval, s_aval, backend: str, layout: str = "kn") -> bool:
   """Whether the kernel of ``layout`` takes this weight of format ``f`` on ``backend`` (a group
   size without a tile, :func:`default_blocks` / :func:`default_blocks_nk`, keeps the
-  reference; a block format has a Mosaic kernel only, :mod:`.nk_blocks`)."""
+  reference; on Mosaic only the formats :func:`mosaic_compiles` names; a block format has a
+  Mosaic kernel only, :mod:`.nk_blocks`)."""
   if f.block:
     return layout == "nk" and backend == "mosaic_tpu"
   dense = f.dense_shape(q_aval.shape)
   group = formats.group_of_scale(dense, s_aval)
+  if backend == "mosaic_tpu" and not mosaic_compiles(f, group):
+    return False
   if layout == "nk":  # W[n, k]: groups along k, the last axis
     return default_blocks_nk(1, dense[-1], dense[-2], backend, f, group) is not None
   return default_blocks(1, dense[-2], dense[-1], backend, f, group) is not None

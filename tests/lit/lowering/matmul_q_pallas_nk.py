@@ -21,10 +21,15 @@ def einsum(x, w):
   return hx.einsum("bsk,nk->bsn", x, w)
 
 
+# On TPU a block format (GGUF's Q4_K: one block of 256 per row, 70 words of values, f16 d
+# and dmin) takes hx_matmul_q_nk_blocks_v1; Q4_1's int4 pairs are not a Mosaic format.
+rs = np.random.RandomState(0)
+heads = (rs.randn(40, 1) * 0.02).astype(np.float16)
+wk = hx.make_qarray(rs.randint(0, 65536, (40, 1, 70)).astype(np.uint16), heads, heads)
+xk = np.ones((2, 3, 256), np.float32)
 with hx.installed():
-  for platform in ("cuda", "tpu"):
-    print_exported(f"matmul_q_nk_{platform}",
-                   jax.export.export(jax.jit(einsum), platforms=[platform])(x, w))
+  print_exported("matmul_q_nk_cuda", jax.export.export(jax.jit(einsum), platforms=["cuda"])(x, w))
+  print_exported("matmul_q_nk_tpu", jax.export.export(jax.jit(einsum), platforms=["tpu"])(xk, wk))
 # CHECK-LABEL: TEST: matmul_q_nk_cuda cuda
 # CHECK: stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {dtype = "uint4_f16", group_size = 32 : i64, layout = "uint4_pairs_v1", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<2> : tensor<1xi64>, offset = true, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<1> : tensor<1xi64>, scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32} : (tensor<2x3x96xf32>, tensor<40x48xui8>, tensor<40x3xf16>, tensor<40x3xf16>) -> tensor<2x3x40xf32>
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x3x96xf32>, %[[Q:[a-z0-9]+]]: tensor<40x48xui8>, %[[S:[a-z0-9]+]]: tensor<40x3xf16>, %[[O:[a-z0-9]+]]: tensor<40x3xf16>) -> tensor<2x3x40xf32>
@@ -42,10 +47,13 @@ with hx.installed():
 # CHECK-NEXT: return %[[Y]]
 
 # CHECK-LABEL: TEST: matmul_q_nk_tpu tpu
-# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}offset = true{{.*}}scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32}
-# CHECK: func.func private @[[IMPL]](
-# Mosaic: 8-row blocks, k chunks of 128 stored bytes (256 uint4 values).
-# CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_nk_v1"{{.*}} : (tensor<1x8x256xf32>, tensor<1x40x48xui8>, tensor<1x40x3xf16>, tensor<1x40x3xf16>) -> tensor<1x8x128xf32>
+# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}dtype = "q4_k"{{.*}}decomposition = @[[IMPL:hx.matmul_q.impl]], version = 5 : i32}
+# CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3x256xf32>, %[[Q:[a-z0-9]+]]: tensor<40x1x70xui16>, %{{.*}}: tensor<40x1xf16>, %{{.*}}: tensor<40x1xf16>)
+# x is permuted into the words' order, one row of 70 words per bit plane (4 nibble planes),
+# and summed per sub-block of 32 (8); the words go as stored (a reshape is a bitcast), d and
+# dmin widened to f32; then the one-hot tables (block, sub-block, factor gathers).
+# CHECK: %[[Q3:[0-9]+]] = stablehlo.reshape %[[Q]] : (tensor<40x1x70xui16>) -> tensor<1x40x70xui16>
+# CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %[[Q3]], %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_nk_blocks_v1"{{.*}} : (tensor<1x4x8x70xf32>, tensor<1x8x8xf32>, tensor<1x40x70xui16>, tensor<1x40x1xf32>, tensor<1x40x1xf32>, tensor<1x70xf32>, tensor<1x8xf32>, tensor<4x8x70xbf16>, tensor<8x70x8xbf16>, tensor<12x8xi32>) -> tensor<1x8x40xf32>
 
 print_exported("matmul_q_nk_not_installed",
                jax.export.export(jax.jit(einsum), platforms=["cuda"])(x, w))

@@ -152,8 +152,9 @@ def test_export_every_format_keeps_the_kernel_and_round_trips(dtype, g):
     exp = hxe.export(hx.matmul_q, platforms=["cpu", "cuda", "tpu"])(x, qw)
   text = exp.mlir_module()
   assert text.count('stablehlo.composite "hx.matmul_q"') == 3  # one per platform branch
-  assert sorted(_custom_calls(text)) == sorted([(targets.TRITON, name),
-                                                (targets.MOSAIC_TPU, name)])
+  # tpu: the formats Mosaic compiles (mqp.mosaic_compiles), else the decomposition
+  tpu = [(targets.MOSAIC_TPU, name)] if mqp.mosaic_compiles(formats.lookup(dtype), g) else []
+  assert sorted(_custom_calls(text)) == sorted([(targets.TRITON, name), *tpu])
   assert _check_export_errors(text) == []
   y = hxe.deserialize(exp.serialize()).call(x, qw)  # the CPU branch
   _check(y, x, qw)
@@ -161,18 +162,31 @@ def test_export_every_format_keeps_the_kernel_and_round_trips(dtype, g):
   assert _custom_calls(plain) == []  # not installed: the reference decomposition
 
 
-def test_group_size_without_a_triton_tile_keeps_the_reference_on_gpu_only():
-  x, qw = _data(jnp.int4, 6, (), 2, 40, 48, seed=3)
+def test_group_size_without_a_triton_tile_keeps_the_reference_on_gpu():
+  x, qw = _data(jnp.int8, 6, (), 2, 40, 48, seed=3)
   with hx.installed():
     text = hxe.export(hx.matmul_q, platforms=["cuda", "tpu"])(x, qw).mlir_module()
-  assert _custom_calls(text) == [(targets.MOSAIC_TPU, "hx_matmul_q_v2")]
+  assert _custom_calls(text) == []  # and on TPU group scales take the decomposition too
+  x, qw = _data(jnp.int8, None, (), 2, 40, 48, seed=3)
+  with hx.installed():
+    text = hxe.export(hx.matmul_q, platforms=["cuda", "tpu"])(x, qw).mlir_module()
+  assert sorted(_custom_calls(text)) == [(targets.TRITON, "hx_matmul_q_v1"),
+                                         (targets.MOSAIC_TPU, "hx_matmul_q_v1")]
+
+
+def test_tpu_takes_the_formats_mosaic_compiles():
+  # seen on a TPU v5e: int8 and fp8 per row compile; int4 pairs, group scales do not
+  take = {(name, g) for name, f in formats.FORMATS.items() for g in (None, 32)
+          if mqp.mosaic_compiles(f, g)}
+  assert take == {("int8", None), ("float8_e4m3fn", None), *(
+      (f.name, g) for f in formats.BLOCK_FORMATS for g in (None, 32))}
 
 
 def test_out_in_layout_takes_its_own_kernel():
   # hx.einsum("...k,nk->...n"): groups along the contraction, the [out, in] kernel
   # (tests/py/lowering/test_matmul_q_pallas_nk.py), never this one
   x = np.ones((2, 64), np.float32)
-  qw = hx.quantize(np.ones((48, 64), np.float32), jnp.int4, group_size=32)  # [out, in]
+  qw = hx.quantize(np.ones((48, 64), np.float32), jnp.int8)  # [out, in]
   with hx.installed():
     exp = hxe.export(lambda x, q: hx.einsum("mk,nk->mn", x, q), platforms=["cuda", "tpu"])(x, qw)
   assert sorted(_custom_calls(exp.mlir_module())) == [(targets.TRITON, "hx_matmul_q_nk_v1"),
