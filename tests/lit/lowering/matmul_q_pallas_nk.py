@@ -1,14 +1,16 @@
 # RUN: %python %s | filecheck %s
 # hx.einsum("...k,nk->...n") of a weight in the checkpoint layout W[out, in] (GGUF's Q4_1:
 # u4o g32 with f16 scales and offsets), exported for cuda and tpu while hxmlir is
-# installed: the composite's decomposition calls the registered Pallas kernel
+# installed: on cuda the composite's decomposition calls the registered Pallas kernel
 # hx_matmul_q_nk_v1 (lowering/matmul_q/pallas/) on x, the packed values, the f16 scales
-# and the f16 offsets as stored; without install, the reference decomposition.
+# and the f16 offsets as stored; on tpu (not a format Mosaic compiles) and without install,
+# the reference decomposition. Then the block formats' Mosaic kernel, called directly.
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import hxmlir as hx
+from hxmlir.lowering.matmul_q import pallas as mqp
 from hxmlir.testing import print_exported
 
 x = np.ones((2, 3, 96), np.float32)
@@ -21,15 +23,19 @@ def einsum(x, w):
   return hx.einsum("bsk,nk->bsn", x, w)
 
 
-# On TPU a block format (GGUF's Q4_K: one block of 256 per row, 70 words of values, f16 d
-# and dmin) takes hx_matmul_q_nk_blocks_v1; Q4_1's int4 pairs are not a Mosaic format.
-rs = np.random.RandomState(0)
-heads = (rs.randn(40, 1) * 0.02).astype(np.float16)
-wk = hx.make_qarray(rs.randint(0, 65536, (40, 1, 70)).astype(np.uint16), heads, heads)
-xk = np.ones((2, 3, 256), np.float32)
 with hx.installed():
   print_exported("matmul_q_nk_cuda", jax.export.export(jax.jit(einsum), platforms=["cuda"])(x, w))
-  print_exported("matmul_q_nk_tpu", jax.export.export(jax.jit(einsum), platforms=["tpu"])(xk, wk))
+  # TPU: Q4_1's int4 pairs are not a format Mosaic compiles: the reference decomposition
+  print_exported("matmul_q_nk_tpu", jax.export.export(jax.jit(einsum), platforms=["tpu"])(x, w))
+
+# The block formats' Mosaic kernel, called directly (GGUF's Q4_K: one block of 256 per row,
+# 70 words of values, f16 d and dmin), lowered for tpu.
+rs = np.random.RandomState(0)
+heads = (rs.randn(40, 1) * 0.02).astype(np.float16)
+parts = (rs.randint(0, 65536, (40, 1, 70)).astype(np.uint16), heads, heads)
+print_exported("matmul_q_nk_blocks_tpu", jax.export.export(
+    jax.jit(lambda x, *c: mqp.matmul_q_nk_pallas(x, *c, backend="mosaic_tpu")),
+    platforms=["tpu"])(np.ones((6, 256), np.float32), *parts))
 # CHECK-LABEL: TEST: matmul_q_nk_cuda cuda
 # CHECK: stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {dtype = "uint4_f16", group_size = 32 : i64, layout = "uint4_pairs_v1", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<2> : tensor<1xi64>, offset = true, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<1> : tensor<1xi64>, scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32} : (tensor<2x3x96xf32>, tensor<40x48xui8>, tensor<40x3xf16>, tensor<40x3xf16>) -> tensor<2x3x40xf32>
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x3x96xf32>, %[[Q:[a-z0-9]+]]: tensor<40x48xui8>, %[[S:[a-z0-9]+]]: tensor<40x3xf16>, %[[O:[a-z0-9]+]]: tensor<40x3xf16>) -> tensor<2x3x40xf32>
@@ -47,8 +53,14 @@ with hx.installed():
 # CHECK-NEXT: return %[[Y]]
 
 # CHECK-LABEL: TEST: matmul_q_nk_tpu tpu
-# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}dtype = "q4_k"{{.*}}decomposition = @[[IMPL:hx.matmul_q.impl]], version = 5 : i32}
-# CHECK: func.func private @[[IMPL]](%{{.*}}: tensor<2x3x256xf32>, %[[Q:[a-z0-9]+]]: tensor<40x1x70xui16>, %{{.*}}: tensor<40x1xf16>, %{{.*}}: tensor<40x1xf16>)
+# CHECK: stablehlo.composite "hx.matmul_q" {{.*}}offset = true{{.*}}scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32}
+# CHECK: func.func private @[[IMPL]](
+# CHECK-NOT: custom_call
+# CHECK: stablehlo.dot_general
+# CHECK-NOT: custom_call
+
+# CHECK-LABEL: TEST: matmul_q_nk_blocks_tpu tpu
+# CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<6x256xf32>{{.*}}, %[[Q:[a-z0-9]+]]: tensor<40x1x70xui16>{{.*}}, %{{.*}}: tensor<40x1xf16>{{.*}}, %{{.*}}: tensor<40x1xf16>{{.*}})
 # x is permuted into the words' order, one row of 70 words per bit plane (4 nibble planes),
 # and summed per sub-block of 32 (8); the words go as stored (a reshape is a bitcast), d and
 # dmin widened to f32; then the one-hot tables (block, sub-block, factor gathers).
