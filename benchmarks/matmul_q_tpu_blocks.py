@@ -5,7 +5,7 @@ OUTxIN, default 4096x4096 and 16384x4096) the script builds a weight of random v
 each ``m`` (``--m``, default 1 and 16) it prints:
 
 - the time per call of the kernel (``matmul_q_nk_blocks_pallas``);
-- ``hx.einsum`` jitted while hxmlir is installed (the tpu rule, which calls the same kernel);
+- ``hx.einsum`` jitted while hxmlir is installed (the tpu rule: the reference decomposition);
 - XLA decoding the blocks (``hx.dequantize``) and multiplying in f32 (``ref``);
 - XLA's bf16 product with the dense weight;
 - a trivial jitted call (the floor of a dispatch on this machine);

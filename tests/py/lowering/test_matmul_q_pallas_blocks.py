@@ -188,3 +188,24 @@ def test_errors_name_the_operands_and_the_backend():
   with pytest.raises(TypeError, match=r"expects f32\[\*b, m, k\].*got f32\[1,128\], "
                                       r"ui16\[8,1,70\], f16\[8,1\], f16\[8,1\]"):
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 128), np.float32), *parts)
+
+
+# --- benchmarks/matmul_q_tpu_blocks.py on a machine without a TPU --------------------
+
+def test_tpu_benchmark_runs_in_interpret_mode_and_refuses_bad_shapes(capsys):
+  import pathlib
+  import runpy
+  bench = runpy.run_path(str(pathlib.Path(__file__).parents[3] / "benchmarks" /
+                             "matmul_q_tpu_blocks.py"))
+  assert bench["main"]([]) == 0  # no TPU here: says so
+  assert "no TPU visible" in capsys.readouterr().out
+  assert bench["main"](["--interpret", "--shapes", "40x512", "--formats", "q4_k", "q5_0",
+                        "--m", "2", "--rounds", "1"]) == 0
+  rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if "|" in line][1:]
+  assert [r[0].split()[:4] for r in rows] == [["q4_k", "40", "512", "2"],
+                                              ["q5_0", "40", "512", "2"]]
+  assert all(float(r[-1]) < 1e-6 for r in rows)  # the kernel against float64, |x|·|W| units
+  with pytest.raises(SystemExit):
+    bench["main"](["--shapes", "40x100", "--formats", "q4_k"])
+  assert "the in axis 100 of 40x100 is not a multiple of the block of q4_k" in \
+      capsys.readouterr().err
