@@ -33,6 +33,7 @@ SINCE = {
     "hx_matmul_q_cpu_v4": "0.5.0", "hx_attention_cpu_v2": "0.5.0",
     "hx_matmul_q_cpu_nkt_v1": "0.6.0", "hx_matmul_q_cpu_i8x_v2": "0.6.0",
     ("hx.attention", 3): "0.7.0", "hx_attention_cpu_v3": "0.7.0",
+    "hx_matmul_q_nk_blocks_v1": "0.8.5",
 }
 
 
