@@ -92,6 +92,12 @@ def _f16_scales(q):
   return hx.make_qarray(v, *(c.astype(jnp.float16) for c in rest))
 
 
+def _nk_blocks(x, w):
+  """``x @ dequantize(w).T`` by the block formats' Pallas TPU kernel, called directly."""
+  from hxmlir.lowering.matmul_q import pallas as mqp
+  return mqp.matmul_q_nk_pallas(x, *hx.qarray_parts(w), backend="mosaic_tpu")
+
+
 def _blocks(name: str, rows: int, blocks: int, seed: int):
   """A block format's value (:data:`hxmlir.formats.BLOCK_FORMATS`: GGUF's blocks at the file's
   bytes) of ``rows`` rows of ``blocks`` blocks: random words, f16 scales (and offsets) of
@@ -309,6 +315,14 @@ CASES: dict[str, Case] = {
         (("hx.matmul_q", 3), ("hx.matmul_q", 4)), platforms=(p,),
         kernels=((targets.MOSAIC_TPU if p == "tpu" else targets.TRITON, "hx_matmul_q_nk_v1"),))
       for p in ("cuda", "rocm", "tpu")},
+    # the block formats' Mosaic kernel, called directly (the rules keep the decomposition for
+    # block weights): GGUF's Q4_K (2 blocks a row, 40 rows) and Q5_0 (3 blocks, 24 rows)
+    "hx_matmul_q_nk_blocks_v1_tpu": Case(
+        lambda x1, x2, a, b: (_nk_blocks(x1, a), _nk_blocks(x2, b)),
+        lambda: (_x((3, 512), 55), _x((3, 96), 56), _blocks("q4_k", 40, 2, 57),
+                 _blocks("q5_0", 24, 3, 58)),
+        (), platforms=("tpu",),
+        kernels=((targets.MOSAIC_TPU, "hx_matmul_q_nk_blocks_v1"),)),
     # the native CPU kernel (lowering/matmul_q/cpu.py), kept by hx.keep_native_cpu_calls();
     # a weight above matmul_q.streaming.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
     "hx_matmul_q_cpu_v1_cpu": Case(
