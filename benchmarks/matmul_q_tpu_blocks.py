@@ -12,7 +12,8 @@ each ``m`` (``--m``, default 1 and 16) it prints:
 - the kernel's GB/s of weight bytes, and the largest error against float64 relative to
   ``|x|·|W|``.
 
-Times are medians over interleaved rounds, each call synchronised. Without a TPU the script
+Times are medians over interleaved rounds, each call synchronised
+(:func:`hxmlir.tools.demo.time_interleaved`). Without a TPU the script
 says so and exits; ``--interpret`` runs the kernel in Pallas interpret mode on any machine
 (a check of the script: its times mean nothing). Usage::
 
@@ -24,9 +25,9 @@ says so and exits; ``--interpret`` runs the kernel in Pallas interpret mode on a
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ import numpy as np
 import hxmlir as hx
 from hxmlir import block_layout, formats
 from hxmlir.lowering.matmul_q.pallas import nk_blocks
+from hxmlir.tools.demo import time_interleaved
 
 PEAK_GBPS = {"TPU v5 lite": 819, "TPU v5e": 819, "TPU v4": 1200, "TPU v5p": 2765,
              "TPU v6 lite": 1640}
@@ -62,15 +64,10 @@ def _weight(name: str, n: int, k: int, rs):
 
 
 def _median_times(calls: dict, rounds: int) -> dict:
-  for fn, args in calls.values():
-    jax.block_until_ready(fn(*args))
-  times = {key: [] for key in calls}
-  for _ in range(rounds):
-    for key, (fn, args) in calls.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      times[key].append(time.perf_counter() - t0)
-  return {key: statistics.median(t) for key, t in times.items()}
+  """Median seconds per call of each ``calls[key] = (fn, args)``, in interleaved rounds."""
+  ts = time_interleaved({key: functools.partial(fn, *args) for key, (fn, args) in calls.items()},
+                        rounds)
+  return {key: statistics.median(t) for key, t in ts.items()}
 
 
 def run(names, shapes, ms, rounds: int, interpret: bool) -> None:
