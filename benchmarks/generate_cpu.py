@@ -301,7 +301,7 @@ def bench(args) -> None:
 
   from matmul_q_cpu import read_bandwidth  # (benchmarks/: this script's directory)
   bw = read_bandwidth()[1]
-  print(f"read bandwidth (numpy sum of 512 MiB, all threads): {bw:.1f} GB/s; floor: decode "
+  print(f"read bandwidth (numpy sum of 512 MiB in huge pages, all threads): {bw:.1f} GB/s; floor: decode "
         "tok/s of a step that only streams its weight bytes at it (hxmlir and jax-f32)")
   ref = results.get("jax-f32")
   head = (f"{'engine':>14} | {'prefill tok/s':>13} {'(min-max)':>15} | {'decode tok/s':>12} "
@@ -424,7 +424,7 @@ def positions(args) -> None:
   from matmul_q_cpu import read_bandwidth  # (benchmarks/: this script's directory)
   bw = read_bandwidth()[1]
   weights = JaxEngine(m, installed=True).token_bytes()
-  print(f"read bandwidth (numpy sum of 512 MiB, all threads): {bw:.1f} GB/s; floor: decode "
+  print(f"read bandwidth (numpy sum of 512 MiB in huge pages, all threads): {bw:.1f} GB/s; floor: decode "
         f"tok/s of a step that only streams its weight bytes ({weights / 1e6:.1f} MB) and "
         "the KV cache bytes it reads at it")
   runs = {}  # (KV cache, position) -> [model, token, k, v]: every cache filled first
