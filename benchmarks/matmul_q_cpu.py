@@ -289,7 +289,9 @@ def read_bandwidth(mib: int = 512, rounds: int = 7) -> tuple[float, float]:
   ``numpy`` sums of an f32 array of ``mib`` MiB on one thread, and on all threads
   (``os.cpu_count()`` slices summed at once; NumPy releases the GIL in the reduction). The
   array lies in huge pages where the system has them (:func:`hxmlir.huge_pages.collapse`),
-  as the weights it is compared with do: in 4 KiB pages the same sums moved between runs."""
+  as the weights it is compared with do. One untimed round first: the first all-thread sums
+  of a process ran at 0.7-0.8x the later ones, and with five rounds they had moved the
+  median from 31.5 to 22.3 GB/s between two runs."""
   from concurrent.futures import ThreadPoolExecutor
   held = jnp.ones(mib * 2**20 // 4, jnp.float32)
   huge_pages.collapse(held)
@@ -298,6 +300,8 @@ def read_bandwidth(mib: int = 512, rounds: int = 7) -> tuple[float, float]:
   parts = np.array_split(a, threads)
   one, every = [], []
   with ThreadPoolExecutor(threads) as pool:
+    a.sum()
+    list(pool.map(np.sum, parts))
     for _ in range(rounds):
       t = time.perf_counter()
       a.sum()
