@@ -156,10 +156,19 @@ def _factor(by, pieces, minus: int = 0, signed: bool = False):
   return total - minus
 
 
+def _blocks(by, lay: BlockLayout) -> np.ndarray:
+  by = np.asarray(by)
+  if by.dtype != np.uint8 or by.ndim < 1 or by.shape[-1] != lay.nbytes:
+    raise ValueError(f"{lay.name} blocks are uint8[..., {lay.nbytes}] (the block without its "
+                     f"f16 d/dmin), got {by.dtype}{list(by.shape)}")
+  return by
+
+
 def factors(by, lay: BlockLayout):
   """``(sc, m)``: ``int64[..., S]`` each, the sub-block factors of blocks ``by: uint8[...,
-  nbytes]`` (``m``: ``None`` without mins; a format without factors: ``sc`` is 1)."""
-  by = np.asarray(by)
+  nbytes]`` (``m``: ``None`` without mins; a format without factors: ``sc`` is 1). Raises
+  ``ValueError`` naming the format when ``by`` is not ``uint8[..., nbytes]``."""
+  by = _blocks(by, lay)
   sc = _factor(by, lay.scale, lay.factor_minus, lay.signed_scale) if lay.scale else \
       np.ones((*by.shape[:-1], 1), np.int64)
   return sc, _factor(by, lay.mins) if lay.mins else None
@@ -168,8 +177,9 @@ def factors(by, lay: BlockLayout):
 def decode(by, lay: BlockLayout):
   """``(u, v)`` of blocks ``by: uint8[..., nbytes]`` (the block's values, without ``d``/``dmin``)
   by the tables of ``lay``: ``f32[..., block]`` each (``v``: ``None`` without an offset), as
-  :func:`hxmlir.block_decode.units` defines them (``x = u * d + v * dmin``)."""
-  by = np.asarray(by)
+  :func:`hxmlir.block_decode.units` defines them (``x = u * d + v * dmin``). Raises
+  ``ValueError`` naming the format when ``by`` is not ``uint8[..., nbytes]``."""
+  by = _blocks(by, lay)
   q = np.zeros((*by.shape[:-1], lay.block), np.int64)
   for f in lay.fields:
     for t in range(8 // f.width):

@@ -209,3 +209,13 @@ def test_tpu_benchmark_runs_in_interpret_mode_and_refuses_bad_shapes(capsys):
     bench["main"](["--shapes", "40x100", "--formats", "q4_k"])
   assert "the in axis 100 of 40x100 is not a multiple of the block of q4_k" in \
       capsys.readouterr().err
+
+
+def test_layout_decode_refuses_other_bytes():
+  lay = block_layout.LAYOUTS["q4_k"]
+  for bad, got in [(np.zeros((2, 144), np.uint8), r"uint8\[2, 144\]"),
+                   (np.zeros((2, 140), np.int8), r"int8\[2, 140\]")]:
+    with pytest.raises(ValueError, match=r"q4_k blocks are uint8\[\.\.\., 140\] .*got " + got):
+      block_layout.decode(bad, lay)
+    with pytest.raises(ValueError, match="q4_k blocks are"):
+      block_layout.factors(bad, lay)
