@@ -312,6 +312,12 @@ def read_bandwidth(mib: int = 512, rounds: int = 7) -> tuple[float, float]:
   return statistics.median(one), statistics.median(every)
 
 
+def bandwidth_text(one: float, every: float) -> str:
+  """The line that reports :func:`read_bandwidth`'s ``(one, every)`` GB/s."""
+  return (f"read bandwidth (numpy sum of 512 MiB in huge pages, median of 7): {one:.1f} GB/s "
+          f"one thread, {every:.1f} GB/s all {os.cpu_count()} threads")
+
+
 def cpu_model() -> str:
   """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
   import platform
@@ -482,9 +488,7 @@ def main_nk_stream(args) -> None:
   chosen = _chosen_formats(args)
   one, every = read_bandwidth()
   l3 = l3_bytes()
-  print(f"read bandwidth (numpy sum of 512 MiB in huge pages, median of 7): {one:.1f} GB/s one "
-        f"thread, {every:.1f} GB/s "
-        f"all {os.cpu_count()} threads; L3 {l3 / 2**20:.0f} MiB")
+  print(f"{bandwidth_text(one, every)}; L3 {l3 / 2**20:.0f} MiB")
   print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs; m = 1 GEMV, "
         f"hx.einsum('mk,nk->mn') installed, one weight [out, {args.k}] of at least 1.25x the "
         f"L3 cache per format (random bytes, huge pages), median of {args.rounds} calls; "
@@ -510,9 +514,7 @@ def main_nk(args) -> None:
   ms, info = args.m, hx.cpu_kernel_info()
   chosen = _chosen_formats(args)
   one, every = read_bandwidth()
-  print(f"read bandwidth (numpy sum of 512 MiB in huge pages, median of 7): {one:.1f} GB/s one "
-        f"thread, {every:.1f} GB/s "
-        f"all {os.cpu_count()} threads")
+  print(bandwidth_text(one, every))
   print(f"CPU: {cpu_model()}; jax {jax.__version__}, {os.cpu_count()} CPUs, median of "
         f"{args.rounds} interleaved rounds, "
         f"{'warm caches' if args.warm else 'caches evicted before each call'}; weights in "

@@ -134,18 +134,20 @@ def padded_x(x, g: Grid):
 
 
 def call_blocked(kernel, g: Grid, x3, operands: Sequence, specs: Sequence, *, backend: str,
-                 interpret: bool, name: str):
+                 interpret: bool, name: str, x_spec=None):
   """``pl.pallas_call`` of ``kernel`` over ``(x3, *operands)``: ``x3 = padded_x(x, g)`` in
-  row blocks of ``block_m`` (all of ``kp``), ``operands`` in ``specs`` over the grid
+  row blocks of ``block_m`` (all of ``kp``; ``x_spec``: another block spec of ``x3``, a
+  form of ``x`` of the kernel's own), ``operands`` in ``specs`` over the grid
   ``(nb, mp / block_m, np / block_n)``, one ``block_m x block_n`` output tile per program
   -> ``f32[*b, m, n]`` (the padding sliced away). ``name``: the custom call's kernel name."""
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   sq = pl.squeezed
+  x_spec = x_spec or pl.BlockSpec((sq, g.block_m, g.kp), lambda b, i, j: (b, i, 0))
   call = pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((g.nb, g.mp, g.np_), jnp.float32),
       grid=(g.nb, g.mp // g.block_m, g.np_ // g.block_n),
-      in_specs=[pl.BlockSpec((sq, g.block_m, g.kp), lambda b, i, j: (b, i, 0)), *specs],
+      in_specs=[x_spec, *specs],
       out_specs=pl.BlockSpec((sq, g.block_m, g.block_n), lambda b, i, j: (b, i, j)),
       compiler_params=None if interpret else compiler_params(backend),
       interpret=interpret,

@@ -35,7 +35,6 @@ keep the reference decomposition for block weights, and this kernel is a direct 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import jax
@@ -44,7 +43,13 @@ import numpy as np
 from jax import lax
 
 from hxmlir import block_layout, formats, targets
-from hxmlir.lowering.matmul_q.pallas.common import check_backend, compiler_params, round_up
+from hxmlir.lowering.matmul_q.pallas.common import (
+    call_blocked,
+    check_backend,
+    grid_of,
+    padded_x,
+    round_up,
+)
 
 BLOCKS_KERNEL_NAME = "hx_matmul_q_nk_blocks"
 BLOCKS_KERNEL_VERSION = 1
@@ -286,29 +291,27 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   lay = block_layout.LAYOUTS[name]
   *batch, m, k = x.shape
   n, nblk, w = q.shape[-3:]
-  nb, s = math.prod(batch), lay.subs
+  s = lay.subs
   cb = chunk_blocks(name, nblk)
   npl = len(planes(name))
   block_m = min(round_up(max(m, 1), 8),
                 max(8, XP_BYTES // (4 * npl * nblk * w) // 8 * 8))
-  mp = round_up(m, block_m)
-  bn = block_n or BLOCK_N
-  bn, np_ = (n, n) if n <= bn else (bn, round_up(n, bn))
-  x3 = jnp.pad(x.reshape(nb, m, k), ((0, 0), (0, mp - m), (0, 0)))
+  # whole rows of the weight (block_k = k), block_n of them (or all n)
+  g = grid_of(x, n, (block_m, min(n, block_n or BLOCK_N), k))
+  x3 = padded_x(x, g)
   has_xs = bool(lay.minus or lay.mins or lay.offset_as_is)
   has_dmin = dmin is not None
   sq = pl.squeezed
   row = lambda bi, i, j: (bi, j, 0)  # noqa: E731
-  operands = [_permuted_x(x3, name, nblk)]
-  specs = [pl.BlockSpec((sq, npl, block_m, nblk * w), lambda bi, i, j: (bi, 0, i, 0))]
+  x_spec = pl.BlockSpec((sq, npl, block_m, nblk * w), lambda bi, i, j: (bi, 0, i, 0))
+  operands, specs = [], []
   if has_xs:
-    operands.append(x3.reshape(nb, mp, nblk * s, -1).sum(-1))
+    operands.append(x3.reshape(g.nb, g.mp, nblk * s, -1).sum(-1))
     specs.append(pl.BlockSpec((sq, block_m, nblk * s), lambda bi, i, j: (bi, i, 0)))
-  operands += [q.reshape(nb, n, nblk * w), d.reshape(nb, n, nblk).astype(jnp.float32)]
-  specs += [pl.BlockSpec((sq, bn, nblk * w), row), pl.BlockSpec((sq, bn, nblk), row)]
-  if has_dmin:
-    operands.append(dmin.reshape(nb, n, nblk).astype(jnp.float32))
-    specs.append(pl.BlockSpec((sq, bn, nblk), row))
+  heads = [h.reshape(g.nb, n, nblk).astype(jnp.float32) for h in (d, dmin) if h is not None]
+  operands += [q.reshape(g.nb, n, nblk * w), *heads]
+  specs += [pl.BlockSpec((sq, g.block_n, nblk * w), row)] + \
+      [pl.BlockSpec((sq, g.block_n, nblk), row)] * len(heads)
   tables = _tables(name, cb)
   for key in ("rep", "reps", "maps", "gather", "vec"):
     if key in tables:
@@ -317,16 +320,6 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
       specs.append(pl.BlockSpec(t.shape, lambda bi, i, j, _r=t.ndim: (0,) * _r))
   kernel = functools.partial(_kernel, name=name, nblk=nblk, cb=cb, has_xs=has_xs,
                              has_dmin=has_dmin)
-  call = pl.pallas_call(
-      kernel,
-      out_shape=jax.ShapeDtypeStruct((nb, mp, np_), jnp.float32),
-      grid=(nb, mp // block_m, np_ // bn),
-      in_specs=specs,
-      out_specs=pl.BlockSpec((sq, block_m, bn), lambda bi, i, j: (bi, i, j)),
-      compiler_params=None if interpret else compiler_params(backend),
-      interpret=interpret,
-      name=BLOCKS_MOSAIC_TPU_KERNEL.ir_name,
-  )
-  with jax.disable_jit(False):  # see common.call_blocked
-    y = call(*operands)
-  return y[:, :m, :n].reshape(*batch, m, n)
+  return call_blocked(kernel, g, _permuted_x(x3, name, nblk), operands, specs,
+                      backend=backend, interpret=interpret,
+                      name=BLOCKS_MOSAIC_TPU_KERNEL.ir_name, x_spec=x_spec)

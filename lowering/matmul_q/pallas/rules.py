@@ -65,7 +65,7 @@ def _pallas_kernel(ctx, dims, backend: str):
   weight's format takes (``Format.pallas``) with a tile for its group size."""
   x_aval, q_aval, s_aval, *_ = ctx.avals_in
   f = default.weight_format(ctx)
-  xr, qr = x_aval.ndim, len(f.dense_shape(q_aval.shape))
+  xr, qr = x_aval.ndim, q_aval.ndim
   if xr == qr and dims == dotdims.v1_dims(xr):
     layout, kernel = "kn", _pallas_reference(backend)
   elif qr == 2 and dims == dotdims.matmul_dims(xr, 2):
@@ -77,7 +77,7 @@ def _pallas_kernel(ctx, dims, backend: str):
   if layout not in f.pallas or not _kernel_fits(f, q_aval, s_aval, backend, layout):
     return None
   if _jax.kernel_is_partitioned(ctx.module_context):
-    return _kernel_per_shard(kernel, layout, f, *ctx.avals_in)
+    return _kernel_per_shard(kernel, layout, *ctx.avals_in)
   return kernel
 
 
@@ -121,7 +121,7 @@ def _mesh_axes(entry) -> tuple:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _kernel_per_shard(kernel, layout: str, f: formats.Format, x_aval, q_aval, s_aval, *o_aval):
+def _kernel_per_shard(kernel, layout: str, x_aval, q_aval, s_aval, *o_aval):
   """``kernel(x, q, s[, o])`` run on each device's shards (``jax.shard_map``), or ``None``.
 
   For a program over several devices, where Mosaic refuses to be partitioned and XLA
@@ -138,22 +138,21 @@ def _kernel_per_shard(kernel, layout: str, f: formats.Format, x_aval, q_aval, s_
   found = _explicit_specs(x_aval, q_aval, s_aval, *o_aval)
   if found is None:
     return None
-  mesh, (xs, q_specs, ss, *os_) = found
-  qs = f.dense_parts(q_specs)  # a block format's values: without the words axis
-  per_group = s_aval.ndim == len(qs)
+  mesh, (xs, qs, ss, *os_) = found
+  per_group = s_aval.ndim == q_aval.ndim
   if layout == "kn":
     k_entries, col = (xs[-1], qs[-2], ss[-2] if per_group else ss[-1]), qs[-1]
   else:  # W[.., n, k], scales [.., n(, k / g)]
     k_entries, col = (xs[-1], qs[-1], *(ss[-1:] if per_group else ())), qs[-2]
   if any(e is not None for e in k_entries):
     return None                      # a sharded contraction: partial sums, not blocks
-  if len(qs) == x_aval.ndim and xs[:-2] != qs[:-2]:
+  if q_aval.ndim == x_aval.ndim and xs[:-2] != qs[:-2]:
     return None                      # batch axes sharded differently
   ys = (*xs[:-1], col)
   used = [a for e in ys for a in _mesh_axes(e)]
   if len(used) != len(set(used)):
     return None                      # one mesh axis on both rows and columns
-  return _shard_mapped(kernel, mesh, (xs, q_specs, ss, *os_), ys)
+  return _shard_mapped(kernel, mesh, (xs, qs, ss, *os_), ys)
 
 
 @functools.lru_cache(maxsize=256)
@@ -184,7 +183,7 @@ _PALLAS_COLLAPSED = {b: functools.partial(_collapsed, backend=b) for b in ("trit
 def _nk_collapsed(x, q, s, *o, backend: str):
   """``f32[..., k] x W[n, k] -> f32[..., n]``: ``x``'s leading dims collapsed into ``m``."""
   y = matmul_q_nk_pallas(x.reshape(-1, x.shape[-1]), q, s, *o, backend=backend)
-  return y.reshape(*x.shape[:-1], s.shape[0])  # s: [n] or [n, k / g]
+  return y.reshape(*x.shape[:-1], q.shape[-2])
 
 
 _PALLAS_NK = {**{(b, True): functools.partial(_nk_collapsed, backend=b) for b in BACKENDS},
