@@ -42,10 +42,11 @@ and Q5_1 differ by it). A sharding of the last axis must keep whole blocks
 (:func:`hxmlir.formats.split_problem`). ``hx.quantize`` does not make them
 (:func:`hxmlir.formats.check_method`). Kernels: the native CPU kernel ``hx_matmul_q_cpu_v4``
 in the checkpoints' ``"nk"`` layout (``native_cpu = ("nk",)``, ``docs/kernels.md``). The
-Pallas TPU kernel ``hx_matmul_q_nk_blocks_v1`` takes the same layout (``pallas = ("nk",)``,
-Mosaic only: it decodes the bit planes of :mod:`hxmlir.block_layout`). It is a direct call:
-the lowering rules keep the StableHLO decomposition on TPU, which was faster there. GPUs,
-other platforms and layouts emit the decomposition too.
+Pallas kernels ``hx_matmul_q_nk_blocks_v1`` take the same layout (``pallas = ("nk",)``; on
+Mosaic they decode the bit planes of :mod:`hxmlir.block_layout`, on Triton they gather each
+element's bits by the same tables). They are direct calls: the lowering rules keep the
+StableHLO decomposition on TPU, which was faster there, and on GPUs, where the Triton kernel
+has not run. Other platforms and layouts emit the decomposition too.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _block_format(gguf: str, block: int, fields, value_range, offset: bool = Fal
   """A block format (see the module docstring): GGUF type ``gguf``'s blocks of
   ``block`` elements, stored as ``fields`` in ``ui16`` words with an f16 scale (and
   offset) per block; in ``[out, in]`` the native CPU kernel ``hx_matmul_q_cpu_v4`` (and the
-  Pallas TPU kernel ``hx_matmul_q_nk_blocks_v1``, called directly), StableHLO
+  Pallas kernels ``hx_matmul_q_nk_blocks_v1``, called directly), StableHLO
   decompositions elsewhere."""
   name = gguf.lower()
   return Format(name, name, UI16, UI16, "ui16", 1, 0, f"gguf_{name}_v1", scale_dtype=F16,

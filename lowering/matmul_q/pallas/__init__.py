@@ -37,10 +37,11 @@ Kernel names and calling conventions (:data:`KERNEL_VERSION`, registered in
   groups along the contraction ``k``, every format of :mod:`hxmlir.formats` (f16 scales
   widened in the kernel, offsets: each tile dequantized as ``q * s + o``); operands
   ``(x, q, s[, o])``, see that function.
-- ``hx_matmul_q_nk_blocks_v1`` (:func:`matmul_q_nk_blocks_pallas`, Mosaic only): the same
-  layout for GGUF's block formats at the file's bytes (Q5_0 ... IQ4_XS), decoded as bit
-  planes of whole words (:mod:`hxmlir.block_layout`); :func:`matmul_q_nk_pallas` sends those
-  weights to it.
+- ``hx_matmul_q_nk_blocks_v1`` (:func:`matmul_q_nk_blocks_pallas`): the same layout for
+  GGUF's block formats at the file's bytes (Q5_0 ... IQ4_XS), two kernels of one name with
+  operands of their own: Mosaic decodes bit planes of whole words (:mod:`.nk_blocks`),
+  Triton gathers each element's bits (:mod:`.nk_blocks_triton`), both from
+  :mod:`hxmlir.block_layout`; :func:`matmul_q_nk_pallas` sends those weights to it.
 
 The lowering rules of ``hx_matmul_q_p`` for ``cuda``, ``rocm`` and ``tpu`` use a
 kernel as the ``hx.matmul_q`` composite's decomposition while hxmlir is
@@ -51,7 +52,8 @@ the reference decomposition.
 
 By concept: :mod:`.common` (backends, block checks, the ``pallas_call`` skeleton both
 kernels share), :mod:`.kn` (the ``Q[k, n]`` kernel), :mod:`.nk` (the ``W[n, k]`` kernel),
-:mod:`.nk_blocks` (the ``W[n, k]`` kernel of the block formats), :mod:`.rules` (the lowering
+:mod:`.nk_blocks` (the ``W[n, k]`` kernel of the block formats on Mosaic, and the entry for
+both backends), :mod:`.nk_blocks_triton` (its Triton kernel), :mod:`.rules` (the lowering
 rules).
 """
 
@@ -81,6 +83,9 @@ from hxmlir.lowering.matmul_q.pallas.nk_blocks import (
 )
 from hxmlir.lowering.matmul_q.pallas.nk_blocks import (
     matmul_q_nk_blocks_pallas as matmul_q_nk_blocks_pallas,
+)
+from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import (
+    BLOCKS_TRITON_KERNEL as BLOCKS_TRITON_KERNEL,
 )
 from hxmlir.lowering.matmul_q.pallas.rules import (
     lower_matmul_q_accelerator as lower_matmul_q_accelerator,

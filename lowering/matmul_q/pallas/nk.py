@@ -161,7 +161,7 @@ def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False
 
   A weight in one of GGUF's block formats (``q: ui16[*b, n, k / B, W]``, ``s``: ``d``, ``o``:
   ``dmin``) goes to :func:`~hxmlir.lowering.matmul_q.pallas.nk_blocks.matmul_q_nk_blocks_pallas`
-  (Mosaic only; ``blocks`` does not apply).
+  (Mosaic and Triton; ``blocks`` does not apply).
 
   Kernel ``hx_matmul_q_nk_v1`` (:data:`NK_TRITON_KERNEL`, :data:`NK_MOSAIC_TPU_KERNEL`),
   operands ``(x, q, s[, o])``: ``x: f32[B, mp, kp]``, ``q: [B, n, k / pack]``, ``s``

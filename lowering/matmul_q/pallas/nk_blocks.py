@@ -1,6 +1,7 @@
 """The Pallas TPU kernel of ``hx.matmul_q`` for a weight ``W[out, in]`` in one of GGUF's block
 formats at the file's bytes (Q5_0 ... IQ4_XS, :mod:`hxmlir.block_formats`): kernel
-``hx_matmul_q_nk_blocks_v1``, Mosaic only.
+``hx_matmul_q_nk_blocks_v1`` on Mosaic, and :func:`matmul_q_nk_blocks_pallas`, the entry for
+both backends (Triton's kernel: :mod:`.nk_blocks_triton`).
 
 The decode works on whole 16-bit words, never on single bytes or lanes: a block's values
 (``W`` words) are bit planes. Each plane is one shift and one mask of every word, and
@@ -50,6 +51,7 @@ from hxmlir.lowering.matmul_q.pallas.common import (
     padded_x,
     round_up,
 )
+from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import matmul_q_nk_blocks_triton
 
 BLOCKS_KERNEL_NAME = "hx_matmul_q_nk_blocks"
 BLOCKS_KERNEL_VERSION = 1
@@ -262,30 +264,36 @@ def _permuted_x(x3, name: str, nblk: int):
 
 def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu",
                               interpret: bool = False, block_n: int | None = None):
-  """``x @ dequantize(W).T`` for ``W[out, in]`` in a GGUF block format, on TPU with Pallas.
+  """``x @ dequantize(W).T`` for ``W[out, in]`` in a GGUF block format, with Pallas.
 
   ``x: f32[*b, m, k]``; ``q: ui16[*b, n, k / B, W]``, the blocks' values at the file's
   bytes (:mod:`hxmlir.block_formats`); ``d: f16[*b, n, k / B]``, the block scales; ``dmin``:
   the block offsets for Q4_K, Q5_K, Q2_K and Q5_1, else ``None`` -> ``f32[*b, m, n]``. The
   format follows from the operands (:func:`hxmlir.formats.of_components`). Each weight word
-  is read once per row block of ``x`` and decoded in VMEM. The weight is never copied. XLA
-  permutes ``x``, sums it per sub-block and widens ``d``/``dmin`` to f32. See the module
-  docstring for the method and its roundings: each plane's ``bits · weight · sc`` is an
-  exact integer, times ``d`` rounded once, and the products are summed in f32.
+  is read once per row block of ``x`` and decoded on chip; the weight is never copied.
 
-  Kernel ``hx_matmul_q_nk_blocks_v1`` (:data:`BLOCKS_MOSAIC_TPU_KERNEL`). ``backend`` must
-  be ``"mosaic_tpu"``; ``interpret`` runs it in Pallas' interpreter (any machine);
-  ``block_n``: weight rows per program (default :data:`BLOCK_N`). Raises ``TypeError``
-  naming the operand types when they are not these, and ``ValueError`` for another backend
-  (Triton has no block-format kernel: the reference decomposition serves GPUs).
+  ``backend="mosaic_tpu"``: this module's kernel. XLA permutes ``x``, sums it per sub-block
+  and widens ``d``/``dmin`` to f32. See the module docstring for the method and its
+  roundings: each plane's ``bits · weight · sc`` is an exact integer, times ``d`` rounded
+  once, and the products are summed in f32. ``backend="triton"``:
+  :func:`~hxmlir.lowering.matmul_q.pallas.nk_blocks_triton.matmul_q_nk_blocks_triton`, which
+  forms the dense weight as :mod:`hxmlir.block_decode` does and sums its products with ``x``
+  in f32.
+
+  Kernel ``hx_matmul_q_nk_blocks_v1`` (:data:`BLOCKS_MOSAIC_TPU_KERNEL`, and
+  ``BLOCKS_TRITON_KERNEL`` with operands of its own). ``interpret`` runs it in Pallas'
+  interpreter (any machine); ``block_n``: weight rows per program (default
+  :data:`BLOCK_N` on Mosaic, ``nk_blocks_triton.BLOCK_N`` on Triton). Raises ``TypeError``
+  naming the operand types when they are not these, and ``ValueError`` for an unknown
+  backend or a Triton ``block_n`` that is not a power of two >= 16.
   """
   check_backend("matmul_q_nk_blocks_pallas", backend)
-  if backend != "mosaic_tpu":
-    raise ValueError("matmul_q_nk_blocks_pallas: the block formats' kernel is Mosaic (TPU) "
-                     f"only, got backend {backend!r}; GPUs take the reference decomposition")
   x, q, d, dmin = (v if v is None or isinstance(v, jax.core.Tracer) else jnp.asarray(v)
                    for v in (x, q, d, dmin))
   f = _check_operands(x, q, d, dmin)
+  if backend == "triton":
+    return matmul_q_nk_blocks_triton(x, q, d, dmin, name=f.name,
+                                                      interpret=interpret, block_n=block_n)
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   name = f.name
   lay = block_layout.LAYOUTS[name]

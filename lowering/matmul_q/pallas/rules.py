@@ -34,7 +34,8 @@ def _kernel_fits(f: formats.Format, q_aval, s_aval, backend: str, layout: str = 
   size without a tile, :func:`default_blocks` / :func:`default_blocks_nk`, keeps the
   reference; on Mosaic only the formats :func:`mosaic_compiles` names). The block formats keep
   the reference: their Mosaic kernel (:mod:`.nk_blocks`, called directly) was correct on a TPU
-  v5e but took 0.5-5x the time of XLA's own decode and dot, per format (docs/pallas.md)."""
+  v5e but took 0.5-5x the time of XLA's own decode and dot, per format (docs/pallas.md); their
+  Triton kernel (:mod:`.nk_blocks_triton`) has not run on a GPU."""
   if f.block:
     return False
   dense = f.dense_shape(q_aval.shape)

@@ -36,6 +36,11 @@ parts = (rs.randint(0, 65536, (40, 1, 70)).astype(np.uint16), heads, heads)
 print_exported("matmul_q_nk_blocks_tpu", jax.export.export(
     jax.jit(lambda x, *c: mqp.matmul_q_nk_pallas(x, *c, backend="mosaic_tpu")),
     platforms=["tpu"])(np.ones((6, 256), np.float32), *parts))
+# ... and its Triton kernel, lowered for cuda (exported while installed: hxmlir registers the kernel)
+with hx.installed():
+  print_exported("matmul_q_nk_blocks_cuda", jax.export.export(
+      jax.jit(lambda x, *c: mqp.matmul_q_nk_pallas(x, *c, backend="triton")),
+      platforms=["cuda"])(np.ones((6, 256), np.float32), *parts))
 # CHECK-LABEL: TEST: matmul_q_nk_cuda cuda
 # CHECK: stablehlo.composite "hx.matmul_q" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {dtype = "uint4_f16", group_size = 32 : i64, layout = "uint4_pairs_v1", lhs_batching_dimensions = dense<> : tensor<0xi64>, lhs_contracting_dimensions = dense<2> : tensor<1xi64>, offset = true, rhs_batching_dimensions = dense<> : tensor<0xi64>, rhs_contracting_dimensions = dense<1> : tensor<1xi64>, scale_dtype = "f16"}, decomposition = @[[IMPL:hx.matmul_q.impl]], version = 4 : i32} : (tensor<2x3x96xf32>, tensor<40x48xui8>, tensor<40x3xf16>, tensor<40x3xf16>) -> tensor<2x3x40xf32>
 # CHECK: func.func private @[[IMPL]](%[[X:[a-z0-9]+]]: tensor<2x3x96xf32>, %[[Q:[a-z0-9]+]]: tensor<40x48xui8>, %[[S:[a-z0-9]+]]: tensor<40x3xf16>, %[[O:[a-z0-9]+]]: tensor<40x3xf16>) -> tensor<2x3x40xf32>
@@ -66,6 +71,14 @@ print_exported("matmul_q_nk_blocks_tpu", jax.export.export(
 # dmin widened to f32; then the one-hot tables (block, sub-block, factor gathers).
 # CHECK: %[[Q3:[0-9]+]] = stablehlo.reshape %[[Q]] : (tensor<40x1x70xui16>) -> tensor<1x40x70xui16>
 # CHECK: stablehlo.custom_call @tpu_custom_call(%{{.*}}, %{{.*}}, %[[Q3]], %{{.*}}) {backend_config = {{.*}}kernel_name = "hx_matmul_q_nk_blocks_v1"{{.*}} : (tensor<1x4x8x70xf32>, tensor<1x8x8xf32>, tensor<1x40x70xui16>, tensor<1x40x1xf32>, tensor<1x40x1xf32>, tensor<1x70xf32>, tensor<1x8xf32>, tensor<4x8x70xbf16>, tensor<8x70x8xbf16>, tensor<12x8xi32>) -> tensor<1x8x40xf32>
+
+# CHECK-LABEL: TEST: matmul_q_nk_blocks_cuda cuda
+# CHECK: func.func public @main(%[[X:[a-z0-9]+]]: tensor<6x256xf32>{{.*}}, %[[Q:[a-z0-9]+]]: tensor<40x1x70xui16>{{.*}}, %{{.*}}: tensor<40x1xf16>{{.*}}, %{{.*}}: tensor<40x1xf16>{{.*}})
+# x padded to 16 rows (Triton's dot), the words as stored, d and dmin widened to f32, then the
+# gather table: 2 rows for Q4_K's one value field, 4 per factor piece (2 scale, 2 min pieces)
+# CHECK: %[[Q3:[0-9]+]] = stablehlo.reshape %[[Q]] : (tensor<40x1x70xui16>) -> tensor<1x40x70xui16>
+# CHECK: %[[K:[0-9]+]] = stablehlo.custom_call @__gpu$xla.gpu.triton(%{{.*}}, %[[Q3]], %{{.*}}, %{{.*}}, %{{.*}}) {mhlo.backend_config = {{{.*}}name = "hx_matmul_q_nk_blocks_v1", num_stages = 3 : i32, num_warps = 4 : i32}{{.*}} : (tensor<1x16x256xf32>, tensor<1x40x70xui16>, tensor<1x40x1xf32>, tensor<1x40x1xf32>, tensor<18x256xi32>) -> tensor<1x16x64xf32>
+# CHECK-NEXT: stablehlo.slice %[[K]] [0:1, 0:6, 0:40]
 
 print_exported("matmul_q_nk_not_installed",
                jax.export.export(jax.jit(einsum), platforms=["cuda"])(x, w))

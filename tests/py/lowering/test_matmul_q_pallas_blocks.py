@@ -1,7 +1,10 @@
-"""The Pallas TPU kernel of GGUF's block formats in the checkpoint layout ``W[out, in]``.
+"""The Pallas kernels of GGUF's block formats in the checkpoint layout ``W[out, in]``.
 
-``matmul_q_nk_blocks_pallas`` (kernel ``hx_matmul_q_nk_blocks_v1``) decodes each block's words
-as the bit planes of :mod:`hxmlir.block_layout`. The tables themselves are checked bit for bit
+``matmul_q_nk_blocks_pallas`` (kernel ``hx_matmul_q_nk_blocks_v1``) on Mosaic decodes each
+block's words as the bit planes of :mod:`hxmlir.block_layout`; on Triton it gathers each
+element's bits by the table that :func:`nk_blocks_triton.gather_table` derives from the same
+layout (checked here bit for bit by evaluating it with NumPy). The Triton kernel lowers for
+``cuda`` from CPU and runs in interpret mode; no GPU has run it. The tables themselves are checked bit for bit
 against :mod:`hxmlir.block_decode` (itself checked against ``gguf.quants`` in
 ``tests/py/io/test_gguf_blocks.py``). Numbers: Pallas interpret mode against float64 NumPy
 from the stored bytes, within a bound derived from the kernel's arithmetic (:func:`_bound`).
@@ -25,7 +28,7 @@ import hxmlir as hx
 from hxmlir import block_decode, block_layout, formats, targets
 from hxmlir import export as hxe
 from hxmlir.lowering.matmul_q import pallas as mqp
-from hxmlir.lowering.matmul_q.pallas import nk_blocks
+from hxmlir.lowering.matmul_q.pallas import nk_blocks, nk_blocks_triton
 
 KERNEL = "hx_matmul_q_nk_blocks_v1"
 NAMES = [f.name for f in formats.BLOCK_FORMATS]
@@ -81,6 +84,16 @@ def _bound(x, w, by):
   return gamma(terms) * np.einsum("...mk,...nk->...mn", ax, mag) + 1e-37 * x.shape[-1]
 
 
+def _bound_triton(x, w, by):
+  """A bound of ``|kernel - x @ Wᵀ|`` for the Triton kernel: each dense weight ``u·d + v·dmin``
+  (``u``, ``v`` exact; two products and a sum, three roundings), times ``x`` and summed over
+  ``k`` in f32 in any order: ``gamma(k + 3)`` times ``|x|·(|u·d| + |v·dmin|)``."""
+  ud, vd, _ = _terms(w, by)
+  ax = np.abs(np.asarray(x, np.float64))
+  return gamma(x.shape[-1] + 3) * np.einsum("...mk,...nk->...mn", ax, np.abs(ud) + np.abs(vd)) \
+      + 1e-37 * x.shape[-1]
+
+
 def _want(x, w):
   return np.einsum("...mk,...nk->...mn", np.asarray(x, np.float64),
                    np.asarray(hx.dequantize(w), np.float64))
@@ -129,6 +142,72 @@ def test_kernel_in_interpret_mode_against_float64(name, lead, m, n, nblk):
   assert_within(got, _want(x, w), _bound(x, w, by), f"{name}: ")
 
 
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("lead,m,n,nblk", [((), 1, 70, 3), ((2,), 5, 16, 2), ((), 17, 33, 1)])
+def test_triton_kernel_in_interpret_mode_against_float64(name, lead, m, n, nblk):
+  # n = 70: three row tiles of 32, the last one clamped; m = 17: two row blocks of x
+  lay = block_layout.LAYOUTS[name]
+  w, by = _weight(name, lead, n, nblk, seed=n + m + 1)
+  x = np.random.default_rng(m).standard_normal((*lead, m, nblk * lay.block)).astype(np.float32)
+  got = mqp.matmul_q_nk_pallas(x, *hx.qarray_parts(w), backend="triton", interpret=True)
+  assert got.shape == (*lead, m, n)
+  assert_within(got, _want(x, w), _bound_triton(x, w, by), f"{name}: ")
+
+
+def _eval_gather_table(by, name: str):
+  """``(u, v)`` of blocks ``by: uint8[..., nbytes]`` evaluated from
+  :func:`nk_blocks_triton.gather_table` alone, as the Triton kernel reads it."""
+  lay = block_layout.LAYOUTS[name]
+  t = nk_blocks_triton.gather_table(name).astype(np.int64)
+  first = nk_blocks_triton.table_rows(name)
+  words = by.view(np.uint16).astype(np.int64)
+
+  def part(kind, i, mask=None):
+    r = first[(kind, i)]
+    bits = words[..., t[r]] >> t[r + 1]
+    return (bits & mask) if mask is not None else (bits & t[r + 2]) << t[r + 3]
+
+  q = sum(part("field", i, (1 << f.width) - 1) << f.dest for i, f in enumerate(lay.fields))
+  value = np.asarray(lay.table, np.int64)[q] if lay.table else q - lay.minus
+  if lay.scale:
+    sc = sum(part("scale", i) for i in range(len(lay.scale)))
+    sc = np.where(sc >= 128, sc - 256, sc) if lay.signed_scale else sc
+    value = value * (sc - lay.factor_minus)
+  v = None
+  if lay.mins:
+    v = -sum(part("min", i) for i in range(len(lay.mins))).astype(np.float32)
+  elif lay.offset_as_is:
+    v = np.ones(value.shape, np.float32)
+  return value.astype(np.float32), v
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gather_table_decodes_as_block_decode(name):
+  # the Triton kernel's table, evaluated with NumPy: u and v bit for bit
+  by = _bytes(np.random.RandomState(2), name, (4,), 3)
+  u, v = block_decode.units(jnp.asarray(by.view(np.uint16)), name)
+  u2, v2 = _eval_gather_table(by, name)
+  np.testing.assert_array_equal(np.asarray(u), u2.reshape(4, -1))
+  assert (v is None) == (v2 is None)
+  if v is not None:
+    np.testing.assert_array_equal(np.asarray(v), v2.reshape(4, -1))
+
+
+def test_the_triton_bound_catches_a_wrong_shift():
+  # one field's shift off by one in the table: the kernel's error is far outside the bound
+  name = "q5_k"
+  w, by = _weight(name, (), 24, 2, seed=7)
+  x = np.random.default_rng(8).standard_normal((2, 512)).astype(np.float32)
+  good = nk_blocks_triton.gather_table(name)
+  bad = good.copy()
+  bad[1] = (bad[1] + 1) % 16
+  import unittest.mock as mock
+  with mock.patch.object(nk_blocks_triton, "gather_table", lambda _n: bad):
+    got = mqp.matmul_q_nk_pallas(x, *hx.qarray_parts(w), backend="triton", interpret=True)
+  err = np.abs(np.asarray(got) - _want(x, w)) - _bound_triton(x, w, by)
+  assert err.max() > 0
+
+
 def test_the_bound_catches_a_wrong_plane():
   # one plane's weight doubled: the kernel's error is then far outside the bound
   name = "q4_k"
@@ -148,10 +227,10 @@ def test_the_bound_catches_a_wrong_plane():
   assert err.max() > 0
 
 
-def test_kernel_is_registered_for_tpu():
+def test_kernel_is_registered_for_tpu_and_gpus():
   ks = {(k.target, k.ir_name): k for k in targets.registered_kernels()}
   assert ks[(targets.MOSAIC_TPU, KERNEL)].platforms == ("tpu",)
-  assert (targets.TRITON, KERNEL) not in ks
+  assert ks[(targets.TRITON, KERNEL)].platforms == ("cuda", "rocm")
   assert all(f.pallas == ("nk",) for f in formats.BLOCK_FORMATS)
 
 
@@ -179,12 +258,27 @@ def test_kernel_lowers_for_tpu_and_the_rules_keep_the_reference(name):
   assert_within(got, _want(x, w), _bound(x, w, by))
 
 
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "iq4_nl", "q5_1"])
+def test_triton_kernel_lowers_for_cuda(name):
+  # one Triton custom call by the kernel's name, whose operands are x, the words, d (and
+  # dmin) and the gather table
+  w, _ = _weight(name, (), 40, 2, seed=10)
+  x = np.ones((3, w.shape[-1]), np.float32)
+  direct = jax.jit(lambda x, *c: mqp.matmul_q_nk_pallas(x, *c, backend="triton"))
+  text = direct.trace(x, *hx.qarray_parts(w)).lower(lowering_platforms=("cuda",)).as_text()
+  assert _custom_calls(text) == [(targets.TRITON, KERNEL)]
+  table = nk_blocks_triton.gather_table(name)
+  assert f"tensor<{table.shape[0]}x{table.shape[1]}xi32>" in text
+
+
 def test_errors_name_the_operands_and_the_backend():
   w, _ = _weight("q4_k", (), 8, 1, seed=9)
   parts = hx.qarray_parts(w)
-  with pytest.raises(ValueError, match="Mosaic \\(TPU\\) only, got backend 'triton'"):
+  with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+    nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 256), np.float32), *parts, backend="cuda")
+  with pytest.raises(ValueError, match="Triton's block_n must be a power of two >= 16, got 24"):
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 256), np.float32), *parts,
-                                        backend="triton")
+                                        backend="triton", block_n=24)
   with pytest.raises(TypeError, match=r"expects f32\[\*b, m, k\].*got f32\[1,128\], "
                                       r"ui16\[8,1,70\], f16\[8,1\], f16\[8,1\]"):
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 128), np.float32), *parts)

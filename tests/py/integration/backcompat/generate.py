@@ -92,10 +92,11 @@ def _f16_scales(q):
   return hx.make_qarray(v, *(c.astype(jnp.float16) for c in rest))
 
 
-def _nk_blocks(x, w):
-  """``x @ dequantize(w).T`` by the block formats' Pallas TPU kernel, called directly."""
+def _nk_blocks(x, w, backend: str = "mosaic_tpu"):
+  """``x @ dequantize(w).T`` by the block formats' Pallas kernel for ``backend``, called
+  directly."""
   from hxmlir.lowering.matmul_q import pallas as mqp
-  return mqp.matmul_q_nk_pallas(x, *hx.qarray_parts(w), backend="mosaic_tpu")
+  return mqp.matmul_q_nk_pallas(x, *hx.qarray_parts(w), backend=backend)
 
 
 def _blocks(name: str, rows: int, blocks: int, seed: int):
@@ -323,6 +324,15 @@ CASES: dict[str, Case] = {
                  _blocks("q5_0", 24, 3, 58)),
         (), platforms=("tpu",),
         kernels=((targets.MOSAIC_TPU, "hx_matmul_q_nk_blocks_v1"),)),
+    # its Triton kernel (gathers of the block's words), called directly: Q4_K (2 blocks a
+    # row, 40 rows: a ragged second row tile) and IQ4_NL (3 blocks, 24 rows)
+    **{f"hx_matmul_q_nk_blocks_v1_{p}": Case(
+        lambda x1, x2, a, b: (_nk_blocks(x1, a, "triton"), _nk_blocks(x2, b, "triton")),
+        lambda: (_x((3, 512), 59), _x((3, 96), 60), _blocks("q4_k", 40, 2, 61),
+                 _blocks("iq4_nl", 24, 3, 62)),
+        (), platforms=(p,),
+        kernels=((targets.TRITON, "hx_matmul_q_nk_blocks_v1"),))
+      for p in ("cuda", "rocm")},
     # the native CPU kernel (lowering/matmul_q/cpu.py), kept by hx.keep_native_cpu_calls();
     # a weight above matmul_q.streaming.SMALL_WEIGHT (64K elements), m <= 4 and m > 4 regimes
     "hx_matmul_q_cpu_v1_cpu": Case(
