@@ -35,6 +35,9 @@ Times are medians over interleaved rounds (all variants called in turn), each
 call synchronised with ``block_until_ready``. Peak bandwidth comes from a table
 of known devices or ``--peak-gbps``.
 
+GGUF's block formats at the file's bytes (Q4_K ... IQ4_XS) have a Triton kernel of their
+own, timed by ``benchmarks/matmul_q_blocks_pallas.py``.
+
 No GPU has been lent to this project, so these figures have never been taken.
 On a machine without a GPU the script says so and exits; ``--dry-run`` then
 builds every format's operands at the given shapes, lowers the kernel and

@@ -27,7 +27,7 @@ are built once per call from the layout with ``iota`` (no constants in the IR). 
 ``n`` in the last tile read stale data, which stays in those rows' own result columns,
 sliced away.
 
-Seen on a TPU v5e with jax 0.10.2 (0.8.5, ``benchmarks/matmul_q_tpu_blocks.py``): Mosaic
+Seen on a TPU v5e with jax 0.10.2 (0.8.5, ``benchmarks/matmul_q_blocks_pallas.py``): Mosaic
 compiled the kernel for every format, and it matched float64 within 7e-8 of ``|x|·|W|``. It
 took 0.5-5x the time of XLA's own decode and dot, per format and shape. So the lowering rules
 keep the reference decomposition for block weights, and this kernel is a direct call.

@@ -284,18 +284,21 @@ def test_errors_name_the_operands_and_the_backend():
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 128), np.float32), *parts)
 
 
-# --- benchmarks/matmul_q_tpu_blocks.py on a machine without a TPU --------------------
+# --- benchmarks/matmul_q_blocks_pallas.py on a machine without a TPU or GPU ----------
 
-def test_tpu_benchmark_runs_in_interpret_mode_and_refuses_bad_shapes(capsys):
+@pytest.mark.parametrize("backend", ["mosaic_tpu", "triton"])
+def test_benchmark_runs_in_interpret_mode_and_refuses_bad_shapes(capsys, backend):
   import pathlib
   import runpy
   bench = runpy.run_path(str(pathlib.Path(__file__).parents[3] / "benchmarks" /
-                             "matmul_q_tpu_blocks.py"))
-  assert bench["main"]([]) == 0  # no TPU here: says so
-  assert "no TPU visible" in capsys.readouterr().out
-  assert bench["main"](["--interpret", "--shapes", "40x512", "--formats", "q4_k", "q5_0",
-                        "--m", "2", "--rounds", "1"]) == 0
-  rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if "|" in line][1:]
+                             "matmul_q_blocks_pallas.py"))
+  assert bench["main"]([]) == 0  # no TPU or GPU here: says so
+  assert "no TPU or GPU visible" in capsys.readouterr().out
+  assert bench["main"](["--interpret", "--backend", backend, "--shapes", "40x512", "--formats",
+                        "q4_k", "q5_0", "--m", "2", "--rounds", "1"]) == 0
+  out = capsys.readouterr().out
+  assert f"{backend} kernel" in out
+  rows = [line.split("|") for line in out.splitlines() if "|" in line][1:]
   assert [r[0].split()[:4] for r in rows] == [["q4_k", "40", "512", "2"],
                                               ["q5_0", "40", "512", "2"]]
   assert all(float(r[-1]) < 1e-6 for r in rows)  # the kernel against float64, |x|·|W| units

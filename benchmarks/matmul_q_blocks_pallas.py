@@ -1,11 +1,13 @@
-"""TPU timings of the block formats' Pallas kernel (``hx_matmul_q_nk_blocks_v1``) per GGUF format.
+"""TPU and GPU timings of the block formats' Pallas kernels (``hx_matmul_q_nk_blocks_v1``) per GGUF format.
 
 For each format of :data:`hxmlir.formats.BLOCK_FORMATS` and each weight ``W[n, k]`` (``--shapes``
 OUTxIN, default 4096x4096 and 16384x4096) the script builds a weight of random valid blocks. At
 each ``m`` (``--m``, default 1 and 16) it prints:
 
-- the time per call of the kernel (``matmul_q_nk_blocks_pallas``);
-- ``hx.einsum`` jitted while hxmlir is installed (the tpu rule: the reference decomposition);
+- the time per call of the kernel (``matmul_q_nk_blocks_pallas``: Mosaic on a TPU, Triton on
+  a GPU);
+- ``hx.einsum`` jitted while hxmlir is installed (the tpu and cuda rules: the reference
+  decomposition);
 - XLA decoding the blocks (``hx.dequantize``) and multiplying in f32 (``ref``);
 - XLA's bf16 product with the dense weight;
 - a trivial jitted call (the floor of a dispatch on this machine);
@@ -13,13 +15,13 @@ each ``m`` (``--m``, default 1 and 16) it prints:
   ``|x|·|W|``.
 
 Times are medians over interleaved rounds, each call synchronised
-(:func:`hxmlir.tools.demo.time_interleaved`). Without a TPU the script
-says so and exits; ``--interpret`` runs the kernel in Pallas interpret mode on any machine
-(a check of the script: its times mean nothing). Usage::
+(:func:`hxmlir.tools.demo.time_interleaved`). Without a TPU or GPU the script
+says so and exits; ``--interpret`` runs a kernel (``--backend``, default Mosaic's) in Pallas
+interpret mode on any machine (a check of the script: its times mean nothing). Usage::
 
-  python benchmarks/matmul_q_tpu_blocks.py                       # on a TPU
-  python benchmarks/matmul_q_tpu_blocks.py --formats q4_k q6_k --shapes 4096x4096 --m 1
-  python benchmarks/matmul_q_tpu_blocks.py --interpret --shapes 256x512 --rounds 2
+  python benchmarks/matmul_q_blocks_pallas.py                    # on a TPU or a GPU
+  python benchmarks/matmul_q_blocks_pallas.py --formats q4_k q6_k --shapes 4096x4096 --m 1
+  python benchmarks/matmul_q_blocks_pallas.py --interpret --backend triton --shapes 256x512
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ from hxmlir.lowering.matmul_q.pallas import nk_blocks
 from hxmlir.tools.demo import time_interleaved
 
 PEAK_GBPS = {"TPU v5 lite": 819, "TPU v5e": 819, "TPU v4": 1200, "TPU v5p": 2765,
-             "TPU v6 lite": 1640}
-"""Peak HBM bandwidth in GB/s (Google's data sheets), matched against ``device_kind``."""
+             "TPU v6 lite": 1640, "H200": 4800, "H100": 3350, "A100": 2039}
+"""Peak HBM bandwidth in GB/s (Google's and NVIDIA's data sheets; H100 SXM, A100 80GB),
+matched against ``device_kind``."""
+BACKEND = {"tpu": "mosaic_tpu", "gpu": "triton"}
+"""The Pallas backend of each JAX platform timed here."""
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -70,17 +75,18 @@ def _median_times(calls: dict, rounds: int) -> dict:
   return {key: statistics.median(t) for key, t in ts.items()}
 
 
-def run(names, shapes, ms, rounds: int, interpret: bool) -> None:
+def run(names, shapes, ms, rounds: int, interpret: bool, backend: str) -> None:
   dev = jax.devices()[0]
   peak = next((v for k, v in PEAK_GBPS.items() if k.lower() in dev.device_kind.lower()), None)
-  print(f"jax {jax.__version__}, {dev.device_kind}, peak {peak or '?'} GB/s, median of "
+  print(f"jax {jax.__version__}, {dev.device_kind}, {backend} kernel, peak {peak or '?'} GB/s, median of "
         f"{rounds} interleaved rounds{', INTERPRET MODE (times mean nothing)' if interpret else ''}")
   head = (f"{'format':>7} {'n':>6} {'k':>6} {'m':>4} | {'kernel us':>9} {'GB/s':>6} "
           f"{'of peak':>7} | {'hx us':>7} {'ref us':>7} {'bf16 us':>7} {'floor us':>8} | "
           f"{'err/|x||W|':>10}")
   print(head)
   print("-" * len(head))
-  kern = jax.jit(lambda x, *c: nk_blocks.matmul_q_nk_blocks_pallas(x, *c, interpret=interpret))
+  kern = jax.jit(lambda x, *c: nk_blocks.matmul_q_nk_blocks_pallas(
+      x, *c, backend=backend, interpret=interpret))
   hx_fn = jax.jit(lambda x, w: hx.einsum("mk,nk->mn", x, w))
   ref_fn = jax.jit(lambda x, w: jnp.dot(x, hx.dequantize(w).T))
   bf16 = jax.jit(lambda x, w: jnp.dot(x.astype(jnp.bfloat16), w.T,
@@ -123,15 +129,19 @@ def main(argv=None) -> int:
   ap.add_argument("--rounds", type=int, default=20)
   ap.add_argument("--interpret", action="store_true",
                   help="Pallas interpret mode on the default device (checks the script)")
+  ap.add_argument("--backend", choices=sorted(BACKEND.values()),
+                  help="the kernel to time (default: the device's; with --interpret: mosaic_tpu)")
   args = ap.parse_args(argv)
   for n, k in args.shapes:
     bad = [f for f in args.formats if k % formats.FORMATS[f].block]
     if bad:
       ap.error(f"the in axis {k} of {n}x{k} is not a multiple of the block of {', '.join(bad)}")
-  if not args.interpret and jax.devices()[0].platform != "tpu":
-    print("no TPU visible to JAX: nothing to time here (--interpret checks the script).")
+  platform = jax.devices()[0].platform
+  if not args.interpret and platform not in BACKEND:
+    print("no TPU or GPU visible to JAX: nothing to time here (--interpret checks the script).")
     return 0
-  run(args.formats, args.shapes, args.m, args.rounds, args.interpret)
+  backend = args.backend or BACKEND.get(platform, "mosaic_tpu")
+  run(args.formats, args.shapes, args.m, args.rounds, args.interpret, backend)
   return 0
 
 
