@@ -71,8 +71,9 @@ class Exported:
     Works eagerly, under ``jit`` and under ``grad`` (with respect to arguments
     of inexact dtype and ``q8``/``r1``/``Tup`` values, whose cotangents are
     their dense tangent types; the VJP comes from the exporting process, or from
-    an artifact serialized with ``vjp_order >= 1``). ``vmap`` is not supported:
-    export for the batched shapes instead. Raises ``TypeError`` naming the
+    an artifact serialized with ``vjp_order >= 1``). ``vmap`` is not supported (a
+    ``NotImplementedError`` naming the signature and the mapped arguments): export for the
+    batched shapes instead. Raises ``TypeError`` naming the
     expected and actual types when the arguments do not match the signature.
     """
     leaves, tree = flatten((args, kwargs), "arguments")

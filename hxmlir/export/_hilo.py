@@ -136,6 +136,17 @@ class CallExported(HxPrimitive):
   def vjp_fwd(self, nzs_in, *args):
     return self(*args), args
 
+  def batch(self, axis_data, args, dims):
+    """``NotImplementedError``: an artifact's shapes are fixed (as for ``jax.export``'s own
+    ``call_exported``, which has no batching rule either)."""
+    from hxmlir.types import shardings as shd
+    mapped = [f"argument {i} ({shd.short(ty)})"
+              for i, (ty, d) in enumerate(zip(self.in_avals, dims)) if d is not None]
+    raise NotImplementedError(
+        f"jax.vmap of {self.exported.fun_name}, an exported call, is not supported: it was "
+        f"exported for {self.exported.signature()} and vmap maps {', '.join(mapped)}; export "
+        "the vmapped function instead (hxmlir.export(jax.vmap(f))), or call it in a loop")
+
   def vjp_bwd(self, res, outgrad, *arg_accums):
     exp = self.exported
     vjp = exp.vjp()

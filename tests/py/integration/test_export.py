@@ -137,6 +137,21 @@ def test_call_with_wrong_types_names_both(mm, data):
     mm.call(x)
 
 
+def test_vmap_of_a_call_names_the_signature_and_the_mapped_arguments(mm, data):
+  # as jax.export's own call_exported, no batching rule; the message says what to do instead
+  x, _, qw = data
+  xs = jnp.stack([x, x])
+  with pytest.raises(NotImplementedError,
+                     match=r"jax\.vmap of matmul_q, an exported call, is not supported: it was "
+                           r"exported for \(f32\[2,3\], q8\[3,4\]\) -> \(f32\[2,4\]\) and vmap "
+                           r"maps argument 0 \(f32\[2,3\]\); export the vmapped function"):
+    jax.vmap(mm.call, in_axes=(0, None))(xs, qw)
+  with pytest.raises(NotImplementedError, match=r"maps argument 0 \(f32\[2,3\]\), argument 1 "
+                                                r"\(q8\[3,4\]\)"):
+    qs = jax.vmap(hx.quantize, out_axes=hx.QArraySpec())(jnp.stack([data[1], data[1]]))
+    jax.vmap(mm.call, in_axes=(0, hx.QArraySpec()))(xs, qs)
+
+
 def test_unsupported_containers_are_refused(data):
   x, _, _ = data
   with pytest.raises(TypeError, match="may hold tuples, lists, dicts and None"):
