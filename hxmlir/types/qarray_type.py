@@ -451,6 +451,8 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
     if not _same_parts(shd.partitions(o_aval.sharding, o_aval.ndim),
                        shd.partitions(s_aval.sharding, s_aval.ndim)):
       raise TypeError(f"{who} expects the offset sharded like the scale, got {got}")
+  if found is None and (want := _block_components(q_aval)):
+    raise TypeError(f"{who}: {got} are not a block format's components: {want}")
   if found is None:
     raise TypeError(f"{who} expects qvalue: i8[*l, n] and scale: f32[*l], got {got}"
                     f"{_components_hint(q_aval, s_aval)} (formats: {known})")
@@ -471,6 +473,17 @@ def make_qarray_type(q_aval, s_aval, who: str = "hx.make_qarray", o_aval=None) -
                     "scale (jax.sharding.reshard) or the qvalue")
   return QArrayTy(fmt.dense_shape(q_aval.shape), shd.with_partitions(q_aval.sharding, qp),
                   shd.join_mat(*comps), fmt.name, group)
+
+
+def _block_components(q_aval) -> str:
+  """For values ``q_aval`` shaped as GGUF blocks' words (``ui16[*l, n, k/B, W]``), what each
+  block format with ``W`` words takes besides them (``d``, and ``dmin``); else ``""``."""
+  if not isinstance(q_aval, ShapedArray) or q_aval.ndim < 2:
+    return ""
+  lead = "f16[" + ",".join(map(str, q_aval.shape[:-1])) + "]"
+  return "; ".join(f"{f.name} takes d{' and dmin' if f.offset else ''} {lead}"
+                   for f in formats.BLOCK_FORMATS
+                   if q_aval.dtype == f.storage_dtype and q_aval.shape[-1] == f.block_words)
 
 
 def _components_hint(q_aval, s_aval) -> str:

@@ -128,6 +128,61 @@ def grid_of(x, n: int, blocks: Sequence[int]) -> Grid:
   return Grid(tuple(batch), m, k, n, *blocks)
 
 
+def linear_in_x(name: str, layout: str):
+  """Decorator of a Pallas entry point ``fn(x, *weight, **options) -> f32[*b, m, n]`` that
+  computes ``x @ W`` (``layout="kn"``, ``W = dequantize(*weight): [*b, k, n]``) or ``x @ Wᵀ``
+  (``"nk"``, ``W: [*b, n, k]``; ``None`` components are dropped): under ``jax.jvp``,
+  ``jax.grad`` and ``jax.vjp`` the result is differentiable in ``x``, its tangent ``dx @ W``
+  formed by XLA from the dense weight (a ``pallas_call`` has no transpose); a derivative
+  with respect to the weight's components raises ``TypeError`` naming ``name`` (those go
+  through ``hx.matmul_q`` / ``hx.einsum`` on the quantized array)."""
+  import functools
+  from jax.custom_derivatives import SymbolicZero
+
+  def deco(fn):
+    @functools.wraps(fn)
+    def wrapper(x, *weight, **options):
+      parts = tuple(w for w in weight if w is not None)
+
+      @jax.custom_jvp
+      def call(x, *parts):
+        return fn(x, *parts, **options)
+
+      def jvp(primals, tangents):
+        x, *parts = primals
+        dx, *dparts = tangents
+        if any(not isinstance(t, SymbolicZero) for t in dparts):
+          raise TypeError(f"{name} is differentiable in x only; for derivatives with respect "
+                          "to the weight use hx.matmul_q / hx.einsum on the quantized array")
+        y = call(x, *parts)
+        if isinstance(dx, SymbolicZero):
+          return y, jnp.zeros(y.shape, y.dtype)
+        from hxmlir.lowering import reference
+        w = reference.dequantize(*parts)
+        w = w if layout == "kn" else jnp.swapaxes(w, -1, -2)
+        return y, jnp.matmul(dx, w, precision=jax.lax.Precision.HIGHEST)
+
+      call.defjvp(jvp, symbolic_zeros=True)
+      try:
+        return call(x, *parts)
+      except (TypeError, ValueError) as e:  # fn's own checks: without JAX's note on its frames
+        notes = getattr(e, "__notes__", None)
+        if notes:
+          e.__notes__ = [n for n in notes if "JAX has removed its internal frames" not in n]
+        raise
+    return wrapper
+  return deco
+
+
+def empty_product(x, n: int):
+  """``f32[*b, m, n]`` zeros when the product of ``x: f32[*b, m, k]`` with ``n`` outputs is
+  empty or sums nothing (a zero among ``*b``, ``m``, ``n``, ``k``), else ``None``: the kernels'
+  grids need at least one block of each."""
+  if x.size == 0 or n == 0:
+    return jnp.zeros((*x.shape[:-1], n), jnp.float32)
+  return None
+
+
 def padded_x(x, g: Grid):
   """``x: f32[*b, m, k]`` as ``f32[nb, mp, kp]``, zero-padded to whole blocks."""
   return jnp.pad(x.reshape(g.nb, g.m, g.k), ((0, 0), (0, g.mp - g.m), (0, g.kp - g.k)))

@@ -68,6 +68,8 @@ from hxmlir.lowering.matmul_q.pallas.common import (
     call_blocked,
     check_backend,
     check_blocks,
+    empty_product,
+    linear_in_x,
     fits_group,
     grid_of,
     padded_x,
@@ -239,6 +241,7 @@ def _check_operands(x, q, s):
   return got[0], got[1]
 
 
+@linear_in_x("matmul_q_pallas", "kn")
 def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
                     blocks: Sequence[int] | None = None):
   """``x @ dequantize(q, s)`` with the Pallas kernel, for every format.
@@ -268,6 +271,8 @@ def matmul_q_pallas(x, q, s, *, backend: str, interpret: bool = False,
                      f"groups of {group} or lies inside one; use the reference (hx.matmul_q "
                      "without install) for this group size")
   check_blocks("matmul_q_pallas", backend, chosen, "n", f, group)
+  if (empty := empty_product(x, n)) is not None:
+    return empty
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   g = grid_of(x, n, chosen)
   nb, kp, np_, block_n = g.nb, g.kp, g.np_, g.block_n

@@ -18,6 +18,8 @@ from hxmlir.lowering.matmul_q.pallas.common import (
     call_blocked,
     check_backend,
     check_blocks,
+    empty_product,
+    linear_in_x,
     grid_of,
     padded_x,
     round_up,
@@ -145,6 +147,7 @@ def _check_operands_nk(x, q, s, o):
   return f, group
 
 
+@linear_in_x("matmul_q_nk_pallas", "nk")
 def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False,
                        blocks: Sequence[int] | None = None):
   """``x @ dequantize(W).T`` for a weight in the checkpoint layout ``W[out, in]``, with Pallas.
@@ -189,6 +192,8 @@ def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False
                      f"{group} or lies inside one; use the reference (hx.einsum without "
                      "install) for this group size")
   check_blocks("matmul_q_nk_pallas", backend, chosen, "k", f, group)
+  if (empty := empty_product(x, n)) is not None:
+    return empty
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   g = grid_of(x, n, chosen)
   nb, kp = g.nb, g.kp

@@ -47,11 +47,16 @@ from hxmlir import block_layout, formats, targets
 from hxmlir.lowering.matmul_q.pallas.common import (
     call_blocked,
     check_backend,
+    empty_product,
+    linear_in_x,
     grid_of,
     padded_x,
     round_up,
 )
-from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import matmul_q_nk_blocks_triton
+from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import (
+    matmul_q_nk_blocks_triton,
+    triton_block_n,
+)
 
 BLOCKS_KERNEL_NAME = "hx_matmul_q_nk_blocks"
 BLOCKS_KERNEL_VERSION = 1
@@ -262,6 +267,7 @@ def _permuted_x(x3, name: str, nblk: int):
   return jnp.take(ext, idx, axis=2).transpose(0, 2, 1, 3)
 
 
+@linear_in_x("matmul_q_nk_blocks_pallas", "nk")
 def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu",
                               interpret: bool = False, block_n: int | None = None):
   """``x @ dequantize(W).T`` for ``W[out, in]`` in a GGUF block format, with Pallas.
@@ -285,12 +291,21 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   interpreter (any machine); ``block_n``: weight rows per program (default
   :data:`BLOCK_N` on Mosaic, ``nk_blocks_triton.BLOCK_N`` on Triton). Raises ``TypeError``
   naming the operand types when they are not these, and ``ValueError`` for an unknown
-  backend or a Triton ``block_n`` that is not a power of two >= 16.
+  backend, a Triton ``block_n`` that is not a power of two >= 16, or a Mosaic one that is
+  neither a multiple of 128 nor at least ``n``. An empty product (a zero among ``*b``,
+  ``m``, ``n``) is zeros ``f32[*b, m, n]`` without a kernel.
   """
   check_backend("matmul_q_nk_blocks_pallas", backend)
   x, q, d, dmin = (v if v is None or isinstance(v, jax.core.Tracer) else jnp.asarray(v)
                    for v in (x, q, d, dmin))
   f = _check_operands(x, q, d, dmin)
+  if backend == "triton":
+    triton_block_n(block_n)
+  elif block_n is not None and (block_n < 1 or (block_n % 128 and block_n < q.shape[-3])):
+    raise ValueError(f"matmul_q_nk_blocks_pallas: Mosaic's block_n must be a multiple of 128 "
+                     f"(the output tile's lanes) or cover all {q.shape[-3]} rows, got {block_n}")
+  if (empty := empty_product(x, q.shape[-3])) is not None:
+    return empty
   if backend == "triton":
     return matmul_q_nk_blocks_triton(x, q, d, dmin, name=f.name,
                                                       interpret=interpret, block_n=block_n)

@@ -84,6 +84,16 @@ def gather_table(name: str) -> np.ndarray:
   return np.stack(rows).astype(np.int32)
 
 
+def triton_block_n(block_n: int | None) -> int:
+  """``block_n`` (``None``: :data:`BLOCK_N`), checked: ``ValueError`` unless a power of two
+  >= 16."""
+  bn = BLOCK_N if block_n is None else block_n
+  if bn < 16 or bn & (bn - 1):
+    raise ValueError(f"matmul_q_nk_blocks_pallas: Triton's block_n must be a power of two "
+                     f">= 16, got {bn}")
+  return bn
+
+
 def _kernel(x_ref, q_ref, d_ref, *refs, name: str, n: int, nblk: int):
   """One ``block_m x block_n`` output tile (see the module docstring). ``x_ref: f32[bm, k]``,
   ``q_ref: ui16[bn, nblk * W]``, ``d_ref`` (and ``dmin_ref`` in ``refs``): ``f32[bn, nblk]``,
@@ -163,10 +173,7 @@ def matmul_q_nk_blocks_triton(x, q, d, dmin, *, name: str, interpret: bool = Fal
   ``f32[B, mp, np]``. Raises ``ValueError`` for a ``block_n`` that is not a power of two
   >= 16."""
   from jax.experimental import pallas as pl  # imported late: it is slow to import
-  bn = block_n or BLOCK_N
-  if bn < 16 or bn & (bn - 1):
-    raise ValueError(f"matmul_q_nk_blocks_pallas: Triton's block_n must be a power of two "
-                     f">= 16, got {bn}")
+  bn = triton_block_n(block_n)
   k = x.shape[-1]
   n, nblk, w = q.shape[-3:]
   g = grid_of(x, n, (BLOCK_M, bn, k))

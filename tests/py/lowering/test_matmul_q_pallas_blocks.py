@@ -276,12 +276,39 @@ def test_errors_name_the_operands_and_the_backend():
   parts = hx.qarray_parts(w)
   with pytest.raises(ValueError, match="unknown backend 'cuda'"):
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 256), np.float32), *parts, backend="cuda")
-  with pytest.raises(ValueError, match="Triton's block_n must be a power of two >= 16, got 24"):
-    nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 256), np.float32), *parts,
-                                        backend="triton", block_n=24)
+  x = np.ones((1, 256), np.float32)
+  for bad in (24, 0, -16, 8):
+    with pytest.raises(ValueError, match=f"Triton's block_n must be a power of two >= 16, "
+                                         f"got {bad}"):
+      nk_blocks.matmul_q_nk_blocks_pallas(x, *parts, backend="triton", block_n=bad)
+  for bad in (0, -16, 3):
+    with pytest.raises(ValueError, match=f"Mosaic's block_n must be a multiple of 128 .* or "
+                                         f"cover all 8 rows, got {bad}"):
+      nk_blocks.matmul_q_nk_blocks_pallas(x, *parts, block_n=bad)
+  # a block_n covering n is a whole tile
+  got = nk_blocks.matmul_q_nk_blocks_pallas(x, *parts, block_n=8, interpret=True)
+  assert got.shape == (1, 8)
   with pytest.raises(TypeError, match=r"expects f32\[\*b, m, k\].*got f32\[1,128\], "
                                       r"ui16\[8,1,70\], f16\[8,1\], f16\[8,1\]"):
     nk_blocks.matmul_q_nk_blocks_pallas(np.ones((1, 128), np.float32), *parts)
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic_tpu"])
+def test_every_kernel_returns_zeros_for_an_empty_product(backend):
+  # no grid of zero blocks: x with m = 0 or a zero batch, n = 0, k = 0; every Pallas kernel
+  wb, _ = _weight("q4_k", (), 8, 2, seed=11)
+  wb0, _ = _weight("q4_k", (), 0, 2, seed=11)
+  wz, _ = _weight("q4_k", (0,), 8, 2, seed=11)  # a batch of none
+  w_nk = hx.quantize(jnp.ones((8, 64)), group_size=32)
+  w_kn = hx.quantize(jnp.ones((64, 8)))
+  cases = [(mqp.matmul_q_nk_pallas, np.zeros((0, 512)), wb, (0, 8)),
+           (mqp.matmul_q_nk_pallas, np.zeros((0, 2, 512)), wz, (0, 2, 8)),
+           (mqp.matmul_q_nk_pallas, np.ones((2, 512)), wb0, (2, 0)),
+           (mqp.matmul_q_nk_pallas, np.zeros((0, 64)), w_nk, (0, 8)),
+           (mqp.matmul_q_pallas, np.zeros((0, 64)), w_kn, (0, 8))]
+  for fn, x, w, shape in cases:
+    got = fn(jnp.asarray(x, jnp.float32), *hx.qarray_parts(w), backend=backend, interpret=True)
+    assert got.shape == shape and got.dtype == jnp.float32 and not np.asarray(got).any()
 
 
 # --- benchmarks/matmul_q_blocks_pallas.py on a machine without a TPU or GPU ----------
@@ -316,3 +343,29 @@ def test_layout_decode_refuses_other_bytes():
       block_layout.decode(bad, lay)
     with pytest.raises(ValueError, match="q4_k blocks are"):
       block_layout.factors(bad, lay)
+
+
+@pytest.mark.parametrize("backend", ["triton", "mosaic_tpu"])
+def test_direct_calls_are_differentiable_in_x_only(backend):
+  # grad of every Pallas entry point in x against the dense product's (f64), both layouts
+  # and a block format; a derivative in a weight component is a TypeError naming the call
+  rng = np.random.default_rng(12)
+  wb, _ = _weight("q5_k", (), 24, 2, seed=12)
+  w_nk = hx.quantize(jnp.asarray(rng.standard_normal((24, 64)), jnp.float32), group_size=32)
+  w_kn = hx.quantize(jnp.asarray(rng.standard_normal((64, 24)), jnp.float32))
+  for fn, w, k, transposed in [(mqp.matmul_q_nk_pallas, wb, 512, True),
+                               (mqp.matmul_q_nk_pallas, w_nk, 64, True),
+                               (mqp.matmul_q_pallas, w_kn, 64, False)]:
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    c = rng.standard_normal((3, 24)).astype(np.float32)
+    parts = hx.qarray_parts(w)
+    got = jax.grad(lambda x: jnp.sum(c * fn(x, *parts, backend=backend, interpret=True)))(x)
+    dense = np.asarray(hx.dequantize(w), np.float64)
+    dense = dense if transposed else dense.T  # [n, k]
+    want = c.astype(np.float64) @ dense
+    bound = gamma(24 + 2) * (np.abs(c) @ np.abs(dense))
+    assert_within(got, want, bound, f"{fn.__name__}: ")
+    scale = parts[1].astype(jnp.float32)
+    with pytest.raises(TypeError, match=f"{fn.__name__} is differentiable in x only"):
+      jax.grad(lambda s: jnp.sum(fn(x, parts[0], s.astype(parts[1].dtype), *parts[2:],
+                                    backend=backend, interpret=True)))(scale)

@@ -160,6 +160,19 @@ def test_integer_qvalue_not_int8_says_astype(qvalue):
     hx.make_qarray(qvalue, jnp.ones(2, jnp.float32))
 
 
+@pytest.mark.parametrize("words,heads,want", [
+    # Q4_K's 70 words with dmin forgotten; d of another shape; 10 words: Q5_0 or Q5_1
+    ((8, 2, 70), [(8, 2)], r"u16\[8,2,70\], f16\[8,2\] are not a block format's components: "
+                           r"q4_k takes d and dmin f16\[8,2\]$"),
+    ((8, 2, 70), [(4, 3), (4, 3)], r"q4_k takes d and dmin f16\[8,2\]$"),
+    ((8, 3, 10), [(2, 3)], r"q5_0 takes d f16\[8,3\]; q5_1 takes d and dmin f16\[8,3\]$"),
+])
+def test_block_words_with_wrong_heads_say_what_the_format_takes(words, heads, want):
+  q = jnp.zeros(words, jnp.uint16)
+  with pytest.raises(TypeError, match="hx.make_qarray.*" + want):
+    hx.make_qarray(q, *(jnp.ones(h, jnp.float16) for h in heads))
+
+
 def test_make_qarray_of_a_qarray_and_parts_of_an_array_are_type_errors():
   q = hx.make_qarray(QV, SC)
   with pytest.raises(TypeError, match=r"got q8\[4,3\], f32\[4\]"):
