@@ -137,6 +137,7 @@ def linear_in_x(name: str, layout: str):
   with respect to the weight's components raises ``TypeError`` naming ``name`` (those go
   through ``hx.matmul_q`` / ``hx.einsum`` on the quantized array)."""
   import functools
+
   from jax.custom_derivatives import SymbolicZero
 
   def deco(fn):

@@ -64,17 +64,17 @@ from jax import lax
 from hxmlir import formats, targets
 from hxmlir.lowering import schema
 from hxmlir.lowering.matmul_q.pallas.common import (
-    MOSAIC_MAX_BLOCK_N,
-    call_blocked,
-    check_backend,
-    check_blocks,
-    empty_product,
-    linear_in_x,
-    fits_group,
-    grid_of,
-    padded_x,
-    pow2_at_least,
-    round_up,
+  MOSAIC_MAX_BLOCK_N,
+  call_blocked,
+  check_backend,
+  check_blocks,
+  empty_product,
+  fits_group,
+  grid_of,
+  linear_in_x,
+  padded_x,
+  pow2_at_least,
+  round_up,
 )
 from hxmlir.types import dotdims
 

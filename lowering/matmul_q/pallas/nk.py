@@ -15,14 +15,14 @@ from jax import lax
 from hxmlir import formats, targets
 from hxmlir.lowering import schema
 from hxmlir.lowering.matmul_q.pallas.common import (
-    call_blocked,
-    check_backend,
-    check_blocks,
-    empty_product,
-    linear_in_x,
-    grid_of,
-    padded_x,
-    round_up,
+  call_blocked,
+  check_backend,
+  check_blocks,
+  empty_product,
+  grid_of,
+  linear_in_x,
+  padded_x,
+  round_up,
 )
 from hxmlir.lowering.matmul_q.pallas.kn import default_blocks
 from hxmlir.lowering.matmul_q.pallas.nk_blocks import matmul_q_nk_blocks_pallas

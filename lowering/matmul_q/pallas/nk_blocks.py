@@ -45,17 +45,17 @@ from jax import lax
 
 from hxmlir import block_layout, formats, targets
 from hxmlir.lowering.matmul_q.pallas.common import (
-    call_blocked,
-    check_backend,
-    empty_product,
-    linear_in_x,
-    grid_of,
-    padded_x,
-    round_up,
+  call_blocked,
+  check_backend,
+  empty_product,
+  grid_of,
+  linear_in_x,
+  padded_x,
+  round_up,
 )
 from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import (
-    matmul_q_nk_blocks_triton,
-    triton_block_n,
+  matmul_q_nk_blocks_triton,
+  triton_block_n,
 )
 
 BLOCKS_KERNEL_NAME = "hx_matmul_q_nk_blocks"

@@ -359,7 +359,8 @@ def test_direct_calls_are_differentiable_in_x_only(backend):
     x = rng.standard_normal((3, k)).astype(np.float32)
     c = rng.standard_normal((3, 24)).astype(np.float32)
     parts = hx.qarray_parts(w)
-    got = jax.grad(lambda x: jnp.sum(c * fn(x, *parts, backend=backend, interpret=True)))(x)
+    got = jax.grad(lambda x, c=c, fn=fn, parts=parts: jnp.sum(
+        c * fn(x, *parts, backend=backend, interpret=True)))(x)
     dense = np.asarray(hx.dequantize(w), np.float64)
     dense = dense if transposed else dense.T  # [n, k]
     want = c.astype(np.float64) @ dense
@@ -367,5 +368,6 @@ def test_direct_calls_are_differentiable_in_x_only(backend):
     assert_within(got, want, bound, f"{fn.__name__}: ")
     scale = parts[1].astype(jnp.float32)
     with pytest.raises(TypeError, match=f"{fn.__name__} is differentiable in x only"):
-      jax.grad(lambda s: jnp.sum(fn(x, parts[0], s.astype(parts[1].dtype), *parts[2:],
-                                    backend=backend, interpret=True)))(scale)
+      jax.grad(lambda s, x=x, fn=fn, parts=parts: jnp.sum(
+          fn(x, parts[0], s.astype(parts[1].dtype), *parts[2:], backend=backend,
+             interpret=True)))(scale)
