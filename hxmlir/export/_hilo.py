@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.hijax import HiType, ShapedArray, Zero
 
+from hxmlir.types import shardings as shd
 from hxmlir.types import typedesc
 from hxmlir.types.hiprim import HxPrimitive, is_hi, lo_types, register_to_lojax, zeros
 
@@ -139,7 +140,6 @@ class CallExported(HxPrimitive):
   def batch(self, axis_data, args, dims):
     """``NotImplementedError``: an artifact's shapes are fixed (as for ``jax.export``'s own
     ``call_exported``, which has no batching rule either)."""
-    from hxmlir.types import shardings as shd
     mapped = [f"argument {i} ({shd.short(ty)})"
               for i, (ty, d) in enumerate(zip(self.in_avals, dims)) if d is not None]
     raise NotImplementedError(

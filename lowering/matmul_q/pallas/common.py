@@ -10,6 +10,7 @@ row block and one output tile per program, and slice the result ``f32[B, mp, np]
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from hxmlir import formats
 
@@ -135,10 +137,8 @@ def linear_in_x(name: str, layout: str):
   ``jax.grad`` and ``jax.vjp`` the result is differentiable in ``x``, its tangent ``dx @ W``
   formed by XLA from the dense weight (a ``pallas_call`` has no transpose); a derivative
   with respect to the weight's components raises ``TypeError`` naming ``name`` (those go
-  through ``hx.matmul_q`` / ``hx.einsum`` on the quantized array)."""
-  import functools
-
-  from jax.custom_derivatives import SymbolicZero
+  through ``hx.matmul_q`` / ``hx.einsum`` on the quantized array). ``fn.__wrapped__`` is the
+  undecorated entry (for another entry that dispatches to it)."""
 
   def deco(fn):
     @functools.wraps(fn)
@@ -182,6 +182,29 @@ def empty_product(x, n: int):
   if x.size == 0 or n == 0:
     return jnp.zeros((*x.shape[:-1], n), jnp.float32)
   return None
+
+
+def table_lookup(v, table):
+  """``f32``: ``table[v]`` for small ints ``v`` (a chain of selects: Mosaic has no gather, and
+  a 16-entry table is cheaper so on Triton too); the non-linear 4-bit formats' values."""
+  out = jnp.zeros(v.shape, jnp.float32)
+  for i, t in enumerate(table):
+    out = jnp.where(v == i, jnp.float32(t), out)
+  return out
+
+
+def block_weight_operands(g: Grid, q, d, dmin):
+  """A block-format weight (``q: ui16[*b, n, k / B, W]``, ``d`` and ``dmin`` or ``None``:
+  ``f16[*b, n, k / B]``) as kernel operands and their block specs over :func:`call_blocked`'s
+  grid: the words ``ui16[nb, n, k / B * W]`` and ``d`` (``dmin``) widened to ``f32[nb, n, k /
+  B]``, ``g.block_n`` whole rows of each per program."""
+  from jax.experimental import pallas as pl  # imported late: it is slow to import
+  n, nblk, w = q.shape[-3:]
+  row = lambda bi, i, j: (bi, j, 0)  # noqa: E731
+  heads = [h.reshape(g.nb, n, nblk).astype(jnp.float32) for h in (d, dmin) if h is not None]
+  specs = [pl.BlockSpec((pl.squeezed, g.block_n, nblk * w), row)] + \
+      [pl.BlockSpec((pl.squeezed, g.block_n, nblk), row)] * len(heads)
+  return [q.reshape(g.nb, n, nblk * w), *heads], specs
 
 
 def padded_x(x, g: Grid):

@@ -182,7 +182,8 @@ def matmul_q_nk_pallas(x, q, s, o=None, *, backend: str, interpret: bool = False
                 for v in (x, q, s, o))
   block = formats.of_components(q.dtype, s.dtype, o is not None, q.shape)
   if block is not None and block.block:  # GGUF's block formats: their own kernel
-    return matmul_q_nk_blocks_pallas(x, q, s, o, backend=backend, interpret=interpret)
+    return matmul_q_nk_blocks_pallas.__wrapped__(x, q, s, o, backend=backend,
+                                                 interpret=interpret)
   f, group = _check_operands_nk(x, q, s, o)
   *batch, m, k = x.shape
   n = q.shape[-2]

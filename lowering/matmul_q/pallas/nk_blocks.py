@@ -45,6 +45,7 @@ from jax import lax
 
 from hxmlir import block_layout, formats, targets
 from hxmlir.lowering.matmul_q.pallas.common import (
+  block_weight_operands,
   call_blocked,
   check_backend,
   empty_product,
@@ -52,6 +53,7 @@ from hxmlir.lowering.matmul_q.pallas.common import (
   linear_in_x,
   padded_x,
   round_up,
+  table_lookup,
 )
 from hxmlir.lowering.matmul_q.pallas.nk_blocks_triton import (
   matmul_q_nk_blocks_triton,
@@ -161,14 +163,6 @@ def _factor(lo, hi, gather_ref, vec_ref, first: int, count: int, cs: int, cw: in
   return total
 
 
-def _lookup(v, table):
-  """``f32``: ``table[v]`` for small ints ``v`` (a chain of selects; Mosaic has no gather)."""
-  out = jnp.zeros(v.shape, jnp.float32)
-  for i, t in enumerate(table):
-    out = jnp.where(v == i, jnp.float32(t), out)
-  return out
-
-
 def _nt(a, b):
   """``a @ bᵀ`` in f32 at ``Precision.HIGHEST`` (``a: [m, c]``, ``b: [n, c]``)."""
   return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
@@ -214,7 +208,7 @@ def _kernel(*refs, name: str, nblk: int, cb: int, has_xs: bool, has_dmin: bool):
       sc_b = sc.astype(jnp.bfloat16)
     for p, plane in enumerate(planes(name)):
       bits = lax.shift_right_logical(words, plane.shift) & ((1 << plane.width) - 1)
-      val = _lookup(bits, lay.table) if lay.table else \
+      val = table_lookup(bits, lay.table) if lay.table else \
           bits.astype(jnp.float32) * float(plane.weight)
       if sc is not None:
         val = val * jnp.dot(sc_b, maps_ref[p, :cs, :cw], preferred_element_type=jnp.float32)
@@ -307,8 +301,8 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   if (empty := empty_product(x, q.shape[-3])) is not None:
     return empty
   if backend == "triton":
-    return matmul_q_nk_blocks_triton(x, q, d, dmin, name=f.name,
-                                                      interpret=interpret, block_n=block_n)
+    return matmul_q_nk_blocks_triton(x, q, d, dmin, name=f.name, interpret=interpret,
+                                     block_n=block_n)
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   name = f.name
   lay = block_layout.LAYOUTS[name]
@@ -325,16 +319,14 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   has_xs = bool(lay.minus or lay.mins or lay.offset_as_is)
   has_dmin = dmin is not None
   sq = pl.squeezed
-  row = lambda bi, i, j: (bi, j, 0)  # noqa: E731
   x_spec = pl.BlockSpec((sq, npl, block_m, nblk * w), lambda bi, i, j: (bi, 0, i, 0))
   operands, specs = [], []
   if has_xs:
     operands.append(x3.reshape(g.nb, g.mp, nblk * s, -1).sum(-1))
     specs.append(pl.BlockSpec((sq, block_m, nblk * s), lambda bi, i, j: (bi, i, 0)))
-  heads = [h.reshape(g.nb, n, nblk).astype(jnp.float32) for h in (d, dmin) if h is not None]
-  operands += [q.reshape(g.nb, n, nblk * w), *heads]
-  specs += [pl.BlockSpec((sq, g.block_n, nblk * w), row)] + \
-      [pl.BlockSpec((sq, g.block_n, nblk), row)] * len(heads)
+  weight, weight_specs = block_weight_operands(g, q, d, dmin)
+  operands += weight
+  specs += weight_specs
   tables = _tables(name, cb)
   for key in ("rep", "reps", "maps", "gather", "vec"):
     if key in tables:

@@ -35,7 +35,13 @@ import numpy as np
 from jax import lax
 
 from hxmlir import block_layout, targets
-from hxmlir.lowering.matmul_q.pallas.common import call_blocked, grid_of, padded_x
+from hxmlir.lowering.matmul_q.pallas.common import (
+  block_weight_operands,
+  call_blocked,
+  grid_of,
+  padded_x,
+  table_lookup,
+)
 
 BLOCKS_TRITON_KERNEL = targets.register_kernel(targets.TRITON, "hx_matmul_q_nk_blocks", 1,
                                                ("cuda", "rocm"), owner="hxmlir")
@@ -131,19 +137,14 @@ def _kernel(x_ref, q_ref, d_ref, *refs, name: str, n: int, nblk: int):
     for i, f in enumerate(lay.fields):
       v = bits(base, row("field", i, 0), row("field", i, 1)) & ((1 << f.width) - 1)
       q = q | lax.shift_left(v, jnp.int32(f.dest))
-    if lay.table:  # IQ4: the 16 non-linear values, a chain of selects
-      value = jnp.zeros((bn, B), jnp.int32)
-      for i, t in enumerate(lay.table):
-        value = jnp.where(q == i, jnp.int32(t), value)
-    else:
-      value = q - lay.minus
+    # IQ4: the 16 non-linear values; every value and product with sc is an exact f32 integer
+    value = table_lookup(q, lay.table) if lay.table else (q - lay.minus).astype(jnp.float32)
     if lay.scale:
       sc = factor("scale", len(lay.scale), base)
       if lay.signed_scale:
         sc = jnp.where(sc >= 128, sc - 256, sc)
-      value = value * (sc - lay.factor_minus)
-    d = d_ref[rows1, b][:, None]
-    w = value.astype(jnp.float32) * d
+      value = value * (sc - lay.factor_minus).astype(jnp.float32)
+    w = value * d_ref[rows1, b][:, None]
     if lay.mins:
       v = -factor("min", len(lay.mins), base)
       w = w + v.astype(jnp.float32) * dmin_ref[rows1, b][:, None]
@@ -175,16 +176,12 @@ def matmul_q_nk_blocks_triton(x, q, d, dmin, *, name: str, interpret: bool = Fal
   from jax.experimental import pallas as pl  # imported late: it is slow to import
   bn = triton_block_n(block_n)
   k = x.shape[-1]
-  n, nblk, w = q.shape[-3:]
+  n, nblk = q.shape[-3:-1]
   g = grid_of(x, n, (BLOCK_M, bn, k))
-  sq = pl.squeezed
-  row = lambda bi, i, j: (bi, j, 0)  # noqa: E731
-  heads = [h.reshape(g.nb, n, nblk).astype(jnp.float32) for h in (d, dmin) if h is not None]
   table = jnp.asarray(gather_table(name))
-  operands = [q.reshape(g.nb, n, nblk * w), *heads, table]
-  specs = ([pl.BlockSpec((sq, bn, nblk * w), row)]
-           + [pl.BlockSpec((sq, bn, nblk), row)] * len(heads)
-           + [pl.BlockSpec(table.shape, lambda bi, i, j: (0, 0))])
+  operands, specs = block_weight_operands(g, q, d, dmin)
+  operands.append(table)
+  specs.append(pl.BlockSpec(table.shape, lambda bi, i, j: (0, 0)))
   kernel = functools.partial(_kernel, name=name, n=n, nblk=nblk)
   return call_blocked(kernel, g, padded_x(x, g), operands, specs, backend="triton",
                       interpret=interpret, name=BLOCKS_TRITON_KERNEL.ir_name)
