@@ -53,8 +53,9 @@
 // chunk's 16 sc_s and 16 mn_s slots, each slot's correction -128 Sum q (panels with VNNI),
 // the row's d and dmin as f32). The GEMV (x of at most kI8xbGemvRows rows) takes one row
 // at a time: its factors into the scratch, its integers decoded in registers 64 at a time
-// (the format's Step) as the dot products take them (but a partial last chunk's, from the
-// scratch), the weight's bytes prefetched 12 KiB ahead a chunk at a time; per chunk and row
+// (the format's StepU with AVX-512 VNNI, u = q + kBias against the lanes' correction
+// -kBias Sum qx; Step elsewhere) as the dot products take them (but a partial last
+// chunk's, from the scratch), the weight's bytes prefetched 12 KiB ahead a chunk at a time; per chunk and row
 // of x, the 16 c_s are one product of vectors, spread to each step's lanes by a permute.
 // The panels (more rows, a GEMM computed as y^T = W x^T): x's rows in groups of 16 (one per
 // lane), quantized then transposed so that step L of a group (elements 4L .. 4L + 3 of its
@@ -84,7 +85,7 @@ constexpr int64_t kI8xbPanelRows = 16;    // rows of x per panel (one per int32 
 struct I8xBlockProblem {
   // x, quantized (quantize, below): per row of x, nc chunks
   int8_t* qx;       // s8[m, nc, 256]: qx (0 past k)
-  int32_t* corr;    // s32[m, nc, 64]: -128 * the sum of each lane's 4 qx
+  int32_t* corr;    // s32[m, nc, 64]: -kBias (W's format) * the sum of each lane's 4 qx
   float* sxs;       // f32[m, nc, 16]: s_x of each sub-block (kSub elements; 0 past k)
   float* sq;        // f32[m, nc, 16]: Sq of each sub-block (exact)
   // the panels (m > kI8xbGemvRows; null for the GEMV): mv = ceil(m / 16) groups of 16 rows

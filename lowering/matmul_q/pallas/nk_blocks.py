@@ -30,7 +30,10 @@ sliced away.
 Seen on a TPU v5e with jax 0.10.2 (0.8.5, ``benchmarks/matmul_q_blocks_pallas.py``): Mosaic
 compiled the kernel for every format, and it matched float64 within 7e-8 of ``|x|·|W|``. It
 took 0.5-5x the time of XLA's own decode and dot, per format and shape. So the lowering rules
-keep the reference decomposition for block weights, and this kernel is a direct call.
+keep the reference decomposition for block weights, and this kernel is a direct call. Again in
+0.8.7, at ``m`` up to 256: Q5_0 and Q5_1 with more than one tile of rows ran out of Mosaic's
+scoped VMEM at the tiles of 0.8.6 (:func:`default_block_n`, :data:`XP_BYTES`); at the smaller
+tiles every format compiled and matched float64 within 8e-8 of ``|x|·|W|``.
 """
 
 from __future__ import annotations
@@ -69,9 +72,22 @@ BLOCKS_MOSAIC_TPU_KERNEL = targets.register_kernel(
 CHUNK_WORDS = 512
 """Words of a weight row that one chunk of the kernel decodes at a time (whole blocks)."""
 BLOCK_N = 256
-"""Weight rows (output columns) per program."""
-XP_BYTES = 4 << 20
-"""The most VMEM the permuted ``x`` block takes (it bounds ``block_m``)."""
+"""Weight rows (output columns) per program (:func:`default_block_n`)."""
+XP_BYTES = 2 << 20
+"""The most VMEM the permuted ``x`` block takes (it bounds ``block_m``). On a TPU v5e (0.8.7),
+4 MiB let Q5_0 at ``m = 64``, ``k = 4096`` take ``block_m = 40``, and Mosaic needed 39.75 MiB of
+its 16 MiB of scoped VMEM; with 2 MiB every other format compiled at ``m = 64``."""
+
+
+def default_block_n(name: str) -> int:
+  """Weight rows per program when the caller gives none: :data:`BLOCK_N`, or 128 for Q5_0 and
+  Q5_1, whose chunks hold the most blocks (51 of 32 elements) over the most bit planes (20).
+
+  On a TPU v5e (0.8.7), Q5_0 at ``k = 4096`` with ``block_m = 16`` and two or more tiles of
+  rows needed 18.3 MiB of the 16 MiB of scoped VMEM at ``block_n = 256``, and compiled at 128.
+  """
+  lay = block_layout.LAYOUTS[name]
+  return 128 if lay.block == 32 and len(planes(name)) > 4 else BLOCK_N
 
 
 @dataclass(frozen=True)
@@ -283,7 +299,7 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   Kernel ``hx_matmul_q_nk_blocks_v1`` (:data:`BLOCKS_MOSAIC_TPU_KERNEL`, and
   ``BLOCKS_TRITON_KERNEL`` with operands of its own). ``interpret`` runs it in Pallas'
   interpreter (any machine); ``block_n``: weight rows per program (default
-  :data:`BLOCK_N` on Mosaic, ``nk_blocks_triton.BLOCK_N`` on Triton). Raises ``TypeError``
+  :func:`default_block_n` on Mosaic, ``nk_blocks_triton.BLOCK_N`` on Triton). Raises ``TypeError``
   naming the operand types when they are not these, and ``ValueError`` for an unknown
   backend, a Triton ``block_n`` that is not a power of two >= 16, or a Mosaic one that is
   neither a multiple of 128 nor at least ``n``. An empty product (a zero among ``*b``,
@@ -314,7 +330,7 @@ def matmul_q_nk_blocks_pallas(x, q, d, dmin=None, *, backend: str = "mosaic_tpu"
   block_m = min(round_up(max(m, 1), 8),
                 max(8, XP_BYTES // (4 * npl * nblk * w) // 8 * 8))
   # whole rows of the weight (block_k = k), block_n of them (or all n)
-  g = grid_of(x, n, (block_m, min(n, block_n or BLOCK_N), k))
+  g = grid_of(x, n, (block_m, min(n, block_n or default_block_n(name)), k))
   x3 = padded_x(x, g)
   has_xs = bool(lay.minus or lay.mins or lay.offset_as_is)
   has_dmin = dmin is not None
