@@ -50,7 +50,7 @@ def _nibbles(qs, order: str):
   block) or per ``len`` bytes (``"all"``), the low nibbles then the high ones."""
   if order == "all":
     return _bits(qs, [0, 4], 0xF).reshape(*qs.shape[:-1], 2 * qs.shape[-1])
-  c = qs.reshape(*qs.shape[:-1], -1, 16)
+  c = qs.reshape(*qs.shape[:-1], qs.shape[-1] // 16, 16)
   return _bits(c, [0, 4], 0xF).reshape(*qs.shape[:-1], 2 * qs.shape[-1])
 
 
@@ -70,7 +70,8 @@ def _per(factor, values, sub: int):
   in f32 (small integers: exact)."""
   f = factor.astype(jnp.float32)
   v = values.astype(jnp.float32)
-  return (v.reshape(*v.shape[:-1], -1, sub) * f[..., None]).reshape(v.shape)
+  # the sub-block count spelled out: a -1 cannot be resolved on an empty array
+  return (v.reshape(*v.shape[:-1], v.shape[-1] // sub, sub) * f[..., None]).reshape(v.shape)
 
 
 def _flat(x):

@@ -380,6 +380,18 @@ def group_of(shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
           "or with n // g there (per group of g)")
 
 
+def group_of_stored(fmt: Format, q_shape: Sequence[int], s_shape: Sequence[int]) -> int | None | str:
+  """:func:`group_of` for values stored as ``fmt`` in ``q_shape`` and scales of ``s_shape``:
+  a block format's group is its block, one ``d`` per block (``f16[*l, n, k/B]`` for words
+  ``ui16[*l, n, k/B, W]``), also where a row holds no block (k = 0)."""
+  if fmt.block:
+    if tuple(s_shape) == tuple(q_shape[:-1]):
+      return fmt.block
+    return (f"{fmt.name}'s d must have one element per block: the words' shape without its "
+            f"last axis ({list(q_shape[:-1])})")
+  return group_of(fmt.dense_shape(q_shape), s_shape)
+
+
 def check(fmt: Format, shape: Sequence[int], group: int | None) -> str | None:
   """Why dense ``shape`` cannot hold format ``fmt`` with ``group``, else ``None``."""
   n = shape[-1] if shape else 0
@@ -393,6 +405,9 @@ def check(fmt: Format, shape: Sequence[int], group: int | None) -> str | None:
   if group is not None:
     if not isinstance(group, (int, np.integer)) or isinstance(group, bool) or group < 1:
       return f"group_size must be a positive int or None, got {group!r}"
+    if n == 0:  # no group to read the size back from (make_qarray of the components)
+      return (f"the last axis is empty: it holds no group of {group}; quantize it per row "
+              "(group_size=None)")
     if n % group:
       return f"the last axis ({n}) is not a multiple of the group size {group}"
     if group % fmt.pack:
@@ -486,8 +501,8 @@ def decode(q, s, o=None):
                     f"{s.dtype}{' and offsets' if o is not None else ''}")
   if f.block:  # x = u * d + v * dmin per block: each product exact or rounded once
     u, v = block_decode.units(q, f.name)
-    y = apply_scale(u, s.astype(jnp.float32))
-    return y if o is None else y + apply_scale(v, o.astype(jnp.float32))
+    y = scale_groups(u, s.astype(jnp.float32), f.block)
+    return y if o is None else y + scale_groups(v, o.astype(jnp.float32), f.block)
   v, s = values_f32(q, f), s.astype(jnp.float32)
   y = apply_scale(v, s)
   if o is None:
@@ -535,7 +550,7 @@ def split_groups(x, group_size: int | None):
 def merge_groups(x, group_size: int | None):
   """:func:`split_groups`' inverse: ``x: [*lead, n // g, g]`` as ``[*lead, n]`` (unchanged
   for ``group_size=None``)."""
-  return x if group_size is None else x.reshape(*x.shape[:-2], -1)
+  return x if group_size is None else x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
 
 
 def as_groups(s, dense_shape: Sequence[int]):
@@ -547,15 +562,25 @@ def as_groups(s, dense_shape: Sequence[int]):
 
 def group_of_scale(dense_shape: Sequence[int], s) -> int | None:
   """The group size of scales ``s`` (an array or aval) for values of ``dense_shape``
-  (``None``: per row). The shapes must already agree (:func:`group_of`)."""
-  return None if s.ndim == len(dense_shape) - 1 else dense_shape[-1] // s.shape[-1]
+  (``None``: per row). The shapes must already agree (:func:`group_of`). An empty last
+  axis holds no group, and its size cannot be read: 1 then (every reshape into groups
+  takes it; a block format's weight with no block per row, k = 0)."""
+  if s.ndim == len(dense_shape) - 1:
+    return None
+  return dense_shape[-1] // s.shape[-1] if s.shape[-1] else 1
 
 
 def apply_scale(qf, s):
   """``qf: f32[*lead, n]`` times its scales ``s`` (``f32[*lead]`` per row, or
   ``f32[*lead, n // g]`` per group): the dense value."""
-  g = group_of_scale(qf.shape, s)
-  return (split_groups(qf, g) * s[..., None]).reshape(qf.shape)
+  return scale_groups(qf, s, group_of_scale(qf.shape, s))
+
+
+def scale_groups(qf, s, group: int | None):
+  """``qf: f32[*lead, n]`` times scales ``s`` per group of ``group`` (``None``: per row),
+  the group given (:func:`apply_scale` reads it off the shapes, which an empty last axis
+  cannot tell)."""
+  return (split_groups(qf, group) * s[..., None]).reshape(qf.shape)
 
 
 def sum_per_scale(t, group: int | None):

@@ -233,7 +233,7 @@ def _matmul_symmetric(x, qf, s, dims):
   """
   if s.ndim == qf.ndim - 1:
     return _matmul_rows(x, qf, s, dims)
-  g = qf.shape[-1] // s.shape[-1]
+  g = formats.group_of_scale(qf.shape, s)
   plan = dotdims.split_groups(x.ndim, qf.ndim, dims)
   if plan is None:
     raise TypeError(f"hx.matmul_q: the group scales of {list(qf.shape)} (g={g}) cannot be "

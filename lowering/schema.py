@@ -198,7 +198,7 @@ def quantized_format(q: TensorType, s: TensorType, o: TensorType | None = None):
     return (f"quantized values must be i8[..., n], got {q} (formats: "
             f"{formats.components_text('...')})")
   dense = f.dense_shape(q.shape)
-  group = formats.group_of(dense, s.shape)
+  group = formats.group_of_stored(f, q.shape, s.shape)
   if isinstance(group, str):
     return (f"scale shape must be the value shape without its last axis: values {q}, "
             f"scale {s} (per group of g: with n // g last; dense shape {list(dense)})")

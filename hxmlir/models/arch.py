@@ -214,6 +214,9 @@ class UnsupportedModelError(GGUFError):
 def check_architecture(arch: Any, path: str) -> Family:
   """The :class:`Family` of ``arch``; :class:`UnsupportedModelError` naming the file, the
   architecture and the supported ones otherwise."""
+  if arch is None:
+    raise UnsupportedModelError(f"{path}: the file has no general.architecture, so hxmlir's "
+                                f"decoder cannot run it (supported: {', '.join(ARCHITECTURES)})")
   if arch not in FAMILIES:
     raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported by hxmlir's "
                     f"decoder (supported: {', '.join(ARCHITECTURES)})")

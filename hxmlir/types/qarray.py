@@ -137,7 +137,10 @@ def make_qarray(qvalue, scale, offset=None) -> QArray:
   ``offset`` (the scale's type, f32 or f16; formats of :mod:`hxmlir.formats` with an
   offset, ``u4o``: ``qvalue: ui8[*l, n // 2]`` uint4 pairs) makes
   ``qvalue * scale + offset``; f16 scales make ``q8[*l, n:g32,f16]`` and the like
-  (GGUF's blocks, :mod:`hxmlir.gguf`).
+  (GGUF's blocks, :mod:`hxmlir.gguf`). GGUF's block formats take a block's bytes as
+  little-endian words, ``qvalue: u16[*l, n, k // B, W]``, with ``scale`` its ``d:
+  f16[*l, n, k // B]`` (and ``offset`` its ``dmin`` where the format has one); ``W`` names
+  the format (70 words: ``q4_k[*l, n, k]``; :data:`hxmlir.formats.BLOCK_FORMATS`).
 
   Stands for ``qvalue * scale[..., None]``; nothing is computed or checked
   beyond the types (the values are taken as they are, ``-128`` included). Use it

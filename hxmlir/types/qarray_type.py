@@ -414,7 +414,7 @@ def _format_of(q_aval, s_aval, o_aval=None) -> tuple[formats.Format, int | None]
   fmt = formats.of_components(q_aval.dtype, s_aval.dtype, o_aval is not None, q_aval.shape)
   if fmt is None:
     return None
-  group = formats.group_of(fmt.dense_shape(q_aval.shape), s_aval.shape)
+  group = formats.group_of_stored(fmt, q_aval.shape, s_aval.shape)
   return None if isinstance(group, str) else (fmt, group)
 
 

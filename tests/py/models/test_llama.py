@@ -338,6 +338,16 @@ def test_cli_generate_chat_streams_the_models_tokens(model, capsys):
                       r"96,576,768, KV cache bytes 5,898,240\n", err), err
 
 
+def test_no_architecture_says_so():
+  # a file without general.architecture (inspect prints "architecture ?"): the decoder's
+  # error says what is missing, not "architecture None"
+  from hxmlir.models import arch
+  with pytest.raises(llama.UnsupportedModelError,
+                     match=r"^f\.gguf: the file has no general\.architecture, so hxmlir's "
+                           r"decoder cannot run it \(supported: llama, "):
+    arch.check_architecture(None, "f.gguf")
+
+
 def test_cli_generate_other_architecture_is_one_line(tmp_path, capsys):
   from hxmlir.tools import cli
   path = _write_arch(tmp_path / "q.gguf", "mamba")

@@ -16,6 +16,7 @@ import pytest
 from numerics import assert_matmul_close, assert_within, dot_bound, elementwise_bound
 
 import hxmlir as hx
+from hxmlir import formats
 
 
 def np_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -248,6 +249,52 @@ def test_matmul_q_with_empty_axes_matches_numpy(xshape, wshape, jit):
   assert y.shape == want.shape and y.dtype == np.float32
   np.testing.assert_array_equal(y, want)
   assert not want.size or not want.any()  # the cases above are all zeros or empty
+
+
+# (dense shape, words' shape without W): no rows, no block per row (k = 0), an empty batch
+_EMPTY_BLOCKS = [((0, None), (0, 1)), ((3, 0), (3, 0)), ((0, 2, None), (0, 2, 1)),
+                 ((2, 0, 0), (2, 0, 0))]
+
+
+@pytest.mark.parametrize("name", [f.name for f in formats.BLOCK_FORMATS])
+@pytest.mark.parametrize("dense, lead", _EMPTY_BLOCKS)
+def test_block_formats_with_empty_axes(name, dense, lead):
+  # a block format's group is its block, also where no block is stored: every path gives
+  # the empty or all-zero result (the 256-element formats raised ZeroDivisionError reading
+  # the group off the empty shapes, the 32-element ones did not)
+  f = formats.FORMATS[name]
+  w = hx.make_qarray(jnp.zeros((*lead, f.block_words), jnp.uint16),
+                     *[jnp.zeros(lead, jnp.float16)] * (2 if f.offset else 1))
+  dense = tuple(lead[-1] * f.block if d is None else d for d in dense)
+  assert jax.typeof(w).shape == dense and jax.typeof(w).group == f.block
+  assert hx.dequantize(w).shape == dense
+  x = jnp.ones((2, dense[-1]), jnp.float32)
+  want = np.zeros((*dense[:-2], 2, dense[-2]), np.float32)
+  ys = [hx.einsum("mk,...nk->...mn", x, w)]
+  for kw in ({}, {"activations": "int8"}):
+    with hx.installed(**kw):
+      ys.append(jax.jit(lambda x, w: hx.einsum("mk,...nk->...mn", x, w))(x, w))
+  for y in ys:
+    np.testing.assert_array_equal(np.asarray(y), want)
+  if len(lead) == 2 and lead[-1]:
+    w3 = hx.make_qarray(jnp.zeros((3, *lead[1:], f.block_words), jnp.uint16),
+                        *[jnp.zeros((3, *lead[1:]), jnp.float16)] * (2 if f.offset else 1))
+    rows = hx.take_rows(w3, jnp.zeros((0,), jnp.int32))  # the dense rows of no ids
+    assert (rows.shape, rows.dtype) == ((0, dense[-1]), jnp.float32)
+
+
+def test_no_group_in_an_empty_axis():
+  # group scales need a group to exist: the type could not be read back from its parts
+  for dtype, method in ((jnp.int4, "absmax"), (jnp.uint4, "minmax"), (jnp.int8, "absmax")):
+    with pytest.raises(TypeError, match=re.escape(
+        "the last axis is empty: it holds no group of 32; quantize it per row (group_size=None)")):
+      hx.quantize(jnp.zeros((4, 0)), dtype, group_size=32, method=method)
+  assert str(jax.typeof(hx.quantize(jnp.zeros((4, 0)), jnp.int4))) == "q4[4,0]"
+  with pytest.raises(TypeError, match=re.escape(
+      "u16[2,0,70], f16[2,1], f16[2,1] are not a block format's components: "
+      "q4_k takes d and dmin f16[2,0]")):
+    hx.make_qarray(jnp.zeros((2, 0, 70), jnp.uint16), jnp.zeros((2, 1), jnp.float16),
+                   jnp.zeros((2, 1), jnp.float16))
 
 
 def test_values_clip_to_127_never_minus_128():
