@@ -23,6 +23,7 @@
 #include <sched.h>
 #endif
 
+#include "thread_buffer.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace hxmlir {
@@ -112,18 +113,10 @@ inline void AddPartialSums(float* y, const float* partial, int64_t nb, int64_t c
 // thread runs the block.
 enum ThreadBufferSlot { kXs, kPartial, kScratch, kThreadBufferSlots };
 
-// Each starts on a cache line (64 bytes): a std::vector's data is only 16-byte aligned
-// (an mmap'd one 16 bytes past a page), and the integer kernels' 64-byte loads of x then
-// each span two lines (_i8x_v2's GEMV, weight in L2, one thread: Q5_0 1.14x, Q4_K 1.10x
-// once x's buffers were aligned).
+// Each starts on a cache line (AlignedFloats).
 inline float* ThreadBuffer(ThreadBufferSlot slot, int64_t floats) {
-  constexpr int64_t kAlign = 64 / sizeof(float);
   thread_local std::vector<float> buffers[kThreadBufferSlots];
-  std::vector<float>& b = buffers[slot];
-  if (b.size() < static_cast<size_t>(floats + kAlign))
-    b.resize(static_cast<size_t>(floats + kAlign));
-  const uintptr_t a = reinterpret_cast<uintptr_t>(b.data());
-  return reinterpret_cast<float*>((a + 63) & ~uintptr_t{63});
+  return AlignedFloats(buffers[slot], floats);
 }
 
 // Writes x: f32[m, k] (times s: f32[k] along k, where s is not null) into out in

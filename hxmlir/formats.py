@@ -501,8 +501,8 @@ def decode(q, s, o=None):
                     f"{s.dtype}{' and offsets' if o is not None else ''}")
   if f.block:  # x = u * d + v * dmin per block: each product exact or rounded once
     u, v = block_decode.units(q, f.name)
-    y = scale_groups(u, s.astype(jnp.float32), f.block)
-    return y if o is None else y + scale_groups(v, o.astype(jnp.float32), f.block)
+    y = apply_scale(u, s.astype(jnp.float32))
+    return y if o is None else y + apply_scale(v, o.astype(jnp.float32))
   v, s = values_f32(q, f), s.astype(jnp.float32)
   y = apply_scale(v, s)
   if o is None:
@@ -573,14 +573,8 @@ def group_of_scale(dense_shape: Sequence[int], s) -> int | None:
 def apply_scale(qf, s):
   """``qf: f32[*lead, n]`` times its scales ``s`` (``f32[*lead]`` per row, or
   ``f32[*lead, n // g]`` per group): the dense value."""
-  return scale_groups(qf, s, group_of_scale(qf.shape, s))
-
-
-def scale_groups(qf, s, group: int | None):
-  """``qf: f32[*lead, n]`` times scales ``s`` per group of ``group`` (``None``: per row),
-  the group given (:func:`apply_scale` reads it off the shapes, which an empty last axis
-  cannot tell)."""
-  return (split_groups(qf, group) * s[..., None]).reshape(qf.shape)
+  g = group_of_scale(qf.shape, s)
+  return (split_groups(qf, g) * s[..., None]).reshape(qf.shape)
 
 
 def sum_per_scale(t, group: int | None):
