@@ -17,7 +17,11 @@ with every length and count bounded by the bytes the file has, and checks:
   :data:`MAX_DIMS` dimensions, a known type id, a first dimension that is a whole number
   of its type's blocks and none 0, each tensor's bytes (its type's block bytes times its shape:
   ``gguf.GGML_QUANT_SIZES``) at an offset that is a multiple of the alignment, inside the
-  data section and not overlapping another tensor's.
+  data section and not overlapping another tensor's; the padding before the data section
+  all zero bytes and no bytes after the last tensor's padded end (GGUF writers, llama.cpp's
+  and the ``gguf`` package's, write both so: a header whose tensor count leaves tensors out
+  would otherwise read its last records as padding and every tensor's bytes from the wrong
+  offset).
 
 Problems come back as one :class:`hxmlir.gguf.GGUFError` whose message has one line per
 problem (at most :data:`MAX_LINES`), each naming the file, the key or tensor, and what was
@@ -228,6 +232,11 @@ def _check(buf) -> list[str]:
       raise _Stop(f"metadata key 'general.alignment' is {align}: expected a power of two")
   tensors = [_tensor_info(w, i) for i in range(n_tensors)]
   start = -(-w.at // align) * align  # the data section: after the header, aligned
+  if any(bytes(buf[w.at:min(start, len(buf))])):
+    problems.append(f"the {start - w.at} bytes between the tensor table's end (offset "
+                    f"{w.at:,}) and the data section (offset {start:,}) are not all zero: "
+                    f"expected GGUF's zero padding (does the header's count of {n_tensors:,} "
+                    "tensors leave some out?)")
   problems += _check_tensors(tensors, start, len(buf), align)
   return problems
 
@@ -367,6 +376,14 @@ def _check_tensors(tensors: list[_Tensor], start: int, size: int, align: int) ->
     if nbytes:
       spans.append((t.offset, t.offset + nbytes, t.name, shape))
   spans.sort()
+  end = max((a1 for _, a1, _, _ in spans), default=0)
+  padded = -(-end // align) * align
+  if spans and not problems and data > padded:
+    extra = data - padded
+    problems.append(f"the file has {extra:,} byte{'s' * (extra != 1)} after its last tensor's "
+                    f"data (data "
+                    f"offset {end:,}, padded to {padded:,}): expected it to end there (does "
+                    f"the header's count of {len(tensors):,} tensors leave some out?)")
   for (a0, a1, an, ashape), (b0, _, bn, _) in zip(spans, spans[1:]):
     if a1 > b0:
       problems.append(f"tensor {an!r} ({ashape}, {a1 - a0:,} bytes from data offset "

@@ -283,3 +283,55 @@ def test_the_cli_prints_one_line_per_problem(small, capsys):
                       f"starts at data offset {off + 4:,}: expected a multiple of the alignment "
                       "32"), lines[0]
   assert lines[1].startswith(f"hxmlir inspect: error: GGUFError: {bad}: tensor 't.F32' "), err
+
+
+def test_a_tensor_count_that_leaves_tensors_out(small):
+  # the records past the count were read as padding and every tensor's bytes from an
+  # offset too early: silently wrong weights. Each count short of the table is an error.
+  path, data, patched = small
+  (n,) = struct.unpack_from("<Q", data, 8)
+  assert n >= 4
+  for short in range(1, n):
+    bad = patched(8, struct.pack("<Q", n - short))
+    with pytest.raises(hg.GGUFError, match=rf"does the header's count of {n - short} tensors "
+                       r"leave some out\?\)$"):
+      hg.load(bad)
+
+
+def _table_and_data_ends(path) -> tuple[int, int]:
+  """The file offsets where the tensor table and the last tensor's bytes end (the ``gguf``
+  package's reader)."""
+  r = gguf.GGUFReader(os.fspath(path))
+  base = r.data.__array_interface__["data"][0]
+  last = r.tensors[-1].field.parts[-1]
+  table = last.__array_interface__["data"][0] - base + last.nbytes
+  return table, max(t.data_offset + t.n_bytes for t in r.tensors)
+
+
+def test_padding_before_the_data_section_must_be_zero(small):
+  path, _, patched = small
+  end, _ = _table_and_data_ends(path)
+  start = -(-end // 32) * 32
+  assert start > end, "the writer put no padding before the data section"
+  bad = patched(start - 1, b"\x01")
+  with pytest.raises(hg.GGUFError, match=rf"^{bad}: the {start - end} bytes between the tensor "
+                     rf"table's end \(offset {end:,}\) and the data section \(offset "
+                     rf"{start:,}\) are not all zero: expected GGUF's zero padding"):
+    hg.load(bad)
+
+
+def test_bytes_after_the_last_tensor(small, tmp_path):
+  path, data, _ = small
+  _, last = _table_and_data_ends(path)
+  assert len(data) == -(-last // 32) * 32  # the writer pads the last tensor too
+  for extra in (1, 32, 4096):
+    bad = tmp_path / f"extra{extra}.gguf"
+    bad.write_bytes(data + b"\0" * extra)
+    with pytest.raises(hg.GGUFError, match=rf"^{bad}: the file has {extra:,} bytes? after its "
+                       r"last tensor's data \(data offset [\d,]+, padded to [\d,]+\): expected "
+                       r"it to end there"):
+      hg.load(bad)
+  # the last tensor's padding may be left off: its bytes end the file
+  cut = tmp_path / "unpadded.gguf"
+  cut.write_bytes(data[:last])
+  gguf_check.check_file(cut)
