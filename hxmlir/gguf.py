@@ -257,7 +257,11 @@ def tensor_parts(data: np.ndarray, kind: str, shape: tuple[int, ...], where: str
   ``uint8[rows, row bytes]`` for block types), GGUF type name ``kind`` and NumPy ``shape``
   -> an array (:data:`DENSE` types, BF16) or ``(values, f16 scale[, f16 offset])`` of the format in
   :data:`_FORMATS` with groups of 32 along the last axis. ``where`` names the tensor in
-  errors (:class:`GGUFError`)."""
+  errors (:class:`GGUFError`: a type outside :data:`SUPPORTED`, or bytes that do not hold
+  ``shape``)."""
+  if kind not in SUPPORTED:
+    raise GGUFError(f"{where}: GGUF type {kind!r} is not one hxmlir holds; supported: "
+                    f"{', '.join(SUPPORTED)}")
   if kind in DENSE:
     return np.asarray(data).view(DENSE[kind]).reshape(shape)
   if kind == "BF16":

@@ -154,6 +154,15 @@ def test_nibble_repacking_against_known_blocks():
   np.testing.assert_array_equal(np.asarray(hx.dequantize(hx.make_qarray(v0, s0))), -8.0)
 
 
+@pytest.mark.parametrize("kind", ["IQ2_XXS", "TQ1_0", "MXFP4", "q4_k", "", "Q4_K_M"])
+def test_tensor_parts_of_a_type_it_does_not_hold_names_it(kind):
+  # a type outside SUPPORTED (a grid codebook, a ternary or MX format, a lower-case or file
+  # type name) is a GGUFError naming the type and the list, not a KeyError from a table
+  with pytest.raises(hg.GGUFError, match=rf"^w: GGUF type {kind!r} is not one hxmlir holds; "
+                     r"supported: F32, F16, BF16, .*, IQ4_XS$"):
+    hg.tensor_parts(np.zeros((4, 66), np.uint8), kind, (4, 256), where="w")
+
+
 def test_unsupported_type_is_a_clear_error_or_f32_when_asked(tmp_path):
   path = _write(tmp_path / "u.gguf", ["Q4_0", "IQ2_XXS"], shape=(8, 256))
   with pytest.raises(hg.GGUFError, match=r"tensor 'IQ2_XXS' has GGUF type IQ2_XXS, which hxmlir "
