@@ -13,6 +13,7 @@ data (``--seed``). Progress goes to stderr (tqdm: loss, tokens/s); the adapters 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -66,15 +67,36 @@ def add_generate_args(g) -> None:
   g.add_argument("--merge", action="store_true", help="not supported (the error says why)")
 
 
-def apply_generate_args(model, args) -> None:
-  """Applies ``--lora`` to ``model``; refuses ``--merge`` with the reason. Raises
-  :class:`hxmlir.models.lora.AdapterError` for an adapter file that does not fit."""
+TRAIN_MODULES = ("optax", "safetensors", "tqdm")
+"""What ``hxmlir finetune`` imports beyond hxmlir's own dependencies: the ``train`` extra."""
+
+
+def require_train_extra(what: str, modules: tuple[str, ...] = TRAIN_MODULES) -> None:
+  """Raises ``ModuleNotFoundError`` naming ``what`` (the command or option), the missing
+  ``modules`` and the install command, before any model loads."""
+  missing = [m for m in modules if importlib.util.find_spec(m) is None]
+  if missing:
+    raise ModuleNotFoundError(f"{what} needs {', '.join(missing)}, not installed (hxmlir's "
+                              "'train' extra): pip install 'hxmlir[train]'")
+
+
+def check_generate_args(args) -> None:
+  """``hxmlir generate``'s ``--merge`` (refused, with the reason: ``ValueError``) and
+  ``--lora`` (its module: :func:`require_train_extra`), checked before the model loads."""
   if getattr(args, "merge", False):
     raise ValueError(
         "--merge is not supported: merging writes W + (alpha/r)·B·A back into the file's "
         "quantized formats, and re-quantizing rounds away most of a small adapter update "
         "(a Q4 step is larger than typical LoRA deltas); use --lora, which applies the "
         "adapters beside the unchanged weights")
+  if getattr(args, "lora", None):
+    require_train_extra("--lora", ("safetensors",))
+
+
+def apply_generate_args(model, args) -> None:
+  """Applies ``--lora`` to ``model`` (:func:`check_generate_args` first). Raises
+  :class:`hxmlir.models.lora.AdapterError` for an adapter file that does not fit."""
+  check_generate_args(args)
   if getattr(args, "lora", None):
     from hxmlir.models import lora
     adapters, spec = lora.load(args.lora, model)
@@ -160,6 +182,7 @@ def run(args, err=None) -> int:
   """Runs ``hxmlir finetune`` with parsed ``args``: the adapters to ``--out``, a summary line
   to ``err`` (stderr: a status line, never stdout's, as docs/cli.md says)."""
   err = err or sys.stderr
+  require_train_extra("hxmlir finetune")
   if not os.path.exists(args.data):
     raise FileNotFoundError(f"--data {args.data}: no such file")
   from hxmlir.models import from_gguf, lora

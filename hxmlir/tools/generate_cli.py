@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any
 
+from hxmlir.tools.cli_common import positive_arg
+
 MODELS = ("smollm2", "gemma3")
 
 
@@ -55,7 +57,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
   g.add_argument("--top-k", type=int, default=None, metavar="K")
   g.add_argument("--top-p", type=float, default=None, metavar="P")
   g.add_argument("--seed", type=int, default=0, metavar="S")
-  g.add_argument("--max-context", type=int, default=2048, metavar="C",
+  g.add_argument("--max-context", type=positive_arg, default=2048, metavar="C",
                  help="KV cache positions (default 2048)")
   g.add_argument("--no-kernels", action="store_true",
                  help="run hx.matmul_q's reference decompositions instead of hxmlir's "
@@ -176,7 +178,7 @@ def check_prompt_length(m, n: int, max_tokens: int, what: str = "the prompt") ->
   if n >= m.max_context:
     limit = m.config.context_length
     raise UsageError(
-        f"{what} has {n} tokens and --max-context is {m.max_context} (KV cache "
+        f"{what} has {n} token{'s' * (n != 1)} and --max-context is {m.max_context} (KV cache "
         f"positions; {m.path} allows up to {limit}): "
         + (f"give --max-context {min(limit, n + max_tokens)} or a shorter prompt"
            if n < limit else "give a shorter prompt"))
@@ -201,6 +203,8 @@ def run(args, out=None, err=None) -> int:
   as_json = getattr(args, "json", False)
   check_sampling_options(args)  # before the model loads
   check_options(args)
+  from hxmlir.tools.finetune_cli import check_generate_args
+  check_generate_args(args)
   batch = read_batch(args.batch) if getattr(args, "batch", None) is not None else None
   path = llama.PACKAGED[args.model][1]() if args.model else args.gguf
   try:

@@ -210,3 +210,49 @@ def test_chat_template_errors_say_they_come_from_the_files_template(
   assert rc == 1 and out == ""
   assert err == (f"hxmlir generate: error: ChatTemplateError: --chat: {cli_model.path}'s chat "
                  f"template (tokenizer.chat_template){what}\n"), err
+
+
+@pytest.mark.parametrize("n, max_context, words", [
+    (1, 1, "the prompt has 1 token and --max-context is 1"),
+    (2, 2, "the prompt has 2 tokens and --max-context is 2"),  # no position past it
+    (3, 2, "the prompt has 3 tokens and --max-context is 2"),
+])
+def test_a_prompt_that_fills_the_cache_is_refused_in_words(n, max_context, words):
+  from types import SimpleNamespace
+  m = SimpleNamespace(max_context=max_context, path="F.gguf",
+                      config=SimpleNamespace(context_length=8192))
+  with pytest.raises(generate_cli.UsageError) as e:
+    generate_cli.check_prompt_length(m, n, 5)
+  assert str(e.value) == (f"{words} (KV cache positions; F.gguf allows up to 8192): give "
+                          f"--max-context {n + 5} or a shorter prompt")
+  generate_cli.check_prompt_length(m, max_context - 1, 5)  # one position left: accepted
+
+
+@pytest.mark.parametrize("argv, words", [
+    # without the train extra: the option or command and the install command, not a bare
+    # ModuleNotFoundError after the model has loaded
+    (["generate", "--prompt", "hi", "--lora", "a.safetensors"],
+     "ModuleNotFoundError: --lora needs safetensors, not installed (hxmlir's 'train' extra): "
+     "pip install 'hxmlir[train]'"),
+    (["finetune", "--data", "d.jsonl", "--out", "a.safetensors"],
+     "ModuleNotFoundError: hxmlir finetune needs optax, safetensors, tqdm, not installed "
+     "(hxmlir's 'train' extra): pip install 'hxmlir[train]'"),
+])
+def test_the_train_extra_missing_is_named_before_any_file_is_read(capsys, tmp_path,
+                                                                   monkeypatch, argv, words):
+  for m in ("optax", "safetensors", "tqdm"):
+    monkeypatch.setitem(sys.modules, m, None)  # importlib.util.find_spec: None, not installed
+  rc, out, err = _main(capsys, *argv, "--gguf", tmp_path / "none.gguf")
+  assert (rc, out) == (1, "")
+  assert err == f"hxmlir {argv[0]}: error: {words}\n", err
+
+
+def test_merge_and_a_context_of_0_are_refused_before_any_file_is_read(capsys, tmp_path):
+  none = tmp_path / "none.gguf"  # does not exist: the options are checked first
+  rc, out, err = _main(capsys, "generate", "--gguf", none, "--prompt", "hi", "--merge")
+  assert (rc, out) == (1, "")
+  assert err.startswith("hxmlir generate: error: ValueError: --merge is not supported: "), err
+  with pytest.raises(SystemExit) as e:
+    _main(capsys, "generate", "--gguf", none, "--prompt", "hi", "--max-context", "0")
+  assert e.value.code == 2
+  assert "argument --max-context: expected a positive integer, got '0'" in capsys.readouterr().err
