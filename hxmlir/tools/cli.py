@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   except BrokenPipeError:  # the reader closed the pipe (`| head`): a normal end
     _quiet_stdout()
     return 0
-  except (UsageError, generate_cli.UsageError) as e:  # a bad command line: status 2
+  except UsageError as e:  # a bad command line: status 2
     msg = " ".join(str(e).split())
     print(f"hxmlir {args.command}: error: UsageError: {msg}", file=sys.stderr)
     return 2

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from hxmlir.tools.cli_common import positive_arg
+from hxmlir.tools.cli_common import UsageError, positive_arg
 
 MODELS = ("smollm2", "gemma3")
 
@@ -92,10 +92,6 @@ def chat_prompt(tokenizer, user: str, where: str = "this GGUF file") -> str:
     return tokenizer.chat([{"role": "user", "content": user}])
   except ChatTemplateError as e:
     raise ChatTemplateError(f"--chat: {where}'s {e}") from None
-
-
-class UsageError(ValueError):
-  """Options of ``hxmlir generate`` that contradict each other or the file (exit status 2)."""
 
 
 class BatchFileError(ValueError):
