@@ -381,9 +381,9 @@ def _check_tensors(tensors: list[_Tensor], start: int, size: int, align: int) ->
   if spans and not problems and data > padded:
     extra = data - padded
     problems.append(f"the file has {extra:,} byte{'s' * (extra != 1)} after its last tensor's "
-                    f"data (data "
-                    f"offset {end:,}, padded to {padded:,}): expected it to end there (does "
-                    f"the header's count of {len(tensors):,} tensors leave some out?)")
+                    f"data (data offset {end:,}, padded to {padded:,}): expected it to end "
+                    f"there (does the header's count of {len(tensors):,} tensors leave some "
+                    "out?)")
   for (a0, a1, an, ashape), (b0, _, bn, _) in zip(spans, spans[1:]):
     if a1 > b0:
       problems.append(f"tensor {an!r} ({ashape}, {a1 - a0:,} bytes from data offset "

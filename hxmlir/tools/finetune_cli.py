@@ -94,9 +94,9 @@ def check_generate_args(args) -> None:
 
 
 def apply_generate_args(model, args) -> None:
-  """Applies ``--lora`` to ``model`` (:func:`check_generate_args` first). Raises
-  :class:`hxmlir.models.lora.AdapterError` for an adapter file that does not fit."""
-  check_generate_args(args)
+  """Applies ``--lora`` to ``model`` (the caller ran :func:`check_generate_args` before the
+  model loaded). Raises :class:`hxmlir.models.lora.AdapterError` for an adapter file that
+  does not fit."""
   if getattr(args, "lora", None):
     from hxmlir.models import lora
     adapters, spec = lora.load(args.lora, model)
