@@ -52,7 +52,9 @@
 // once into the thread's scratch (I8xBlockScratch bytes: the row's integers q as int8, each
 // chunk's 16 sc_s and 16 mn_s slots, each slot's correction -128 Sum q (panels with VNNI),
 // the row's d and dmin as f32). The GEMV (x of at most kI8xbGemvRows rows) takes one row
-// at a time: its factors into the scratch, its integers decoded in registers 64 at a time
+// at a time: its factors into the scratch (the 32-element formats', a block's d and -dmin,
+// taken from the row's d and dmin as f32, 8 a chunk: no copy), its integers decoded in
+// registers 64 at a time
 // (the format's StepU with AVX-512 VNNI, u = q + kBias against the lanes' correction
 // -kBias Sum qx; Step elsewhere) as the dot products take them (but a partial last
 // chunk's, from the scratch), the weight's bytes prefetched 12 KiB ahead a chunk at a time; per chunk and row
