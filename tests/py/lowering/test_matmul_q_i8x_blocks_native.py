@@ -130,7 +130,9 @@ def test_threads(kind):
 
 @needs_native
 @pytest.mark.parametrize("m", [2, 12])  # the GEMV's bound and the panels'
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])  # sub-blocks of 32 and of 16
+# sub-blocks of 32 and of 16; IQ4_XS: with AVX-512 VNNI the GEMV's spread order (a lane's
+# sums over a chunk are one sub-block's: a lane given another sub-block's factor is caught)
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "IQ4_XS"])
 def test_bound_catches_a_wrong_sub_block_scale(kind, m):
   parts, _ = _weight(kind, 9, 3, seed=3)
   k = 3 * 256
@@ -138,7 +140,7 @@ def test_bound_catches_a_wrong_sub_block_scale(kind, m):
   y = np.asarray(I8X2(x, *parts))
   want, bound = _reference(x, parts, kind)
   assert_within(y, want, bound)
-  sub = 32 if kind == "Q4_K" else 16
+  sub = SUB.get(kind, 32)
   sx, qx = _quantized_x(x)
   w, _ = _exact_weight(parts, kind)
   for s in (1, 9):  # one sub-block of every row, scale off by 1/8
