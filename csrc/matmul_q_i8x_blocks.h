@@ -28,9 +28,10 @@
 // multiplied by its lane's c_s and added into step t's 16 f32 lanes acc_t (one term per
 // lane per chunk: nc terms); the terms fl(o_s * Sq_s) into 16 lanes acco (lane = sub-block
 // of the chunk: nc terms); then ((acc_0 + acc_1) + (acc_2 + acc_3)) - acco lane by lane and
-// the 16 lanes as a tree (4 adds). With AVX-512 VNNI a format with a spread order (IQ4_XS:
-// formats/gguf_blocks.inc, SpreadU) takes its steps in that order instead, x's chunk put in
-// it when quantized: lane l holds elements of one sub-block s in all 4 steps, so its exact
+// the 16 lanes as a tree (4 adds). With AVX-512 VNNI a format with a spread order
+// (IQ4_XS, IQ4_NL: formats/gguf_blocks.inc, SpreadU) takes its steps in that order instead,
+// x's chunk put in it when quantized: lane l holds elements of one sub-block s in all 4
+// steps (a partial last chunk's integers put in it in the scratch), so its exact
 // int32 over the chunk (16 elements, |part| <= 16 * 127 * 127 < 2^24) times c_s is the
 // lane's one term per chunk, into one f32 acc (nc terms), then acc - acco and the tree. A
 // term has one rounding of its own and at most nc + 7 adds after it:

@@ -131,7 +131,8 @@ def test_threads(kind):
 @needs_native
 @pytest.mark.parametrize("m", [2, 12])  # the GEMV's bound and the panels'
 # sub-blocks of 32 and of 16; IQ4_XS: with AVX-512 VNNI the GEMV's spread order (a lane's
-# sums over a chunk are one sub-block's: a lane given another sub-block's factor is caught)
+# sums over a chunk are one sub-block's: a lane given another sub-block's factor is caught;
+# IQ4_NL's is the same order over 8 blocks, its partial last chunk in test_against_float64)
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "IQ4_XS"])
 def test_bound_catches_a_wrong_sub_block_scale(kind, m):
   parts, _ = _weight(kind, 9, 3, seed=3)
