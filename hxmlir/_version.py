@@ -5,4 +5,4 @@ Read by packaging (``pyproject.toml``: ``[tool.setuptools.dynamic]``) and by
 and every new composite or kernel version, with an entry in CHANGELOG.md.
 """
 
-__version__ = "0.8.8"
+__version__ = "0.8.9"
