@@ -192,6 +192,11 @@ def check_file(path: str | os.PathLike) -> None:
     raise _error()("\n".join(lines))
 
 
+def _padded(n: int, align: int) -> int:
+  """``n`` bytes rounded up to a multiple of ``align``: where GGUF's padding ends."""
+  return -(-n // align) * align
+
+
 def _check(buf) -> list[str]:
   """The problems of the GGUF file in ``buf``, one line each (raises :class:`_Stop` where
   the header cannot be walked)."""
@@ -231,7 +236,7 @@ def _check(buf) -> list[str]:
     if align == 0 or align & (align - 1):
       raise _Stop(f"metadata key 'general.alignment' is {align}: expected a power of two")
   tensors = [_tensor_info(w, i) for i in range(n_tensors)]
-  start = -(-w.at // align) * align  # the data section: after the header, aligned
+  start = _padded(w.at, align)  # the data section: after the header, aligned
   if any(bytes(buf[w.at:min(start, len(buf))])):
     problems.append(f"the {start - w.at} bytes between the tensor table's end (offset "
                     f"{w.at:,}) and the data section (offset {start:,}) are not all zero: "
@@ -377,7 +382,7 @@ def _check_tensors(tensors: list[_Tensor], start: int, size: int, align: int) ->
       spans.append((t.offset, t.offset + nbytes, t.name, shape))
   spans.sort()
   end = max((a1 for _, a1, _, _ in spans), default=0)
-  padded = -(-end // align) * align
+  padded = _padded(end, align)
   if spans and not problems and data > padded:
     extra = data - padded
     problems.append(f"the file has {extra:,} byte{'s' * (extra != 1)} after its last tensor's "
